@@ -1,0 +1,86 @@
+#pragma once
+/// \file
+/// The eviction_policy concept: what happens to a block whose last reference is dropped while the sharing policy
+/// still caches its content (a prefix-cache entry), and which such block is reclaimed first.
+///
+/// `E::retention` (a `retention_mode` constant) selects one of three compositions:
+/// - `retention_mode::none`: nothing is kept; the content is forgotten (`S::uncache`) and the block goes back to the
+///   allocator clean. Sharing then only happens between live sequences.
+/// - `retention_mode::in_free_list`: the cached block goes back to the allocator's free set keeping its content, and is
+///   evicted lazily when the allocator hands it out. Allocation order *is* eviction order: with a FIFO allocator
+///   this is exactly vLLM v1's LRU (free tail, allocate head, a hit unlinks from the middle).
+/// - `retention_mode::indexed`: the policy keeps its own index of cached, unreferenced blocks; the allocator only
+///   holds clean blocks. Allocation uses clean blocks first and asks the policy for victims when none are left
+///   (vLLM V0's evictor; keeps partial, never-hit-able blocks out of the cache order, vLLM PR #42656).
+///
+/// All policies:
+///
+/// | expression     | result | noexcept | complexity | semantics                                  |
+/// |----------------|--------|----------|------------|--------------------------------------------|
+/// | `E{}`          | `E`    | -        | O(1)       |                                            |
+/// | `E::retention` | `retention_mode` constant | - | -   | the composition above                      |
+/// | `e.reset(n)`   | `void` | no       | O(n)       | empty policy for block ids [0, n); may allocate |
+///
+/// Additionally, when `E::retention == retention_mode::indexed`:
+///
+/// | expression          | result         | noexcept | complexity (see policy) | semantics                                   |
+/// |---------------------|----------------|----------|-------------------------|---------------------------------------------|
+/// | `e.insert(b, hint)` | `void`         | yes      | O(1) .. O(log n)        | `b` became unreferenced and stays cached    |
+/// | `e.erase(b)`        | `void`         | yes      | O(1) .. O(log n)        | `b` was hit and is referenced again         |
+/// | `e.pop_victim()`    | `block_id`     | yes      | O(1) .. O(log n)        | removes and returns the block to reclaim; precondition `size() > 0` |
+/// | `e.on_hit(b)`       | `void`         | yes      | O(1)                    | `b` was hit (frequency-aware policies count it) |
+/// | `ce.contains(b)`    | `bool`         | yes      | O(1)                    | `b` is in the index                         |
+/// | `ce.size()`         | `std::int32_t` | yes      | O(1)                    | number of indexed blocks                    |
+
+#include <concepts>
+#include <cstdint>
+
+#include "kvpager/core/config.hpp"
+#include "kvpager/core/types.hpp"
+
+KVPAGER_NAMESPACE_BEGIN
+
+/// How cached, unreferenced blocks are kept (see the concept documentation).
+enum class retention_mode { none, in_free_list, indexed };
+
+/// Per-request context given to an indexed policy when a block becomes evictable.
+struct retention_hint {
+  std::int32_t priority = 0;  ///< larger = keep longer (TensorRT-LLM style retention priority)
+};
+
+namespace detail {
+template <class E>
+concept has_retention = requires {
+  { E::retention } -> std::convertible_to<retention_mode>;
+};
+template <class E>
+concept indexed_eviction_ops = requires(E& e, const E& ce, block_id b, retention_hint h) {
+  { e.insert(b, h) } noexcept -> std::same_as<void>;
+  { e.erase(b) } noexcept -> std::same_as<void>;
+  { e.pop_victim() } noexcept -> std::same_as<block_id>;
+  { e.on_hit(b) } noexcept -> std::same_as<void>;
+  { ce.contains(b) } noexcept -> std::same_as<bool>;
+  { ce.size() } noexcept -> std::same_as<std::int32_t>;
+};
+}  // namespace detail
+
+template <class E>
+concept eviction_policy =
+    std::default_initializable<E> && std::movable<E> && detail::has_retention<E> &&
+    requires(E& e, std::int32_t n) {
+      { e.reset(n) } -> std::same_as<void>;
+    } && (E::retention != retention_mode::indexed || detail::indexed_eviction_ops<E>);
+
+/// The smallest indexed eviction policy: declarations only, for concept tests and as a template to copy.
+struct eviction_policy_archetype {
+  static constexpr retention_mode retention = retention_mode::indexed;
+  void reset(std::int32_t n);
+  void insert(block_id b, retention_hint hint) noexcept;
+  void erase(block_id b) noexcept;
+  block_id pop_victim() noexcept;
+  void on_hit(block_id b) noexcept;
+  [[nodiscard]] bool contains(block_id b) const noexcept;
+  [[nodiscard]] std::int32_t size() const noexcept;
+};
+
+KVPAGER_NAMESPACE_END

@@ -1,0 +1,41 @@
+#pragma once
+/// \file
+/// Library-wide configuration macros: version, versioned inline namespace, exception and assertion switches.
+
+#define KVPAGER_VERSION_MAJOR 0
+#define KVPAGER_VERSION_MINOR 1
+#define KVPAGER_VERSION_PATCH 0
+/// Single integer version: major * 10000 + minor * 100 + patch.
+#define KVPAGER_VERSION (KVPAGER_VERSION_MAJOR * 10000 + KVPAGER_VERSION_MINOR * 100 + KVPAGER_VERSION_PATCH)
+
+/// Everything lives in `kvpager::v0_1`, inlined into `kvpager`, so two kvpager versions linked into one process
+/// do not collide (the CUB convention).
+#define KVPAGER_NAMESPACE_BEGIN \
+  namespace kvpager {           \
+  inline namespace v0_1 {
+#define KVPAGER_NAMESPACE_END \
+  }                           \
+  }
+
+#if defined(__cpp_exceptions) || defined(__EXCEPTIONS)
+#define KVPAGER_HAS_EXCEPTIONS 1
+#else
+#define KVPAGER_HAS_EXCEPTIONS 0
+#endif
+
+/// Internal invariant checks (KVPAGER_ASSERT) are on unless NDEBUG is defined; force with KVPAGER_ENABLE_ASSERTS=0/1.
+#ifndef KVPAGER_ENABLE_ASSERTS
+#ifdef NDEBUG
+#define KVPAGER_ENABLE_ASSERTS 0
+#else
+#define KVPAGER_ENABLE_ASSERTS 1
+#endif
+#endif
+
+#if defined(__GNUC__) || defined(__clang__)
+#define KVPAGER_LIKELY(x) __builtin_expect(!!(x), 1)
+#define KVPAGER_UNLIKELY(x) __builtin_expect(!!(x), 0)
+#else
+#define KVPAGER_LIKELY(x) (x)
+#define KVPAGER_UNLIKELY(x) (x)
+#endif

@@ -1,0 +1,149 @@
+#pragma once
+/// \file
+/// Error values. Running out of blocks is an ordinary outcome and bad input is reported, never thrown: every
+/// fallible call returns a `status` or a `result<T>`, and a failed call leaves the object it was called on exactly
+/// as it was (strong guarantee).
+
+#include <cstdint>
+#include <new>
+#include <type_traits>
+#include <utility>
+
+#include "kvpager/core/assert.hpp"
+#include "kvpager/core/config.hpp"
+
+KVPAGER_NAMESPACE_BEGIN
+
+/// What went wrong. `out_of_blocks` is a normal capacity result; everything else is a caller error.
+enum class errc : std::int32_t {
+  ok = 0,
+  out_of_blocks,       ///< not enough free blocks; nothing was allocated
+  unknown_sequence,    ///< the sequence id was never added, or was already freed
+  duplicate_sequence,  ///< the sequence id is already live
+  invalid_argument,    ///< a count, size or length out of range (zero, negative, too large)
+  invalid_block_size,  ///< block size is not a positive power of two
+  invalid_pool_size,   ///< a pool of zero (usable) blocks, or a negative size
+  invalid_block,       ///< a block id outside the pool, or not in the state the call needs
+  double_free,         ///< releasing a block whose reference count is already zero
+  buffer_too_small,    ///< a caller-provided export buffer cannot hold the output
+  pending_append,      ///< the sequence has tokens appended in this step whose bytes are not written yet
+  unsupported,         ///< the composed policies do not provide this operation
+};
+
+/// Stable, human-readable name of an error code.
+[[nodiscard]] constexpr const char* to_string(errc e) noexcept {
+  switch (e) {
+    case errc::ok: return "ok";
+    case errc::out_of_blocks: return "out_of_blocks";
+    case errc::unknown_sequence: return "unknown_sequence";
+    case errc::duplicate_sequence: return "duplicate_sequence";
+    case errc::invalid_argument: return "invalid_argument";
+    case errc::invalid_block_size: return "invalid_block_size";
+    case errc::invalid_pool_size: return "invalid_pool_size";
+    case errc::invalid_block: return "invalid_block";
+    case errc::double_free: return "double_free";
+    case errc::buffer_too_small: return "buffer_too_small";
+    case errc::pending_append: return "pending_append";
+    case errc::unsupported: return "unsupported";
+  }
+  return "unknown_error";
+}
+
+/// Outcome of a call: a code, a static message naming the call and the problem, and one integer of context
+/// (the offending value, or for out_of_blocks the number of blocks that were needed). Trivially copyable.
+class [[nodiscard]] status {
+ public:
+  constexpr status() noexcept = default;
+  constexpr status(errc code, const char* message, std::int64_t detail = 0) noexcept
+      : code_(code), message_(message), detail_(detail) {}
+
+  [[nodiscard]] constexpr bool ok() const noexcept { return code_ == errc::ok; }
+  constexpr explicit operator bool() const noexcept { return ok(); }
+  [[nodiscard]] constexpr errc code() const noexcept { return code_; }
+  /// "call: what is wrong"; "ok" on success. Points to static storage.
+  [[nodiscard]] constexpr const char* message() const noexcept { return message_; }
+  [[nodiscard]] constexpr std::int64_t detail() const noexcept { return detail_; }
+
+  friend constexpr bool operator==(const status& s, errc e) noexcept { return s.code_ == e; }
+
+ private:
+  errc code_ = errc::ok;
+  const char* message_ = "ok";
+  std::int64_t detail_ = 0;
+};
+
+/// Success.
+[[nodiscard]] constexpr status ok_status() noexcept { return status{}; }
+
+/// A value or the status explaining why there is none. Never throws; reading the value of a failed result is an
+/// invariant violation (KVPAGER_ASSERT).
+template <class T>
+class [[nodiscard]] result {
+  static_assert(!std::is_reference_v<T>, "result<T&> is not supported; use result<T*> or a span");
+
+ public:
+  /// A failed result; `s` must not be ok.
+  constexpr result(status s) noexcept : status_(s) {  // NOLINT(google-explicit-constructor)
+    KVPAGER_ASSERT(!s.ok(), "result constructed from an ok status without a value");
+  }
+  constexpr result(errc code, const char* message, std::int64_t detail = 0) noexcept
+      : result(status{code, message, detail}) {}
+  /// A successful result holding `value`.
+  constexpr result(T value) noexcept(std::is_nothrow_move_constructible_v<T>) {  // NOLINT
+    ::new (static_cast<void*>(&storage_.value)) T(std::move(value));
+    has_value_ = true;
+  }
+
+  result(const result& other) requires std::is_copy_constructible_v<T> : status_(other.status_) {
+    if (other.has_value_) {
+      ::new (static_cast<void*>(&storage_.value)) T(other.storage_.value);
+      has_value_ = true;
+    }
+  }
+  result(result&& other) noexcept(std::is_nothrow_move_constructible_v<T>) : status_(other.status_) {
+    if (other.has_value_) {
+      ::new (static_cast<void*>(&storage_.value)) T(std::move(other.storage_.value));
+      has_value_ = true;
+    }
+  }
+  result& operator=(const result&) = delete;
+  result& operator=(result&&) = delete;
+  ~result() {
+    if (has_value_) storage_.value.~T();
+  }
+
+  [[nodiscard]] constexpr bool ok() const noexcept { return has_value_; }
+  [[nodiscard]] constexpr bool has_value() const noexcept { return has_value_; }
+  constexpr explicit operator bool() const noexcept { return has_value_; }
+  [[nodiscard]] constexpr status error() const noexcept { return status_; }
+  [[nodiscard]] constexpr errc code() const noexcept { return status_.code(); }
+
+  [[nodiscard]] T& value() & noexcept {
+    KVPAGER_ASSERT(has_value_, "result::value() on a failed result");
+    return storage_.value;
+  }
+  [[nodiscard]] const T& value() const& noexcept {
+    KVPAGER_ASSERT(has_value_, "result::value() on a failed result");
+    return storage_.value;
+  }
+  [[nodiscard]] T&& value() && noexcept {
+    KVPAGER_ASSERT(has_value_, "result::value() on a failed result");
+    return std::move(storage_.value);
+  }
+  T& operator*() & noexcept { return value(); }
+  const T& operator*() const& noexcept { return value(); }
+  T* operator->() noexcept { return &value(); }
+  const T* operator->() const noexcept { return &value(); }
+
+ private:
+  union storage {
+    storage() noexcept {}
+    ~storage() {}
+    T value;
+  };
+  status status_{};
+  storage storage_;
+  bool has_value_ = false;
+};
+
+KVPAGER_NAMESPACE_END

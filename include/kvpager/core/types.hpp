@@ -1,0 +1,27 @@
+#pragma once
+/// \file
+/// Vocabulary types shared by every layer.
+
+#include <cstdint>
+
+#include "kvpager/core/config.hpp"
+
+KVPAGER_NAMESPACE_BEGIN
+
+/// Physical block id: an index into the paged KV pool. int32 because kernels index block tables as int32 (vLLM,
+/// FlashInfer); byte offsets into the pool are always computed in 64 bits.
+using block_id = std::int32_t;
+
+/// Sequence id chosen by the engine (any 64-bit value).
+using seq_id = std::uint64_t;
+
+/// Marker for "no block" (empty list links, unused block-table entries).
+inline constexpr block_id no_block = -1;
+
+/// Number of blocks needed to hold `num_tokens` tokens: ceil(num_tokens / block_size). Both must be positive
+/// (or num_tokens zero).
+[[nodiscard]] constexpr std::int64_t blocks_for_tokens(std::int64_t num_tokens, std::int64_t block_size) noexcept {
+  return (num_tokens + block_size - 1) / block_size;
+}
+
+KVPAGER_NAMESPACE_END
