@@ -1,0 +1,34 @@
+// Library identity and CUDA availability for the C ABI (include/kvpager/c/kernels.h).
+#include "kvpager/c/kernels.h"
+
+#include "kvpager/core/config.hpp"
+
+#if defined(KVPAGER_KERNELS_WITH_CUDA)
+namespace kvpager::cuda_detail {
+int32_t device_count(int32_t* count) noexcept;  // kernels/cuda/device_info.cu
+}
+#endif
+
+extern "C" {
+
+int32_t kvpager_version(void) { return KVPAGER_VERSION; }
+
+int32_t kvpager_built_with_cuda(void) {
+#if defined(KVPAGER_KERNELS_WITH_CUDA)
+  return 1;
+#else
+  return 0;
+#endif
+}
+
+int32_t kvpager_cuda_device_count(int32_t* count) {
+  if (count == nullptr) return KVPAGER_STATUS_INVALID_ARGUMENT;
+  *count = 0;
+#if defined(KVPAGER_KERNELS_WITH_CUDA)
+  return kvpager::cuda_detail::device_count(count);
+#else
+  return KVPAGER_STATUS_NO_DEVICE;
+#endif
+}
+
+}  // extern "C"
