@@ -1,0 +1,288 @@
+// Randomized model-based test: a long random mix of add / append / fork / free / begin_step and bad calls runs
+// against paged_kv_cache and a simple reference model. The KV bytes are emulated: each token has a unique value,
+// the step plan is executed on an emulated pool (copies, then slot-mapped writes), and every live sequence is
+// read back through its block table. After every operation the structural invariants are checked.
+#include <kvpager/kvpager.hpp>
+
+#include <gtest/gtest.h>
+
+#include <cstdint>
+#include <cstdio>
+#include <algorithm>
+#include <map>
+#include <unordered_map>
+#include <random>
+#include <set>
+#include <vector>
+
+#include "support/cache_types.hpp"
+
+using namespace kvpager;
+
+namespace {
+
+struct model_seq {
+  std::vector<std::uint64_t> values;  // the KV "content" of each position
+  bool appended_this_step = false;    // has unwritten tokens (or, after a copying fork, uncopied content)
+};
+
+template <class Cache>
+class model_runner {
+ public:
+  model_runner(std::int32_t num_blocks, std::int32_t block_size, std::uint32_t seed)
+      : cache_(kvtest::make_cache<Cache>(num_blocks, block_size, 1)),
+        bs_(block_size),
+        mem_(static_cast<std::size_t>(num_blocks) * static_cast<std::size_t>(block_size), 0),
+        rng_(seed) {}
+
+  void run(std::int64_t ops) {
+    for (std::int64_t op = 0; op < ops && !::testing::Test::HasFatalFailure(); ++op) {
+      step_once();
+      check_invariants();
+    }
+    execute_and_verify();
+    const cache_stats end = cache_.stats();
+    std::printf("model: %lld ops, %lld ok, %lld out_of_blocks, %lld steps verified, %lld cow copies, %lld fork copies\n",
+                static_cast<long long>(ops), static_cast<long long>(successes_), static_cast<long long>(out_of_blocks_),
+                static_cast<long long>(steps_), static_cast<long long>(end.cow_copies),
+                static_cast<long long>(end.fork_copies));
+    // Drain: everything back, nothing leaked.
+    for (auto& [id, s] : model_) ASSERT_TRUE(cache_.free_sequence(id));
+    model_.clear();
+    live_.clear();
+    cache_.begin_step();
+    const cache_stats st = cache_.stats();
+    EXPECT_EQ(st.free, st.total);
+    EXPECT_EQ(st.used, 0);
+    EXPECT_EQ(st.logical, 0);
+    EXPECT_GT(successes_, ops / 4) << "the random mix should mostly succeed";
+    EXPECT_GT(out_of_blocks_, ops / 1000) << "the pool should run dry often";
+    if constexpr (kvtest::shares_on_fork<Cache>) {
+      EXPECT_GT(cache_.stats().cow_copies, 0);
+    }
+  }
+
+ private:
+  seq_id random_live() { return live_[rng_() % live_.size()]; }
+  void add_live(seq_id id, model_seq s) {
+    model_.emplace(id, std::move(s));
+    live_.push_back(id);
+  }
+  void remove_live(seq_id id) {
+    model_.erase(id);
+    const auto it = std::find(live_.begin(), live_.end(), id);
+    *it = live_.back();
+    live_.pop_back();
+  }
+  seq_id fresh_id() { return next_id_++ * 7919 + 3; }  // not dense, never reused
+
+  void step_once() {
+    auto r = rng_() % 100;
+    if (live_.size() > 24 && r >= 8 && r < 28) r = 90;  // keep the population small: free instead of add
+    if (r < 8) {
+      execute_and_verify();
+    } else if (r < 28 || model_.empty()) {
+      const auto n = static_cast<std::int32_t>(1 + rng_() % (3 * static_cast<std::uint32_t>(bs_)));
+      const seq_id id = fresh_id();
+      expect([&] { return cache_.add_sequence(id, n); }, [&] {
+        model_seq s;
+        for (std::int32_t i = 0; i < n; ++i) s.values.push_back(next_value_++);
+        s.appended_this_step = true;
+        add_live(id, std::move(s));
+      });
+    } else if (r < 70) {
+      const seq_id id = random_live();
+      const auto n = static_cast<std::int32_t>(rng_() % 8 == 0 ? 1 + rng_() % 40 : 1);
+      expect([&] { return cache_.append_tokens(id, n); }, [&] {
+        auto& s = model_[id];
+        for (std::int32_t i = 0; i < n; ++i) s.values.push_back(next_value_++);
+        s.appended_this_step = true;
+      });
+    } else if (r < 82) {
+      const seq_id parent = random_live();
+      const auto& p = model_[parent];
+      const auto len = static_cast<std::int32_t>(p.values.size());
+      const std::int32_t k = rng_() % 2 == 0 ? 0 : static_cast<std::int32_t>(1 + rng_() % static_cast<std::uint32_t>(len));
+      const seq_id child = fresh_id();
+      if (p.appended_this_step) {
+        expect_unchanged([&] { return cache_.fork(parent, child, k); }, errc::pending_append);
+        return;
+      }
+      expect([&] { return cache_.fork(parent, child, k); }, [&] {
+        model_seq c;
+        const auto& pv = model_[parent].values;
+        c.values.assign(pv.begin(), pv.begin() + (k == 0 ? len : k));
+        c.appended_this_step = !kvtest::shares_on_fork<Cache>;
+        add_live(child, std::move(c));
+      });
+    } else if (r < 94) {
+      const seq_id id = random_live();
+      expect([&] { return cache_.free_sequence(id); }, [&] { remove_live(id); });
+    } else {
+      bad_call();
+    }
+  }
+
+  // A call that must fail without changing anything.
+  void bad_call() {
+    const seq_id unknown = 1;  // fresh_id() never yields 1
+    switch (rng_() % 6) {
+      case 0: expect_unchanged([&] { return cache_.add_sequence(fresh_id(), 0); }, errc::invalid_argument); break;
+      case 1: expect_unchanged([&] { return cache_.append_tokens(unknown); }, errc::unknown_sequence); break;
+      case 2: expect_unchanged([&] { return cache_.free_sequence(unknown); }, errc::unknown_sequence); break;
+      case 3: expect_unchanged([&] { return cache_.fork(unknown, fresh_id()); }, errc::unknown_sequence); break;
+      case 4:
+        if (!model_.empty()) {
+          const seq_id id = random_live();
+          expect_unchanged([&] { return cache_.add_sequence(id, 4); }, errc::duplicate_sequence);
+        }
+        break;
+      default:
+        if (!model_.empty()) {
+          const seq_id id = random_live();
+          expect_unchanged([&] { return cache_.fork(id, id); }, errc::duplicate_sequence);
+        }
+    }
+  }
+
+  // Runs `call`; on success updates the model, on failure (only out_of_blocks is allowed) checks that nothing
+  // changed: the cheap counts always, a full snapshot for one failure in eight.
+  template <class Call, class OnSuccess>
+  void expect(Call call, OnSuccess on_success) {
+    const bool full = rng_() % 8 == 0;
+    const auto before = full ? snapshot() : kvtest::cache_snapshot{};
+    const cache_stats stats_before = cache_.stats();
+    const status st = call();
+    if (st.ok()) {
+      ++successes_;
+      on_success();
+      return;
+    }
+    ASSERT_EQ(st.code(), errc::out_of_blocks) << st.message();
+    ++out_of_blocks_;
+    ASSERT_EQ(cache_.stats(), stats_before);
+    if (full) {
+      ASSERT_TRUE(snapshot() == before) << "a failed call changed the cache";
+    }
+  }
+
+  template <class Call>
+  void expect_unchanged(Call call, errc code) {
+    const auto before = snapshot();
+    const status st = call();
+    ASSERT_EQ(st.code(), code) << st.message();
+    ASSERT_TRUE(snapshot() == before) << "a rejected call changed the cache";
+  }
+
+  kvtest::cache_snapshot snapshot() {
+    std::vector<seq_id> ids{1};
+    for (const auto& [id, s] : model_) ids.push_back(id);
+    return kvtest::take_snapshot(cache_, ids);
+  }
+
+  // The engine's side of a step: run the plan on the emulated pool, then read every sequence back.
+  void execute_and_verify() {
+    const step_plan& plan = cache_.plan();
+    std::set<block_id> srcs, dsts;
+    for (const block_copy& c : plan.copies()) {
+      srcs.insert(c.src);
+      ASSERT_TRUE(dsts.insert(c.dst).second) << "a destination appears twice in one plan";
+    }
+    for (const block_id b : srcs) {
+      ASSERT_FALSE(dsts.count(b)) << "a block is both source and destination";
+    }
+    for (const block_copy& c : plan.copies())
+      std::copy_n(mem_.begin() + c.src * bs_, bs_, mem_.begin() + c.dst * bs_);
+
+    std::vector<std::int64_t> slots(static_cast<std::size_t>(cache_.slot_mapping_size()));
+    ASSERT_TRUE(cache_.export_slot_mapping(slots));
+    std::map<block_id, seq_id> writer;  // copy-on-write: a block is written by one sequence only
+    std::size_t i = 0;
+    for (const token_range& r : plan.appends()) {
+      const auto it = model_.find(r.seq);
+      for (std::int32_t p = r.first_pos; p < r.first_pos + r.count; ++p, ++i) {
+        if (slots[i] < 0) {
+          ASSERT_EQ(it, model_.end()) << "a live sequence's token was skipped";
+          continue;
+        }
+        ASSERT_NE(it, model_.end()) << "a freed sequence's token has a slot";
+        const auto b = static_cast<block_id>(slots[i] / bs_);
+        const auto [w, inserted] = writer.emplace(b, r.seq);
+        ASSERT_TRUE(inserted || w->second == r.seq) << "two sequences write block " << b;
+        ASSERT_EQ(cache_.refcount(b), 1) << "a write into a shared block";
+        mem_[static_cast<std::size_t>(slots[i])] = it->second.values[static_cast<std::size_t>(p)];
+      }
+    }
+    cache_.begin_step();
+    ++steps_;
+    for (auto& [id, s] : model_) {
+      s.appended_this_step = false;
+      const auto table = *cache_.block_table(id);
+      for (std::size_t p = 0; p < s.values.size(); ++p) {
+        const std::size_t slot = static_cast<std::size_t>(table[p / static_cast<std::size_t>(bs_)]) *
+                                     static_cast<std::size_t>(bs_) + p % static_cast<std::size_t>(bs_);
+        if (mem_[slot] != s.values[p]) FAIL() << "sequence " << id << " lost its token at position " << p;
+      }
+    }
+  }
+
+  void check_invariants() {
+    const cache_stats st = cache_.stats();
+    const auto nb = static_cast<std::size_t>(cache_.pool().num_blocks());
+    std::vector<std::int32_t> refs(nb, 0);
+    std::int64_t logical = 0;
+    std::int64_t tokens = 0;
+    for (const auto& [id, s] : model_) {
+      const auto table = cache_.block_table(id);
+      if (!table.ok()) FAIL() << "live sequence " << id << " is missing";
+      if (*cache_.num_tokens(id) != static_cast<std::int32_t>(s.values.size())) FAIL() << "token count of " << id;
+      if (static_cast<std::int64_t>(table->size()) != blocks_for_tokens(static_cast<std::int64_t>(s.values.size()), bs_))
+        FAIL() << "table length of " << id;
+      for (const block_id b : *table) ++refs[static_cast<std::size_t>(b)];
+      logical += static_cast<std::int64_t>(table->size());
+      tokens += static_cast<std::int64_t>(s.values.size());
+    }
+    std::int32_t used = 0, shared = 0, free = 0;
+    for (std::size_t b = 0; b < nb; ++b) {
+      const auto id = static_cast<block_id>(b);
+      const bool is_free = cache_.is_free(id);
+      // Plain comparisons in the hot loop; gtest reports only on a mismatch.
+      if (cache_.refcount(id) != refs[b]) FAIL() << "refcount of block " << b << " differs from table references";
+      if (is_free && refs[b] > 0) FAIL() << "block " << b << " is both free and referenced";
+      used += refs[b] > 0;
+      shared += refs[b] > 1;
+      free += is_free;
+    }
+    ASSERT_FALSE(cache_.is_free(0)) << "the reserved block was freed";
+    ASSERT_EQ(st.used, used);
+    ASSERT_EQ(st.shared, shared);
+    ASSERT_EQ(st.free, free);
+    ASSERT_EQ(st.logical, logical);
+    ASSERT_EQ(st.tokens, tokens);
+    ASSERT_EQ(st.sequences, static_cast<std::int32_t>(model_.size()));
+    ASSERT_EQ(st.free + st.used + st.pending_free + st.evictable, st.total);
+    if constexpr (!kvtest::shares_on_fork<Cache>) {
+      ASSERT_EQ(shared, 0);
+    }
+  }
+
+  Cache cache_;
+  std::int32_t bs_;
+  std::vector<std::uint64_t> mem_;  // emulated KV pool: one value per slot
+  std::unordered_map<seq_id, model_seq> model_;
+  std::vector<seq_id> live_;  // the keys of model_, for O(1) random picks
+  std::mt19937 rng_;
+  std::uint64_t next_id_ = 1;
+  std::uint64_t next_value_ = 1;
+  std::int64_t successes_ = 0;
+  std::int64_t out_of_blocks_ = 0;
+  std::int64_t steps_ = 0;
+};
+
+}  // namespace
+
+TEST(ModelTest, DefaultCacheMillionOps) { model_runner<kvtest::default_cache>(40, 16, 42).run(1'000'000); }
+TEST(ModelTest, LifoSmallBlocks) { model_runner<kvtest::lifo_cache>(80, 4, 7).run(200'000); }
+TEST(ModelTest, LowestIdLargeBlocks) { model_runner<kvtest::lowest_id_cache>(24, 32, 9).run(200'000); }
+TEST(ModelTest, CopyingFork) { model_runner<kvtest::copy_fork_cache>(50, 8, 11).run(200'000); }
+TEST(ModelTest, UserPolicies) { model_runner<kvtest::user_cache>(40, 16, 13).run(200'000); }

@@ -1,0 +1,142 @@
+// Compile-time tests: every shipped policy and archetype models its concept, user-written policies do too, and
+// types that break a requirement (missing member, wrong result type, missing noexcept) are rejected.
+#include <kvpager/kvpager.hpp>
+
+#include <gtest/gtest.h>
+
+#include <span>
+
+#include "support/custom_policies.hpp"
+
+using namespace kvpager;
+
+// ------------------------------------------------------------------------------------------- positive
+static_assert(block_allocator<free_list_allocator>);
+static_assert(block_allocator<lifo_allocator>);
+static_assert(block_allocator<lowest_id_allocator>);
+static_assert(block_allocator<block_allocator_archetype>);
+static_assert(block_allocator<kvtest::highest_id_allocator>);
+
+static_assert(eviction_policy<no_eviction>);
+static_assert(eviction_policy<eviction_policy_archetype>);
+static_assert(eviction_policy<kvtest::user_lru_index>);
+
+static_assert(sharing_policy<refcount_sharing>);
+static_assert(sharing_policy<no_sharing>);
+static_assert(sharing_policy<sharing_policy_archetype>);
+static_assert(sharing_policy<kvtest::user_sharing>);
+
+static_assert(swap_policy<no_swap>);
+static_assert(swap_policy<swap_policy_archetype>);
+static_assert(swap_policy<kvtest::user_host_pool>);
+
+// Stateless policies cost nothing inside the cache.
+static_assert(std::is_empty_v<no_eviction> && std::is_empty_v<refcount_sharing> && std::is_empty_v<no_sharing> &&
+              std::is_empty_v<no_swap>);
+
+// ------------------------------------------------------------------------------------------- negative
+namespace neg {
+struct pop_may_throw {  // pop() not noexcept
+  void reset(std::int32_t);
+  void push(block_id) noexcept;
+  block_id pop();
+  void erase(block_id) noexcept;
+  bool contains(block_id) const noexcept;
+  std::int32_t size() const noexcept;
+};
+struct no_erase {
+  void reset(std::int32_t);
+  void push(block_id) noexcept;
+  block_id pop() noexcept;
+  bool contains(block_id) const noexcept;
+  std::int32_t size() const noexcept;
+};
+struct size_is_size_t {
+  void reset(std::int32_t);
+  void push(block_id) noexcept;
+  block_id pop() noexcept;
+  void erase(block_id) noexcept;
+  bool contains(block_id) const noexcept;
+  std::size_t size() const noexcept;
+};
+struct not_default_constructible {
+  explicit not_default_constructible(int);
+  void reset(std::int32_t);
+  void push(block_id) noexcept;
+  block_id pop() noexcept;
+  void erase(block_id) noexcept;
+  bool contains(block_id) const noexcept;
+  std::int32_t size() const noexcept;
+};
+static_assert(!block_allocator<pop_may_throw>);
+static_assert(!block_allocator<no_erase>);
+static_assert(!block_allocator<size_is_size_t>);
+static_assert(!block_allocator<not_default_constructible>);
+static_assert(!block_allocator<int>);
+
+struct indexed_without_victim {  // says indexed but cannot pick a victim
+  static constexpr retention_mode retention = retention_mode::indexed;
+  void reset(std::int32_t);
+  void insert(block_id, retention_hint) noexcept;
+  void erase(block_id) noexcept;
+  void on_hit(block_id) noexcept;
+  bool contains(block_id) const noexcept;
+  std::int32_t size() const noexcept;
+};
+struct no_retention_constant {
+  void reset(std::int32_t);
+};
+struct lazy_only {  // in_free_list needs nothing beyond reset
+  static constexpr retention_mode retention = retention_mode::in_free_list;
+  void reset(std::int32_t);
+};
+static_assert(!eviction_policy<indexed_without_victim>);
+static_assert(!eviction_policy<no_retention_constant>);
+static_assert(eviction_policy<lazy_only>);
+
+struct sharing_without_fork_mode {
+  void reset(std::int32_t);
+  bool is_cached(block_id) const noexcept;
+  void uncache(block_id) noexcept;
+};
+struct sharing_is_cached_throws {
+  static constexpr fork_mode fork = fork_mode::share;
+  void reset(std::int32_t);
+  bool is_cached(block_id) const;
+  void uncache(block_id) noexcept;
+};
+static_assert(!sharing_policy<sharing_without_fork_mode>);
+static_assert(!sharing_policy<sharing_is_cached_throws>);
+
+struct swap_allocate_returns_void {
+  void reset(std::int32_t);
+  preempt_action action(std::int32_t) const noexcept;
+  std::int32_t host_capacity() const noexcept;
+  std::int32_t host_free() const noexcept;
+  void allocate_host(std::span<block_id>) noexcept;
+  void release_host(block_id) noexcept;
+};
+static_assert(!swap_policy<swap_allocate_returns_void>);
+
+// paged_kv_cache is constrained: a non-conforming policy does not name a valid specialization.
+template <class A>
+concept cache_accepts_allocator = requires { typename paged_kv_cache<A>; };
+static_assert(cache_accepts_allocator<lifo_allocator>);
+static_assert(!cache_accepts_allocator<no_erase>);
+}  // namespace neg
+
+// Runtime part: the user-written policies behave inside the cache (the typed behavioural suites in cache_test run
+// them too); here, that their state is really the one the cache uses.
+TEST(Concepts, UserPoliciesAreTheOnesTheCacheUses) {
+  auto r = paged_kv_cache<kvtest::highest_id_allocator, kvtest::user_lru_index, kvtest::user_sharing,
+                          kvtest::user_host_pool>::create({16, 32, 0, 0});
+  ASSERT_TRUE(r.ok());
+  auto& c = *r;
+  ASSERT_TRUE(c.add_sequence(1, 40));
+  const auto t = *c.block_table(1);
+  EXPECT_EQ(std::vector<block_id>(t.begin(), t.end()), (std::vector<block_id>{31, 30, 29}));  // highest id first
+  EXPECT_EQ(c.swap().host_capacity(), kvtest::user_host_pool::capacity);
+  EXPECT_EQ(c.swap().host_free(), kvtest::user_host_pool::capacity);
+  EXPECT_EQ(c.eviction().size(), 0);
+  EXPECT_EQ(c.stats().evictable, 0);
+}

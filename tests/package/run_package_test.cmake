@@ -1,0 +1,45 @@
+# Builds tests/package/consumer against kvpager three ways. Run by ctest (test package.consumers) as
+#   cmake -DKVPAGER_SOURCE_DIR=... -DWORK_DIR=... -DGENERATOR=... -DCXX_COMPILER=... -P run_package_test.cmake
+cmake_minimum_required(VERSION 3.25)
+file(REMOVE_RECURSE ${WORK_DIR})
+set(consumer ${CMAKE_CURRENT_LIST_DIR}/consumer)
+# The kernels library is CPU-only here: this test is about packaging, not nvcc.
+set(common -G ${GENERATOR} -DCMAKE_CXX_COMPILER=${CXX_COMPILER} -DCMAKE_BUILD_TYPE=Release -DKVPAGER_ENABLE_CUDA=OFF)
+
+function(run)
+  execute_process(COMMAND ${ARGN} RESULT_VARIABLE rc OUTPUT_VARIABLE out ERROR_VARIABLE err)
+  if(NOT rc EQUAL 0)
+    message(FATAL_ERROR "failed (${rc}): ${ARGN}\n${out}\n${err}")
+  endif()
+endfunction()
+
+# 1. Install kvpager into a prefix, then find_package it.
+run(${CMAKE_COMMAND} ${common} -S ${KVPAGER_SOURCE_DIR} -B ${WORK_DIR}/kvpager-build
+    -DKVPAGER_BUILD_TESTS=OFF -DKVPAGER_BUILD_BENCHMARKS=OFF -DKVPAGER_BUILD_EXAMPLES=OFF)
+run(${CMAKE_COMMAND} --build ${WORK_DIR}/kvpager-build)
+run(${CMAKE_COMMAND} --install ${WORK_DIR}/kvpager-build --prefix ${WORK_DIR}/prefix)
+foreach(f include/kvpager/kvpager.hpp include/kvpager/c/kernels.h lib/cmake/kvpager/kvpagerConfig.cmake
+          lib/cmake/kvpager/kvpagerConfigVersion.cmake)
+  if(NOT EXISTS ${WORK_DIR}/prefix/${f})
+    message(FATAL_ERROR "install is missing ${f}")
+  endif()
+endforeach()
+run(${CMAKE_COMMAND} ${common} -S ${consumer} -B ${WORK_DIR}/find_package -DKVPAGER_CONSUME=find_package
+    -DCMAKE_PREFIX_PATH=${WORK_DIR}/prefix)
+run(${CMAKE_COMMAND} --build ${WORK_DIR}/find_package)
+
+# 2. add_subdirectory and 3. FetchContent from the source tree.
+foreach(mode subdirectory fetchcontent)
+  run(${CMAKE_COMMAND} ${common} -S ${consumer} -B ${WORK_DIR}/${mode} -DKVPAGER_CONSUME=${mode}
+      -DKVPAGER_SOURCE_DIR=${KVPAGER_SOURCE_DIR})
+  run(${CMAKE_COMMAND} --build ${WORK_DIR}/${mode})
+endforeach()
+
+# A version the package does not satisfy must be refused.
+execute_process(COMMAND ${CMAKE_COMMAND} ${common} -S ${consumer} -B ${WORK_DIR}/badversion
+  -DKVPAGER_CONSUME=find_package -DCMAKE_PREFIX_PATH=${WORK_DIR}/prefix -DKVPAGER_REQUIRED_VERSION=9.0
+  RESULT_VARIABLE rc OUTPUT_VARIABLE out ERROR_VARIABLE err)
+if(rc EQUAL 0 OR NOT err MATCHES "version")
+  message(FATAL_ERROR "find_package(kvpager 9.0) against 0.1 did not fail on the version:\n${err}")
+endif()
+message(STATUS "package test: find_package, add_subdirectory and FetchContent consumers built and ran")

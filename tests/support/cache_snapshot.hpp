@@ -1,0 +1,51 @@
+#pragma once
+// Everything observable about a paged_kv_cache, to check that a failed call changed nothing.
+
+#include <kvpager/kvpager.hpp>
+
+#include <cstdint>
+#include <span>
+#include <utility>
+#include <vector>
+
+namespace kvtest {
+
+struct cache_snapshot {
+  kvpager::cache_stats stats;
+  std::vector<std::int32_t> refcounts;           // per block id
+  std::vector<kvpager::block_id> free_order;     // the order the allocator would hand blocks out
+  std::vector<std::pair<bool, std::vector<kvpager::block_id>>> tables;  // per probed id: live?, table
+  std::vector<std::int32_t> tokens;
+  std::vector<kvpager::block_copy> copies;
+  std::vector<kvpager::token_range> appends;
+  std::vector<std::int64_t> slots;
+  friend bool operator==(const cache_snapshot&, const cache_snapshot&) = default;
+};
+
+template <class Cache>
+cache_snapshot take_snapshot(const Cache& c, std::span<const kvpager::seq_id> ids) {
+  cache_snapshot s;
+  s.stats = c.stats();
+  const auto& pool = c.pool();
+  for (kvpager::block_id b = 0; b < pool.num_blocks(); ++b) s.refcounts.push_back(c.refcount(b));
+  auto drained = pool;  // a copy: drain it to read the allocation order without touching the cache
+  s.free_order.resize(static_cast<std::size_t>(drained.num_free()));
+  if (!drained.allocate(s.free_order)) s.free_order.clear();
+  for (const kvpager::seq_id id : ids) {
+    auto t = c.block_table(id);
+    if (t) {
+      s.tables.emplace_back(true, std::vector<kvpager::block_id>(t->begin(), t->end()));
+      s.tokens.push_back(*c.num_tokens(id));
+    } else {
+      s.tables.emplace_back(false, std::vector<kvpager::block_id>{});
+      s.tokens.push_back(-1);
+    }
+  }
+  s.copies.assign(c.plan().copies().begin(), c.plan().copies().end());
+  s.appends.assign(c.plan().appends().begin(), c.plan().appends().end());
+  s.slots.resize(static_cast<std::size_t>(c.slot_mapping_size()));
+  if (!c.export_slot_mapping(s.slots)) s.slots.clear();
+  return s;
+}
+
+}  // namespace kvtest

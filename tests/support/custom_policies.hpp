@@ -1,0 +1,97 @@
+#pragma once
+// Policies written the way a user would write them, outside the library, to prove the concepts are open:
+// each models its concept and plugs into paged_kv_cache, which then passes the same behavioural suite.
+
+#include <kvpager/kvpager.hpp>
+
+#include <cstdint>
+#include <span>
+#include <vector>
+
+namespace kvtest {
+
+/// Hands out the highest free id first. Deliberately simple: a flag per block and a scan (O(n) pop).
+class highest_id_allocator {
+ public:
+  void reset(std::int32_t n) {
+    free_.assign(static_cast<std::size_t>(n), 0);
+    size_ = 0;
+  }
+  void push(kvpager::block_id b) noexcept {
+    free_[static_cast<std::size_t>(b)] = 1;
+    ++size_;
+  }
+  kvpager::block_id pop() noexcept {
+    for (std::size_t i = free_.size(); i-- > 0;)
+      if (free_[i] != 0) {
+        free_[i] = 0;
+        --size_;
+        return static_cast<kvpager::block_id>(i);
+      }
+    return kvpager::no_block;
+  }
+  void erase(kvpager::block_id b) noexcept {
+    free_[static_cast<std::size_t>(b)] = 0;
+    --size_;
+  }
+  [[nodiscard]] bool contains(kvpager::block_id b) const noexcept {
+    return b >= 0 && static_cast<std::size_t>(b) < free_.size() && free_[static_cast<std::size_t>(b)] != 0;
+  }
+  [[nodiscard]] std::int32_t size() const noexcept { return size_; }
+
+ private:
+  std::vector<std::uint8_t> free_;
+  std::int32_t size_ = 0;
+};
+
+/// An indexed eviction policy: LRU over an index_list, ignoring hints.
+class user_lru_index {
+ public:
+  static constexpr kvpager::retention_mode retention = kvpager::retention_mode::indexed;
+  void reset(std::int32_t n) { list_.reset(n); }
+  void insert(kvpager::block_id b, kvpager::retention_hint /*hint*/) noexcept { list_.push_back(b); }
+  void erase(kvpager::block_id b) noexcept { list_.erase(b); }
+  kvpager::block_id pop_victim() noexcept { return list_.pop_front(); }
+  void on_hit(kvpager::block_id /*b*/) noexcept {}
+  [[nodiscard]] bool contains(kvpager::block_id b) const noexcept { return list_.contains(b); }
+  [[nodiscard]] std::int32_t size() const noexcept { return list_.size(); }
+
+ private:
+  kvpager::index_list list_;
+};
+
+/// A sharing policy that forks by reference and records how often content was discarded.
+struct user_sharing {
+  static constexpr kvpager::fork_mode fork = kvpager::fork_mode::share;
+  void reset(std::int32_t /*n*/) {}
+  [[nodiscard]] bool is_cached(kvpager::block_id /*b*/) const noexcept { return false; }
+  void uncache(kvpager::block_id /*b*/) noexcept { ++uncached; }
+  std::int64_t uncached = 0;
+};
+
+/// A swap policy with a fixed host pool (a stack of host block ids) that always chooses swap.
+class user_host_pool {
+ public:
+  void reset(std::int32_t /*device_blocks*/) {
+    free_.clear();
+    for (kvpager::block_id b = capacity - 1; b >= 0; --b) free_.push_back(b);
+  }
+  [[nodiscard]] kvpager::preempt_action action(std::int32_t /*n*/) const noexcept { return kvpager::preempt_action::swap; }
+  [[nodiscard]] std::int32_t host_capacity() const noexcept { return capacity; }
+  [[nodiscard]] std::int32_t host_free() const noexcept { return static_cast<std::int32_t>(free_.size()); }
+  bool allocate_host(std::span<kvpager::block_id> out) noexcept {
+    if (out.size() > free_.size()) return false;
+    for (auto& b : out) {
+      b = free_.back();
+      free_.pop_back();
+    }
+    return true;
+  }
+  void release_host(kvpager::block_id b) noexcept { free_.push_back(b); }
+  static constexpr std::int32_t capacity = 64;
+
+ private:
+  std::vector<kvpager::block_id> free_;
+};
+
+}  // namespace kvtest
