@@ -210,9 +210,11 @@ BENCHMARK(BM_DecodeStepSeed)->Name("decode_step_256/seed_baseline");
 
 // ------------------------------------------------------------------------------------------- fork + CoW
 /// Parallel sampling: fork a 1000-token sequence (63 blocks, the last partly filled), the child writes one token
-/// (copy-on-write of the last block), then the child finishes.
-void BM_ForkCow(benchmark::State& state) {
-  auto cache = must(paged_kv_cache<>::create({16, 4096, 1, 0}));
+/// (copy-on-write of the last block), then the child finishes. The baseline is the same with a copying fork
+/// (no_sharing), which plans 63 block copies instead of sharing.
+template <class Cache>
+void BM_Fork(benchmark::State& state) {
+  auto cache = must(Cache::create({16, 4096, 1, 0}));
   must(cache.add_sequence(0, 1000));
   cache.begin_step();
   seq_id child = 1;
@@ -225,24 +227,9 @@ void BM_ForkCow(benchmark::State& state) {
   }
   state.SetItemsProcessed(state.iterations());
 }
-BENCHMARK(BM_ForkCow)->Name("fork_cow_1000_tokens/kvpager");
-
-/// Baseline: what a fork costs without sharing: a copying fork (no_sharing) plans 63 block copies.
-void BM_ForkCopy(benchmark::State& state) {
-  auto cache = must(paged_kv_cache<free_list_allocator, no_eviction, no_sharing>::create({16, 4096, 1, 0}));
-  must(cache.add_sequence(0, 1000));
-  cache.begin_step();
-  seq_id child = 1;
-  for (auto _ : state) {
-    must(cache.fork(0, child));
-    must(cache.append_tokens(child));
-    must(cache.free_sequence(child));
-    cache.begin_step();
-    ++child;
-  }
-  state.SetItemsProcessed(state.iterations());
-}
-BENCHMARK(BM_ForkCopy)->Name("fork_cow_1000_tokens/copying_fork_baseline");
+BENCHMARK(BM_Fork<paged_kv_cache<>>)->Name("fork_cow_1000_tokens/kvpager");
+BENCHMARK(BM_Fork<paged_kv_cache<free_list_allocator, no_eviction, no_sharing>>)
+    ->Name("fork_cow_1000_tokens/copying_fork_baseline");
 
 }  // namespace
 
