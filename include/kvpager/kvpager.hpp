@@ -2,12 +2,15 @@
 /// \file
 /// kvpager: paged KV-cache memory management for LLM inference engines. This header gives the whole host-side
 /// API: core (status, block_pool), the policy concepts and every shipped policy, and paged_kv_cache.
+/// prefix_caching (and the compositions built on it, such as vllm_v1_cache) hash blocks with xxHash: they are
+/// included when <xxhash.h> is available (Debian: libxxhash-dev), which is the core's only external header.
 
 #include "kvpager/core/assert.hpp"
 #include "kvpager/core/block_pool.hpp"
 #include "kvpager/core/config.hpp"
 #include "kvpager/core/id_map.hpp"
 #include "kvpager/core/index_list.hpp"
+#include "kvpager/core/indexed_heap.hpp"
 #include "kvpager/core/status.hpp"
 #include "kvpager/core/types.hpp"
 
@@ -19,6 +22,8 @@
 #include "kvpager/allocator/free_list_allocator.hpp"
 #include "kvpager/allocator/lifo_allocator.hpp"
 #include "kvpager/allocator/lowest_id_allocator.hpp"
+#include "kvpager/eviction/indexed_eviction.hpp"
+#include "kvpager/eviction/lru_eviction.hpp"
 #include "kvpager/eviction/no_eviction.hpp"
 #include "kvpager/sharing/no_sharing.hpp"
 #include "kvpager/sharing/refcount_sharing.hpp"
@@ -26,3 +31,9 @@
 
 #include "kvpager/cache/paged_kv_cache.hpp"
 #include "kvpager/cache/step_plan.hpp"
+
+#if __has_include(<xxhash.h>)
+#include "kvpager/cache/compositions.hpp"
+#include "kvpager/sharing/prefix_caching.hpp"
+#include "kvpager/sharing/xxh3_hasher.hpp"
+#endif

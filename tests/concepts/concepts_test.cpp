@@ -76,7 +76,7 @@ static_assert(!block_allocator<int>);
 
 struct indexed_without_victim {  // says indexed but cannot pick a victim
   static constexpr retention_mode retention = retention_mode::indexed;
-  void reset(std::int32_t);
+  void reset(const pool_geometry&);
   void insert(block_id, retention_hint) noexcept;
   void erase(block_id) noexcept;
   void on_hit(block_id) noexcept;
@@ -84,24 +84,29 @@ struct indexed_without_victim {  // says indexed but cannot pick a victim
   std::int32_t size() const noexcept;
 };
 struct no_retention_constant {
-  void reset(std::int32_t);
+  void reset(const pool_geometry&);
 };
 struct lazy_only {  // in_free_list needs nothing beyond reset
+  static constexpr retention_mode retention = retention_mode::in_free_list;
+  void reset(const pool_geometry&);
+};
+struct eviction_reset_by_count {  // reset must take the pool geometry
   static constexpr retention_mode retention = retention_mode::in_free_list;
   void reset(std::int32_t);
 };
 static_assert(!eviction_policy<indexed_without_victim>);
 static_assert(!eviction_policy<no_retention_constant>);
 static_assert(eviction_policy<lazy_only>);
+static_assert(!eviction_policy<eviction_reset_by_count>);
 
 struct sharing_without_fork_mode {
-  void reset(std::int32_t);
+  void reset(const pool_geometry&);
   bool is_cached(block_id) const noexcept;
   void uncache(block_id) noexcept;
 };
 struct sharing_is_cached_throws {
   static constexpr fork_mode fork = fork_mode::share;
-  void reset(std::int32_t);
+  void reset(const pool_geometry&);
   bool is_cached(block_id) const;
   void uncache(block_id) noexcept;
 };
@@ -109,7 +114,7 @@ static_assert(!sharing_policy<sharing_without_fork_mode>);
 static_assert(!sharing_policy<sharing_is_cached_throws>);
 
 struct swap_allocate_returns_void {
-  void reset(std::int32_t);
+  void reset(const pool_geometry&);
   preempt_action action(std::int32_t) const noexcept;
   std::int32_t host_capacity() const noexcept;
   std::int32_t host_free() const noexcept;

@@ -48,7 +48,7 @@ class highest_id_allocator {
 class user_lru_index {
  public:
   static constexpr kvpager::retention_mode retention = kvpager::retention_mode::indexed;
-  void reset(std::int32_t n) { list_.reset(n); }
+  void reset(const kvpager::pool_geometry& g) { list_.reset(g.num_blocks); }
   void insert(kvpager::block_id b, kvpager::retention_hint /*hint*/) noexcept { list_.push_back(b); }
   void erase(kvpager::block_id b) noexcept { list_.erase(b); }
   kvpager::block_id pop_victim() noexcept { return list_.pop_front(); }
@@ -63,7 +63,7 @@ class user_lru_index {
 /// A sharing policy that forks by reference and records how often content was discarded.
 struct user_sharing {
   static constexpr kvpager::fork_mode fork = kvpager::fork_mode::share;
-  void reset(std::int32_t /*n*/) {}
+  void reset(const kvpager::pool_geometry& /*g*/) {}
   [[nodiscard]] bool is_cached(kvpager::block_id /*b*/) const noexcept { return false; }
   void uncache(kvpager::block_id /*b*/) noexcept { ++uncached; }
   std::int64_t uncached = 0;
@@ -72,7 +72,7 @@ struct user_sharing {
 /// A swap policy with a fixed host pool (a stack of host block ids) that always chooses swap.
 class user_host_pool {
  public:
-  void reset(std::int32_t /*device_blocks*/) {
+  void reset(const kvpager::pool_geometry& /*device*/) {
     free_.clear();
     for (kvpager::block_id b = capacity - 1; b >= 0; --b) free_.push_back(b);
   }

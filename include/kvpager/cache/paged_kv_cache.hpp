@@ -63,11 +63,18 @@ struct cache_stats {
   std::int64_t cow_copies = 0;    ///< copy-on-write block copies planned
   std::int64_t fork_copies = 0;   ///< block copies planned by copying forks (fork_mode::copy)
   std::int64_t evictions = 0;     ///< cached blocks whose content was discarded to reuse the block
+  std::int32_t cached = 0;              ///< blocks whose content the sharing policy caches (in use or not)
+  std::int64_t prefix_query_tokens = 0; ///< tokens of successful token-id admissions (vLLM prefix_cache_queries)
+  std::int64_t prefix_hit_tokens = 0;   ///< of those, tokens served from the prefix cache (prefix_cache_hits)
 
   friend bool operator==(const cache_stats&, const cache_stats&) = default;
 
   /// Blocks an allocation can use now: free + evictable.
   [[nodiscard]] std::int32_t available() const noexcept { return free + evictable; }
+  /// prefix_hit_tokens / prefix_query_tokens (0 before any query).
+  [[nodiscard]] double prefix_hit_rate() const noexcept {
+    return prefix_query_tokens > 0 ? double(prefix_hit_tokens) / double(prefix_query_tokens) : 0.0;
+  }
   /// used / total.
   [[nodiscard]] double utilization() const noexcept { return total > 0 ? double(used) / double(total) : 0.0; }
   /// Fraction of logical references served by sharing: 1 - used / logical (0 when nothing is shared).
@@ -76,9 +83,39 @@ struct cache_stats {
   }
 };
 
+/// Per-sequence options for sequences added with their token ids.
+struct sequence_options {
+  /// Extra key folded into the sequence's block hashes (tenant salt, LoRA adapter id, ...): blocks cached under
+  /// different keys never hit each other.
+  std::uint64_t extra_key = 0;
+  /// Retention priority of its blocks once unreferenced (larger = kept longer), for priority-aware eviction.
+  std::int32_t priority = 0;
+};
+
+/// What a prefix-cache lookup found for a prompt.
+struct prefix_match {
+  std::int32_t blocks = 0;              ///< leading full blocks served from the cache
+  std::int32_t tokens = 0;              ///< blocks x block_size
+  std::int64_t blocks_to_allocate = 0;  ///< what adding the prompt takes from available_blocks()
+  friend bool operator==(const prefix_match&, const prefix_match&) = default;
+};
+
 template <block_allocator A = free_list_allocator, eviction_policy E = no_eviction,
           sharing_policy S = refcount_sharing, swap_policy W = no_swap>
 class paged_kv_cache {
+  static constexpr bool caches_content = content_cache<S>;
+  static constexpr bool indexed = E::retention == retention_mode::indexed;
+  static constexpr bool free_order_fits = [] {
+    if constexpr (requires { E::required_free_order; }) {
+      return allocator_traits<A>::order == static_cast<free_order>(E::required_free_order);
+    } else {
+      return true;
+    }
+  }();
+  static_assert(free_order_fits,
+                "this eviction policy evicts in the allocator's free order: pair it with the allocator it names "
+                "(lru_eviction needs free_list_allocator)");
+
  public:
   using allocator_policy = A;
   using eviction_policy_type = E;
@@ -102,67 +139,92 @@ class paged_kv_cache {
 
   // ------------------------------------------------------------------------------------------------ sequences
 
-  /// Prefill: adds sequence `id` with a `num_tokens`-token prompt, taking ceil(num_tokens / block_size) blocks in
-  /// one all-or-nothing batch, and plans the prompt's slots. Errors: errc::invalid_argument (num_tokens <= 0 or
-  /// over max_blocks_per_seq), errc::duplicate_sequence, errc::out_of_blocks (detail = blocks needed).
+  /// Prefill by count: adds sequence `id` with a `num_tokens`-token prompt, taking ceil(num_tokens / block_size)
+  /// blocks in one all-or-nothing batch, and plans the prompt's slots. Its blocks are not content-cached (no token
+  /// ids). Errors: errc::invalid_argument (num_tokens <= 0 or over max_blocks_per_seq),
+  /// errc::duplicate_sequence, errc::out_of_blocks (detail = blocks needed).
   status add_sequence(seq_id id, std::int32_t num_tokens) {
     if (num_tokens <= 0)
       return status{errc::invalid_argument, "add_sequence: num_tokens must be positive", num_tokens};
-    if (index_.find(id) >= 0) return status{errc::duplicate_sequence, "add_sequence: sequence id is already live"};
-    const std::int64_t needed = blocks_for_tokens(num_tokens, cfg_.block_size);
-    if (exceeds_table_limit(needed))
-      return status{errc::invalid_argument, "add_sequence: prompt needs more than max_blocks_per_seq blocks", needed};
-    if (needed > available_blocks())
-      return status{errc::out_of_blocks, "add_sequence: not enough free blocks for the prompt", needed};
-
-    const std::int32_t h = new_handle(id);
-    seq_state& s = seqs_[static_cast<std::size_t>(h)];
-    s.blocks.resize(static_cast<std::size_t>(needed));
-    take_blocks(s.blocks);
-    s.num_tokens = num_tokens;
-    tokens_ += num_tokens;
-    record_append(h, s, 0, num_tokens);
-    return ok_status();
+    return add_impl(id, num_tokens, {}, sequence_options{}, nullptr);
   }
 
-  /// Decode: appends `n` tokens (default 1) to sequence `id`. Takes a new block exactly when the token count
-  /// exceeds blocks x block_size; writing into a shared, partly filled last block first copies it
-  /// (copy-on-write: a fresh block and a (src, dst) pair in the plan). All or nothing. Errors:
-  /// errc::invalid_argument (n <= 0, or over max_blocks_per_seq), errc::unknown_sequence, errc::out_of_blocks.
+  /// Prefill with token ids: like the count overload, but first reuses the longest cached prefix of full blocks
+  /// (with a content_cache sharing policy; capped so the last token is always computed), takes the remaining
+  /// blocks, and commits every full block to the cache. Only the tokens after the hit get slots in the plan.
+  /// `*hit` (if given) receives what the lookup found. Same errors as the count overload.
+  status add_sequence(seq_id id, std::span<const token_id> tokens, sequence_options options = {},
+                      prefix_match* hit = nullptr) {
+    if (tokens.empty() || tokens.size() > static_cast<std::size_t>(INT32_MAX))
+      return status{errc::invalid_argument, "add_sequence: the prompt must have 1 to 2^31-1 tokens",
+                    static_cast<std::int64_t>(tokens.size())};
+    return add_impl(id, static_cast<std::int32_t>(tokens.size()), tokens, options, hit);
+  }
+
+  /// The prefix-cache lookup add_sequence(id, tokens, options) would do, without changing anything: the hit and
+  /// the number of blocks the admission would take. errc::invalid_argument for an empty prompt.
+  [[nodiscard]] result<prefix_match> match_prefix(std::span<const token_id> tokens,
+                                                  sequence_options options = {}) const noexcept {
+    if (tokens.empty() || tokens.size() > static_cast<std::size_t>(INT32_MAX))
+      return status{errc::invalid_argument, "match_prefix: the prompt must have 1 to 2^31-1 tokens",
+                    static_cast<std::int64_t>(tokens.size())};
+    prefix_match m;
+    const auto n = static_cast<std::int32_t>(tokens.size());
+    if constexpr (caches_content) {
+      auto c = share_.first_cursor(options.extra_key);
+      const std::int32_t max_blocks = (n - 1) / cfg_.block_size;
+      for (std::int32_t i = 0; i < max_blocks; ++i) {
+        const block_id b = share_.lookup(c, block_tokens(tokens, i));
+        if (b == no_block) break;
+        ++m.blocks;
+        if (consumes_capacity(b)) ++m.blocks_to_allocate;
+      }
+    }
+    m.tokens = m.blocks * cfg_.block_size;
+    m.blocks_to_allocate += blocks_for_tokens(n, cfg_.block_size) - m.blocks;
+    return m;
+  }
+
+  /// Decode by count: appends `n` tokens (default 1) to sequence `id`. Takes a new block exactly when the token
+  /// count exceeds blocks x block_size; writing into a shared, partly filled last block first copies it
+  /// (copy-on-write: a fresh block and a (src, dst) pair in the plan). All or nothing. The sequence's later blocks
+  /// are no longer content-cached (their token ids are unknown). Errors: errc::invalid_argument (n <= 0, or over
+  /// max_blocks_per_seq), errc::unknown_sequence, errc::out_of_blocks.
   status append_tokens(seq_id id, std::int32_t n = 1) {
     if (n <= 0) return status{errc::invalid_argument, "append_tokens: token count must be positive", n};
     const std::int32_t h = index_.find(id);
     if (h < 0) return status{errc::unknown_sequence, "append_tokens: unknown sequence id"};
+    if (status st = grow(h, n); !st) return st;
     seq_state& s = seqs_[static_cast<std::size_t>(h)];
-    const std::int64_t new_total = std::int64_t{s.num_tokens} + n;
-    if (new_total > INT32_MAX)
-      return status{errc::invalid_argument, "append_tokens: sequence would exceed 2^31-1 tokens", new_total};
-    const std::int64_t total_blocks = blocks_for_tokens(new_total, cfg_.block_size);
-    if (exceeds_table_limit(total_blocks))
-      return status{errc::invalid_argument, "append_tokens: sequence would need more than max_blocks_per_seq blocks",
-                    total_blocks};
-    const std::int64_t grow = total_blocks - static_cast<std::int64_t>(s.blocks.size());
-    const bool cow = s.num_tokens % cfg_.block_size != 0 && pool_.refcount(s.blocks.back()) > 1;
-    if (grow + (cow ? 1 : 0) > available_blocks())
-      return status{errc::out_of_blocks, "append_tokens: not enough free blocks", grow + (cow ? 1 : 0)};
+    s.cursor = cursor_type{};
+    s.partial.clear();
+    return ok_status();
+  }
 
-    if (cow) {
-      const block_id src = s.blocks.back();
-      block_id dst = no_block;
-      take_blocks(std::span<block_id>(&dst, 1));
-      plan_copy(src, dst);
-      ++cow_copies_;
-      s.blocks.back() = dst;
-      release_block(src);  // still referenced by the other sharers
+  /// Decode with token ids: like the count overload; every block the tokens fill is committed to the content
+  /// cache (for sequences added with token ids). Errors as the count overload (an empty span is invalid).
+  status append_tokens(seq_id id, std::span<const token_id> tokens) {
+    if (tokens.empty() || tokens.size() > static_cast<std::size_t>(INT32_MAX))
+      return status{errc::invalid_argument, "append_tokens: token count must be positive",
+                    static_cast<std::int64_t>(tokens.size())};
+    const std::int32_t h = index_.find(id);
+    if (h < 0) return status{errc::unknown_sequence, "append_tokens: unknown sequence id"};
+    const std::int32_t first = seqs_[static_cast<std::size_t>(h)].num_tokens;
+    if (status st = grow(h, static_cast<std::int32_t>(tokens.size())); !st) return st;
+    if constexpr (caches_content) {
+      seq_state& s = seqs_[static_cast<std::size_t>(h)];
+      if (share_.valid(s.cursor)) {
+        std::int32_t pos = first;
+        for (const token_id t : tokens) {
+          s.partial.push_back(t);
+          ++pos;
+          if (static_cast<std::int32_t>(s.partial.size()) == cfg_.block_size) {
+            share_.commit(s.blocks[static_cast<std::size_t>((pos - 1) / cfg_.block_size)], s.cursor, s.partial);
+            s.partial.clear();
+          }
+        }
+      }
     }
-    if (grow > 0) {
-      const std::size_t old = s.blocks.size();
-      s.blocks.resize(old + static_cast<std::size_t>(grow));
-      take_blocks(std::span<block_id>(s.blocks).subspan(old));
-    }
-    record_append(h, s, s.num_tokens, n);
-    s.num_tokens = static_cast<std::int32_t>(new_total);
-    tokens_ += n;
     return ok_status();
   }
 
@@ -192,20 +254,22 @@ class paged_kv_cache {
 
     const std::int32_t h = new_handle(child);  // may reallocate seqs_: index by handle from here on
     seq_state& c = seqs_[static_cast<std::size_t>(h)];
-    const std::vector<block_id>& pblocks = seqs_[static_cast<std::size_t>(ph)].blocks;
+    const seq_state& ps = seqs_[static_cast<std::size_t>(ph)];
     c.blocks.resize(k);
     if constexpr (S::fork == fork_mode::share) {
       for (std::size_t i = 0; i < k; ++i) {
-        c.blocks[i] = pblocks[i];
-        pool_.add_ref(pblocks[i]);
+        c.blocks[i] = ps.blocks[i];
+        pool_.add_ref(ps.blocks[i]);
       }
     } else {
       take_blocks(c.blocks);
-      for (std::size_t i = 0; i < k; ++i) plan_copy(pblocks[i], c.blocks[i]);
+      for (std::size_t i = 0; i < k; ++i) plan_copy(ps.blocks[i], c.blocks[i]);
       fork_copies_ += static_cast<std::int64_t>(k);
       c.append_step = step_;  // its bytes arrive with this step's copies
     }
     c.num_tokens = tokens;
+    c.priority = ps.priority;
+    if constexpr (caches_content) inherit_cursor(c, ps, tokens);
     tokens_ += tokens;
     return ok_status();
   }
@@ -218,13 +282,18 @@ class paged_kv_cache {
     const std::int32_t h = index_.find(id);
     if (h < 0) return status{errc::unknown_sequence, "free_sequence: unknown sequence id (never added or already freed)"};
     seq_state& s = seqs_[static_cast<std::size_t>(h)];
-    for (auto it = s.blocks.rbegin(); it != s.blocks.rend(); ++it) release_block(*it);
+    const retention_hint hint{s.priority};
+    for (auto it = s.blocks.rbegin(); it != s.blocks.rend(); ++it) release_block(*it, hint);
     if (s.append_step == step_)
       for (std::int32_t& owner : append_owner_)
         if (owner == h) owner = -1;
     tokens_ -= s.num_tokens;
     s.blocks.clear();  // keeps capacity for the next sequence in this handle
+    s.partial.clear();
+    s.cursor = cursor_type{};
     s.num_tokens = 0;
+    s.priority = 0;
+    s.extra_key = 0;
     s.append_step = no_step;
     index_.erase(id);
     free_handles_.push_back(h);
@@ -236,7 +305,8 @@ class paged_kv_cache {
   void begin_step() {
     for (const block_id b : busy_list_) busy_[static_cast<std::size_t>(b)] = 0;
     busy_list_.clear();
-    for (const block_id b : deferred_) settle(b);
+    for (const auto& [b, hint] : deferred_)
+      if (pool_.refcount(b) == 0) settle(b, hint);  // a prefix hit may have revived it
     deferred_.clear();
     plan_.clear();
     append_owner_.clear();
@@ -276,10 +346,10 @@ class paged_kv_cache {
   /// Blocks an allocation can use now (free + evictable).
   [[nodiscard]] std::int64_t available_blocks() const noexcept {
     std::int64_t n = pool_.num_free();
-    if constexpr (E::retention == retention_mode::indexed) n += evict_.size();
+    if constexpr (indexed) n += evict_.size();
     return n;
   }
-  /// Blocks a prompt of `num_tokens` tokens needs.
+  /// Blocks a prompt of `num_tokens` tokens needs (without prefix hits).
   [[nodiscard]] std::int64_t blocks_needed(std::int64_t num_tokens) const noexcept {
     return blocks_for_tokens(num_tokens, cfg_.block_size);
   }
@@ -293,13 +363,16 @@ class paged_kv_cache {
     s.used = p.used;
     s.logical = p.references;
     s.shared = p.shared;
-    if constexpr (E::retention == retention_mode::indexed) s.evictable = evict_.size();
-    s.pending_free = static_cast<std::int32_t>(deferred_.size());
+    if constexpr (indexed) s.evictable = evict_.size();
+    s.pending_free = p.total - p.free - p.used - s.evictable;
     s.sequences = index_.size();
     s.tokens = tokens_;
     s.cow_copies = cow_copies_;
     s.fork_copies = fork_copies_;
     s.evictions = evictions_;
+    if constexpr (caches_content) s.cached = share_.num_cached();
+    s.prefix_query_tokens = prefix_query_tokens_;
+    s.prefix_hit_tokens = prefix_hit_tokens_;
     return s;
   }
 
@@ -409,24 +482,171 @@ class paged_kv_cache {
 
  private:
   static constexpr std::uint64_t no_step = ~std::uint64_t{0};
+  struct no_cursor {
+    friend bool operator==(const no_cursor&, const no_cursor&) = default;
+  };
+  template <class T>
+  struct cursor_of {
+    using type = no_cursor;
+  };
+  template <content_cache T>
+  struct cursor_of<T> {
+    using type = typename T::cursor;
+  };
+  using cursor_type = typename cursor_of<S>::type;
 
   struct seq_state {
     std::vector<block_id> blocks;
+    std::vector<token_id> partial;  ///< token ids of the last, partly filled block (content caches only)
     seq_id id = 0;
     std::int32_t num_tokens = 0;
+    std::int32_t priority = 0;
+    std::uint64_t extra_key = 0;
     std::uint64_t append_step = no_step;  ///< step of the last append whose bytes are not written yet
+    [[no_unique_address]] cursor_type cursor{};  ///< hash chain after the last full block (content caches only)
   };
 
   paged_kv_cache(cache_config cfg, block_pool<A> pool, E e, S s, W w)
       : cfg_(cfg), pool_(std::move(pool)), evict_(std::move(e)), share_(std::move(s)), swap_(std::move(w)) {
-    evict_.reset(cfg.num_blocks);
-    share_.reset(cfg.num_blocks);
-    swap_.reset(cfg.num_blocks);
+    const pool_geometry g{cfg.num_blocks, cfg.block_size, cfg.reserved_blocks};
+    evict_.reset(g);
+    share_.reset(g);
+    swap_.reset(g);
     busy_.assign(static_cast<std::size_t>(cfg.num_blocks), 0);
   }
 
   [[nodiscard]] bool exceeds_table_limit(std::int64_t blocks) const noexcept {
     return cfg_.max_blocks_per_seq > 0 && blocks > cfg_.max_blocks_per_seq;
+  }
+
+  [[nodiscard]] std::span<const token_id> block_tokens(std::span<const token_id> tokens, std::int32_t i) const noexcept {
+    return tokens.subspan(static_cast<std::size_t>(i) * static_cast<std::size_t>(cfg_.block_size),
+                          static_cast<std::size_t>(cfg_.block_size));
+  }
+
+  /// Whether a hit on `b` takes a block from available_blocks() (it is free or evictable, not in use or parked).
+  [[nodiscard]] bool consumes_capacity(block_id b) const noexcept {
+    if (pool_.refcount(b) > 0) return false;
+    if constexpr (indexed) {
+      if (evict_.contains(b)) return true;
+    }
+    return pool_.is_free(b);
+  }
+
+  /// Prefill shared by both add_sequence overloads; `tokens` is empty for the count overload.
+  status add_impl(seq_id id, std::int32_t n, std::span<const token_id> tokens, sequence_options options,
+                  prefix_match* hit) {
+    if (index_.find(id) >= 0) return status{errc::duplicate_sequence, "add_sequence: sequence id is already live"};
+    const std::int64_t total = blocks_for_tokens(n, cfg_.block_size);
+    if (exceeds_table_limit(total))
+      return status{errc::invalid_argument, "add_sequence: prompt needs more than max_blocks_per_seq blocks", total};
+    // Lookup (no mutation): the longest cached prefix, capped at n - 1 tokens.
+    hits_.clear();
+    std::int64_t needed = total;
+    [[maybe_unused]] cursor_type cur{};
+    if constexpr (caches_content) {
+      if (!tokens.empty()) {
+        cur = share_.first_cursor(options.extra_key);
+        const std::int32_t max_blocks = (n - 1) / cfg_.block_size;
+        for (std::int32_t i = 0; i < max_blocks; ++i) {
+          const block_id b = share_.lookup(cur, block_tokens(tokens, i));
+          if (b == no_block) break;
+          hits_.push_back(b);
+          if (!consumes_capacity(b)) --needed;
+        }
+      }
+    }
+    if (needed > available_blocks())
+      return status{errc::out_of_blocks, "add_sequence: not enough free blocks for the prompt", needed};
+
+    const std::int32_t h = new_handle(id);
+    seq_state& s = seqs_[static_cast<std::size_t>(h)];
+    s.blocks.resize(static_cast<std::size_t>(total));
+    // Hits first (they leave the free queue before anything is popped from it), then new blocks.
+    for (std::size_t i = 0; i < hits_.size(); ++i) {
+      touch(hits_[i]);
+      s.blocks[i] = hits_[i];
+    }
+    take_blocks(std::span<block_id>(s.blocks).subspan(hits_.size()));
+    s.num_tokens = n;
+    s.priority = options.priority;
+    s.extra_key = options.extra_key;
+    const auto hit_tokens = static_cast<std::int32_t>(hits_.size()) * cfg_.block_size;
+    if constexpr (caches_content) {
+      if (!tokens.empty()) {
+        const std::int32_t full = n / cfg_.block_size;
+        for (auto i = static_cast<std::int32_t>(hits_.size()); i < full; ++i)
+          share_.commit(s.blocks[static_cast<std::size_t>(i)], cur, block_tokens(tokens, i));
+        s.partial.assign(tokens.begin() + static_cast<std::ptrdiff_t>(full) * cfg_.block_size, tokens.end());
+        s.cursor = cur;
+      }
+    }
+    if (!tokens.empty()) {
+      prefix_query_tokens_ += n;
+      prefix_hit_tokens_ += hit_tokens;
+    }
+    tokens_ += n;
+    record_append(h, s, hit_tokens, n - hit_tokens);
+    if (hit != nullptr)
+      *hit = prefix_match{static_cast<std::int32_t>(hits_.size()), hit_tokens, static_cast<std::int64_t>(needed)};
+    return ok_status();
+  }
+
+  /// Slots for `n` more tokens of sequence `h` (copy-on-write of a shared partial last block, new blocks), all or
+  /// nothing, and their range in the plan.
+  status grow(std::int32_t h, std::int32_t n) {
+    seq_state& s = seqs_[static_cast<std::size_t>(h)];
+    const std::int64_t new_total = std::int64_t{s.num_tokens} + n;
+    if (new_total > INT32_MAX)
+      return status{errc::invalid_argument, "append_tokens: sequence would exceed 2^31-1 tokens", new_total};
+    const std::int64_t total_blocks = blocks_for_tokens(new_total, cfg_.block_size);
+    if (exceeds_table_limit(total_blocks))
+      return status{errc::invalid_argument, "append_tokens: sequence would need more than max_blocks_per_seq blocks",
+                    total_blocks};
+    const std::int64_t more = total_blocks - static_cast<std::int64_t>(s.blocks.size());
+    const bool cow = s.num_tokens % cfg_.block_size != 0 && pool_.refcount(s.blocks.back()) > 1;
+    if (more + (cow ? 1 : 0) > available_blocks())
+      return status{errc::out_of_blocks, "append_tokens: not enough free blocks", more + (cow ? 1 : 0)};
+
+    if (cow) {
+      const block_id src = s.blocks.back();
+      block_id dst = no_block;
+      take_blocks(std::span<block_id>(&dst, 1));
+      plan_copy(src, dst);
+      ++cow_copies_;
+      s.blocks.back() = dst;
+      release_block(src, retention_hint{s.priority});  // still referenced by the other sharers
+    }
+    if (more > 0) {
+      const std::size_t old = s.blocks.size();
+      s.blocks.resize(old + static_cast<std::size_t>(more));
+      take_blocks(std::span<block_id>(s.blocks).subspan(old));
+    }
+    record_append(h, s, s.num_tokens, n);
+    s.num_tokens = static_cast<std::int32_t>(new_total);
+    tokens_ += n;
+    return ok_status();
+  }
+
+  /// The child's hash-chain state after forking `tokens` tokens of `p`: it keeps caching only if the content of
+  /// its partial block is known (the fork point is block-aligned, or inside the parent's own partial block).
+  void inherit_cursor(seq_state& c, const seq_state& p, std::int32_t tokens) {
+    c.partial.clear();
+    c.cursor = cursor_type{};
+    if (!share_.valid(p.cursor)) return;
+    const std::int32_t full = tokens / cfg_.block_size;
+    const std::int32_t rest = tokens % cfg_.block_size;
+    const std::int32_t parent_full = p.num_tokens / cfg_.block_size;
+    if (rest != 0 && full != parent_full) return;  // the partial block's tokens are not kept
+    if (full == parent_full) {
+      c.cursor = p.cursor;
+    } else if (full == 0) {
+      c.cursor = share_.first_cursor(p.extra_key);
+    } else {
+      c.cursor = share_.cursor_after(p.blocks[static_cast<std::size_t>(full - 1)]);  // invalid if not cached
+    }
+    c.partial.assign(p.partial.begin(), p.partial.begin() + rest);
+    c.extra_key = p.extra_key;
   }
 
   std::int32_t new_handle(seq_id id) {
@@ -443,6 +663,22 @@ class paged_kv_cache {
     return h;
   }
 
+  /// A prefix hit takes a reference on `b`, wherever it is: in use, in the free queue, in the eviction index, or
+  /// parked until the next step.
+  void touch(block_id b) noexcept {
+    if (pool_.refcount(b) > 0) {
+      pool_.add_ref(b);
+    } else if (pool_.is_free(b)) {
+      pool_.take(b);
+    } else {
+      if constexpr (indexed) {
+        if (evict_.contains(b)) evict_.erase(b);
+      }
+      pool_.adopt(b);
+    }
+    if constexpr (indexed) evict_.on_hit(b);
+  }
+
   /// Fills `out` with blocks; the caller has checked out.size() <= available_blocks(). Clean free blocks first,
   /// then (indexed retention) victims of the eviction policy. A reused block that still holds cached content is
   /// evicted here, lazily (vLLM's order with retention_mode::in_free_list).
@@ -455,7 +691,7 @@ class paged_kv_cache {
           if (share_.is_cached(b)) evict(b);
         }
       } else {
-        if constexpr (E::retention == retention_mode::indexed) {
+        if constexpr (indexed) {
           b = evict_.pop_victim();
           evict(b);
           pool_.adopt(b);
@@ -471,21 +707,25 @@ class paged_kv_cache {
   }
 
   /// Drops one reference; at zero the block is parked while a planned copy uses it, else settled.
-  void release_block(block_id b) {
+  void release_block(block_id b, retention_hint hint) {
     if (pool_.drop_ref(b) > 0) return;
-    if (busy_[static_cast<std::size_t>(b)] != 0) {
-      deferred_.push_back(b);
+    std::uint8_t& f = busy_[static_cast<std::size_t>(b)];
+    if (f != 0) {
+      if ((f & deferred_flag) == 0) {
+        f |= deferred_flag;
+        deferred_.emplace_back(b, hint);
+      }
       return;
     }
-    settle(b);
+    settle(b, hint);
   }
 
   /// Where an unreferenced block goes: back to the allocator, or kept cached per the eviction policy.
-  void settle(block_id b) noexcept {
+  void settle(block_id b, retention_hint hint) noexcept {
     KVPAGER_ASSERT(pool_.refcount(b) == 0, "settle: block is still referenced");
     if (share_.is_cached(b)) {
-      if constexpr (E::retention == retention_mode::indexed) {
-        evict_.insert(b, retention_hint{});
+      if constexpr (indexed) {
+        evict_.insert(b, hint);
         return;
       } else if constexpr (E::retention == retention_mode::none) {
         share_.uncache(b);
@@ -503,7 +743,7 @@ class paged_kv_cache {
   void mark_busy(block_id b) {
     std::uint8_t& f = busy_[static_cast<std::size_t>(b)];
     if (f == 0) {
-      f = 1;
+      f = busy_flag;
       busy_list_.push_back(b);
     }
   }
@@ -513,6 +753,9 @@ class paged_kv_cache {
     append_owner_.push_back(h);
     s.append_step = step_;
   }
+
+  static constexpr std::uint8_t busy_flag = 1;      ///< source or destination of a copy planned this step
+  static constexpr std::uint8_t deferred_flag = 2;  ///< and unreferenced: in deferred_
 
   cache_config cfg_;
   block_pool<A> pool_;
@@ -524,14 +767,17 @@ class paged_kv_cache {
   id_map index_;
   step_plan plan_;
   std::vector<std::int32_t> append_owner_;  ///< handle per plan_.appends() entry; -1 once that sequence is freed
-  std::vector<std::uint8_t> busy_;          ///< per block: source or destination of a copy planned this step
+  std::vector<std::uint8_t> busy_;          ///< per block: busy_flag | deferred_flag
   std::vector<block_id> busy_list_;
-  std::vector<block_id> deferred_;          ///< unreferenced busy blocks, settled at the next begin_step
+  std::vector<std::pair<block_id, retention_hint>> deferred_;  ///< settled at the next begin_step
+  std::vector<block_id> hits_;              ///< scratch for add_sequence's lookup
   std::uint64_t step_ = 0;
   std::int64_t tokens_ = 0;
   std::int64_t cow_copies_ = 0;
   std::int64_t fork_copies_ = 0;
   std::int64_t evictions_ = 0;
+  std::int64_t prefix_query_tokens_ = 0;
+  std::int64_t prefix_hit_tokens_ = 0;
 };
 
 KVPAGER_NAMESPACE_END

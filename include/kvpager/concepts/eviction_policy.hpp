@@ -19,7 +19,7 @@
 /// |----------------|--------|----------|------------|--------------------------------------------|
 /// | `E{}`          | `E`    | -        | O(1)       |                                            |
 /// | `E::retention` | `retention_mode` constant | - | -   | the composition above                      |
-/// | `e.reset(n)`   | `void` | no       | O(n)       | empty policy for block ids [0, n); may allocate |
+/// | `e.reset(g)`   | `void` | no       | O(g.num_blocks) | empty policy for pool geometry `g`; may allocate |
 ///
 /// Additionally, when `E::retention == retention_mode::indexed`:
 ///
@@ -67,14 +67,14 @@ concept indexed_eviction_ops = requires(E& e, const E& ce, block_id b, retention
 template <class E>
 concept eviction_policy =
     std::default_initializable<E> && std::movable<E> && detail::has_retention<E> &&
-    requires(E& e, std::int32_t n) {
-      { e.reset(n) } -> std::same_as<void>;
+    requires(E& e, const pool_geometry& g) {
+      { e.reset(g) } -> std::same_as<void>;
     } && (E::retention != retention_mode::indexed || detail::indexed_eviction_ops<E>);
 
 /// The smallest indexed eviction policy: declarations only, for concept tests and as a template to copy.
 struct eviction_policy_archetype {
   static constexpr retention_mode retention = retention_mode::indexed;
-  void reset(std::int32_t n);
+  void reset(const pool_geometry& g);
   void insert(block_id b, retention_hint hint) noexcept;
   void erase(block_id b) noexcept;
   block_id pop_victim() noexcept;

@@ -6,7 +6,7 @@
 /// | expression             | result              | noexcept | complexity | semantics                                     |
 /// |------------------------|---------------------|----------|------------|-----------------------------------------------|
 /// | `W{}`                  | `W`                 | -        | O(1)       |                                               |
-/// | `w.reset(n)`           | `void`              | no       | O(capacity)| empty host pool, for a device pool of `n` blocks; may allocate |
+/// | `w.reset(g)`           | `void`              | no       | O(capacity)| empty host pool, for device pool geometry `g`; may allocate |
 /// | `cw.action(n)`         | `preempt_action`    | yes      | O(1)       | what to do with a victim holding `n` device blocks now |
 /// | `cw.host_capacity()`   | `std::int32_t`      | yes      | O(1)       | host blocks in all                            |
 /// | `cw.host_free()`       | `std::int32_t`      | yes      | O(1)       | host blocks free now                          |
@@ -33,8 +33,9 @@ enum class preempt_action {
 
 template <class W>
 concept swap_policy = std::default_initializable<W> && std::movable<W> &&
-                      requires(W& w, const W& cw, std::int32_t n, block_id b, std::span<block_id> out) {
-                        { w.reset(n) } -> std::same_as<void>;
+                      requires(W& w, const W& cw, const pool_geometry& g, std::int32_t n, block_id b,
+                               std::span<block_id> out) {
+                        { w.reset(g) } -> std::same_as<void>;
                         { cw.action(n) } noexcept -> std::same_as<preempt_action>;
                         { cw.host_capacity() } noexcept -> std::same_as<std::int32_t>;
                         { cw.host_free() } noexcept -> std::same_as<std::int32_t>;
@@ -44,7 +45,7 @@ concept swap_policy = std::default_initializable<W> && std::movable<W> &&
 
 /// The smallest swap policy: declarations only, for concept tests and as a template to copy.
 struct swap_policy_archetype {
-  void reset(std::int32_t n);
+  void reset(const pool_geometry& g);
   [[nodiscard]] preempt_action action(std::int32_t n) const noexcept;
   [[nodiscard]] std::int32_t host_capacity() const noexcept;
   [[nodiscard]] std::int32_t host_free() const noexcept;

@@ -15,6 +15,16 @@ using block_id = std::int32_t;
 /// Sequence id chosen by the engine (any 64-bit value).
 using seq_id = std::uint64_t;
 
+/// Token id as the model's tokenizer produces it.
+using token_id = std::int32_t;
+
+/// Shape of a block pool, given to every policy when a cache is created.
+struct pool_geometry {
+  std::int32_t num_blocks = 0;       ///< blocks in the pool, reserved ones included
+  std::int32_t block_size = 16;      ///< tokens per block
+  std::int32_t reserved_blocks = 0;  ///< blocks [0, reserved) are never handed out
+};
+
 /// Marker for "no block" (empty list links, unused block-table entries).
 inline constexpr block_id no_block = -1;
 

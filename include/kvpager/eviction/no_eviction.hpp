@@ -12,7 +12,7 @@ KVPAGER_NAMESPACE_BEGIN
 
 struct no_eviction {
   static constexpr retention_mode retention = retention_mode::none;
-  void reset(std::int32_t /*num_blocks*/) noexcept {}
+  void reset(const pool_geometry& /*g*/) noexcept {}
 };
 
 KVPAGER_NAMESPACE_END

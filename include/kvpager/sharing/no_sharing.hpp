@@ -12,7 +12,7 @@ KVPAGER_NAMESPACE_BEGIN
 
 struct no_sharing {
   static constexpr fork_mode fork = fork_mode::copy;
-  void reset(std::int32_t /*num_blocks*/) noexcept {}
+  void reset(const pool_geometry& /*g*/) noexcept {}
   [[nodiscard]] bool is_cached(block_id /*b*/) const noexcept { return false; }
   void uncache(block_id /*b*/) noexcept {}
 };

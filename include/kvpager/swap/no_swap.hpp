@@ -12,7 +12,7 @@
 KVPAGER_NAMESPACE_BEGIN
 
 struct no_swap {
-  void reset(std::int32_t /*num_blocks*/) noexcept {}
+  void reset(const pool_geometry& /*g*/) noexcept {}
   [[nodiscard]] preempt_action action(std::int32_t /*num_blocks*/) const noexcept {
     return preempt_action::unsupported;
   }
