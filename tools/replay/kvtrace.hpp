@@ -1,0 +1,220 @@
+#pragma once
+// kvtrace reader: parses a kvtrace file (format in docs/KVTRACE.md) into typed records, or reports the first
+// problem as "FILE:LINE: message". Never throws on bad input, never loops on it.
+
+#include <charconv>
+#include <cstdint>
+#include <optional>
+#include <string>
+#include <string_view>
+#include <unordered_set>
+#include <utility>
+#include <vector>
+
+namespace kvreplay {
+
+enum class op_kind { alloc, free, req, admit, decode, finish, run };
+
+/// One prompt segment `seed:len`.
+struct segment {
+  std::uint64_t seed = 0;
+  std::int64_t len = 0;
+};
+
+/// One op record. Fields used depend on the kind: alloc (id, n), free (id), req (id, gen_seed, max_new,
+/// segments), admit/finish (id), decode (id, n), run (n = max_steps).
+struct op {
+  op_kind kind{};
+  std::int64_t line = 0;
+  std::uint64_t id = 0;
+  std::int64_t n = 0;
+  std::uint64_t gen_seed = 0;
+  std::int64_t max_new = 0;
+  std::vector<segment> segments;
+};
+
+struct trace {
+  std::string workload;
+  std::string level;  // "pool" or "manager"
+  std::vector<std::pair<std::string, std::int64_t>> params;  // as written, in order
+  std::vector<op> ops;
+
+  /// The value of param `key`, or `fallback`.
+  [[nodiscard]] std::int64_t param(std::string_view key, std::int64_t fallback) const {
+    for (const auto& [k, v] : params)
+      if (k == key) return v;
+    return fallback;
+  }
+  [[nodiscard]] bool has_param(std::string_view key) const {
+    for (const auto& [k, v] : params)
+      if (k == key) return true;
+    return false;
+  }
+};
+
+/// Parse outcome: a trace, or an error message naming the line.
+struct parse_result {
+  std::optional<trace> value;
+  std::string error;
+};
+
+namespace detail {
+
+inline std::vector<std::string_view> split_fields(std::string_view line) {
+  std::vector<std::string_view> out;
+  std::size_t i = 0;
+  while (i < line.size()) {
+    while (i < line.size() && (line[i] == ' ' || line[i] == '\t' || line[i] == '\r' || line[i] == '\v' || line[i] == '\f')) ++i;
+    std::size_t j = i;
+    while (j < line.size() && line[j] != ' ' && line[j] != '\t' && line[j] != '\r' && line[j] != '\v' && line[j] != '\f') ++j;
+    if (j > i) out.push_back(line.substr(i, j - i));
+    i = j;
+  }
+  return out;
+}
+
+/// A non-negative decimal integer with no sign, no junk, and no overflow.
+template <class T>
+inline bool parse_uint(std::string_view s, T& out) {
+  if (s.empty() || s.size() > 20) return false;
+  for (char ch : s)
+    if (ch < '0' || ch > '9') return false;
+  const auto [p, ec] = std::from_chars(s.data(), s.data() + s.size(), out);
+  return ec == std::errc{} && p == s.data() + s.size();
+}
+
+}  // namespace detail
+
+/// Parses kvtrace text. `name` is used in error messages.
+inline parse_result parse_kvtrace(std::string_view text, const std::string& name) {
+  parse_result res;
+  trace t;
+  std::int64_t line_no = 0;
+  bool seen_magic = false, seen_op = false;
+  auto fail = [&](const std::string& msg) {
+    res.error = name + ":" + std::to_string(line_no) + ": " + msg;
+    return res;
+  };
+  std::size_t pos = 0;
+  std::unordered_set<std::uint64_t> defined;  // request ids seen in 'req'
+
+  while (pos <= text.size()) {
+    const std::size_t eol = text.find('\n', pos);
+    std::string_view line = text.substr(pos, eol == std::string_view::npos ? std::string_view::npos : eol - pos);
+    pos = eol == std::string_view::npos ? text.size() + 1 : eol + 1;
+    ++line_no;
+    if (const std::size_t hash = line.find('#'); hash != std::string_view::npos) line = line.substr(0, hash);
+    if (line.find('\0') != std::string_view::npos) return fail("NUL byte in the line");
+    const auto f = detail::split_fields(line);
+    if (f.empty()) continue;
+    const std::string_view kw = f[0];
+    auto need = [&](std::size_t n) { return f.size() == n; };
+    if (!seen_magic) {
+      if (kw != "kvtrace") return fail("expected 'kvtrace 1' as the first record");
+      if (!need(2) || f[1] != "1") return fail("unsupported kvtrace version (expected 'kvtrace 1')");
+      seen_magic = true;
+      continue;
+    }
+    if (kw == "kvtrace") return fail("duplicate 'kvtrace' record");
+    if (kw == "workload" || kw == "level" || kw == "param") {
+      if (seen_op) return fail("header record '" + std::string(kw) + "' after the first op");
+      if (kw == "workload") {
+        if (!need(2)) return fail("'workload' takes one name");
+        t.workload = std::string(f[1]);
+      } else if (kw == "level") {
+        if (!need(2) || (f[1] != "pool" && f[1] != "manager")) return fail("'level' must be 'pool' or 'manager'");
+        t.level = std::string(f[1]);
+      } else {
+        if (!need(3)) return fail("'param' takes a key and an integer");
+        std::int64_t v = 0;
+        if (!detail::parse_uint(f[2], v)) return fail("bad number '" + std::string(f[2]) + "' for param " + std::string(f[1]));
+        if (t.has_param(f[1])) return fail("duplicate param " + std::string(f[1]));
+        t.params.emplace_back(std::string(f[1]), v);
+      }
+      continue;
+    }
+    if (!seen_op) {
+      seen_op = true;
+      if (t.level.empty()) return fail("missing 'level' record before the first op");
+      if (!t.has_param("num_blocks")) return fail("missing 'param num_blocks' before the first op");
+      const std::int64_t nb = t.param("num_blocks", 0), bs = t.param("block_size", 16);
+      if (nb < 2 || nb > (std::int64_t{1} << 30)) return fail("num_blocks must be in [2, 2^30]");
+      if (bs < 1 || bs > 4096 || (bs & (bs - 1)) != 0) return fail("block_size must be a power of two <= 4096");
+      if (t.param("enable_caching", 1) > 1) return fail("enable_caching must be 0 or 1");
+      if (t.param("max_num_seqs", 256) < 1) return fail("max_num_seqs must be positive");
+      if (t.param("max_num_batched_tokens", 8192) < 1) return fail("max_num_batched_tokens must be positive");
+    }
+    op o;
+    o.line = line_no;
+    auto num = [&](std::size_t i, auto& out, const char* what) -> bool {
+      if (!detail::parse_uint(f[i], out)) {
+        res.error = name + ":" + std::to_string(line_no) + ": bad number '" + std::string(f[i]) + "' for " + what;
+        return false;
+      }
+      return true;
+    };
+    const bool pool = t.level == "pool";
+    if (kw == "alloc" || kw == "free") {
+      if (!pool) return fail("'" + std::string(kw) + "' is a pool-level op; this trace is level manager");
+      if (kw == "alloc") {
+        if (!need(3)) return fail("'alloc' takes a slot id and a block count");
+        o.kind = op_kind::alloc;
+        if (!num(1, o.id, "slot id") || !num(2, o.n, "block count")) return res;
+        if (o.n < 1 || o.n > (std::int64_t{1} << 30)) return fail("block count out of range");
+      } else {
+        if (!need(2)) return fail("'free' takes a slot id");
+        o.kind = op_kind::free;
+        if (!num(1, o.id, "slot id")) return res;
+      }
+    } else if (kw == "req" || kw == "admit" || kw == "decode" || kw == "finish" || kw == "run") {
+      if (pool) return fail("'" + std::string(kw) + "' is a manager-level op; this trace is level pool");
+      if (kw == "req") {
+        if (f.size() < 5) return fail("'req' takes an id, a gen seed, max_new and at least one seed:len segment");
+        o.kind = op_kind::req;
+        if (!num(1, o.id, "request id") || !num(2, o.gen_seed, "gen seed") || !num(3, o.max_new, "max_new")) return res;
+        if (o.max_new > (std::int64_t{1} << 30)) return fail("max_new out of range");
+        std::int64_t total = 0;
+        for (std::size_t i = 4; i < f.size(); ++i) {
+          const std::size_t colon = f[i].find(':');
+          segment sg;
+          if (colon == std::string_view::npos || !detail::parse_uint(f[i].substr(0, colon), sg.seed) ||
+              !detail::parse_uint(f[i].substr(colon + 1), sg.len))
+            return fail("bad segment '" + std::string(f[i]) + "' (expected seed:len)");
+          if (sg.len < 1) return fail("segment length must be positive");
+          total += sg.len;
+          if (total > (std::int64_t{1} << 30)) return fail("prompt longer than 2^30 tokens");
+          o.segments.push_back(sg);
+        }
+        if (defined.count(o.id) != 0) return fail("request " + std::to_string(o.id) + " is defined twice");
+        defined.insert(o.id);
+      } else if (kw == "run") {
+        if (!need(2)) return fail("'run' takes max_steps");
+        o.kind = op_kind::run;
+        if (!num(1, o.n, "max_steps")) return res;
+      } else {
+        const bool has_n = kw == "decode";
+        if (!need(has_n ? 3 : 2)) return fail("'" + std::string(kw) + "' takes a request id" + (has_n ? " and a count" : ""));
+        o.kind = kw == "admit" ? op_kind::admit : kw == "decode" ? op_kind::decode : op_kind::finish;
+        if (!num(1, o.id, "request id")) return res;
+        if (has_n && !num(2, o.n, "token count")) return res;
+        if (has_n && o.n > (std::int64_t{1} << 30)) return fail("token count out of range");
+        if (defined.count(o.id) == 0) return fail("request " + std::to_string(o.id) + " is not defined (no earlier 'req')");
+      }
+    } else {
+      return fail("unknown record '" + std::string(kw) + "'");
+    }
+    t.ops.push_back(std::move(o));
+  }
+  if (!seen_magic) {
+    line_no = 1;
+    return fail("empty trace (expected 'kvtrace 1')");
+  }
+  if (!seen_op) {
+    if (t.level.empty()) return fail("missing 'level' record");
+    if (!t.has_param("num_blocks")) return fail("missing 'param num_blocks'");
+  }
+  res.value = std::move(t);
+  return res;
+}
+
+}  // namespace kvreplay

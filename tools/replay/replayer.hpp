@@ -1,0 +1,409 @@
+#pragma once
+// kvtrace replayer: drives kvpager's public API exactly as an engine would (block_pool for pool-level traces,
+// paged_kv_cache composed as vLLM v1 for manager-level ones) and reports vLLM-comparable counts and timings.
+
+#include <kvpager/kvpager.hpp>
+
+#include <nlohmann/json.hpp>
+
+#include <algorithm>
+#include <chrono>
+#include <cmath>
+#include <cstdint>
+#include <deque>
+#include <span>
+#include <string>
+#include <unordered_map>
+#include <utility>
+#include <vector>
+
+#include "kvtrace.hpp"
+
+namespace kvreplay {
+
+using json = nlohmann::ordered_json;
+
+/// token(s, j) of the kvtrace format.
+[[nodiscard]] inline kvpager::token_id token_of(std::uint64_t seed, std::uint64_t j) noexcept {
+  std::uint64_t x = ((seed & 0xFFFFFFFFULL) << 32) | (j & 0xFFFFFFFFULL);
+  x += 0x9E3779B97F4A7C15ULL;
+  std::uint64_t z = x;
+  z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ULL;
+  z = (z ^ (z >> 27)) * 0x94D049BB133111EBULL;
+  return static_cast<kvpager::token_id>((z ^ (z >> 31)) % 50000);
+}
+
+struct replay_result {
+  json result;        // the "result" object
+  std::string error;  // "FILE:LINE: message" on a trace error
+};
+
+namespace detail {
+
+[[nodiscard]] inline double round6(double x) { return std::round(x * 1e6) / 1e6; }
+
+class stopwatch {
+ public:
+  stopwatch() : start_(std::chrono::steady_clock::now()) {}
+  [[nodiscard]] double seconds() const {
+    return std::chrono::duration<double>(std::chrono::steady_clock::now() - start_).count();
+  }
+
+ private:
+  std::chrono::steady_clock::time_point start_;
+};
+
+// ------------------------------------------------------------------------------------------- pool level
+inline replay_result replay_pool(const trace& t, const std::string& name) {
+  replay_result out;
+  const auto num_blocks = static_cast<std::int32_t>(t.param("num_blocks", 0));
+  auto created = kvpager::block_pool<kvpager::free_list_allocator>::create({num_blocks, 1});  // block 0 = null block
+  if (!created) {
+    out.error = name + ": " + created.error().message();
+    return out;
+  }
+  auto& pool = *created;
+  std::unordered_map<std::uint64_t, std::vector<kvpager::block_id>> slots;
+  std::int64_t alloc_calls = 0, free_calls = 0, allocated = 0, freed = 0;
+  std::int32_t peak_used = 0;
+  const stopwatch clock;
+  for (const op& o : t.ops) {
+    if (o.kind == op_kind::alloc) {
+      auto& blocks = slots[o.id];
+      const std::size_t old = blocks.size();
+      blocks.resize(old + static_cast<std::size_t>(o.n));
+      if (const kvpager::status st = pool.allocate(std::span<kvpager::block_id>(blocks).subspan(old)); !st) {
+        blocks.resize(old);
+        out.error = name + ":" + std::to_string(o.line) + ": alloc of " + std::to_string(o.n) +
+                    " blocks exceeds the free blocks (" + std::to_string(pool.num_free()) + ")";
+        return out;
+      }
+      ++alloc_calls;
+      allocated += o.n;
+      peak_used = std::max(peak_used, num_blocks - pool.num_free());
+    } else {
+      const auto it = slots.find(o.id);
+      if (it == slots.end()) {
+        out.error = name + ":" + std::to_string(o.line) + ": free of slot " + std::to_string(o.id) + ", never allocated";
+        return out;
+      }
+      for (auto b = it->second.rbegin(); b != it->second.rend(); ++b) (void)pool.release(*b);  // last allocated first
+      freed += static_cast<std::int64_t>(it->second.size());
+      it->second.clear();
+      ++free_calls;
+    }
+  }
+  const double elapsed = clock.seconds();
+  const auto block_ops = static_cast<double>(allocated + freed);
+  json& r = out.result;
+  r["alloc_calls"] = alloc_calls;
+  r["free_calls"] = free_calls;
+  r["blocks_allocated"] = allocated;
+  r["blocks_freed"] = freed;
+  r["peak_used_blocks_incl_null"] = peak_used;
+  r["final_free_blocks"] = pool.num_free();
+  r["elapsed_s"] = elapsed;
+  r["ns_per_block_op"] = block_ops > 0 ? elapsed * 1e9 / block_ops : 0.0;
+  r["block_ops_per_s"] = elapsed > 0 ? block_ops / elapsed : 0.0;
+  return out;
+}
+
+// ------------------------------------------------------------------------------------------- manager level
+template <class Cache>
+class manager_replay {
+ public:
+  manager_replay(const trace& t, const std::string& name, Cache cache)
+      : t_(t), name_(name), cache_(std::move(cache)), num_blocks_(static_cast<std::int32_t>(t.param("num_blocks", 0))),
+        max_num_seqs_(t.param("max_num_seqs", 256)), budget_(t.param("max_num_batched_tokens", 8192)) {}
+
+  replay_result run() {
+    const stopwatch clock;
+    for (const op& o : t_.ops) {
+      cache_.begin_step();  // every op starts from an executed plan
+      if (!apply(o)) return std::move(out_);
+    }
+    const double elapsed = clock.seconds();
+    json& r = out_.result;
+    r["hit_blocks"] = c_[0].hit_blocks;
+    r["hit_tokens"] = c_[0].hit_tokens;
+    r["query_tokens"] = c_[0].query_tokens;
+    r["resumed_hit_blocks"] = c_[1].hit_blocks;
+    r["resumed_hit_tokens"] = c_[1].hit_tokens;
+    r["resumed_query_tokens"] = c_[1].query_tokens;
+    r["prefix_cache_evictions"] = cache_.stats().evictions;
+    r["preemptions"] = preemptions_;
+    r["admit_fail"] = admit_fail_;
+    r["admit_budget_stop"] = admit_budget_stop_;
+    r["decode_alloc_fail"] = decode_alloc_fail_;
+    r["steps"] = steps_;
+    r["finished"] = finished_;
+    r["peak_usage"] = round6(peak_usage_);
+    r["final_usage"] = round6(usage());
+    const std::int64_t q = c_[0].query_tokens + c_[1].query_tokens;
+    r["hit_rate_tokens"] = q > 0 ? round6(double(c_[0].hit_tokens + c_[1].hit_tokens) / double(q)) : 0.0;
+    r["run_stalled"] = stalled_;
+    r["elapsed_s"] = elapsed;
+    if (!step_ms_.empty()) {
+      std::vector<double> s = step_ms_;
+      std::sort(s.begin(), s.end());
+      double sum = 0;
+      for (double x : s) sum += x;
+      auto pct = [&](double p) { return s[std::min(s.size() - 1, static_cast<std::size_t>(p * double(s.size() - 1) + 0.5))]; };
+      r["step_ms_mean"] = sum / double(s.size());
+      r["step_ms_p50"] = pct(0.50);
+      r["step_ms_p99"] = pct(0.99);
+    }
+    return std::move(out_);
+  }
+
+ private:
+  enum class state { defined, waiting, running, live, finished, failed };
+  struct request {
+    std::uint64_t id = 0;
+    std::uint64_t gen_seed = 0;
+    std::int64_t max_new = 0;
+    std::vector<kvpager::token_id> tokens;  // prompt, then every output token sampled so far
+    std::int64_t computed = 0;              // tokens with KV slots (the cache's num_tokens)
+    std::int64_t outputs = 0;
+    state st = state::defined;
+    bool preempted = false;
+  };
+  struct prefix_counters {
+    std::int64_t hit_blocks = 0, hit_tokens = 0, query_tokens = 0;
+  };
+
+  bool error(const op& o, const std::string& msg) {
+    out_.error = name_ + ":" + std::to_string(o.line) + ": " + msg;
+    return false;
+  }
+
+  [[nodiscard]] double usage() const {
+    return 1.0 - double(cache_.pool().num_free()) / double(num_blocks_ - 1);
+  }
+  void note_allocation() { peak_usage_ = std::max(peak_usage_, usage()); }
+
+  void sample_next(request& r) {
+    r.tokens.push_back(token_of(r.gen_seed, static_cast<std::uint64_t>(r.outputs)));
+    ++r.outputs;
+  }
+
+  const std::vector<kvpager::token_id>& segment_tokens(const segment& s) {
+    auto& v = segments_[s.seed];
+    for (auto j = static_cast<std::int64_t>(v.size()); j < s.len; ++j) v.push_back(token_of(s.seed, static_cast<std::uint64_t>(j)));
+    return v;
+  }
+
+  /// Prefix lookup + allocation of the whole sequence. Returns false on a failed allocation (nothing changed).
+  bool admit(request& r) {
+    kvpager::prefix_match m;
+    if (!cache_.add_sequence(r.id, r.tokens, {}, &m)) return false;
+    prefix_counters& c = c_[r.preempted ? 1 : 0];
+    c.hit_blocks += m.blocks;
+    c.hit_tokens += m.tokens;
+    c.query_tokens += static_cast<std::int64_t>(r.tokens.size());
+    r.computed = static_cast<std::int64_t>(r.tokens.size());
+    note_allocation();
+    return true;
+  }
+
+  /// allocate_slots(r, n) for a running request: the next n tokens get slots.
+  bool extend(request& r, std::int64_t n) {
+    const auto span = std::span<const kvpager::token_id>(r.tokens).subspan(static_cast<std::size_t>(r.computed),
+                                                                           static_cast<std::size_t>(n));
+    if (!cache_.append_tokens(r.id, span)) return false;
+    r.computed += n;
+    note_allocation();
+    return true;
+  }
+
+  void release(request& r) {
+    (void)cache_.free_sequence(r.id);
+    r.computed = 0;
+  }
+
+  bool apply(const op& o) {
+    switch (o.kind) {
+      case op_kind::req: {
+        request r;
+        r.id = o.id;
+        r.gen_seed = o.gen_seed;
+        r.max_new = o.max_new;
+        for (const segment& s : o.segments) {
+          const auto& v = segment_tokens(s);
+          r.tokens.insert(r.tokens.end(), v.begin(), v.begin() + s.len);
+        }
+        index_.emplace(r.id, reqs_.size());
+        reqs_.push_back(std::move(r));
+        return true;
+      }
+      case op_kind::admit: {
+        request& r = reqs_[index_.at(o.id)];
+        if (r.st == state::running || r.st == state::live) return error(o, "request " + std::to_string(o.id) + " is already live");
+        if (r.st == state::waiting) return error(o, "request " + std::to_string(o.id) + " is queued by an earlier 'run'");
+        if (r.st != state::defined) return true;  // failed or finished: a no-op
+        if (!admit(r)) {
+          ++admit_fail_;
+          r.st = state::failed;
+          return true;
+        }
+        sample_next(r);
+        r.st = state::live;
+        return true;
+      }
+      case op_kind::decode: {
+        request& r = reqs_[index_.at(o.id)];
+        if (r.st != state::live && r.st != state::running) return true;
+        for (std::int64_t i = 0; i < o.n; ++i) {
+          if (!extend(r, 1)) {
+            ++decode_alloc_fail_;
+            break;
+          }
+          sample_next(r);
+        }
+        return true;
+      }
+      case op_kind::finish: {
+        request& r = reqs_[index_.at(o.id)];
+        if (r.st != state::live && r.st != state::running) return true;
+        if (r.st == state::running) running_.erase(std::find(running_.begin(), running_.end(), index_.at(o.id)));
+        release(r);
+        r.st = state::finished;
+        return true;
+      }
+      case op_kind::run:
+        run_steps(o.n);
+        return true;
+      default:
+        return error(o, "pool-level op in a manager-level trace");
+    }
+  }
+
+  void run_steps(std::int64_t max_steps) {
+    for (std::size_t i = 0; i < reqs_.size(); ++i)
+      if (reqs_[i].st == state::defined) {
+        reqs_[i].st = state::waiting;
+        waiting_.push_back(i);
+      }
+    for (std::int64_t step = 0; (max_steps == 0 || step < max_steps) && (!running_.empty() || !waiting_.empty()); ++step) {
+      const stopwatch clock;
+      cache_.begin_step();
+      const bool progressed = schedule_step();
+      ++steps_;
+      step_ms_.push_back(clock.seconds() * 1e3);
+      if (!progressed) {
+        stalled_ = true;
+        return;
+      }
+    }
+  }
+
+  /// One scheduler step (KVTRACE.md "One run step"). Returns whether anything was scheduled or preempted.
+  bool schedule_step() {
+    std::int64_t budget = budget_;
+    scheduled_.clear();
+    bool preempted = false;
+    // 1. Running requests, in order; on shortage preempt from the tail.
+    for (std::size_t i = 0; i < running_.size() && budget > 0;) {
+      const std::size_t ri = running_[i];
+      request& r = reqs_[ri];
+      const std::int64_t n = std::min(static_cast<std::int64_t>(r.tokens.size()) - r.computed, budget);
+      bool self_preempted = false;
+      while (!extend(r, n)) {
+        const std::size_t victim = running_.back();
+        running_.pop_back();
+        request& v = reqs_[victim];
+        release(v);
+        v.preempted = true;
+        v.st = state::waiting;
+        waiting_.push_front(victim);
+        ++preemptions_;
+        preempted = true;
+        if (victim == ri) {
+          self_preempted = true;
+          break;
+        }
+      }
+      if (self_preempted) break;
+      scheduled_.push_back(ri);
+      budget -= n;
+      ++i;
+    }
+    // 2. Admissions, only in a step that preempted nothing.
+    if (!preempted) {
+      while (!waiting_.empty() && budget > 0 && static_cast<std::int64_t>(running_.size()) < max_num_seqs_) {
+        const std::size_t ri = waiting_.front();
+        request& r = reqs_[ri];
+        const auto m = cache_.match_prefix(r.tokens);
+        const std::int64_t n = static_cast<std::int64_t>(r.tokens.size()) - m->tokens;
+        if (n > budget) {
+          ++admit_budget_stop_;
+          break;
+        }
+        if (!admit(r)) {
+          ++admit_fail_;
+          break;
+        }
+        waiting_.pop_front();
+        running_.push_back(ri);
+        r.st = state::running;
+        scheduled_.push_back(ri);
+        budget -= n;
+      }
+    }
+    // 3. Each scheduled request samples one token; finished ones are freed, in scheduled order.
+    for (const std::size_t ri : scheduled_) {
+      request& r = reqs_[ri];
+      sample_next(r);
+      if (r.outputs >= r.max_new && r.max_new > 0) {
+        release(r);
+        r.st = state::finished;
+        running_.erase(std::find(running_.begin(), running_.end(), ri));
+        ++finished_;
+      }
+    }
+    return !scheduled_.empty() || preempted;
+  }
+
+  const trace& t_;
+  std::string name_;
+  Cache cache_;
+  std::int32_t num_blocks_;
+  std::int64_t max_num_seqs_;
+  std::int64_t budget_;
+  std::vector<request> reqs_;
+  std::unordered_map<std::uint64_t, std::size_t> index_;
+  std::unordered_map<std::uint64_t, std::vector<kvpager::token_id>> segments_;
+  std::deque<std::size_t> waiting_;
+  std::vector<std::size_t> running_;
+  std::vector<std::size_t> scheduled_;
+  prefix_counters c_[2];  // [0] first admissions, [1] resumed after preemption
+  std::int64_t preemptions_ = 0, admit_fail_ = 0, admit_budget_stop_ = 0, decode_alloc_fail_ = 0;
+  std::int64_t steps_ = 0, finished_ = 0;
+  bool stalled_ = false;
+  double peak_usage_ = 0;
+  std::vector<double> step_ms_;
+  replay_result out_;
+};
+
+template <class Cache>
+replay_result replay_manager(const trace& t, const std::string& name) {
+  auto created = Cache::create({static_cast<std::int32_t>(t.param("block_size", 16)),
+                                static_cast<std::int32_t>(t.param("num_blocks", 0)), /*reserved (null block)=*/1, 0});
+  if (!created) return replay_result{json::object(), name + ": " + created.error().message()};
+  return manager_replay<Cache>(t, name, std::move(*created)).run();
+}
+
+}  // namespace detail
+
+/// The composition kvpager-replay uses for `enable_caching 0`: vLLM's free queue without prefix caching.
+using vllm_v1_no_caching_cache = kvpager::paged_kv_cache<kvpager::free_list_allocator, kvpager::no_eviction,
+                                                         kvpager::refcount_sharing, kvpager::no_swap>;
+
+/// Replays one parsed trace. Counts are deterministic; elapsed times are measured around the ops.
+inline replay_result replay(const trace& t, const std::string& name) {
+  if (t.level == "pool") return detail::replay_pool(t, name);
+  if (t.param("enable_caching", 1) != 0) return detail::replay_manager<kvpager::vllm_v1_cache>(t, name);
+  return detail::replay_manager<vllm_v1_no_caching_cache>(t, name);
+}
+
+}  // namespace kvreplay
