@@ -138,7 +138,7 @@ inline parse_result parse_kvtrace(std::string_view text, const std::string& name
       if (t.level.empty()) return fail("missing 'level' record before the first op");
       if (!t.has_param("num_blocks")) return fail("missing 'param num_blocks' before the first op");
       const std::int64_t nb = t.param("num_blocks", 0), bs = t.param("block_size", 16);
-      if (nb < 2 || nb > (std::int64_t{1} << 30)) return fail("num_blocks must be in [2, 2^30]");
+      if (nb < 2 || nb > (std::int64_t{1} << 24)) return fail("num_blocks must be in [2, 2^24]");
       if (bs < 1 || bs > 4096 || (bs & (bs - 1)) != 0) return fail("block_size must be a power of two <= 4096");
       if (t.param("enable_caching", 1) > 1) return fail("enable_caching must be 0 or 1");
       if (t.param("max_num_seqs", 256) < 1) return fail("max_num_seqs must be positive");
@@ -182,7 +182,7 @@ inline parse_result parse_kvtrace(std::string_view text, const std::string& name
             return fail("bad segment '" + std::string(f[i]) + "' (expected seed:len)");
           if (sg.len < 1) return fail("segment length must be positive");
           total += sg.len;
-          if (total > (std::int64_t{1} << 30)) return fail("prompt longer than 2^30 tokens");
+          if (total > (std::int64_t{1} << 24)) return fail("prompt longer than 2^24 tokens");
           o.segments.push_back(sg);
         }
         if (defined.count(o.id) != 0) return fail("request " + std::to_string(o.id) + " is defined twice");

@@ -5,7 +5,9 @@
 // Each file is replayed N times (default 1); counts must agree between repeats, elapsed_s is the fastest run and
 // elapsed_s_all lists every run. Exit status: 0 on success, 1 on a trace error (reported as FILE:LINE: message),
 // 2 on a usage or I/O error.
+#include <charconv>
 #include <cstdio>
+#include <string_view>
 #include <cstring>
 #include <fstream>
 #include <iostream>
@@ -44,12 +46,10 @@ int main(int argc, char** argv) {
     }
     if (a == "--repeat") {
       if (i + 1 >= argc) return usage("--repeat needs a number");
-      try {
-        repeat = std::stoi(argv[++i]);
-      } catch (...) {
-        return usage("--repeat needs a number");
-      }
-      if (repeat < 1 || repeat > 1000) return usage("--repeat must be in [1, 1000]");
+      const std::string_view v = argv[++i];
+      const auto [p, ec] = std::from_chars(v.data(), v.data() + v.size(), repeat);
+      if (ec != std::errc{} || p != v.data() + v.size() || repeat < 1 || repeat > 1000)
+        return usage("--repeat must be a number in [1, 1000]");
     } else if (!a.empty() && a[0] == '-') {
       return usage(("unknown option " + a).c_str());
     } else {

@@ -33,6 +33,11 @@ using json = nlohmann::ordered_json;
   return static_cast<kvpager::token_id>((z ^ (z >> 31)) % 50000);
 }
 
+/// Safety limits for replaying untrusted traces (the fuzz test sets them); 0 = unlimited.
+struct replay_limits {
+  std::int64_t max_steps = 0;  ///< scheduler steps over all `run` ops
+};
+
 struct replay_result {
   json result;        // the "result" object
   std::string error;  // "FILE:LINE: message" on a trace error
@@ -69,15 +74,15 @@ inline replay_result replay_pool(const trace& t, const std::string& name) {
   const stopwatch clock;
   for (const op& o : t.ops) {
     if (o.kind == op_kind::alloc) {
-      auto& blocks = slots[o.id];
-      const std::size_t old = blocks.size();
-      blocks.resize(old + static_cast<std::size_t>(o.n));
-      if (const kvpager::status st = pool.allocate(std::span<kvpager::block_id>(blocks).subspan(old)); !st) {
-        blocks.resize(old);
+      if (o.n > pool.num_free()) {
         out.error = name + ":" + std::to_string(o.line) + ": alloc of " + std::to_string(o.n) +
                     " blocks exceeds the free blocks (" + std::to_string(pool.num_free()) + ")";
         return out;
       }
+      auto& blocks = slots[o.id];
+      const std::size_t old = blocks.size();
+      blocks.resize(old + static_cast<std::size_t>(o.n));
+      (void)pool.allocate(std::span<kvpager::block_id>(blocks).subspan(old));  // capacity checked above
       ++alloc_calls;
       allocated += o.n;
       peak_used = std::max(peak_used, num_blocks - pool.num_free());
@@ -112,8 +117,8 @@ inline replay_result replay_pool(const trace& t, const std::string& name) {
 template <class Cache>
 class manager_replay {
  public:
-  manager_replay(const trace& t, const std::string& name, Cache cache)
-      : t_(t), name_(name), cache_(std::move(cache)), num_blocks_(static_cast<std::int32_t>(t.param("num_blocks", 0))),
+  manager_replay(const trace& t, const std::string& name, Cache cache, replay_limits limits)
+      : t_(t), name_(name), cache_(std::move(cache)), limits_(limits), num_blocks_(static_cast<std::int32_t>(t.param("num_blocks", 0))),
         max_num_seqs_(t.param("max_num_seqs", 256)), budget_(t.param("max_num_batched_tokens", 8192)) {}
 
   replay_result run() {
@@ -271,20 +276,29 @@ class manager_replay {
         return true;
       }
       case op_kind::run:
-        run_steps(o.n);
-        return true;
+        return run_steps(o);
       default:
         return error(o, "pool-level op in a manager-level trace");
     }
   }
 
-  void run_steps(std::int64_t max_steps) {
+  bool run_steps(const op& o) {
+    const std::int64_t max_steps = o.n;
     for (std::size_t i = 0; i < reqs_.size(); ++i)
       if (reqs_[i].st == state::defined) {
         reqs_[i].st = state::waiting;
         waiting_.push_back(i);
       }
+    if (max_steps == 0) {  // an unbounded run must end: every queued request needs a finite max_new
+      for (const std::size_t i : waiting_)
+        if (reqs_[i].max_new == 0)
+          return error(o, "'run 0' with request " + std::to_string(reqs_[i].id) + " whose max_new is 0 never ends");
+      for (const std::size_t i : running_)
+        if (reqs_[i].max_new == 0)
+          return error(o, "'run 0' with request " + std::to_string(reqs_[i].id) + " whose max_new is 0 never ends");
+    }
     for (std::int64_t step = 0; (max_steps == 0 || step < max_steps) && (!running_.empty() || !waiting_.empty()); ++step) {
+      if (limits_.max_steps > 0 && steps_ >= limits_.max_steps) return error(o, "step limit reached");
       const stopwatch clock;
       cache_.begin_step();
       const bool progressed = schedule_step();
@@ -292,9 +306,10 @@ class manager_replay {
       step_ms_.push_back(clock.seconds() * 1e3);
       if (!progressed) {
         stalled_ = true;
-        return;
+        return true;
       }
     }
+    return true;
   }
 
   /// One scheduler step (KVTRACE.md "One run step"). Returns whether anything was scheduled or preempted.
@@ -367,6 +382,7 @@ class manager_replay {
   const trace& t_;
   std::string name_;
   Cache cache_;
+  replay_limits limits_;
   std::int32_t num_blocks_;
   std::int64_t max_num_seqs_;
   std::int64_t budget_;
@@ -386,11 +402,11 @@ class manager_replay {
 };
 
 template <class Cache>
-replay_result replay_manager(const trace& t, const std::string& name) {
+replay_result replay_manager(const trace& t, const std::string& name, replay_limits limits) {
   auto created = Cache::create({static_cast<std::int32_t>(t.param("block_size", 16)),
                                 static_cast<std::int32_t>(t.param("num_blocks", 0)), /*reserved (null block)=*/1, 0});
   if (!created) return replay_result{json::object(), name + ": " + created.error().message()};
-  return manager_replay<Cache>(t, name, std::move(*created)).run();
+  return manager_replay<Cache>(t, name, std::move(*created), limits).run();
 }
 
 }  // namespace detail
@@ -400,10 +416,10 @@ using vllm_v1_no_caching_cache = kvpager::paged_kv_cache<kvpager::free_list_allo
                                                          kvpager::refcount_sharing, kvpager::no_swap>;
 
 /// Replays one parsed trace. Counts are deterministic; elapsed times are measured around the ops.
-inline replay_result replay(const trace& t, const std::string& name) {
+inline replay_result replay(const trace& t, const std::string& name, replay_limits limits = {}) {
   if (t.level == "pool") return detail::replay_pool(t, name);
-  if (t.param("enable_caching", 1) != 0) return detail::replay_manager<kvpager::vllm_v1_cache>(t, name);
-  return detail::replay_manager<vllm_v1_no_caching_cache>(t, name);
+  if (t.param("enable_caching", 1) != 0) return detail::replay_manager<kvpager::vllm_v1_cache>(t, name, limits);
+  return detail::replay_manager<vllm_v1_no_caching_cache>(t, name, limits);
 }
 
 }  // namespace kvreplay
