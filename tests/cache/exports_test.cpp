@@ -116,6 +116,7 @@ TYPED_TEST(ExportTest, SlotMappingFollowsTheBlockTables) {
   ASSERT_TRUE(c.export_slot_mapping(slots));
   for (std::size_t i = 0; i < 17; ++i) EXPECT_EQ(slots[i], -1);
   for (std::size_t i = 17; i < 20; ++i) EXPECT_EQ(slots[i], expected[i]);
+  for (const block_id b : t1) EXPECT_TRUE(c.is_free(b)) << "its blocks are free at once";
 
   c.begin_step();
   EXPECT_EQ(c.slot_mapping_size(), 0);

@@ -23,14 +23,25 @@ namespace {
 
 struct model_seq {
   std::vector<std::uint64_t> values;  // the KV "content" of each position
+  std::vector<token_id> tokens;       // token ids (token mode)
+  std::uint64_t extra = 0;            // extra key (token mode)
   bool appended_this_step = false;    // has unwritten tokens (or, after a copying fork, uncopied content)
 };
 
-template <class Cache>
+/// In token mode the cache gets token ids and the KV of a token is a function of the whole prefix up to it (as
+/// real attention KV is), so a prefix-cache hit that hands out a wrong block is caught when the sequence is read.
+std::uint64_t mix(std::uint64_t h, std::uint64_t x) {
+  h ^= x + 0x9E3779B97F4A7C15ULL + (h << 6) + (h >> 2);
+  h *= 0xBF58476D1CE4E5B9ULL;
+  return h ^ (h >> 31);
+}
+
+template <class Cache, bool TokenMode = false>
 class model_runner {
  public:
-  model_runner(std::int32_t num_blocks, std::int32_t block_size, std::uint32_t seed)
-      : cache_(kvtest::make_cache<Cache>(num_blocks, block_size, 1)),
+  model_runner(std::int32_t num_blocks, std::int32_t block_size, std::uint32_t seed,
+               typename Cache::sharing_policy_type sharing = {})
+      : cache_(std::move(*Cache::create({block_size, num_blocks, 1, 0}, {}, {}, std::move(sharing)))),
         bs_(block_size),
         mem_(static_cast<std::size_t>(num_blocks) * static_cast<std::size_t>(block_size), 0),
         rng_(seed) {}
@@ -42,17 +53,23 @@ class model_runner {
     }
     execute_and_verify();
     const cache_stats end = cache_.stats();
-    std::printf("model: %lld ops, %lld ok, %lld out_of_blocks, %lld steps verified, %lld cow copies, %lld fork copies\n",
+    std::printf("model: %lld ops, %lld ok, %lld out_of_blocks, %lld steps verified, %lld cow copies, %lld fork copies, "
+                "%lld prefix hit tokens, %lld evictions\n",
                 static_cast<long long>(ops), static_cast<long long>(successes_), static_cast<long long>(out_of_blocks_),
                 static_cast<long long>(steps_), static_cast<long long>(end.cow_copies),
-                static_cast<long long>(end.fork_copies));
+                static_cast<long long>(end.fork_copies), static_cast<long long>(end.prefix_hit_tokens),
+                static_cast<long long>(end.evictions));
+    if constexpr (TokenMode) {
+      EXPECT_GT(end.prefix_hit_tokens, 0) << "token mode should hit the prefix cache";
+    }
     // Drain: everything back, nothing leaked.
     for (auto& [id, s] : model_) ASSERT_TRUE(cache_.free_sequence(id));
     model_.clear();
     live_.clear();
     cache_.begin_step();
     const cache_stats st = cache_.stats();
-    EXPECT_EQ(st.free, st.total);
+    EXPECT_EQ(st.free + st.evictable, st.total) << "every block is free again (or cached and evictable)";
+    EXPECT_EQ(st.pending_free, 0);
     EXPECT_EQ(st.used, 0);
     EXPECT_EQ(st.logical, 0);
     EXPECT_GT(successes_, ops / 4) << "the random mix should mostly succeed";
@@ -69,6 +86,8 @@ class model_runner {
     live_.push_back(id);
   }
   void remove_live(seq_id id) {
+    // Its tokens appended in this step are still written when the plan runs.
+    if (model_[id].appended_this_step) freed_pending_[id] = std::move(model_[id]);
     model_.erase(id);
     const auto it = std::find(live_.begin(), live_.end(), id);
     *it = live_.back();
@@ -76,28 +95,66 @@ class model_runner {
   }
   seq_id fresh_id() { return next_id_++ * 7919 + 3; }  // not dense, never reused
 
+  static void push_token(model_seq& s, token_id t) {
+    const std::uint64_t prev = s.values.empty() ? mix(0x1234, s.extra) : s.values.back();
+    s.tokens.push_back(t);
+    s.values.push_back(mix(prev, static_cast<std::uint64_t>(t) + 1));
+  }
+
+  /// A prompt that often shares a prefix with others: one of three "system prompts" (cut at a random length),
+  /// then a short suffix over a 3-token alphabet, under one of two extra keys.
+  model_seq random_prompt() {
+    model_seq s;
+    s.extra = rng_() % 4 == 0 ? 1 : 0;
+    const std::uint32_t family = static_cast<std::uint32_t>(rng_() % 3);
+    const auto cut = static_cast<std::int32_t>(rng_() % (3 * static_cast<std::uint32_t>(bs_) + 1));
+    for (std::int32_t i = 0; i < cut; ++i) push_token(s, static_cast<token_id>(100 * (family + 1) + i));
+    const auto suffix = static_cast<std::int32_t>(rng_() % static_cast<std::uint32_t>(bs_ + 1));
+    for (std::int32_t i = 0; i < suffix || s.tokens.empty(); ++i) push_token(s, static_cast<token_id>(rng_() % 3));
+    return s;
+  }
+
   void step_once() {
     auto r = rng_() % 100;
     if (live_.size() > 24 && r >= 8 && r < 28) r = 90;  // keep the population small: free instead of add
     if (r < 8) {
       execute_and_verify();
     } else if (r < 28 || model_.empty()) {
-      const auto n = static_cast<std::int32_t>(1 + rng_() % (3 * static_cast<std::uint32_t>(bs_)));
       const seq_id id = fresh_id();
-      expect([&] { return cache_.add_sequence(id, n); }, [&] {
-        model_seq s;
-        for (std::int32_t i = 0; i < n; ++i) s.values.push_back(next_value_++);
-        s.appended_this_step = true;
-        add_live(id, std::move(s));
-      });
+      if constexpr (TokenMode) {
+        model_seq s = random_prompt();
+        expect([&] { return cache_.add_sequence(id, s.tokens, {.extra_key = s.extra, .priority = static_cast<std::int32_t>(rng_() % 3)}); },
+               [&] {
+                 s.appended_this_step = true;
+                 add_live(id, std::move(s));
+               });
+      } else {
+        const auto n = static_cast<std::int32_t>(1 + rng_() % (3 * static_cast<std::uint32_t>(bs_)));
+        expect([&] { return cache_.add_sequence(id, n); }, [&] {
+          model_seq s;
+          for (std::int32_t i = 0; i < n; ++i) s.values.push_back(next_value_++);
+          s.appended_this_step = true;
+          add_live(id, std::move(s));
+        });
+      }
     } else if (r < 70) {
       const seq_id id = random_live();
       const auto n = static_cast<std::int32_t>(rng_() % 8 == 0 ? 1 + rng_() % 40 : 1);
-      expect([&] { return cache_.append_tokens(id, n); }, [&] {
-        auto& s = model_[id];
-        for (std::int32_t i = 0; i < n; ++i) s.values.push_back(next_value_++);
-        s.appended_this_step = true;
-      });
+      if constexpr (TokenMode) {
+        std::vector<token_id> more;
+        for (std::int32_t i = 0; i < n; ++i) more.push_back(static_cast<token_id>(rng_() % 3));
+        expect([&] { return cache_.append_tokens(id, more); }, [&] {
+          auto& s = model_[id];
+          for (const token_id t : more) push_token(s, t);
+          s.appended_this_step = true;
+        });
+      } else {
+        expect([&] { return cache_.append_tokens(id, n); }, [&] {
+          auto& s = model_[id];
+          for (std::int32_t i = 0; i < n; ++i) s.values.push_back(next_value_++);
+          s.appended_this_step = true;
+        });
+      }
     } else if (r < 82) {
       const seq_id parent = random_live();
       const auto& p = model_[parent];
@@ -110,8 +167,13 @@ class model_runner {
       }
       expect([&] { return cache_.fork(parent, child, k); }, [&] {
         model_seq c;
-        const auto& pv = model_[parent].values;
+        const auto& ps = model_[parent];
+        const auto& pv = ps.values;
         c.values.assign(pv.begin(), pv.begin() + (k == 0 ? len : k));
+        if constexpr (TokenMode) {
+          c.tokens.assign(ps.tokens.begin(), ps.tokens.begin() + (k == 0 ? len : k));
+          c.extra = ps.extra;
+        }
         c.appended_this_step = !kvtest::shares_on_fork<Cache>;
         add_live(child, std::move(c));
       });
@@ -199,20 +261,27 @@ class model_runner {
     std::map<block_id, seq_id> writer;  // copy-on-write: a block is written by one sequence only
     std::size_t i = 0;
     for (const token_range& r : plan.appends()) {
-      const auto it = model_.find(r.seq);
+      auto it = model_.find(r.seq);
+      const bool freed = it == model_.end();
+      if (freed) it = freed_pending_.find(r.seq);
+      ASSERT_NE(it, freed_pending_.end()) << "a planned append of an unknown sequence";
       for (std::int32_t p = r.first_pos; p < r.first_pos + r.count; ++p, ++i) {
         if (slots[i] < 0) {
-          ASSERT_EQ(it, model_.end()) << "a live sequence's token was skipped";
+          ASSERT_TRUE(freed) << "a live sequence's token was skipped";
           continue;
         }
-        ASSERT_NE(it, model_.end()) << "a freed sequence's token has a slot";
         const auto b = static_cast<block_id>(slots[i] / bs_);
         const auto [w, inserted] = writer.emplace(b, r.seq);
         ASSERT_TRUE(inserted || w->second == r.seq) << "two sequences write block " << b;
-        ASSERT_EQ(cache_.refcount(b), 1) << "a write into a shared block";
+        // Copy-on-write: a block is written while shared only if it is a full block another sequence hit in the
+        // prefix cache during this step (its content is the same for both; the read-back checks that).
+        if (!freed && cache_.refcount(b) != 1) {
+          ASSERT_TRUE(TokenMode && cache_.sharing().is_cached(b)) << "a write into a shared block " << b;
+        }
         mem_[static_cast<std::size_t>(slots[i])] = it->second.values[static_cast<std::size_t>(p)];
       }
     }
+    freed_pending_.clear();
     cache_.begin_step();
     ++steps_;
     for (auto& [id, s] : model_) {
@@ -271,6 +340,7 @@ class model_runner {
   std::vector<std::uint64_t> mem_;  // emulated KV pool: one value per slot
   std::unordered_map<seq_id, model_seq> model_;
   std::vector<seq_id> live_;  // the keys of model_, for O(1) random picks
+  std::unordered_map<seq_id, model_seq> freed_pending_;  // freed in this step with appends still to be written
   std::mt19937 rng_;
   std::uint64_t next_id_ = 1;
   std::uint64_t next_value_ = 1;
@@ -286,3 +356,26 @@ TEST(ModelTest, LifoSmallBlocks) { model_runner<kvtest::lifo_cache>(80, 4, 7).ru
 TEST(ModelTest, LowestIdLargeBlocks) { model_runner<kvtest::lowest_id_cache>(24, 32, 9).run(200'000); }
 TEST(ModelTest, CopyingFork) { model_runner<kvtest::copy_fork_cache>(50, 8, 11).run(200'000); }
 TEST(ModelTest, UserPolicies) { model_runner<kvtest::user_cache>(40, 16, 13).run(200'000); }
+
+// Token mode: prefix caching under every eviction policy.
+TEST(ModelTest, VllmPrefixCaching) { model_runner<vllm_v1_cache, true>(40, 4, 21).run(400'000); }
+TEST(ModelTest, PrefixCachingLruIndex) {
+  model_runner<paged_kv_cache<free_list_allocator, lru_index_eviction, prefix_caching>, true>(40, 4, 22).run(150'000);
+}
+TEST(ModelTest, PrefixCachingLfu) {
+  model_runner<paged_kv_cache<lifo_allocator, lfu_eviction, prefix_caching>, true>(40, 8, 23).run(150'000);
+}
+TEST(ModelTest, PrefixCachingPriority) {
+  model_runner<paged_kv_cache<lowest_id_allocator, priority_lru, prefix_caching>, true>(40, 4, 24).run(150'000);
+}
+TEST(ModelTest, PrefixCachingFifo) {
+  model_runner<paged_kv_cache<free_list_allocator, fifo_eviction, prefix_caching>, true>(40, 4, 25).run(150'000);
+}
+TEST(ModelTest, PrefixCachingNoRetention) {
+  model_runner<paged_kv_cache<free_list_allocator, no_eviction, prefix_caching>, true>(40, 4, 26).run(150'000);
+}
+TEST(ModelTest, PrefixCachingUnverified) {
+  using cache_t = paged_kv_cache<free_list_allocator, lru_eviction, prefix_caching>;
+  model_runner<cache_t, true> runner(40, 4, 27, prefix_caching(prefix_caching_config{false}));
+  runner.run(150'000);
+}

@@ -89,6 +89,7 @@ TEST(PrefixCaching, HitIsCappedSoTheLastTokenIsComputed) {
   auto c = make<vllm>(32);
   const auto prompt = iota_tokens(8, 0);  // exactly 2 full blocks
   ASSERT_TRUE(c.add_sequence(1, prompt));
+  c.begin_step();  // the prompt's KV is written
   ASSERT_TRUE(c.free_sequence(1));
   prefix_match m;
   ASSERT_TRUE(c.add_sequence(2, prompt, {}, &m));
@@ -105,6 +106,7 @@ TEST(PrefixCaching, FreedBlocksStayHitableUntilEvicted) {
   auto c = make<vllm>(5);  // 4 usable blocks
   const auto prompt = concat(iota_tokens(8, 0), {99});  // 3 blocks
   ASSERT_TRUE(c.add_sequence(1, prompt));
+  c.begin_step();
   ASSERT_TRUE(c.free_sequence(1));
   EXPECT_EQ(c.stats().free, 4) << "cached blocks count as free (vLLM's usage)";
   EXPECT_EQ(c.stats().cached, 2);
@@ -115,6 +117,7 @@ TEST(PrefixCaching, FreedBlocksStayHitableUntilEvicted) {
   // Allocating 4 unrelated blocks reuses every block: both cached ones are evicted.
   ASSERT_TRUE(c.add_sequence(2, iota_tokens(16, 1000)));
   EXPECT_EQ(c.stats().evictions, 2);
+  c.begin_step();
   ASSERT_TRUE(c.free_sequence(2));
   EXPECT_EQ(c.match_prefix(prompt)->blocks, 0);
 }
@@ -125,6 +128,7 @@ TEST(PrefixCaching, LruOrderIsVllmFreeQueue) {
   ASSERT_TRUE(c.add_sequence(2, concat(iota_tokens(8, 50), {1})));  // blocks 4,5,6
   EXPECT_EQ(table(c, 1), (std::vector<block_id>{1, 2, 3}));
   EXPECT_EQ(table(c, 2), (std::vector<block_id>{4, 5, 6}));
+  c.begin_step();
   ASSERT_TRUE(c.free_sequence(2));
   ASSERT_TRUE(c.free_sequence(1));
   // Free queue: 7, 8, then request 2 tail first (6, 5, 4), then request 1 tail first (3, 2, 1).
@@ -221,6 +225,7 @@ TEST(PrefixCaching, MatchPrefixChangesNothing) {
   auto c = make<vllm>(16);
   const auto prompt = concat(iota_tokens(8, 0), {1});
   ASSERT_TRUE(c.add_sequence(1, prompt));
+  c.begin_step();
   ASSERT_TRUE(c.free_sequence(1));
   const std::vector<seq_id> ids = {1, 2};
   const auto before = kvtest::take_snapshot(c, ids);
@@ -238,6 +243,7 @@ TEST(PrefixCaching, AdmissionFailureChangesNothing) {
   const auto prompt = concat(iota_tokens(8, 0), {1});
   ASSERT_TRUE(c.add_sequence(1, prompt));      // 3 blocks
   ASSERT_TRUE(c.add_sequence(2, iota_tokens(1, 77)));  // the 4th
+  c.begin_step();
   ASSERT_TRUE(c.free_sequence(1));
   const std::vector<seq_id> ids = {1, 2, 3};
   const auto before = kvtest::take_snapshot(c, ids);
@@ -278,11 +284,13 @@ std::vector<int> eviction_order(std::vector<std::int32_t> priorities, std::vecto
   for (int i = 0; i < 4; ++i) prompts.push_back(concat(iota_tokens(4, 10 * (i + 1)), {1}));  // 1 full + 1 partial
   for (int i = 0; i < 4; ++i)
     EXPECT_TRUE(c.add_sequence(static_cast<seq_id>(i + 1), prompts[static_cast<std::size_t>(i)], {.priority = priorities[static_cast<std::size_t>(i)]}));
+  c.begin_step();
   for (int i : release_order) EXPECT_TRUE(c.free_sequence(static_cast<seq_id>(i + 1)));
   seq_id next = 100;
   for (int i = 0; i < 4; ++i)
     for (int k = 0; k < hits[static_cast<std::size_t>(i)]; ++k) {
       EXPECT_TRUE(c.add_sequence(next, prompts[static_cast<std::size_t>(i)], {.priority = priorities[static_cast<std::size_t>(i)]}));
+      c.begin_step();
       EXPECT_TRUE(c.free_sequence(next++));
     }
   std::vector<int> order;
@@ -334,6 +342,7 @@ TEST(EvictionOrder, IndexedPoliciesUseCleanBlocksFirst) {
   using cache_t = paged_kv_cache<free_list_allocator, lru_index_eviction, prefix_caching>;
   auto c = make<cache_t>(9, 4, 1);
   for (int i = 0; i < 4; ++i) ASSERT_TRUE(c.add_sequence(static_cast<seq_id>(i + 1), concat(iota_tokens(4, 10 * (i + 1)), {1})));
+  c.begin_step();
   for (int i = 0; i < 4; ++i) ASSERT_TRUE(c.free_sequence(static_cast<seq_id>(i + 1)));
   EXPECT_EQ(c.stats().evictable, 4);
   EXPECT_EQ(c.stats().free, 4);
@@ -352,19 +361,60 @@ TEST(PrefixCaching, RecomputedParentRejoinsCachedChildren) {
   ASSERT_TRUE(c.add_sequence(1, prompt, {.priority = 10}));
   ASSERT_TRUE(c.add_sequence(2, concat(iota_tokens(4, 0), {5}), {.priority = 0}));  // hits block 0
   const auto t1 = table(c, 1);
+  c.begin_step();
   ASSERT_TRUE(c.free_sequence(1));  // blocks 1, 2 cached at priority 10 (block 0 still used by 2)
   ASSERT_TRUE(c.free_sequence(2));  // block 0 cached at priority 0
   // Use up the clean blocks, then one more: the victim is block 0 (lowest priority).
   ASSERT_TRUE(c.add_sequence(3, iota_tokens(4 * (c.stats().free) + 1, 1000)));
   ASSERT_EQ(c.stats().evictions, 1);
   EXPECT_EQ(c.match_prefix(prompt)->blocks, 0) << "the chain starts with the evicted block";
+  c.begin_step();
   ASSERT_TRUE(c.free_sequence(3));
   // Recompute the parent: a new block for level 0, duplicates for levels 1 and 2.
   ASSERT_TRUE(c.add_sequence(4, prompt, {.priority = 10}));
+  c.begin_step();
   ASSERT_TRUE(c.free_sequence(4));
   prefix_match m;
   ASSERT_TRUE(c.add_sequence(5, prompt, {}, &m));
   EXPECT_EQ(m.blocks, 3);
   EXPECT_EQ(table(c, 5)[1], t1[1]) << "the earliest block cached under level 1's hash is the original child";
   EXPECT_EQ(table(c, 5)[2], t1[2]);
+}
+
+// A fork that ends inside a cached full block, left as its only owner, writes into it: the block's cached content
+// must be dropped first, or a later prompt would hit a block holding other tokens' KV.
+TEST(PrefixCaching, WritingIntoAnOwnedCachedBlockDropsItsCacheEntry) {
+  auto c = make<vllm>(32);
+  const auto prompt = concat(iota_tokens(8, 0), {1});  // blocks [0..3], [4..7] cached
+  ASSERT_TRUE(c.add_sequence(1, prompt));
+  c.begin_step();
+  ASSERT_TRUE(c.fork(1, 2, 6));  // the child ends inside block [4..7]
+  ASSERT_TRUE(c.free_sequence(1));
+  const block_id shared = table(c, 2)[1];
+  EXPECT_EQ(c.refcount(shared), 1);
+  c.begin_step();
+  const std::vector<token_id> other = {55};
+  ASSERT_TRUE(c.append_tokens(2, other));  // position 6 of the block changes
+  EXPECT_EQ(table(c, 2)[1], shared) << "exclusive: written in place";
+  EXPECT_EQ(c.stats().evictions, 1);
+  EXPECT_EQ(c.match_prefix(prompt)->blocks, 1) << "block [4..7] is no longer cached";
+}
+
+// A sequence freed in the step it was added: its blocks were committed to the cache before their KV is written.
+// Blocks only it used are dropped from the cache (their KV is never computed); a block another sequence already
+// hit keeps its slots, so the engine still writes the content that sequence relies on.
+TEST(PrefixCaching, FreeingBeforeTheStepRunsKeepsOnlyWhatOthersUse) {
+  auto c = make<vllm>(32);
+  const auto prompt = concat(iota_tokens(8, 0), {1});
+  ASSERT_TRUE(c.add_sequence(1, prompt));  // commits [0..3] and [4..7]; writes pending
+  ASSERT_TRUE(c.add_sequence(2, concat(iota_tokens(4, 0), {9})));  // hits [0..3] in the same step
+  const auto t1 = table(c, 1);
+  ASSERT_TRUE(c.free_sequence(1));
+  std::vector<std::int64_t> slots(static_cast<std::size_t>(c.slot_mapping_size()));
+  ASSERT_TRUE(c.export_slot_mapping(slots));
+  for (std::size_t p = 0; p < 4; ++p) EXPECT_EQ(slots[p], std::int64_t{t1[0]} * 4 + static_cast<std::int64_t>(p)) << p;
+  for (std::size_t p = 4; p < 9; ++p) EXPECT_EQ(slots[p], -1) << p;
+  EXPECT_EQ(c.match_prefix(prompt)->blocks, 1) << "[4..7] was never computed: not cached";
+  EXPECT_TRUE(c.sharing().is_cached(t1[0]));
+  EXPECT_FALSE(c.sharing().is_cached(t1[1]));
 }

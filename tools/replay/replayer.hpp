@@ -365,6 +365,8 @@ class manager_replay {
         budget -= n;
       }
     }
+    // The engine runs the step here: the plan is executed, then outputs are processed.
+    cache_.begin_step();
     // 3. Each scheduled request samples one token; finished ones are freed, in scheduled order.
     for (const std::size_t ri : scheduled_) {
       request& r = reqs_[ri];

@@ -276,17 +276,17 @@ class paged_kv_cache {
 
   /// Frees sequence `id`: references are dropped last block first (so with LRU the tail of a chain is reclaimed
   /// before its head); a block whose count reaches zero returns to the pool (or stays cached, per the eviction
-  /// policy). Slots it appended in this step export as -1. Error: errc::unknown_sequence (never added or already
-  /// freed).
+  /// policy). Tokens it appended in this step are not computed: their slots export as -1 and blocks they would
+  /// have filled are not cached, except in blocks another sequence already shares through a prefix hit in this
+  /// step, whose content that sequence needs: those slots are kept, and the engine must still write them.
+  /// Error: errc::unknown_sequence (never added or already freed).
   status free_sequence(seq_id id) {
     const std::int32_t h = index_.find(id);
     if (h < 0) return status{errc::unknown_sequence, "free_sequence: unknown sequence id (never added or already freed)"};
     seq_state& s = seqs_[static_cast<std::size_t>(h)];
+    if (s.append_step == step_) cancel_appends(h, s);
     const retention_hint hint{s.priority};
     for (auto it = s.blocks.rbegin(); it != s.blocks.rend(); ++it) release_block(*it, hint);
-    if (s.append_step == step_)
-      for (std::int32_t& owner : append_owner_)
-        if (owner == h) owner = -1;
     tokens_ -= s.num_tokens;
     s.blocks.clear();  // keeps capacity for the next sequence in this handle
     s.partial.clear();
@@ -308,8 +308,11 @@ class paged_kv_cache {
     for (const auto& [b, hint] : deferred_)
       if (pool_.refcount(b) == 0) settle(b, hint);  // a prefix hit may have revived it
     deferred_.clear();
+    pending_ = 0;
     plan_.clear();
     append_owner_.clear();
+    frozen_offset_.clear();
+    frozen_slots_.clear();
     ++step_;
   }
 
@@ -364,7 +367,7 @@ class paged_kv_cache {
     s.logical = p.references;
     s.shared = p.shared;
     if constexpr (indexed) s.evictable = evict_.size();
-    s.pending_free = p.total - p.free - p.used - s.evictable;
+    s.pending_free = pending_;
     s.sequences = index_.size();
     s.tokens = tokens_;
     s.cow_copies = cow_copies_;
@@ -457,7 +460,8 @@ class paged_kv_cache {
   [[nodiscard]] std::int64_t slot_mapping_size() const noexcept { return plan_.num_append_tokens(); }
 
   /// Slot mapping of the tokens appended in this step, in plan().appends() order: slot = block * block_size +
-  /// offset, computed in 64 bits; -1 for tokens of sequences freed since they were appended (kernels skip them).
+  /// offset, computed in 64 bits; -1 (kernels skip it) for tokens of sequences freed since, except those kept
+  /// because another sequence shares their block (see free_sequence).
   /// Error: errc::buffer_too_small (detail = slot_mapping_size()); nothing written then.
   status export_slot_mapping(std::span<std::int64_t> out) const noexcept {
     if (static_cast<std::int64_t>(out.size()) < plan_.num_append_tokens())
@@ -469,8 +473,9 @@ class paged_kv_cache {
     for (std::size_t r = 0; r < ranges.size(); ++r) {
       const token_range& tr = ranges[r];
       const std::int32_t owner = append_owner_[r];
-      if (owner < 0) {
-        o = std::fill_n(o, tr.count, std::int64_t{-1});
+      if (owner < 0) {  // its sequence was freed: the slots were decided then
+        const auto first = frozen_slots_.begin() + frozen_offset_[r];
+        o = std::copy(first, first + tr.count, o);
         continue;
       }
       const block_id* blocks = seqs_[static_cast<std::size_t>(owner)].blocks.data();
@@ -604,9 +609,13 @@ class paged_kv_cache {
       return status{errc::invalid_argument, "append_tokens: sequence would need more than max_blocks_per_seq blocks",
                     total_blocks};
     const std::int64_t more = total_blocks - static_cast<std::int64_t>(s.blocks.size());
-    const bool cow = s.num_tokens % cfg_.block_size != 0 && pool_.refcount(s.blocks.back()) > 1;
+    const bool writes_last = s.num_tokens % cfg_.block_size != 0;  // the first new token lands in the last block
+    const bool cow = writes_last && pool_.refcount(s.blocks.back()) > 1;
     if (more + (cow ? 1 : 0) > available_blocks())
       return status{errc::out_of_blocks, "append_tokens: not enough free blocks", more + (cow ? 1 : 0)};
+    // A full block that is cached but ours alone (a fork that ended inside it) is about to change: its cached
+    // content must not be handed out again.
+    if (writes_last && !cow && share_.is_cached(s.blocks.back())) evict(s.blocks.back());
 
     if (cow) {
       const block_id src = s.blocks.back();
@@ -671,9 +680,14 @@ class paged_kv_cache {
     } else if (pool_.is_free(b)) {
       pool_.take(b);
     } else {
+      bool parked_for_copy = true;
       if constexpr (indexed) {
-        if (evict_.contains(b)) evict_.erase(b);
+        if (evict_.contains(b)) {
+          evict_.erase(b);
+          parked_for_copy = false;
+        }
       }
+      if (parked_for_copy) --pending_;  // revived: begin_step will see it referenced and skip it
       pool_.adopt(b);
     }
     if constexpr (indexed) evict_.on_hit(b);
@@ -711,10 +725,14 @@ class paged_kv_cache {
     if (pool_.drop_ref(b) > 0) return;
     std::uint8_t& f = busy_[static_cast<std::size_t>(b)];
     if (f != 0) {
-      if ((f & deferred_flag) == 0) {
+      if ((f & deferred_flag) == 0) {  // listed once per step, even if revived and released again
         f |= deferred_flag;
         deferred_.emplace_back(b, hint);
+      } else {
+        for (auto& d : deferred_)
+          if (d.first == b) d.second = hint;  // the latest release decides its retention
       }
+      ++pending_;
       return;
     }
     settle(b, hint);
@@ -751,7 +769,31 @@ class paged_kv_cache {
   void record_append(std::int32_t h, seq_state& s, std::int32_t first_pos, std::int32_t count) {
     plan_.add_append(token_range{s.id, first_pos, count});
     append_owner_.push_back(h);
+    frozen_offset_.push_back(-1);
     s.append_step = step_;
+  }
+
+  /// Before sequence `h` is freed: its appended ranges of this step are cancelled (slot -1, and a block those
+  /// tokens would fill is not cached), except in blocks that another sequence shares (a prefix hit in this step
+  /// on a block this sequence fills): those slots are kept.
+  void cancel_appends(std::int32_t h, const seq_state& s) {
+    const std::span<const token_range> ranges = plan_.appends();
+    const std::int64_t bs = cfg_.block_size;
+    for (std::size_t r = 0; r < ranges.size(); ++r) {
+      if (append_owner_[r] != h) continue;
+      const token_range& tr = ranges[r];
+      frozen_offset_[r] = static_cast<std::int64_t>(frozen_slots_.size());
+      for (std::int64_t p = tr.first_pos; p < std::int64_t{tr.first_pos} + tr.count; ++p) {
+        const block_id b = s.blocks[static_cast<std::size_t>(p / bs)];
+        if (pool_.refcount(b) > 1) {
+          frozen_slots_.push_back(std::int64_t{b} * bs + p % bs);
+        } else {
+          frozen_slots_.push_back(-1);
+          if (share_.is_cached(b)) share_.uncache(b);  // its content will never be written
+        }
+      }
+      append_owner_[r] = -1;
+    }
   }
 
   static constexpr std::uint8_t busy_flag = 1;      ///< source or destination of a copy planned this step
@@ -767,10 +809,13 @@ class paged_kv_cache {
   id_map index_;
   step_plan plan_;
   std::vector<std::int32_t> append_owner_;  ///< handle per plan_.appends() entry; -1 once that sequence is freed
+  std::vector<std::int64_t> frozen_offset_;  ///< per entry: where its slots start in frozen_slots_, or -1
+  std::vector<std::int64_t> frozen_slots_;   ///< slots (or -1) of entries whose sequence was freed in this step
   std::vector<std::uint8_t> busy_;          ///< per block: busy_flag | deferred_flag
   std::vector<block_id> busy_list_;
   std::vector<std::pair<block_id, retention_hint>> deferred_;  ///< settled at the next begin_step
   std::vector<block_id> hits_;              ///< scratch for add_sequence's lookup
+  std::int32_t pending_ = 0;                ///< deferred blocks still unreferenced
   std::uint64_t step_ = 0;
   std::int64_t tokens_ = 0;
   std::int64_t cow_copies_ = 0;
