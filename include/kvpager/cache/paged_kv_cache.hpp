@@ -473,9 +473,13 @@ class paged_kv_cache {
     for (std::size_t r = 0; r < ranges.size(); ++r) {
       const token_range& tr = ranges[r];
       const std::int32_t owner = append_owner_[r];
-      if (owner < 0) {  // its sequence was freed: the slots were decided then
-        const auto first = frozen_slots_.begin() + frozen_offset_[r];
-        o = std::copy(first, first + tr.count, o);
+      if (owner < 0) {  // its sequence was freed: cancelled, or the slots kept for sharers were frozen then
+        if (r >= frozen_offset_.size() || frozen_offset_[r] < 0) {
+          o = std::fill_n(o, tr.count, std::int64_t{-1});
+        } else {
+          const auto first = frozen_slots_.begin() + frozen_offset_[r];
+          o = std::copy(first, first + tr.count, o);
+        }
         continue;
       }
       const block_id* blocks = seqs_[static_cast<std::size_t>(owner)].blocks.data();
@@ -769,7 +773,6 @@ class paged_kv_cache {
   void record_append(std::int32_t h, seq_state& s, std::int32_t first_pos, std::int32_t count) {
     plan_.add_append(token_range{s.id, first_pos, count});
     append_owner_.push_back(h);
-    frozen_offset_.push_back(-1);
     s.append_step = step_;
   }
 
@@ -779,20 +782,27 @@ class paged_kv_cache {
   void cancel_appends(std::int32_t h, const seq_state& s) {
     const std::span<const token_range> ranges = plan_.appends();
     const std::int64_t bs = cfg_.block_size;
+    frozen_offset_.resize(ranges.size(), -1);  // sized lazily: only steps that free an appending sequence pay
     for (std::size_t r = 0; r < ranges.size(); ++r) {
       if (append_owner_[r] != h) continue;
+      append_owner_[r] = -1;
       const token_range& tr = ranges[r];
-      frozen_offset_[r] = static_cast<std::int64_t>(frozen_slots_.size());
-      for (std::int64_t p = tr.first_pos; p < std::int64_t{tr.first_pos} + tr.count; ++p) {
-        const block_id b = s.blocks[static_cast<std::size_t>(p / bs)];
+      const std::int64_t end = std::int64_t{tr.first_pos} + tr.count;
+      bool any_shared = false;
+      for (std::int64_t i = tr.first_pos / bs; i * bs < end; ++i) {  // per block the range touches
+        const block_id b = s.blocks[static_cast<std::size_t>(i)];
         if (pool_.refcount(b) > 1) {
-          frozen_slots_.push_back(std::int64_t{b} * bs + p % bs);
-        } else {
-          frozen_slots_.push_back(-1);
-          if (share_.is_cached(b)) share_.uncache(b);  // its content will never be written
+          any_shared = true;
+        } else if (share_.is_cached(b)) {
+          share_.uncache(b);  // its content will never be written
         }
       }
-      append_owner_[r] = -1;
+      if (!any_shared) continue;  // frozen_offset_ stays -1: every slot exports as -1
+      frozen_offset_[r] = static_cast<std::int64_t>(frozen_slots_.size());
+      for (std::int64_t p = tr.first_pos; p < end; ++p) {
+        const block_id b = s.blocks[static_cast<std::size_t>(p / bs)];
+        frozen_slots_.push_back(pool_.refcount(b) > 1 ? std::int64_t{b} * bs + p % bs : -1);
+      }
     }
   }
 
@@ -809,7 +819,7 @@ class paged_kv_cache {
   id_map index_;
   step_plan plan_;
   std::vector<std::int32_t> append_owner_;  ///< handle per plan_.appends() entry; -1 once that sequence is freed
-  std::vector<std::int64_t> frozen_offset_;  ///< per entry: where its slots start in frozen_slots_, or -1
+  std::vector<std::int64_t> frozen_offset_;  ///< per freed entry: where its slots start in frozen_slots_; -1 = all -1
   std::vector<std::int64_t> frozen_slots_;   ///< slots (or -1) of entries whose sequence was freed in this step
   std::vector<std::uint8_t> busy_;          ///< per block: busy_flag | deferred_flag
   std::vector<block_id> busy_list_;
