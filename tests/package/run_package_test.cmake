@@ -18,8 +18,14 @@ run(${CMAKE_COMMAND} ${common} -S ${KVPAGER_SOURCE_DIR} -B ${WORK_DIR}/kvpager-b
     -DKVPAGER_BUILD_TESTS=OFF -DKVPAGER_BUILD_BENCHMARKS=OFF -DKVPAGER_BUILD_EXAMPLES=OFF)
 run(${CMAKE_COMMAND} --build ${WORK_DIR}/kvpager-build)
 run(${CMAKE_COMMAND} --install ${WORK_DIR}/kvpager-build --prefix ${WORK_DIR}/prefix)
+# The installed replayer runs.
+execute_process(COMMAND ${WORK_DIR}/prefix/bin/kvpager-replay ${KVPAGER_SOURCE_DIR}/tests/data/traces/C_decode_growth.kvtrace
+  RESULT_VARIABLE rc OUTPUT_VARIABLE out ERROR_VARIABLE err)
+if(NOT rc EQUAL 0 OR NOT out MATCHES "\"steps\": 1920")
+  message(FATAL_ERROR "installed kvpager-replay failed (${rc}): ${err}")
+endif()
 foreach(f include/kvpager/kvpager.hpp include/kvpager/c/kernels.h lib/cmake/kvpager/kvpagerConfig.cmake
-          lib/cmake/kvpager/kvpagerConfigVersion.cmake)
+          lib/cmake/kvpager/kvpagerConfigVersion.cmake bin/kvpager-replay)
   if(NOT EXISTS ${WORK_DIR}/prefix/${f})
     message(FATAL_ERROR "install is missing ${f}")
   endif()

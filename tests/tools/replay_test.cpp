@@ -62,6 +62,25 @@ TEST(ReplayVllm, B_PrefixCaching) { expect_matches_vllm("B_prefix_caching", mana
 TEST(ReplayVllm, C_DecodeGrowth) { expect_matches_vllm("C_decode_growth", manager_keys); }
 TEST(ReplayVllm, D_PreemptionPressure) { expect_matches_vllm("D_preemption_pressure", manager_keys); }
 
+// With prefix caching off (vLLM's enable_caching=False) nothing is hit and nothing is evicted; trace C's schedule
+// does not depend on caching, so its steps and peak usage stay the same.
+TEST(ReplayVllm, CachingOffChangesOnlyHits) {
+  const std::string text = read_file(data_dir + "/traces/C_decode_growth.kvtrace");
+  auto parsed = kvreplay::parse_kvtrace(text, "C");
+  ASSERT_TRUE(parsed.value.has_value()) << parsed.error;
+  kvreplay::trace t = *parsed.value;
+  for (auto& [k, v] : t.params)
+    if (k == "enable_caching") v = 0;
+  const auto off = kvreplay::replay(t, "C");
+  ASSERT_TRUE(off.error.empty()) << off.error;
+  const auto on = kvreplay::replay(*parsed.value, "C");
+  EXPECT_EQ(off.result["steps"], on.result["steps"]);
+  EXPECT_EQ(off.result["peak_usage"], on.result["peak_usage"]);
+  EXPECT_EQ(off.result["hit_tokens"], 0);
+  EXPECT_EQ(off.result["prefix_cache_evictions"], 0);
+  EXPECT_EQ(off.result["query_tokens"], on.result["query_tokens"]);
+}
+
 // ------------------------------------------------------------------------------------------- malformed traces
 
 namespace {
