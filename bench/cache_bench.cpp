@@ -5,6 +5,8 @@
 
 #include <benchmark/benchmark.h>
 
+#include "bench_util.hpp"
+
 #include <cstdint>
 #include <unordered_map>
 #include <vector>
@@ -65,14 +67,7 @@ class seed_pool {
   std::unordered_map<std::uint64_t, std::int32_t> seq_tokens_;
 };
 
-template <class T>
-T must(result<T> r) {
-  if (!r) std::abort();
-  return std::move(*r);
-}
-void must(status s) {
-  if (!s) std::abort();
-}
+using kvbench::must;
 
 // ------------------------------------------------------------------------------------------- allocate + free
 template <class A>

@@ -4,6 +4,8 @@
 
 #include <benchmark/benchmark.h>
 
+#include "bench_util.hpp"
+
 #include <fstream>
 #include <numeric>
 #include <sstream>
@@ -17,14 +19,7 @@ namespace {
 
 using namespace kvpager;
 
-template <class T>
-T must(result<T> r) {
-  if (!r) std::abort();
-  return std::move(*r);
-}
-void must(status s) {
-  if (!s) std::abort();
-}
+using kvbench::must;
 
 std::vector<token_id> prompt_tokens(std::int32_t n, token_id seed) {
   std::vector<token_id> v(static_cast<std::size_t>(n));
