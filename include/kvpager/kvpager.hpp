@@ -27,6 +27,7 @@
 #include "kvpager/eviction/no_eviction.hpp"
 #include "kvpager/sharing/no_sharing.hpp"
 #include "kvpager/sharing/refcount_sharing.hpp"
+#include "kvpager/swap/host_swap.hpp"
 #include "kvpager/swap/no_swap.hpp"
 
 #include "kvpager/cache/paged_kv_cache.hpp"

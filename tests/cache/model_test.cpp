@@ -26,6 +26,7 @@ struct model_seq {
   std::vector<token_id> tokens;       // token ids (token mode)
   std::uint64_t extra = 0;            // extra key (token mode)
   bool appended_this_step = false;    // has unwritten tokens (or, after a copying fork, uncopied content)
+  bool swapped = false;               // its blocks are host blocks
 };
 
 /// In token mode the cache gets token ids and the KV of a token is a function of the whole prefix up to it (as
@@ -40,11 +41,15 @@ template <class Cache, bool TokenMode = false>
 class model_runner {
  public:
   model_runner(std::int32_t num_blocks, std::int32_t block_size, std::uint32_t seed,
-               typename Cache::sharing_policy_type sharing = {})
-      : cache_(std::move(*Cache::create({block_size, num_blocks, 1, 0}, {}, {}, std::move(sharing)))),
+               typename Cache::sharing_policy_type sharing = {}, typename Cache::swap_policy_type swap = {})
+      : cache_(std::move(*Cache::create({block_size, num_blocks, 1, 0}, {}, {}, std::move(sharing), std::move(swap)))),
         bs_(block_size),
         mem_(static_cast<std::size_t>(num_blocks) * static_cast<std::size_t>(block_size), 0),
-        rng_(seed) {}
+        rng_(seed) {
+    const std::int32_t host = cache_.stats().host_total;
+    host_mem_.assign(static_cast<std::size_t>(host) * static_cast<std::size_t>(block_size), 0);
+    swapping_ = host > 0;
+  }
 
   void run(std::int64_t ops) {
     for (std::int64_t op = 0; op < ops && !::testing::Test::HasFatalFailure(); ++op) {
@@ -59,6 +64,11 @@ class model_runner {
                 static_cast<long long>(steps_), static_cast<long long>(end.cow_copies),
                 static_cast<long long>(end.fork_copies), static_cast<long long>(end.prefix_hit_tokens),
                 static_cast<long long>(end.evictions));
+    if (swapping_) {
+      std::printf("       swapped out %lld blocks, in %lld\n", static_cast<long long>(end.swapped_out_blocks),
+                  static_cast<long long>(end.swapped_in_blocks));
+      EXPECT_GT(end.swapped_in_blocks, 0);
+    }
     if constexpr (TokenMode) {
       EXPECT_GT(end.prefix_hit_tokens, 0) << "token mode should hit the prefix cache";
     }
@@ -115,6 +125,10 @@ class model_runner {
   }
 
   void step_once() {
+    if (swapping_ && rng_() % 100 < 10) {
+      swap_op();
+      return;
+    }
     auto r = rng_() % 100;
     if (live_.size() > 24 && r >= 8 && r < 28) r = 90;  // keep the population small: free instead of add
     if (r < 8) {
@@ -139,6 +153,10 @@ class model_runner {
       }
     } else if (r < 70) {
       const seq_id id = random_live();
+      if (model_[id].swapped) {
+        expect_unchanged([&] { return cache_.append_tokens(id, 1); }, errc::sequence_swapped);
+        return;
+      }
       const auto n = static_cast<std::int32_t>(rng_() % 8 == 0 ? 1 + rng_() % 40 : 1);
       if constexpr (TokenMode) {
         std::vector<token_id> more;
@@ -161,6 +179,10 @@ class model_runner {
       const auto len = static_cast<std::int32_t>(p.values.size());
       const std::int32_t k = rng_() % 2 == 0 ? 0 : static_cast<std::int32_t>(1 + rng_() % static_cast<std::uint32_t>(len));
       const seq_id child = fresh_id();
+      if (p.swapped) {
+        expect_unchanged([&] { return cache_.fork(parent, child, k); }, errc::sequence_swapped);
+        return;
+      }
       if (p.appended_this_step) {
         expect_unchanged([&] { return cache_.fork(parent, child, k); }, errc::pending_append);
         return;
@@ -182,6 +204,34 @@ class model_runner {
       expect([&] { return cache_.free_sequence(id); }, [&] { remove_live(id); });
     } else {
       bad_call();
+    }
+  }
+
+  /// Swap one or two sequences out (all or nothing; host_pool_full is a normal outcome) or back in.
+  void swap_op() {
+    std::vector<seq_id> group;
+    const bool out = rng_() % 2 == 0;
+    for (int tries = 0; tries < 6 && group.size() < 1 + rng_() % 2 && !live_.empty(); ++tries) {
+      const seq_id id = random_live();
+      if (model_[id].swapped != out && std::find(group.begin(), group.end(), id) == group.end()) group.push_back(id);
+    }
+    if (group.empty()) return;
+    if (out) {
+      for (const seq_id id : group)
+        if (model_[id].appended_this_step) {
+          expect_unchanged([&] { return cache_.swap_out(group); }, errc::pending_append);
+          return;
+        }
+      expect([&] { return cache_.swap_out(group); }, [&] {
+        for (const seq_id id : group) model_[id].swapped = true;
+      }, errc::host_pool_full);
+    } else {
+      expect([&] { return cache_.swap_in(group); }, [&] {
+        for (const seq_id id : group) {
+          model_[id].swapped = false;
+          model_[id].appended_this_step = true;  // its bytes arrive with this step's swap-ins
+        }
+      });
     }
   }
 
@@ -210,7 +260,7 @@ class model_runner {
   // Runs `call`; on success updates the model, on failure (only out_of_blocks is allowed) checks that nothing
   // changed: the cheap counts always, a full snapshot for one failure in eight.
   template <class Call, class OnSuccess>
-  void expect(Call call, OnSuccess on_success) {
+  void expect(Call call, OnSuccess on_success, errc also_allowed = errc::out_of_blocks) {
     const bool full = rng_() % 8 == 0;
     const auto before = full ? snapshot() : kvtest::cache_snapshot{};
     const cache_stats stats_before = cache_.stats();
@@ -220,7 +270,7 @@ class model_runner {
       on_success();
       return;
     }
-    ASSERT_EQ(st.code(), errc::out_of_blocks) << st.message();
+    ASSERT_TRUE(st.code() == errc::out_of_blocks || st.code() == also_allowed) << st.message();
     ++out_of_blocks_;
     ASSERT_EQ(cache_.stats(), stats_before);
     if (full) {
@@ -245,6 +295,17 @@ class model_runner {
   // The engine's side of a step: run the plan on the emulated pool, then read every sequence back.
   void execute_and_verify() {
     const step_plan& plan = cache_.plan();
+    // (1) swap-outs, (2) swap-ins, each block and each destination once.
+    std::set<block_id> seen;
+    for (const block_swap& w : plan.swap_outs()) {  // a device block may be read twice (shared, swapped apart)
+      ASSERT_TRUE(seen.insert(w.host).second) << "a host block written twice";
+      std::copy_n(mem_.begin() + w.device * bs_, bs_, host_mem_.begin() + w.host * bs_);
+    }
+    seen.clear();
+    for (const block_swap& w : plan.swap_ins()) {
+      ASSERT_TRUE(seen.insert(w.device).second) << "a device block swapped in twice";
+      std::copy_n(host_mem_.begin() + w.host * bs_, bs_, mem_.begin() + w.device * bs_);
+    }
     std::set<block_id> srcs, dsts;
     for (const block_copy& c : plan.copies()) {
       srcs.insert(c.src);
@@ -286,11 +347,13 @@ class model_runner {
     ++steps_;
     for (auto& [id, s] : model_) {
       s.appended_this_step = false;
-      const auto table = *cache_.block_table(id);
+      const auto table = s.swapped ? *cache_.host_block_table(id) : *cache_.block_table(id);
+      const std::vector<std::uint64_t>& memory = s.swapped ? host_mem_ : mem_;
       for (std::size_t p = 0; p < s.values.size(); ++p) {
         const std::size_t slot = static_cast<std::size_t>(table[p / static_cast<std::size_t>(bs_)]) *
                                      static_cast<std::size_t>(bs_) + p % static_cast<std::size_t>(bs_);
-        if (mem_[slot] != s.values[p]) FAIL() << "sequence " << id << " lost its token at position " << p;
+        if (memory[slot] != s.values[p])
+          FAIL() << "sequence " << id << (s.swapped ? " (swapped)" : "") << " lost its token at position " << p;
       }
     }
   }
@@ -301,7 +364,17 @@ class model_runner {
     std::vector<std::int32_t> refs(nb, 0);
     std::int64_t logical = 0;
     std::int64_t tokens = 0;
+    std::vector<std::int32_t> host_refs(static_cast<std::size_t>(cache_.stats().host_total), 0);
     for (const auto& [id, s] : model_) {
+      if (s.swapped) {
+        const auto ht = cache_.host_block_table(id);
+        if (!ht.ok()) FAIL() << "swapped sequence " << id << " has no host table";
+        if (static_cast<std::int64_t>(ht->size()) != blocks_for_tokens(static_cast<std::int64_t>(s.values.size()), bs_))
+          FAIL() << "host table length of " << id;
+        for (const block_id b : *ht) ++host_refs[static_cast<std::size_t>(b)];
+        tokens += static_cast<std::int64_t>(s.values.size());
+        continue;
+      }
       const auto table = cache_.block_table(id);
       if (!table.ok()) FAIL() << "live sequence " << id << " is missing";
       if (*cache_.num_tokens(id) != static_cast<std::int32_t>(s.values.size())) FAIL() << "token count of " << id;
@@ -330,6 +403,9 @@ class model_runner {
     ASSERT_EQ(st.tokens, tokens);
     ASSERT_EQ(st.sequences, static_cast<std::int32_t>(model_.size()));
     ASSERT_EQ(st.free + st.used + st.pending_free + st.evictable, st.total);
+    std::int32_t host_used = 0;
+    for (const std::int32_t n : host_refs) host_used += n > 0;
+    ASSERT_LE(host_used + st.host_free, st.host_total) << "a host block is both free and referenced";
     if constexpr (!kvtest::shares_on_fork<Cache>) {
       ASSERT_EQ(shared, 0);
     }
@@ -338,6 +414,8 @@ class model_runner {
   Cache cache_;
   std::int32_t bs_;
   std::vector<std::uint64_t> mem_;  // emulated KV pool: one value per slot
+  std::vector<std::uint64_t> host_mem_;  // emulated host (swap) pool
+  bool swapping_ = false;
   std::unordered_map<seq_id, model_seq> model_;
   std::vector<seq_id> live_;  // the keys of model_, for O(1) random picks
   std::unordered_map<seq_id, model_seq> freed_pending_;  // freed in this step with appends still to be written
@@ -356,6 +434,21 @@ TEST(ModelTest, LifoSmallBlocks) { model_runner<kvtest::lifo_cache>(80, 4, 7).ru
 TEST(ModelTest, LowestIdLargeBlocks) { model_runner<kvtest::lowest_id_cache>(24, 32, 9).run(200'000); }
 TEST(ModelTest, CopyingFork) { model_runner<kvtest::copy_fork_cache>(50, 8, 11).run(200'000); }
 TEST(ModelTest, UserPolicies) { model_runner<kvtest::user_cache>(40, 16, 13).run(200'000); }
+
+// Swapping: sequences (and groups of two) go out to a small host pool and come back; host_pool_full and
+// out_of_blocks are normal outcomes that must change nothing.
+TEST(ModelTest, SwapRefcountSharing) {
+  using cache_t = paged_kv_cache<free_list_allocator, no_eviction, refcount_sharing, host_swap>;
+  model_runner<cache_t>(40, 16, 31, {}, host_swap(host_pool_config{24})).run(300'000);
+}
+TEST(ModelTest, SwapCopyingFork) {
+  using cache_t = paged_kv_cache<lifo_allocator, no_eviction, no_sharing, hybrid_swap>;
+  model_runner<cache_t>(50, 8, 32, {}, hybrid_swap(host_pool_config{16})).run(150'000);
+}
+TEST(ModelTest, SwapWithPrefixCaching) {
+  using cache_t = paged_kv_cache<free_list_allocator, lru_eviction, prefix_caching, host_swap>;
+  model_runner<cache_t, true>(40, 4, 33, {}, host_swap(host_pool_config{30})).run(300'000);
+}
 
 // Token mode: prefix caching under every eviction policy.
 TEST(ModelTest, VllmPrefixCaching) { model_runner<vllm_v1_cache, true>(40, 4, 21).run(400'000); }

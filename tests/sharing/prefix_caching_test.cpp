@@ -263,6 +263,7 @@ TEST(PrefixCaching, NoEvictionKeepsNothingOnceUnreferenced) {
   prefix_match m;
   ASSERT_TRUE(c.add_sequence(2, prompt, {}, &m));
   EXPECT_EQ(m.blocks, 2) << "live sequences still share";
+  c.begin_step();
   ASSERT_TRUE(c.free_sequence(1));
   ASSERT_TRUE(c.free_sequence(2));
   EXPECT_EQ(c.stats().cached, 0);
@@ -417,4 +418,24 @@ TEST(PrefixCaching, FreeingBeforeTheStepRunsKeepsOnlyWhatOthersUse) {
   EXPECT_EQ(c.match_prefix(prompt)->blocks, 1) << "[4..7] was never computed: not cached";
   EXPECT_TRUE(c.sharing().is_cached(t1[0]));
   EXPECT_FALSE(c.sharing().is_cached(t1[1]));
+}
+
+// Continuing the case above: once the sharer is freed too, the block whose writes were kept must not be handed
+// out again before the step runs (two sequences would write it); afterwards it is free and still cached.
+TEST(PrefixCaching, KeptWritesParkTheBlockUntilTheStepRuns) {
+  auto c = make<vllm>(6);  // 5 usable blocks
+  const auto prompt = concat(iota_tokens(8, 0), {1});
+  ASSERT_TRUE(c.add_sequence(1, prompt));                          // blocks a [0..3], b [4..7], c [8]
+  ASSERT_TRUE(c.add_sequence(2, concat(iota_tokens(4, 0), {9})));  // hits a, plus one block
+  const block_id a = table(c, 1)[0];
+  ASSERT_TRUE(c.free_sequence(1));
+  ASSERT_TRUE(c.free_sequence(2));
+  EXPECT_FALSE(c.is_free(a)) << "a's content is still to be written by this step's plan";
+  EXPECT_EQ(c.stats().pending_free, 1);
+  ASSERT_TRUE(c.add_sequence(3, iota_tokens(16, 500)));  // takes every other block
+  for (const block_id b : table(c, 3)) EXPECT_NE(b, a);
+  c.begin_step();
+  EXPECT_TRUE(c.is_free(a));
+  EXPECT_TRUE(c.sharing().is_cached(a));
+  EXPECT_EQ(c.match_prefix(concat(iota_tokens(4, 0), {7}))->blocks, 1);
 }

@@ -32,9 +32,11 @@ cache_snapshot take_snapshot(const Cache& c, std::span<const kvpager::seq_id> id
   s.free_order.resize(static_cast<std::size_t>(drained.num_free()));
   if (!drained.allocate(s.free_order)) s.free_order.clear();
   for (const kvpager::seq_id id : ids) {
-    auto t = c.block_table(id);
-    if (t) {
-      s.tables.emplace_back(true, std::vector<kvpager::block_id>(t->begin(), t->end()));
+    const auto device = c.block_table(id);
+    const auto host = c.host_block_table(id);  // swapped-out sequences
+    const auto* t = device ? &device : host ? &host : nullptr;
+    if (t != nullptr) {
+      s.tables.emplace_back(device.ok(), std::vector<kvpager::block_id>((*t)->begin(), (*t)->end()));
       s.tokens.push_back(*c.num_tokens(id));
     } else {
       s.tables.emplace_back(false, std::vector<kvpager::block_id>{});

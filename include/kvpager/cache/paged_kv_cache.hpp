@@ -66,6 +66,13 @@ struct cache_stats {
   std::int32_t cached = 0;              ///< blocks whose content the sharing policy caches (in use or not)
   std::int64_t prefix_query_tokens = 0; ///< tokens of successful token-id admissions (vLLM prefix_cache_queries)
   std::int64_t prefix_hit_tokens = 0;   ///< of those, tokens served from the prefix cache (prefix_cache_hits)
+  std::int32_t swapped = 0;             ///< sequences swapped out to host memory (counted in `sequences` too)
+  std::int32_t host_total = 0;          ///< host (swap) blocks in all
+  std::int32_t host_free = 0;           ///< host blocks free (blocks released in this step count from the next)
+  std::int64_t swapped_out_blocks = 0;  ///< device blocks copied to host, cumulative
+  std::int64_t swapped_in_blocks = 0;   ///< host blocks copied back to device, cumulative
+  std::int64_t preempted_swap = 0;      ///< preempt() calls that swapped
+  std::int64_t preempted_recompute = 0; ///< preempt() calls that dropped the blocks for recompute
 
   friend bool operator==(const cache_stats&, const cache_stats&) = default;
 
@@ -194,6 +201,8 @@ class paged_kv_cache {
     if (n <= 0) return status{errc::invalid_argument, "append_tokens: token count must be positive", n};
     const std::int32_t h = index_.find(id);
     if (h < 0) return status{errc::unknown_sequence, "append_tokens: unknown sequence id"};
+    if (seqs_[static_cast<std::size_t>(h)].swapped)
+      return status{errc::sequence_swapped, "append_tokens: the sequence is swapped out; swap it in first"};
     if (status st = grow(h, n); !st) return st;
     seq_state& s = seqs_[static_cast<std::size_t>(h)];
     s.cursor = cursor_type{};
@@ -209,6 +218,8 @@ class paged_kv_cache {
                     static_cast<std::int64_t>(tokens.size())};
     const std::int32_t h = index_.find(id);
     if (h < 0) return status{errc::unknown_sequence, "append_tokens: unknown sequence id"};
+    if (seqs_[static_cast<std::size_t>(h)].swapped)
+      return status{errc::sequence_swapped, "append_tokens: the sequence is swapped out; swap it in first"};
     const std::int32_t first = seqs_[static_cast<std::size_t>(h)].num_tokens;
     if (status st = grow(h, static_cast<std::int32_t>(tokens.size())); !st) return st;
     if constexpr (caches_content) {
@@ -242,6 +253,7 @@ class paged_kv_cache {
     const seq_state& p = seqs_[static_cast<std::size_t>(ph)];
     if (num_tokens < 0 || num_tokens > p.num_tokens)
       return status{errc::invalid_argument, "fork: num_tokens must be in [0, parent length]", num_tokens};
+    if (p.swapped) return status{errc::sequence_swapped, "fork: the parent is swapped out; swap it in first"};
     if (p.append_step == step_)
       return status{errc::pending_append, "fork: the parent has tokens appended in this step; fork after begin_step"};
     const std::int32_t tokens = num_tokens == 0 ? p.num_tokens : num_tokens;
@@ -284,9 +296,15 @@ class paged_kv_cache {
     const std::int32_t h = index_.find(id);
     if (h < 0) return status{errc::unknown_sequence, "free_sequence: unknown sequence id (never added or already freed)"};
     seq_state& s = seqs_[static_cast<std::size_t>(h)];
-    if (s.append_step == step_) cancel_appends(h, s);
-    const retention_hint hint{s.priority};
-    for (auto it = s.blocks.rbegin(); it != s.blocks.rend(); ++it) release_block(*it, hint);
+    if (s.swapped) {
+      for (const block_id hb : s.blocks) release_host_ref(hb);
+      s.swapped = false;
+      --swapped_;
+    } else {
+      if (s.append_step == step_) cancel_appends(h, s);
+      const retention_hint hint{s.priority};
+      for (auto it = s.blocks.rbegin(); it != s.blocks.rend(); ++it) release_block(*it, hint);
+    }
     tokens_ -= s.num_tokens;
     s.blocks.clear();  // keeps capacity for the next sequence in this handle
     s.partial.clear();
@@ -300,6 +318,134 @@ class paged_kv_cache {
     return ok_status();
   }
 
+  // ------------------------------------------------------------------------------------------------ memory pressure
+
+  /// Swaps the sequences in `group` out to host memory together: every distinct device block they reference gets
+  /// one host block (a block shared within the group is swapped once, and shared again on swap-in), the plan lists
+  /// the (device, host) copies, and their device references are dropped (blocks still used by other sequences stay
+  /// on device). All or nothing. Errors: errc::unsupported (no host pool), errc::unknown_sequence,
+  /// errc::invalid_argument (an id listed twice), errc::sequence_swapped (already out), errc::pending_append
+  /// (bytes of this step not in place yet: swap after begin_step), errc::host_pool_full (detail = blocks needed).
+  /// A swapped sequence stops prefix-caching its later blocks.
+  status swap_out(std::span<const seq_id> group) {
+    if (swap_.host_capacity() == 0) return status{errc::unsupported, "swap_out: the swap policy has no host pool"};
+    if (status st = check_group(group, false, "swap_out"); !st) return st;
+    // Distinct device blocks of the group, in first-use order.
+    scratch_.clear();
+    for (const seq_id id : group)
+      for (const block_id b : seqs_[static_cast<std::size_t>(index_.find(id))].blocks)
+        if (dev_map_[static_cast<std::size_t>(b)] == -1) {
+          dev_map_[static_cast<std::size_t>(b)] = -2;
+          scratch_.push_back(b);
+        }
+    const auto need = static_cast<std::int64_t>(scratch_.size());
+    if (need > swap_.host_free()) {
+      for (const block_id b : scratch_) dev_map_[static_cast<std::size_t>(b)] = -1;
+      return status{errc::host_pool_full, "swap_out: not enough free host blocks", need};
+    }
+    id_scratch_.resize(scratch_.size());
+    [[maybe_unused]] const bool got = swap_.allocate_host(id_scratch_);
+    KVPAGER_ASSERT(got, "swap_out: the host pool refused blocks it reported free");
+    for (std::size_t i = 0; i < scratch_.size(); ++i) {
+      dev_map_[static_cast<std::size_t>(scratch_[i])] = id_scratch_[i];
+      plan_.add_swap_out(block_swap{scratch_[i], id_scratch_[i]});
+    }
+    for (const seq_id id : group) {
+      seq_state& s = seqs_[static_cast<std::size_t>(index_.find(id))];
+      const retention_hint hint{s.priority};
+      for (auto it = s.blocks.rbegin(); it != s.blocks.rend(); ++it) {  // tail first, as a free
+        const block_id hb = dev_map_[static_cast<std::size_t>(*it)];
+        ++host_refs_[static_cast<std::size_t>(hb)];
+        release_block(*it, hint);
+        *it = hb;
+      }
+      s.swapped = true;
+      s.cursor = cursor_type{};
+      s.partial.clear();
+      ++swapped_;
+    }
+    for (const block_id b : scratch_) dev_map_[static_cast<std::size_t>(b)] = -1;
+    swapped_out_blocks_ += need;
+    return ok_status();
+  }
+  status swap_out(seq_id id) { return swap_out(std::span<const seq_id>(&id, 1)); }
+
+  /// Swaps the sequences in `group` back in, all or nothing: each distinct host block gets one device block
+  /// (sharing within the group is restored) and the plan lists the (host, device) copies. Their bytes arrive with
+  /// this step's plan, so they can be forked or swapped out again only from the next step. Errors:
+  /// errc::unknown_sequence, errc::invalid_argument (an id listed twice), errc::sequence_swapped (not swapped out),
+  /// errc::out_of_blocks (detail = device blocks needed).
+  status swap_in(std::span<const seq_id> group) {
+    if (status st = check_group(group, true, "swap_in"); !st) return st;
+    scratch_.clear();
+    for (const seq_id id : group)
+      for (const block_id hb : seqs_[static_cast<std::size_t>(index_.find(id))].blocks)
+        if (host_map_[static_cast<std::size_t>(hb)] == -1) {
+          host_map_[static_cast<std::size_t>(hb)] = -2;
+          scratch_.push_back(hb);
+        }
+    const auto need = static_cast<std::int64_t>(scratch_.size());
+    if (need > available_blocks()) {
+      for (const block_id hb : scratch_) host_map_[static_cast<std::size_t>(hb)] = -1;
+      return status{errc::out_of_blocks, "swap_in: not enough free device blocks", need};
+    }
+    id_scratch_.resize(scratch_.size());
+    take_blocks(id_scratch_);
+    for (std::size_t i = 0; i < scratch_.size(); ++i) {
+      host_map_[static_cast<std::size_t>(scratch_[i])] = id_scratch_[i];
+      plan_.add_swap_in(block_swap{id_scratch_[i], scratch_[i]});
+      mark_busy(id_scratch_[i]);  // written by the swap-in: not handed out again in this step if freed
+    }
+    for (const seq_id id : group) {
+      const std::int32_t h = index_.find(id);
+      seq_state& s = seqs_[static_cast<std::size_t>(h)];
+      for (block_id& b : s.blocks) {
+        const block_id hb = b;
+        b = host_map_[static_cast<std::size_t>(hb)];
+        if (host_first_use_[static_cast<std::size_t>(hb)] != 0) {
+          pool_.add_ref(b);  // shared within the group: one device block again
+        } else {
+          host_first_use_[static_cast<std::size_t>(hb)] = 1;
+        }
+        release_host_ref(hb);
+      }
+      s.swapped = false;
+      s.append_step = step_;  // its bytes arrive with this step's swap-ins
+      --swapped_;
+    }
+    for (const block_id hb : scratch_) {
+      host_map_[static_cast<std::size_t>(hb)] = -1;
+      host_first_use_[static_cast<std::size_t>(hb)] = 0;
+    }
+    swapped_in_blocks_ += need;
+    return ok_status();
+  }
+  status swap_in(seq_id id) { return swap_in(std::span<const seq_id>(&id, 1)); }
+
+  /// Preempts sequence `id` as the swap policy decides for its block count: preempt_action::swap swaps it out
+  /// (it stays live, swapped); preempt_action::recompute frees it (the engine re-adds its tokens later). Errors:
+  /// errc::unsupported (the policy does not preempt), errc::unknown_sequence, errc::sequence_swapped, and those of
+  /// swap_out.
+  result<preempt_action> preempt(seq_id id) {
+    const std::int32_t h = index_.find(id);
+    if (h < 0) return status{errc::unknown_sequence, "preempt: unknown sequence id"};
+    const seq_state& s = seqs_[static_cast<std::size_t>(h)];
+    if (s.swapped) return status{errc::sequence_swapped, "preempt: the sequence is already swapped out"};
+    const preempt_action a = swap_.action(static_cast<std::int32_t>(s.blocks.size()));
+    switch (a) {
+      case preempt_action::swap:
+        if (status st = swap_out(id); !st) return st;
+        ++preempted_swap_;
+        return a;
+      case preempt_action::recompute:
+        (void)free_sequence(id);
+        ++preempted_recompute_;
+        return a;
+      default:
+        return status{errc::unsupported, "preempt: the swap policy does not preempt (no_swap)"};
+    }
+  }
+
   /// Starts a new step: the previous plan is taken as executed, it is cleared, and blocks that planned copies
   /// kept busy become reusable. O(blocks touched by the previous plan).
   void begin_step() {
@@ -309,6 +455,8 @@ class paged_kv_cache {
       if (pool_.refcount(b) == 0) settle(b, hint);  // a prefix hit may have revived it
     deferred_.clear();
     pending_ = 0;
+    for (const block_id hb : host_deferred_) swap_.release_host(hb);
+    host_deferred_.clear();
     plan_.clear();
     append_owner_.clear();
     frozen_offset_.clear();
@@ -338,7 +486,25 @@ class paged_kv_cache {
   [[nodiscard]] result<std::span<const block_id>> block_table(seq_id id) const noexcept {
     const std::int32_t h = index_.find(id);
     if (h < 0) return status{errc::unknown_sequence, "block_table: unknown sequence id"};
+    if (seqs_[static_cast<std::size_t>(h)].swapped)
+      return status{errc::sequence_swapped, "block_table: the sequence is swapped out (see host_block_table)"};
     return std::span<const block_id>(seqs_[static_cast<std::size_t>(h)].blocks);
+  }
+
+  /// The host block table of swapped-out sequence `id`; errc::unknown_sequence, errc::sequence_swapped (it is
+  /// not swapped out).
+  [[nodiscard]] result<std::span<const block_id>> host_block_table(seq_id id) const noexcept {
+    const std::int32_t h = index_.find(id);
+    if (h < 0) return status{errc::unknown_sequence, "host_block_table: unknown sequence id"};
+    if (!seqs_[static_cast<std::size_t>(h)].swapped)
+      return status{errc::sequence_swapped, "host_block_table: the sequence is not swapped out"};
+    return std::span<const block_id>(seqs_[static_cast<std::size_t>(h)].blocks);
+  }
+
+  /// Whether sequence `id` is live and swapped out.
+  [[nodiscard]] bool is_swapped(seq_id id) const noexcept {
+    const std::int32_t h = index_.find(id);
+    return h >= 0 && seqs_[static_cast<std::size_t>(h)].swapped;
   }
 
   /// Reference count of block `b` (0 when free, parked, reserved or out of range).
@@ -376,6 +542,13 @@ class paged_kv_cache {
     if constexpr (caches_content) s.cached = share_.num_cached();
     s.prefix_query_tokens = prefix_query_tokens_;
     s.prefix_hit_tokens = prefix_hit_tokens_;
+    s.swapped = swapped_;
+    s.host_total = swap_.host_capacity();
+    s.host_free = swap_.host_free();
+    s.swapped_out_blocks = swapped_out_blocks_;
+    s.swapped_in_blocks = swapped_in_blocks_;
+    s.preempted_swap = preempted_swap_;
+    s.preempted_recompute = preempted_recompute_;
     return s;
   }
 
@@ -403,6 +576,8 @@ class paged_kv_cache {
     for (const seq_id id : seqs) {
       const std::int32_t h = index_.find(id);
       if (h < 0) return status{errc::unknown_sequence, "export_block_table: unknown sequence id"};
+      if (seqs_[static_cast<std::size_t>(h)].swapped)
+        return status{errc::sequence_swapped, "export_block_table: a sequence is swapped out"};
       const auto n = static_cast<std::int64_t>(seqs_[static_cast<std::size_t>(h)].blocks.size());
       if (n > row_stride)
         return status{errc::buffer_too_small, "export_block_table: a sequence has more blocks than row_stride", n};
@@ -423,6 +598,8 @@ class paged_kv_cache {
     for (const seq_id id : seqs) {
       const std::int32_t h = index_.find(id);
       if (h < 0) return status{errc::unknown_sequence, "csr_size: unknown sequence id"};
+      if (seqs_[static_cast<std::size_t>(h)].swapped)
+        return status{errc::sequence_swapped, "csr_size: a sequence is swapped out"};
       n += static_cast<std::int64_t>(seqs_[static_cast<std::size_t>(h)].blocks.size());
     }
     return n;
@@ -512,6 +689,7 @@ class paged_kv_cache {
     std::int32_t priority = 0;
     std::uint64_t extra_key = 0;
     std::uint64_t append_step = no_step;  ///< step of the last append whose bytes are not written yet
+    bool swapped = false;                 ///< blocks holds host block ids
     [[no_unique_address]] cursor_type cursor{};  ///< hash chain after the last full block (content caches only)
   };
 
@@ -522,6 +700,11 @@ class paged_kv_cache {
     share_.reset(g);
     swap_.reset(g);
     busy_.assign(static_cast<std::size_t>(cfg.num_blocks), 0);
+    dev_map_.assign(static_cast<std::size_t>(cfg.num_blocks), -1);
+    const auto host = static_cast<std::size_t>(swap_.host_capacity());
+    host_map_.assign(host, -1);
+    host_first_use_.assign(host, 0);
+    host_refs_.assign(host, 0);
   }
 
   [[nodiscard]] bool exceeds_table_limit(std::int64_t blocks) const noexcept {
@@ -776,6 +959,29 @@ class paged_kv_cache {
     s.append_step = step_;
   }
 
+  /// Validation shared by swap_out (want_swapped = false) and swap_in (true); changes nothing.
+  status check_group(std::span<const seq_id> group, bool want_swapped, const char* /*call*/) const noexcept {
+    for (std::size_t i = 0; i < group.size(); ++i) {
+      const std::int32_t h = index_.find(group[i]);
+      if (h < 0) return status{errc::unknown_sequence, "swap: unknown sequence id"};
+      for (std::size_t j = 0; j < i; ++j)
+        if (group[j] == group[i]) return status{errc::invalid_argument, "swap: a sequence id is listed twice"};
+      const seq_state& s = seqs_[static_cast<std::size_t>(h)];
+      if (s.swapped != want_swapped)
+        return status{errc::sequence_swapped, want_swapped ? "swap_in: the sequence is not swapped out"
+                                                           : "swap_out: the sequence is already swapped out"};
+      if (!want_swapped && s.append_step == step_)
+        return status{errc::pending_append, "swap_out: the sequence's bytes for this step are not in place; swap after begin_step"};
+    }
+    return ok_status();
+  }
+
+  /// Drops one reference to host block `hb`; at zero it returns to the host pool at the next step (a swap-in in this
+  /// step may still read it).
+  void release_host_ref(block_id hb) {
+    if (--host_refs_[static_cast<std::size_t>(hb)] == 0) host_deferred_.push_back(hb);
+  }
+
   /// Before sequence `h` is freed: its appended ranges of this step are cancelled (slot -1, and a block those
   /// tokens would fill is not cached), except in blocks that another sequence shares (a prefix hit in this step
   /// on a block this sequence fills): those slots are kept.
@@ -793,6 +999,7 @@ class paged_kv_cache {
         const block_id b = s.blocks[static_cast<std::size_t>(i)];
         if (pool_.refcount(b) > 1) {
           any_shared = true;
+          mark_busy(b);  // its kept writes are pending: if the sharers let go too, park it until the step ran
         } else if (share_.is_cached(b)) {
           share_.uncache(b);  // its content will never be written
         }
@@ -826,6 +1033,18 @@ class paged_kv_cache {
   std::vector<std::pair<block_id, retention_hint>> deferred_;  ///< settled at the next begin_step
   std::vector<block_id> hits_;              ///< scratch for add_sequence's lookup
   std::int32_t pending_ = 0;                ///< deferred blocks still unreferenced
+  std::vector<block_id> dev_map_;           ///< swap_out scratch: device block -> host block (-1 unset)
+  std::vector<block_id> host_map_;          ///< swap_in scratch: host block -> device block (-1 unset)
+  std::vector<std::uint8_t> host_first_use_;  ///< swap_in scratch
+  std::vector<std::int32_t> host_refs_;     ///< references to each host block from swapped sequences
+  std::vector<block_id> host_deferred_;     ///< host blocks freed in this step, returned at the next
+  std::vector<block_id> scratch_;
+  std::vector<block_id> id_scratch_;
+  std::int32_t swapped_ = 0;
+  std::int64_t swapped_out_blocks_ = 0;
+  std::int64_t swapped_in_blocks_ = 0;
+  std::int64_t preempted_swap_ = 0;
+  std::int64_t preempted_recompute_ = 0;
   std::uint64_t step_ = 0;
   std::int64_t tokens_ = 0;
   std::int64_t cow_copies_ = 0;

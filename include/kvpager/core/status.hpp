@@ -28,6 +28,8 @@ enum class errc : std::int32_t {
   buffer_too_small,    ///< a caller-provided export buffer cannot hold the output
   pending_append,      ///< the sequence has tokens appended in this step whose bytes are not written yet
   unsupported,         ///< the composed policies do not provide this operation
+  host_pool_full,      ///< not enough free host (swap) blocks; nothing was swapped
+  sequence_swapped,    ///< the sequence is swapped out to host memory (or, for swap_in, is not)
 };
 
 /// Stable, human-readable name of an error code.
@@ -45,6 +47,8 @@ enum class errc : std::int32_t {
     case errc::buffer_too_small: return "buffer_too_small";
     case errc::pending_append: return "pending_append";
     case errc::unsupported: return "unsupported";
+    case errc::host_pool_full: return "host_pool_full";
+    case errc::sequence_swapped: return "sequence_swapped";
   }
   return "unknown_error";
 }
