@@ -44,6 +44,21 @@ TEST(Result, HoldsValueOrError) {
   EXPECT_STREQ(bad.error().message(), "nope");
 }
 
+TEST(Result, Assignment) {
+  result<std::vector<int>> r = std::vector<int>{1, 2};
+  r = status{errc::out_of_blocks, "x"};
+  EXPECT_FALSE(r.ok());
+  EXPECT_EQ(r.code(), errc::out_of_blocks);
+  r = std::vector<int>{3};
+  ASSERT_TRUE(r.ok());
+  EXPECT_EQ(r->size(), 1U);
+  const result<std::vector<int>> copy = r;
+  result<std::vector<int>> other = status{errc::invalid_argument, "y"};
+  other = copy;
+  ASSERT_TRUE(other.ok());
+  EXPECT_EQ((*other)[0], 3);
+}
+
 TEST(Result, MoveOnlyValues) {
   result<std::unique_ptr<int>> r = std::make_unique<int>(7);
   result<std::unique_ptr<int>> moved = std::move(r);

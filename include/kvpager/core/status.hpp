@@ -110,11 +110,29 @@ class [[nodiscard]] result {
       has_value_ = true;
     }
   }
-  result& operator=(const result&) = delete;
-  result& operator=(result&&) = delete;
-  ~result() {
-    if (has_value_) storage_.value.~T();
+  result& operator=(const result& other) requires std::is_copy_constructible_v<T> {
+    if (this != &other) {
+      destroy();
+      status_ = other.status_;
+      if (other.has_value_) {
+        ::new (static_cast<void*>(&storage_.value)) T(other.storage_.value);
+        has_value_ = true;
+      }
+    }
+    return *this;
   }
+  result& operator=(result&& other) noexcept(std::is_nothrow_move_constructible_v<T>) {
+    if (this != &other) {
+      destroy();
+      status_ = other.status_;
+      if (other.has_value_) {
+        ::new (static_cast<void*>(&storage_.value)) T(std::move(other.storage_.value));
+        has_value_ = true;
+      }
+    }
+    return *this;
+  }
+  ~result() { destroy(); }
 
   [[nodiscard]] constexpr bool ok() const noexcept { return has_value_; }
   [[nodiscard]] constexpr bool has_value() const noexcept { return has_value_; }
@@ -140,6 +158,13 @@ class [[nodiscard]] result {
   const T* operator->() const noexcept { return &value(); }
 
  private:
+  void destroy() noexcept {
+    if (has_value_) {
+      storage_.value.~T();
+      has_value_ = false;
+    }
+  }
+
   union storage {
     storage() noexcept {}
     ~storage() {}
