@@ -31,6 +31,9 @@
 #include "kvpager/swap/no_swap.hpp"
 
 #include "kvpager/cache/paged_kv_cache.hpp"
+#include "kvpager/kernels/cpu_executor.hpp"
+#include "kvpager/kernels/kv_layout.hpp"
+#include "kvpager/sched/scheduler.hpp"
 #include "kvpager/cache/step_plan.hpp"
 
 #if __has_include(<xxhash.h>)

@@ -1,0 +1,36 @@
+#pragma once
+/// \file
+/// kv_layout: geometry of one layer's paged KV pool in the kernels' default layout
+/// [num_blocks, 2, num_kv_heads, block_size, head_dim] (K then V in a block). Offsets in 64 bits.
+
+#include <cstddef>
+#include <cstdint>
+
+#include "kvpager/core/config.hpp"
+#include "kvpager/core/types.hpp"
+
+KVPAGER_NAMESPACE_BEGIN
+
+struct kv_layout {
+  std::int32_t num_blocks = 0;
+  std::int32_t num_kv_heads = 1;
+  std::int32_t block_size = 16;
+  std::int32_t head_dim = 128;
+  std::int32_t elem_bytes = 2;  ///< 2 for fp16/bf16, 4 for fp32
+
+  /// Bytes of one token's K (or V) for one head.
+  [[nodiscard]] constexpr std::int64_t row_bytes() const noexcept { return std::int64_t{head_dim} * elem_bytes; }
+  /// Bytes of one block (K and V, all heads).
+  [[nodiscard]] constexpr std::int64_t block_bytes() const noexcept {
+    return 2 * std::int64_t{num_kv_heads} * block_size * row_bytes();
+  }
+  [[nodiscard]] constexpr std::int64_t pool_bytes() const noexcept { return std::int64_t{num_blocks} * block_bytes(); }
+  /// Byte offset of (block, kv = 0 for K / 1 for V, head, position in block).
+  [[nodiscard]] constexpr std::int64_t offset(block_id b, std::int32_t kv, std::int32_t head,
+                                              std::int32_t pos) const noexcept {
+    return ((std::int64_t{b} * 2 + kv) * num_kv_heads + head) * std::int64_t{block_size} * row_bytes() +
+           std::int64_t{pos} * row_bytes();
+  }
+};
+
+KVPAGER_NAMESPACE_END
