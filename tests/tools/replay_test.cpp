@@ -47,6 +47,8 @@ void expect_matches_vllm(const std::string& trace_name, const std::vector<std::s
   }
 }
 
+std::string manager_head_for_fork() { return "kvtrace 1\nworkload f\nlevel manager\nparam num_blocks 64\n"; }
+
 const std::vector<std::string> manager_keys = {
     "hit_blocks",   "hit_tokens",         "query_tokens",       "resumed_hit_blocks", "resumed_hit_tokens",
     "resumed_query_tokens", "prefix_cache_evictions", "preemptions", "admit_fail", "admit_budget_stop",
@@ -79,6 +81,55 @@ TEST(ReplayVllm, CachingOffChangesOnlyHits) {
   EXPECT_EQ(off.result["hit_tokens"], 0);
   EXPECT_EQ(off.result["prefix_cache_evictions"], 0);
   EXPECT_EQ(off.result["query_tokens"], on.result["query_tokens"]);
+}
+
+// kvtrace extension: preemption modes. `preemption recompute` with the new params keeps vLLM's counts; swap and
+// hybrid move victims to a host pool and bring every one of them back.
+TEST(ReplayModes, TraceDInEveryMode) {
+  const std::string text = read_file(data_dir + "/traces/D_preemption_pressure.kvtrace");
+  auto with = [&](const std::string& mode, int host) {
+    std::string t = text;
+    const std::string anchor = "param max_num_batched_tokens 16384\n";
+    t.replace(t.find(anchor), anchor.size(),
+              anchor + "param preemption " + mode + "\nparam num_host_blocks " + std::to_string(host) + "\n");
+    const auto parsed = kvreplay::parse_kvtrace(t, "D-" + mode);
+    EXPECT_TRUE(parsed.value.has_value()) << parsed.error;
+    const auto r = kvreplay::replay(*parsed.value, "D-" + mode);
+    EXPECT_TRUE(r.error.empty()) << r.error;
+    return r.result;
+  };
+  const auto expected = kvreplay::json::parse(read_file(data_dir + "/expected/D_preemption_pressure.json"));
+  const auto& want = expected["workloads"][0]["result"];
+  const auto rec = with("recompute", 1000);
+  for (const char* k : {"preemptions", "steps", "admit_fail", "hit_tokens", "resumed_hit_tokens", "prefix_cache_evictions"})
+    EXPECT_EQ(rec[k], want[k]) << k;
+  EXPECT_EQ(rec["swap_outs"], 0);
+  for (const std::string mode : {"swap", "hybrid"}) {
+    const auto r = with(mode, 1000);
+    EXPECT_GT(r["swap_outs"].get<std::int64_t>(), 0) << mode;
+    EXPECT_EQ(r["swap_ins"], r["swap_outs"]) << mode << ": every swapped request comes back";
+    EXPECT_EQ(r["finished"], 256) << mode;
+    EXPECT_EQ(r["final_usage"], 0.0) << mode;
+    EXPECT_FALSE(r["run_stalled"].get<bool>()) << mode;
+  }
+  // A host pool too small for most victims: hybrid recomputes them, swap falls back to recompute.
+  const auto hybrid = with("hybrid", 40);
+  EXPECT_GT(hybrid["preempted_recompute"].get<std::int64_t>(), 0);
+  EXPECT_EQ(hybrid["swap_fallback_recompute"], 0);
+  const auto swap = with("swap", 40);
+  EXPECT_GT(swap["swap_fallback_recompute"].get<std::int64_t>(), 0);
+}
+
+TEST(ReplayModes, ForkSharesAndCopiesOnWrite) {
+  const std::string text = manager_head_for_fork() + "param block_size 4\nreq 1 11 0 5:6\nadmit 1\nfork 1 2 99\n"
+                           "decode 1 3\ndecode 2 3\nfinish 1\nfinish 2\n";
+  const auto parsed = kvreplay::parse_kvtrace(text, "f");
+  ASSERT_TRUE(parsed.value.has_value()) << parsed.error;
+  const auto r = kvreplay::replay(*parsed.value, "f");
+  ASSERT_TRUE(r.error.empty()) << r.error;
+  EXPECT_EQ(r.result["forks"], 1);
+  EXPECT_EQ(r.result["cow_copies"], 1) << "the first write into the shared partial block copies it";
+  EXPECT_EQ(r.result["final_usage"], 0.0);
 }
 
 // ------------------------------------------------------------------------------------------- malformed traces
@@ -119,6 +170,13 @@ TEST(ReplayErrors, EachNamesTheLine) {
       {"kvtrace 1\nlevel pool\nparam num_blocks 8\nparam block_size 12\nalloc 1 1\n", "t.kvtrace:5: block_size must be"},
       {"kvtrace 1\nlevel pool\nparam num_blocks 999999999999\nalloc 1 1\n", "t.kvtrace:4: num_blocks must be"},
       {"kvtrace 1\nlevel pool\nparam num_blocks 8\nalloc 1", "t.kvtrace:4: 'alloc' takes"},  // truncated last line
+      {manager_head + "param preemption often\n", "t.kvtrace:5: 'param preemption' must be"},
+      {manager_head + "param preemption swap\nreq 1 5 4 9:10\n", "t.kvtrace:6: 'param preemption swap|hybrid' needs"},
+      {manager_head + "param watermark_permille 1001\nreq 1 5 4 9:10\n", "t.kvtrace:6: watermark_permille must be"},
+      {manager_head + "req 1 5 4 9:10\nfork 1 2\n", "t.kvtrace:6: 'fork' takes"},
+      {manager_head + "req 1 5 4 9:10\nfork 3 2 7\n", "t.kvtrace:6: request 3 is not defined"},
+      {manager_head + "req 1 5 4 9:10\nfork 1 1 7\n", "t.kvtrace:6: request 1 is defined twice"},
+      {manager_head + "req 1 5 4 9:10\nfork 1 2 7\n", "t.kvtrace:6: fork: request 1 is not live"},
       {std::string("kvtrace 1\nlevel pool\nparam num_blocks 8\nalloc 1") + std::string(1, '\0') + " 1\n",
        "t.kvtrace:4: NUL byte"},
   };
@@ -141,7 +199,8 @@ namespace {
 std::string mutate(std::string text, std::mt19937_64& rng) {
   static const std::vector<std::string> junk = {"-1", "0", "99999999999999999999", "x", ":", "1:", ":5", "1:0",
                                                 "#", "\t", "4294967296", "run", "req", "free", "alloc", "admit 1",
-                                                "decode 1 1000000", "9:16777216", "param", "level", "kvtrace 1"};
+                                                "decode 1 1000000", "9:16777216", "param", "level", "kvtrace 1", "fork 1 9 3",
+                                                "param preemption hybrid", "param num_host_blocks 8"};
   std::vector<std::string> lines;
   std::stringstream ss(text);
   for (std::string l; std::getline(ss, l);) lines.push_back(l);

@@ -13,7 +13,10 @@
 
 namespace kvreplay {
 
-enum class op_kind { alloc, free, req, admit, decode, finish, run };
+enum class op_kind { alloc, free, req, admit, decode, finish, run, fork };
+
+/// How `run` preempts (kvtrace extension `param preemption recompute|swap|hybrid`).
+enum class preemption_mode { recompute, swap, hybrid };
 
 /// One prompt segment `seed:len`.
 struct segment {
@@ -22,7 +25,7 @@ struct segment {
 };
 
 /// One op record. Fields used depend on the kind: alloc (id, n), free (id), req (id, gen_seed, max_new,
-/// segments), admit/finish (id), decode (id, n), run (n = max_steps).
+/// segments), admit/finish (id), decode (id, n), run (n = max_steps), fork (id = parent, child, gen_seed).
 struct op {
   op_kind kind{};
   std::int64_t line = 0;
@@ -31,12 +34,15 @@ struct op {
   std::uint64_t gen_seed = 0;
   std::int64_t max_new = 0;
   std::vector<segment> segments;
+  std::uint64_t child = 0;
 };
 
 struct trace {
   std::string workload;
   std::string level;  // "pool" or "manager"
-  std::vector<std::pair<std::string, std::int64_t>> params;  // as written, in order
+  std::vector<std::pair<std::string, std::int64_t>> params;  // integer params, in order
+  std::vector<std::pair<std::string, std::string>> raw_params;  // every param as written, in order (for echoing)
+  preemption_mode preemption = preemption_mode::recompute;
   std::vector<op> ops;
 
   /// The value of param `key`, or `fallback`.
@@ -124,12 +130,26 @@ inline parse_result parse_kvtrace(std::string_view text, const std::string& name
       } else if (kw == "level") {
         if (!need(2) || (f[1] != "pool" && f[1] != "manager")) return fail("'level' must be 'pool' or 'manager'");
         t.level = std::string(f[1]);
+      } else if (need(3) && f[1] == "preemption") {
+        if (f[2] == "recompute") {
+          t.preemption = preemption_mode::recompute;
+        } else if (f[2] == "swap") {
+          t.preemption = preemption_mode::swap;
+        } else if (f[2] == "hybrid") {
+          t.preemption = preemption_mode::hybrid;
+        } else {
+          return fail("'param preemption' must be recompute, swap or hybrid");
+        }
+        for (const auto& [k, v] : t.raw_params)
+          if (k == "preemption") return fail("duplicate param preemption");
+        t.raw_params.emplace_back("preemption", std::string(f[2]));
       } else {
         if (!need(3)) return fail("'param' takes a key and an integer");
         std::int64_t v = 0;
         if (!detail::parse_uint(f[2], v)) return fail("bad number '" + std::string(f[2]) + "' for param " + std::string(f[1]));
         if (t.has_param(f[1])) return fail("duplicate param " + std::string(f[1]));
         t.params.emplace_back(std::string(f[1]), v);
+        t.raw_params.emplace_back(std::string(f[1]), std::string(f[2]));
       }
       continue;
     }
@@ -143,6 +163,10 @@ inline parse_result parse_kvtrace(std::string_view text, const std::string& name
       if (t.param("enable_caching", 1) > 1) return fail("enable_caching must be 0 or 1");
       if (t.param("max_num_seqs", 256) < 1) return fail("max_num_seqs must be positive");
       if (t.param("max_num_batched_tokens", 8192) < 1) return fail("max_num_batched_tokens must be positive");
+      if (t.param("watermark_permille", 0) > 1000) return fail("watermark_permille must be in [0, 1000]");
+      if (t.param("num_host_blocks", 0) > (std::int64_t{1} << 24)) return fail("num_host_blocks must be <= 2^24");
+      if (t.preemption != preemption_mode::recompute && t.param("num_host_blocks", 0) < 1)
+        return fail("'param preemption swap|hybrid' needs 'param num_host_blocks' > 0");
     }
     op o;
     o.line = line_no;
@@ -166,7 +190,7 @@ inline parse_result parse_kvtrace(std::string_view text, const std::string& name
         o.kind = op_kind::free;
         if (!num(1, o.id, "slot id")) return res;
       }
-    } else if (kw == "req" || kw == "admit" || kw == "decode" || kw == "finish" || kw == "run") {
+    } else if (kw == "req" || kw == "admit" || kw == "decode" || kw == "finish" || kw == "run" || kw == "fork") {
       if (pool) return fail("'" + std::string(kw) + "' is a manager-level op; this trace is level pool");
       if (kw == "req") {
         if (f.size() < 5) return fail("'req' takes an id, a gen seed, max_new and at least one seed:len segment");
@@ -187,6 +211,14 @@ inline parse_result parse_kvtrace(std::string_view text, const std::string& name
         }
         if (defined.count(o.id) != 0) return fail("request " + std::to_string(o.id) + " is defined twice");
         defined.insert(o.id);
+      } else if (kw == "fork") {
+        if (!need(4)) return fail("'fork' takes a parent request id, a child request id and a gen seed");
+        o.kind = op_kind::fork;
+        if (!num(1, o.id, "parent request id") || !num(2, o.child, "child request id") || !num(3, o.gen_seed, "gen seed"))
+          return res;
+        if (defined.count(o.id) == 0) return fail("request " + std::to_string(o.id) + " is not defined (no earlier 'req')");
+        if (defined.count(o.child) != 0) return fail("request " + std::to_string(o.child) + " is defined twice");
+        defined.insert(o.child);
       } else if (kw == "run") {
         if (!need(2)) return fail("'run' takes max_steps");
         o.kind = op_kind::run;

@@ -99,7 +99,14 @@ int main(int argc, char** argv) {
     w["workload"] = t.workload;
     w["level"] = t.level;
     w["params"] = kvreplay::json::object();
-    for (const auto& [key, v] : t.params) w["params"][key] = v;
+    for (const auto& [key, value] : t.raw_params) {
+      std::int64_t v = 0;
+      if (kvreplay::detail::parse_uint(value, v)) {
+        w["params"][key] = v;
+      } else {
+        w["params"][key] = value;
+      }
+    }
     w["ops"] = t.ops.size();
     w["result"] = std::move(best);
     if (repeat > 1) w["elapsed_s_all"] = all;

@@ -14,6 +14,7 @@
 #include <span>
 #include <string>
 #include <unordered_map>
+#include <type_traits>
 #include <utility>
 #include <vector>
 
@@ -147,6 +148,18 @@ class manager_replay {
     const std::int64_t q = c_[0].query_tokens + c_[1].query_tokens;
     r["hit_rate_tokens"] = q > 0 ? round6(double(c_[0].hit_tokens + c_[1].hit_tokens) / double(q)) : 0.0;
     r["run_stalled"] = stalled_;
+    if (forks_ + fork_fail_ > 0) {
+      r["forks"] = forks_;
+      r["cow_copies"] = cache_.stats().cow_copies;
+    }
+    if (t_.preemption != preemption_mode::recompute || t_.has_param("num_host_blocks")) {
+      r["swap_outs"] = swap_outs_;
+      r["swapped_out_blocks"] = swapped_out_blocks_;
+      r["swap_ins"] = swap_ins_;
+      r["swapped_in_blocks"] = swapped_in_blocks_;
+      r["preempted_recompute"] = preemptions_ - swap_outs_;
+      r["swap_fallback_recompute"] = swap_fallback_;
+    }
     r["elapsed_s"] = elapsed;
     if (!step_ms_.empty()) {
       std::vector<double> s = step_ms_;
@@ -162,7 +175,7 @@ class manager_replay {
   }
 
  private:
-  enum class state { defined, waiting, running, live, finished, failed };
+  enum class state { defined, waiting, running, live, finished, failed, swapped };
   struct request {
     std::uint64_t id = 0;
     std::uint64_t gen_seed = 0;
@@ -226,6 +239,33 @@ class manager_replay {
     r.computed = 0;
   }
 
+  [[nodiscard]] std::int64_t watermark_blocks() const {
+    return std::int64_t{num_blocks_ - 1} * t_.param("watermark_permille", 0) / 1000;
+  }
+
+  /// Swap or hybrid preemption: the victim goes to the host pool if the policy (and room) allows. Returns false
+  /// when it must be recomputed instead.
+  bool preempt_to_host(request& v, std::size_t victim) {
+    if (t_.preemption == preemption_mode::recompute) return false;
+    const auto a = cache_.preempt(v.id);
+    if (!a.ok() || *a != kvpager::preempt_action::swap) {
+      if (a.ok()) {  // the policy freed it (hybrid, no room): recompute; keep counts consistent
+        v.computed = 0;
+        v.st = state::waiting;
+        waiting_.push_front(victim);
+        ++preempted_recompute_;
+        return true;
+      }
+      ++swap_fallback_;  // host pool full under 'swap': recompute
+      return false;
+    }
+    v.st = state::swapped;
+    swapped_.push_back(victim);
+    ++swap_outs_;
+    swapped_out_blocks_ += static_cast<std::int64_t>(cache_.blocks_needed(v.computed));
+    return true;
+  }
+
   bool apply(const op& o) {
     switch (o.kind) {
       case op_kind::req: {
@@ -277,6 +317,21 @@ class manager_replay {
       }
       case op_kind::run:
         return run_steps(o);
+      case op_kind::fork: {
+        request& p = reqs_[index_.at(o.id)];
+        if (p.st != state::live) return error(o, "fork: request " + std::to_string(o.id) + " is not live (admit it first)");
+        if (!cache_.fork(p.id, o.child)) {
+          ++fork_fail_;
+          return true;
+        }
+        request c = p;  // same tokens (its pending token too) and the parent's blocks, shared
+        c.id = o.child;
+        c.gen_seed = o.gen_seed;
+        index_.emplace(c.id, reqs_.size());
+        reqs_.push_back(std::move(c));
+        ++forks_;
+        return true;
+      }
       default:
         return error(o, "pool-level op in a manager-level trace");
     }
@@ -297,7 +352,8 @@ class manager_replay {
         if (reqs_[i].max_new == 0)
           return error(o, "'run 0' with request " + std::to_string(reqs_[i].id) + " whose max_new is 0 never ends");
     }
-    for (std::int64_t step = 0; (max_steps == 0 || step < max_steps) && (!running_.empty() || !waiting_.empty()); ++step) {
+    for (std::int64_t step = 0;
+         (max_steps == 0 || step < max_steps) && (!running_.empty() || !waiting_.empty() || !swapped_.empty()); ++step) {
       if (limits_.max_steps > 0 && steps_ >= limits_.max_steps) return error(o, "step limit reached");
       const stopwatch clock;
       cache_.begin_step();
@@ -327,12 +383,14 @@ class manager_replay {
         const std::size_t victim = running_.back();
         running_.pop_back();
         request& v = reqs_[victim];
-        release(v);
         v.preempted = true;
-        v.st = state::waiting;
-        waiting_.push_front(victim);
         ++preemptions_;
         preempted = true;
+        if (!preempt_to_host(v, victim)) {  // recompute: free, back to the front of the waiting queue
+          release(v);
+          v.st = state::waiting;
+          waiting_.push_front(victim);
+        }
         if (victim == ri) {
           self_preempted = true;
           break;
@@ -343,9 +401,28 @@ class manager_replay {
       budget -= n;
       ++i;
     }
-    // 2. Admissions, only in a step that preempted nothing.
+    // 2. Swap-ins (oldest first), then admissions only when nothing is left swapped; only in a step that
+    // preempted nothing (vLLM V0's order; the swapped queue is always empty with recompute preemption).
     if (!preempted) {
-      while (!waiting_.empty() && budget > 0 && static_cast<std::int64_t>(running_.size()) < max_num_seqs_) {
+      while (!swapped_.empty() && budget > 0 && static_cast<std::int64_t>(running_.size()) < max_num_seqs_) {
+        const std::size_t ri = swapped_.front();
+        request& r = reqs_[ri];
+        const auto blocks = static_cast<std::int64_t>(cache_.blocks_needed(r.computed));
+        if (cache_.available_blocks() - blocks < watermark_blocks() || !cache_.swap_in(r.id)) break;
+        swapped_.pop_front();
+        running_.push_back(ri);
+        r.st = state::running;
+        ++swap_ins_;
+        swapped_in_blocks_ += blocks;
+        note_allocation();
+        const std::int64_t n = static_cast<std::int64_t>(r.tokens.size()) - r.computed;
+        if (n <= budget && extend(r, n)) {
+          scheduled_.push_back(ri);
+          budget -= n;
+        }
+      }
+      while (swapped_.empty() && !waiting_.empty() && budget > 0 &&
+             static_cast<std::int64_t>(running_.size()) < max_num_seqs_) {
         const std::size_t ri = waiting_.front();
         request& r = reqs_[ri];
         const auto m = cache_.match_prefix(r.tokens);
@@ -354,7 +431,7 @@ class manager_replay {
           ++admit_budget_stop_;
           break;
         }
-        if (!admit(r)) {
+        if (cache_.available_blocks() - m->blocks_to_allocate < watermark_blocks() || !admit(r)) {
           ++admit_fail_;
           break;
         }
@@ -397,7 +474,11 @@ class manager_replay {
   prefix_counters c_[2];  // [0] first admissions, [1] resumed after preemption
   std::int64_t preemptions_ = 0, admit_fail_ = 0, admit_budget_stop_ = 0, decode_alloc_fail_ = 0;
   std::int64_t steps_ = 0, finished_ = 0;
+  std::int64_t swap_outs_ = 0, swapped_out_blocks_ = 0, swap_ins_ = 0, swapped_in_blocks_ = 0, swap_fallback_ = 0;
+  std::int64_t preempted_recompute_ = 0;
+  std::deque<std::size_t> swapped_;
   bool stalled_ = false;
+  std::int64_t forks_ = 0, fork_fail_ = 0;
   double peak_usage_ = 0;
   std::vector<double> step_ms_;
   replay_result out_;
@@ -405,8 +486,13 @@ class manager_replay {
 
 template <class Cache>
 replay_result replay_manager(const trace& t, const std::string& name, replay_limits limits) {
+  typename Cache::swap_policy_type swap{};
+  if constexpr (!std::is_same_v<typename Cache::swap_policy_type, kvpager::no_swap>)
+    swap = typename Cache::swap_policy_type(
+        kvpager::host_pool_config{static_cast<std::int32_t>(t.param("num_host_blocks", 0))});
   auto created = Cache::create({static_cast<std::int32_t>(t.param("block_size", 16)),
-                                static_cast<std::int32_t>(t.param("num_blocks", 0)), /*reserved (null block)=*/1, 0});
+                                static_cast<std::int32_t>(t.param("num_blocks", 0)), /*reserved (null block)=*/1, 0},
+                               {}, {}, {}, std::move(swap));
   if (!created) return replay_result{json::object(), name + ": " + created.error().message()};
   return manager_replay<Cache>(t, name, std::move(*created), limits).run();
 }
@@ -418,8 +504,23 @@ using vllm_v1_no_caching_cache = kvpager::paged_kv_cache<kvpager::free_list_allo
                                                          kvpager::refcount_sharing, kvpager::no_swap>;
 
 /// Replays one parsed trace. Counts are deterministic; elapsed times are measured around the ops.
+namespace detail {
+template <class W>
+replay_result replay_with_swap(const trace& t, const std::string& name, replay_limits limits) {
+  using namespace kvpager;
+  if (t.param("enable_caching", 1) != 0)
+    return replay_manager<paged_kv_cache<free_list_allocator, lru_eviction, prefix_caching, W>>(t, name, limits);
+  return replay_manager<paged_kv_cache<free_list_allocator, no_eviction, refcount_sharing, W>>(t, name, limits);
+}
+}  // namespace detail
+
 inline replay_result replay(const trace& t, const std::string& name, replay_limits limits = {}) {
   if (t.level == "pool") return detail::replay_pool(t, name);
+  switch (t.preemption) {
+    case preemption_mode::swap: return detail::replay_with_swap<kvpager::host_swap>(t, name, limits);
+    case preemption_mode::hybrid: return detail::replay_with_swap<kvpager::hybrid_swap>(t, name, limits);
+    default: break;
+  }
   if (t.param("enable_caching", 1) != 0) return detail::replay_manager<kvpager::vllm_v1_cache>(t, name, limits);
   return detail::replay_manager<vllm_v1_no_caching_cache>(t, name, limits);
 }
