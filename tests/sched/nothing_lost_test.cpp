@@ -10,6 +10,8 @@
 #include <gtest/gtest.h>
 
 #include <cstring>
+
+#include "support/cache_snapshot.hpp"
 #include <random>
 #include <unordered_map>
 #include <vector>
@@ -39,6 +41,8 @@ class serving_run {
       arrivals();
       ballast();
       const step_output& out = sched_.schedule();
+      ASSERT_EQ(out.plan, &cache_.plan());
+      failing_calls();
       execute(out);
       verify();
       sample(out);
@@ -68,6 +72,7 @@ class serving_run {
     EXPECT_GT(st.cow_copies, 0);
     EXPECT_GT(st.prefix_hit_tokens, 0);
     EXPECT_GT(ss.rejected, 0);
+    EXPECT_GT(failed_calls_, 100);
   }
 
  private:
@@ -88,6 +93,40 @@ class serving_run {
       (void)sched_.fork(parent, next_id_++);
     }
   }
+
+  /// Fault injection: calls that must fail, each checked to leave the cache exactly as it was.
+  void failing_calls() {
+    if (rng_() % 4 != 0) return;
+    std::vector<seq_id> ids(sched_.running().begin(), sched_.running().end());
+    ids.insert(ids.end(), sched_.swapped().begin(), sched_.swapped().end());
+    const auto before = kvtest::take_snapshot(cache_, ids);
+    status st;
+    switch (rng_() % 4) {
+      case 0:  // swap-in refused: the sequence is not swapped out
+        if (sched_.running().empty()) return;
+        st = cache_.swap_in(sched_.running()[rng_() % sched_.running().size()]);
+        EXPECT_EQ(st.code(), errc::sequence_swapped);
+        break;
+      case 1:  // an allocation that cannot succeed
+        st = cache_.add_sequence(next_id_++, 4 * cache_.stats().total + 4);
+        EXPECT_EQ(st.code(), errc::out_of_blocks);
+        break;
+      case 2:  // swapping out sequences whose bytes of this step are not in place yet
+        if (out_ids().empty()) return;
+        st = cache_.swap_out(out_ids());
+        EXPECT_TRUE(st.code() == errc::pending_append || st.code() == errc::host_pool_full) << st.message();
+        break;
+      default:  // host pool too small for everything at once
+        if (sched_.swapped().empty()) return;
+        st = cache_.swap_out(sched_.swapped().front());
+        EXPECT_EQ(st.code(), errc::sequence_swapped);
+    }
+    ASSERT_FALSE(st.ok());
+    ASSERT_TRUE(kvtest::take_snapshot(cache_, ids) == before) << "a failed call changed the cache: " << st.message();
+    ++failed_calls_;
+  }
+  /// The running sequences scheduled in this step (their appends are pending).
+  std::vector<seq_id> out_ids() const { return std::vector<seq_id>(sched_.running().begin(), sched_.running().end()); }
 
   /// Fault injection: ballast sequences take blocks away (and give them back) at random points.
   void ballast() {
@@ -165,6 +204,7 @@ class serving_run {
   seq_id next_id_ = 1;
   std::vector<seq_id> ballast_;
   std::int64_t verified_ = 0;
+  std::int64_t failed_calls_ = 0;
 };
 
 }  // namespace

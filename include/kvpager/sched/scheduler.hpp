@@ -69,6 +69,7 @@ struct step_output {
   std::vector<seq_id> swapped_in;             ///< back to running (and scheduled)
   std::vector<seq_id> rejected;               ///< admission::never: dropped from the waiting queue
   std::vector<std::int64_t> slot_mapping;     ///< cache.export_slot_mapping() of this step
+  const step_plan* plan = nullptr;            ///< the cache's plan: swap-outs, swap-ins, copies, appends
 };
 
 /// Counters over the scheduler's life.
@@ -192,6 +193,7 @@ class scheduler {
     age_waiting();
     out_.slot_mapping.resize(static_cast<std::size_t>(cache_.slot_mapping_size()));
     (void)cache_.export_slot_mapping(out_.slot_mapping);
+    out_.plan = &cache_.plan();
     return out_;
   }
 
