@@ -16,6 +16,7 @@
 #include <vector>
 
 #include "support/cache_types.hpp"
+#include "support/kv_content.hpp"
 
 using namespace kvpager;
 
@@ -29,13 +30,8 @@ struct model_seq {
   bool swapped = false;               // its blocks are host blocks
 };
 
-/// In token mode the cache gets token ids and the KV of a token is a function of the whole prefix up to it (as
-/// real attention KV is), so a prefix-cache hit that hands out a wrong block is caught when the sequence is read.
-std::uint64_t mix(std::uint64_t h, std::uint64_t x) {
-  h ^= x + 0x9E3779B97F4A7C15ULL + (h << 6) + (h >> 2);
-  h *= 0xBF58476D1CE4E5B9ULL;
-  return h ^ (h >> 31);
-}
+// In token mode the KV of a token is a function of its whole prefix (support/kv_content.hpp).
+using kvtest::mix;
 
 template <class Cache, bool TokenMode = false>
 class model_runner {

@@ -12,6 +12,7 @@
 #include <cstring>
 
 #include "support/cache_snapshot.hpp"
+#include "support/kv_content.hpp"
 #include <random>
 #include <unordered_map>
 #include <vector>
@@ -20,11 +21,8 @@ using namespace kvpager;
 
 namespace {
 
-std::uint64_t mix(std::uint64_t h, std::uint64_t x) {
-  h ^= x + 0x9E3779B97F4A7C15ULL + (h << 6) + (h >> 2);
-  h *= 0xBF58476D1CE4E5B9ULL;
-  return h ^ (h >> 31);
-}
+// In token mode the KV of a token is a function of its whole prefix (support/kv_content.hpp).
+using kvtest::mix;
 
 template <class Cache>
 class serving_run {

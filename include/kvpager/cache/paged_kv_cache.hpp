@@ -330,14 +330,7 @@ class paged_kv_cache {
   status swap_out(std::span<const seq_id> group) {
     if (swap_.host_capacity() == 0) return status{errc::unsupported, "swap_out: the swap policy has no host pool"};
     if (status st = check_group(group, false, "swap_out"); !st) return st;
-    // Distinct device blocks of the group, in first-use order.
-    scratch_.clear();
-    for (const seq_id id : group)
-      for (const block_id b : seqs_[static_cast<std::size_t>(index_.find(id))].blocks)
-        if (dev_map_[static_cast<std::size_t>(b)] == -1) {
-          dev_map_[static_cast<std::size_t>(b)] = -2;
-          scratch_.push_back(b);
-        }
+    collect_distinct(group, dev_map_);  // distinct device blocks of the group, in first-use order
     const auto need = static_cast<std::int64_t>(scratch_.size());
     if (need > swap_.host_free()) {
       for (const block_id b : scratch_) dev_map_[static_cast<std::size_t>(b)] = -1;
@@ -377,13 +370,7 @@ class paged_kv_cache {
   /// errc::out_of_blocks (detail = device blocks needed).
   status swap_in(std::span<const seq_id> group) {
     if (status st = check_group(group, true, "swap_in"); !st) return st;
-    scratch_.clear();
-    for (const seq_id id : group)
-      for (const block_id hb : seqs_[static_cast<std::size_t>(index_.find(id))].blocks)
-        if (host_map_[static_cast<std::size_t>(hb)] == -1) {
-          host_map_[static_cast<std::size_t>(hb)] = -2;
-          scratch_.push_back(hb);
-        }
+    collect_distinct(group, host_map_);  // distinct host blocks of the group, in first-use order
     const auto need = static_cast<std::int64_t>(scratch_.size());
     if (need > available_blocks()) {
       for (const block_id hb : scratch_) host_map_[static_cast<std::size_t>(hb)] = -1;
@@ -974,6 +961,18 @@ class paged_kv_cache {
         return status{errc::pending_append, "swap_out: the sequence's bytes for this step are not in place; swap after begin_step"};
     }
     return ok_status();
+  }
+
+  /// Fills scratch_ with the distinct blocks the tables of `group` reference, in first-use order, marking each in
+  /// `map` (which must hold -1 for all of them) with -2. The caller resets the marks.
+  void collect_distinct(std::span<const seq_id> group, std::vector<block_id>& map) {
+    scratch_.clear();
+    for (const seq_id id : group)
+      for (const block_id b : seqs_[static_cast<std::size_t>(index_.find(id))].blocks)
+        if (map[static_cast<std::size_t>(b)] == -1) {
+          map[static_cast<std::size_t>(b)] = -2;
+          scratch_.push_back(b);
+        }
   }
 
   /// Drops one reference to host block `hb`; at zero it returns to the host pool at the next step (a swap-in in this
