@@ -5,7 +5,7 @@
 /// as it was (strong guarantee).
 
 #include <cstdint>
-#include <new>
+#include <optional>
 #include <type_traits>
 #include <utility>
 
@@ -93,64 +93,26 @@ class [[nodiscard]] result {
   constexpr result(errc code, const char* message, std::int64_t detail = 0) noexcept
       : result(status{code, message, detail}) {}
   /// A successful result holding `value`.
-  constexpr result(T value) noexcept(std::is_nothrow_move_constructible_v<T>) {  // NOLINT
-    ::new (static_cast<void*>(&storage_.value)) T(std::move(value));
-    has_value_ = true;
-  }
+  constexpr result(T value) noexcept(std::is_nothrow_move_constructible_v<T>)  // NOLINT
+      : value_(std::move(value)) {}
 
-  result(const result& other) requires std::is_copy_constructible_v<T> : status_(other.status_) {
-    if (other.has_value_) {
-      ::new (static_cast<void*>(&storage_.value)) T(other.storage_.value);
-      has_value_ = true;
-    }
-  }
-  result(result&& other) noexcept(std::is_nothrow_move_constructible_v<T>) : status_(other.status_) {
-    if (other.has_value_) {
-      ::new (static_cast<void*>(&storage_.value)) T(std::move(other.storage_.value));
-      has_value_ = true;
-    }
-  }
-  result& operator=(const result& other) requires std::is_copy_constructible_v<T> {
-    if (this != &other) {
-      destroy();
-      status_ = other.status_;
-      if (other.has_value_) {
-        ::new (static_cast<void*>(&storage_.value)) T(other.storage_.value);
-        has_value_ = true;
-      }
-    }
-    return *this;
-  }
-  result& operator=(result&& other) noexcept(std::is_nothrow_move_constructible_v<T>) {
-    if (this != &other) {
-      destroy();
-      status_ = other.status_;
-      if (other.has_value_) {
-        ::new (static_cast<void*>(&storage_.value)) T(std::move(other.storage_.value));
-        has_value_ = true;
-      }
-    }
-    return *this;
-  }
-  ~result() { destroy(); }
-
-  [[nodiscard]] constexpr bool ok() const noexcept { return has_value_; }
-  [[nodiscard]] constexpr bool has_value() const noexcept { return has_value_; }
-  constexpr explicit operator bool() const noexcept { return has_value_; }
+  [[nodiscard]] constexpr bool ok() const noexcept { return value_.has_value(); }
+  [[nodiscard]] constexpr bool has_value() const noexcept { return value_.has_value(); }
+  constexpr explicit operator bool() const noexcept { return value_.has_value(); }
   [[nodiscard]] constexpr status error() const noexcept { return status_; }
   [[nodiscard]] constexpr errc code() const noexcept { return status_.code(); }
 
   [[nodiscard]] T& value() & noexcept {
-    KVPAGER_ASSERT(has_value_, "result::value() on a failed result");
-    return storage_.value;
+    KVPAGER_ASSERT(ok(), "result::value() on a failed result");
+    return *value_;
   }
   [[nodiscard]] const T& value() const& noexcept {
-    KVPAGER_ASSERT(has_value_, "result::value() on a failed result");
-    return storage_.value;
+    KVPAGER_ASSERT(ok(), "result::value() on a failed result");
+    return *value_;
   }
   [[nodiscard]] T&& value() && noexcept {
-    KVPAGER_ASSERT(has_value_, "result::value() on a failed result");
-    return std::move(storage_.value);
+    KVPAGER_ASSERT(ok(), "result::value() on a failed result");
+    return std::move(*value_);
   }
   T& operator*() & noexcept { return value(); }
   const T& operator*() const& noexcept { return value(); }
@@ -158,21 +120,8 @@ class [[nodiscard]] result {
   const T* operator->() const noexcept { return &value(); }
 
  private:
-  void destroy() noexcept {
-    if (has_value_) {
-      storage_.value.~T();
-      has_value_ = false;
-    }
-  }
-
-  union storage {
-    storage() noexcept {}
-    ~storage() {}
-    T value;
-  };
   status status_{};
-  storage storage_;
-  bool has_value_ = false;
+  std::optional<T> value_;
 };
 
 KVPAGER_NAMESPACE_END
