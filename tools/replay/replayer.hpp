@@ -219,6 +219,7 @@ class manager_replay {
     c.hit_blocks += m.blocks;
     c.hit_tokens += m.tokens;
     c.query_tokens += static_cast<std::int64_t>(r.tokens.size());
+    last_hit_tokens_ = m.tokens;
     r.computed = static_cast<std::int64_t>(r.tokens.size());
     note_allocation();
     return true;
@@ -425,13 +426,17 @@ class manager_replay {
              static_cast<std::int64_t>(running_.size()) < max_num_seqs_) {
         const std::size_t ri = waiting_.front();
         request& r = reqs_[ri];
-        const auto m = cache_.match_prefix(r.tokens);
-        const std::int64_t n = static_cast<std::int64_t>(r.tokens.size()) - m->tokens;
+        // The lookup decides only the budget test and the watermark: skip it when neither can fail (a prompt that
+        // fits the budget whole, no watermark); add_sequence does the same lookup itself.
+        const auto size = static_cast<std::int64_t>(r.tokens.size());
+        const bool need_lookup = size > budget || watermark_blocks() > 0;
+        const auto m = need_lookup ? cache_.match_prefix(r.tokens) : kvpager::result<kvpager::prefix_match>(kvpager::prefix_match{});
+        const std::int64_t n = size - m->tokens;
         if (n > budget) {
           ++admit_budget_stop_;
           break;
         }
-        if (cache_.available_blocks() - m->blocks_to_allocate < watermark_blocks() || !admit(r)) {
+        if ((need_lookup && cache_.available_blocks() - m->blocks_to_allocate < watermark_blocks()) || !admit(r)) {
           ++admit_fail_;
           break;
         }
@@ -439,7 +444,7 @@ class manager_replay {
         running_.push_back(ri);
         r.st = state::running;
         scheduled_.push_back(ri);
-        budget -= n;
+        budget -= size - last_hit_tokens_;  // the admission's own lookup (equal to m's when it was done)
       }
     }
     // The engine runs the step here: the plan is executed, then outputs are processed.
@@ -478,6 +483,7 @@ class manager_replay {
   std::int64_t preempted_recompute_ = 0;
   std::deque<std::size_t> swapped_;
   bool stalled_ = false;
+  std::int64_t last_hit_tokens_ = 0;  ///< hit of the last successful admit()
   std::int64_t forks_ = 0, fork_fail_ = 0;
   double peak_usage_ = 0;
   std::vector<double> step_ms_;
