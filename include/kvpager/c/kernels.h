@@ -18,12 +18,21 @@
 extern "C" {
 #endif
 
-/** Status codes of the C ABI. */
+/** Status codes of the C ABI. Every check happens before any KV memory is read or written. */
 enum {
   KVPAGER_STATUS_OK = 0,
   KVPAGER_STATUS_INVALID_ARGUMENT = 1, /**< a null pointer, or a size or count out of range */
   KVPAGER_STATUS_NO_DEVICE = 2,        /**< CUDA not built in, no driver, or no device */
+  KVPAGER_STATUS_INVALID_BLOCK = 3,    /**< a block id outside [0, num_blocks), or a slot outside the pool */
+  KVPAGER_STATUS_SEQ_TOO_LONG = 4,     /**< a seq_len larger than max_blocks_per_seq x block_size (or negative) */
+  KVPAGER_STATUS_BAD_HEADS = 5,        /**< num_q_heads is not a positive multiple of num_kv_heads */
+  KVPAGER_STATUS_UNSUPPORTED_HEAD_DIM = 6, /**< head_dim is not 64, 80, 96, 112, 128 or 256 */
+  KVPAGER_STATUS_UNSUPPORTED_DTYPE = 7,    /**< dtype is not 0 (fp32), 1 (fp16) or 2 (bf16) */
+  KVPAGER_STATUS_UNSUPPORTED_BLOCK_SIZE = 8, /**< block_size is not 8, 16 or 32 */
 };
+
+/** Element types: KV cache, query and output share one. */
+enum { KVPAGER_DTYPE_FP32 = 0, KVPAGER_DTYPE_FP16 = 1, KVPAGER_DTYPE_BF16 = 2 };
 
 /** Library version as major * 10000 + minor * 100 + patch. */
 KVPAGER_C_API int32_t kvpager_version(void);
@@ -37,6 +46,37 @@ KVPAGER_C_API int32_t kvpager_built_with_cuda(void);
  * pointer.
  */
 KVPAGER_C_API int32_t kvpager_cuda_device_count(int32_t* count);
+
+/**
+ * Paged attention for decode (one query token per sequence) on the CPU.
+ * out, query: contiguous [num_seqs, num_q_heads, head_dim]; kv_cache: one layer in the default layout
+ * [num_blocks, 2, num_kv_heads, block_size, head_dim] (K then V in a block), contiguous; block_table:
+ * [num_seqs, max_blocks_per_seq] int32 (entries past a sequence's blocks are not read); seq_lens: [num_seqs].
+ * GQA/MQA: query head h reads KV head h / (num_q_heads / num_kv_heads). Softmax in fp32 with the given scale;
+ * a sequence of length 0 produces zeros. num_threads 0 = all cores. Returns a KVPAGER_STATUS_* code.
+ */
+KVPAGER_C_API int32_t kvpager_cpu_paged_attention_decode(void* out, const void* query, const void* kv_cache,
+                                                         const int32_t* block_table, const int32_t* seq_lens,
+                                                         int32_t num_seqs, int32_t num_q_heads, int32_t num_kv_heads,
+                                                         int32_t head_dim, int32_t block_size,
+                                                         int32_t max_blocks_per_seq, int32_t num_blocks, float scale,
+                                                         int32_t dtype, int32_t num_threads);
+
+/**
+ * Writes new tokens' K and V into the paged cache through the slot mapping (slot = block * block_size + offset;
+ * a negative slot is skipped). key, value: contiguous [num_tokens, num_kv_heads, head_dim]; kv_cache as above.
+ */
+KVPAGER_C_API int32_t kvpager_cpu_kv_append(void* kv_cache, const void* key, const void* value,
+                                            const int64_t* slot_mapping, int32_t num_tokens, int32_t num_kv_heads,
+                                            int32_t head_dim, int32_t block_size, int32_t num_blocks, int32_t dtype);
+
+/**
+ * Copies whole blocks (K and V, all heads) within each of num_layers caches: block_mapping is [num_pairs, 2]
+ * int64 (src, dst). kv_caches: num_layers pointers to caches of num_blocks blocks of block_bytes bytes each.
+ * Pairs must not chain (no destination is also a source), as in a cache step plan.
+ */
+KVPAGER_C_API int32_t kvpager_cpu_copy_blocks(void* const* kv_caches, int32_t num_layers, const int64_t* block_mapping,
+                                              int32_t num_pairs, int32_t num_blocks, int64_t block_bytes);
 
 #ifdef __cplusplus
 }

@@ -1,0 +1,238 @@
+// CPU kernels of the C ABI against an independent fp64 reference computed from the stored (rounded) values:
+// paged decode attention over head dims, block sizes, GQA ratios and MQA, context lengths around block and
+// partition boundaries, mixed batches, shuffled block ids and NaN-poisoned unused slots; kv_append and copy_blocks
+// bit-exact; every bad argument rejected before KV memory is read.
+#include <kvpager/c/kernels.h>
+#include <kvpager/kvpager.hpp>
+#include <kvpager/kernels/float16.hpp>
+
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstring>
+#include <limits>
+#include <numeric>
+#include <random>
+#include <vector>
+
+using namespace kvpager;
+
+namespace {
+
+/// Elements stored as raw bits of the dtype; converts through float.
+struct tensor {
+  std::int32_t dtype;
+  std::vector<std::uint32_t> f32;
+  std::vector<std::uint16_t> f16;
+  tensor(std::int32_t dt, std::size_t n) : dtype(dt) {
+    if (dt == KVPAGER_DTYPE_FP32) f32.resize(n); else f16.resize(n);
+  }
+  void set(std::size_t i, float x) {
+    if (dtype == KVPAGER_DTYPE_FP32) f32[i] = std::bit_cast<std::uint32_t>(x);
+    else if (dtype == KVPAGER_DTYPE_FP16) f16[i] = detail::float_to_half(x);
+    else f16[i] = detail::float_to_bf16(x);
+  }
+  [[nodiscard]] double get(std::size_t i) const {
+    if (dtype == KVPAGER_DTYPE_FP32) return std::bit_cast<float>(f32[i]);
+    if (dtype == KVPAGER_DTYPE_FP16) return detail::half_to_float(f16[i]);
+    return detail::bf16_to_float(f16[i]);
+  }
+  void* data() { return dtype == KVPAGER_DTYPE_FP32 ? static_cast<void*>(f32.data()) : static_cast<void*>(f16.data()); }
+};
+
+struct problem {
+  std::int32_t dtype, hq, hkv, d, bs, num_blocks, max_blocks;
+  std::vector<std::int32_t> lens;
+};
+
+double tolerance(std::int32_t dtype) {
+  return dtype == KVPAGER_DTYPE_FP32 ? 1e-5 : dtype == KVPAGER_DTYPE_FP16 ? 1e-3 : 1.6e-2;
+}
+
+/// Builds a cache with shuffled block ids and NaN in every slot no sequence uses, runs the kernel and compares
+/// with the fp64 reference. Returns the worst error.
+double check(const problem& p, std::uint32_t seed, std::int32_t threads = 0) {
+  std::mt19937 rng(seed);
+  std::uniform_real_distribution<float> uni(-1.0F, 1.0F);
+  const auto S = static_cast<std::int32_t>(p.lens.size());
+  const std::size_t block_elems = 2ULL * static_cast<std::size_t>(p.hkv * p.bs * p.d);
+  tensor kv(p.dtype, static_cast<std::size_t>(p.num_blocks) * block_elems);
+  for (std::size_t i = 0; i < kv.f32.size() + kv.f16.size(); ++i) kv.set(i, std::numeric_limits<float>::quiet_NaN());
+  std::vector<std::int32_t> ids(static_cast<std::size_t>(p.num_blocks));
+  std::iota(ids.begin(), ids.end(), 0);
+  std::shuffle(ids.begin(), ids.end(), rng);
+  std::vector<std::int32_t> table(static_cast<std::size_t>(S * p.max_blocks), -1);
+  std::size_t next = 0;
+  for (std::int32_t s = 0; s < S; ++s) {
+    for (std::int32_t b = 0; b < (p.lens[static_cast<std::size_t>(s)] + p.bs - 1) / p.bs; ++b) table[static_cast<std::size_t>(s * p.max_blocks + b)] = ids[next++];
+    for (std::int32_t t = 0; t < p.lens[static_cast<std::size_t>(s)]; ++t) {
+      const std::int32_t blk = table[static_cast<std::size_t>(s * p.max_blocks + t / p.bs)];
+      for (std::int32_t kvh = 0; kvh < 2; ++kvh)
+        for (std::int32_t h = 0; h < p.hkv; ++h)
+          for (std::int32_t d = 0; d < p.d; ++d)
+            kv.set(static_cast<std::size_t>(blk) * block_elems + static_cast<std::size_t>(((kvh * p.hkv + h) * p.bs + t % p.bs) * p.d + d), uni(rng));
+    }
+  }
+  tensor q(p.dtype, static_cast<std::size_t>(S * p.hq * p.d)), out(p.dtype, static_cast<std::size_t>(S * p.hq * p.d));
+  for (std::size_t i = 0; i < static_cast<std::size_t>(S * p.hq * p.d); ++i) q.set(i, uni(rng));
+  const float scale = 1.0F / std::sqrt(static_cast<float>(p.d));
+  const std::int32_t rc = kvpager_cpu_paged_attention_decode(out.data(), q.data(), kv.data(), table.data(), p.lens.data(), S, p.hq, p.hkv, p.d,
+                                                             p.bs, p.max_blocks, p.num_blocks, scale, p.dtype, threads);
+  EXPECT_EQ(rc, KVPAGER_STATUS_OK);
+  double worst = 0;
+  const std::int32_t group = p.hq / p.hkv;
+  for (std::int32_t s = 0; s < S; ++s)
+    for (std::int32_t h = 0; h < p.hq; ++h) {
+      const std::int32_t len = p.lens[static_cast<std::size_t>(s)];
+      std::vector<double> sc(static_cast<std::size_t>(len));
+      double mx = -INFINITY;
+      for (std::int32_t t = 0; t < len; ++t) {
+        const std::int32_t blk = table[static_cast<std::size_t>(s * p.max_blocks + t / p.bs)];
+        double dot = 0;
+        for (std::int32_t d = 0; d < p.d; ++d)
+          dot += q.get(static_cast<std::size_t>((s * p.hq + h) * p.d + d)) *
+                 kv.get(static_cast<std::size_t>(blk) * block_elems + static_cast<std::size_t>(((h / group) * p.bs + t % p.bs) * p.d + d));
+        sc[static_cast<std::size_t>(t)] = dot * static_cast<double>(scale);
+        mx = std::max(mx, sc[static_cast<std::size_t>(t)]);
+      }
+      double sum = 0;
+      for (double& x : sc) sum += (x = std::exp(x - mx));
+      for (std::int32_t d = 0; d < p.d; ++d) {
+        double ref = 0;
+        for (std::int32_t t = 0; t < len; ++t) {
+          const std::int32_t blk = table[static_cast<std::size_t>(s * p.max_blocks + t / p.bs)];
+          ref += sc[static_cast<std::size_t>(t)] / sum *
+                 kv.get(static_cast<std::size_t>(blk) * block_elems + static_cast<std::size_t>(((p.hkv + h / group) * p.bs + t % p.bs) * p.d + d));
+        }
+        const double got = out.get(static_cast<std::size_t>((s * p.hq + h) * p.d + d));
+        EXPECT_FALSE(std::isnan(got)) << "a NaN from an unused slot reached the output";
+        const double err = std::abs(got - ref) / (1.0 + std::abs(ref));
+        worst = std::max(worst, err);
+      }
+    }
+  return worst;
+}
+
+}  // namespace
+
+TEST(CpuDecodeAttention, MatchesReferenceAcrossShapes) {
+  const std::int32_t dims[] = {64, 80, 96, 112, 128, 256};
+  const std::int32_t block_sizes[] = {8, 16, 32};
+  const std::pair<std::int32_t, std::int32_t> heads[] = {{4, 4}, {8, 4}, {8, 2}, {8, 1}, {16, 2}};  // GQA 1,2,4,8 + MQA
+  std::uint32_t seed = 1;
+  for (std::int32_t dtype : {KVPAGER_DTYPE_FP32, KVPAGER_DTYPE_FP16, KVPAGER_DTYPE_BF16})
+    for (std::int32_t d : dims)
+      for (std::int32_t bs : block_sizes) {
+        const auto [hq, hkv] = heads[seed % 5];
+        problem p{dtype, hq, hkv, d, bs, 0, 0, {1, bs - 1, bs, bs + 1, 97, 513}};
+        p.max_blocks = (513 + bs - 1) / bs + 1;
+        p.num_blocks = 0;
+        for (std::int32_t len : p.lens) p.num_blocks += (len + bs - 1) / bs;
+        p.num_blocks += 5;  // unused, NaN-poisoned blocks
+        const double err = check(p, seed++);
+        EXPECT_LE(err, tolerance(dtype)) << "dtype " << dtype << " d " << d << " bs " << bs << " hq " << hq << " hkv " << hkv;
+      }
+}
+
+TEST(CpuDecodeAttention, LongContextsAndThreadCounts) {
+  for (std::int32_t dtype : {KVPAGER_DTYPE_FP32, KVPAGER_DTYPE_BF16}) {
+    problem p{dtype, 8, 2, 128, 16, 0, 260, {4097, 511, 512, 0, 2048}};
+    for (std::int32_t len : p.lens) p.num_blocks += (len + 15) / 16;
+    p.num_blocks += 3;
+    for (std::int32_t threads : {1, 2, 0}) EXPECT_LE(check(p, 77, threads), tolerance(dtype)) << threads;
+  }
+}
+
+TEST(CpuDecodeAttention, EmptySequenceGivesZeros) {
+  problem p{KVPAGER_DTYPE_FP32, 2, 1, 64, 16, 2, 1, {0}};
+  EXPECT_EQ(check(p, 3), 0.0);
+}
+
+TEST(CpuDecodeAttention, BadInputRejectedBeforeReading) {
+  // A null KV pointer proves nothing is read: every error below is detected from the arguments alone.
+  std::vector<float> q(2 * 64), out(2 * 64, 7.0F);
+  std::vector<std::int32_t> table = {0, 1, 2, 3}, lens = {40};
+  const float sc = 0.125F;
+  auto call = [&](std::int32_t hq, std::int32_t hkv, std::int32_t d, std::int32_t bs, std::int32_t maxb, std::int32_t nb,
+                  std::int32_t dtype, const void* kvp = reinterpret_cast<const void*>(0x1)) {
+    return kvpager_cpu_paged_attention_decode(out.data(), q.data(), kvp, table.data(), lens.data(), 1, hq, hkv, d, bs,
+                                              maxb, nb, sc, dtype, 1);
+  };
+  EXPECT_EQ(call(2, 1, 64, 16, 4, 4, 0, nullptr), KVPAGER_STATUS_INVALID_ARGUMENT);
+  EXPECT_EQ(call(3, 2, 64, 16, 4, 4, 0), KVPAGER_STATUS_BAD_HEADS);
+  EXPECT_EQ(call(2, 0, 64, 16, 4, 4, 0), KVPAGER_STATUS_BAD_HEADS);
+  EXPECT_EQ(call(2, 1, 72, 16, 4, 4, 0), KVPAGER_STATUS_UNSUPPORTED_HEAD_DIM);
+  EXPECT_EQ(call(2, 1, 64, 16, 4, 4, 3), KVPAGER_STATUS_UNSUPPORTED_DTYPE);
+  EXPECT_EQ(call(2, 1, 64, 12, 4, 4, 0), KVPAGER_STATUS_UNSUPPORTED_BLOCK_SIZE);
+  EXPECT_EQ(call(2, 1, 64, 16, 2, 4, 0), KVPAGER_STATUS_SEQ_TOO_LONG) << "40 tokens > 2 blocks x 16";
+  EXPECT_EQ(call(2, 1, 64, 16, 4, 2, 0), KVPAGER_STATUS_INVALID_BLOCK) << "block 2 of a 2-block pool";
+  table[1] = -5;
+  EXPECT_EQ(call(2, 1, 64, 16, 4, 4, 0), KVPAGER_STATUS_INVALID_BLOCK);
+  lens[0] = -1;
+  EXPECT_EQ(call(2, 1, 64, 16, 4, 4, 0), KVPAGER_STATUS_SEQ_TOO_LONG);
+  EXPECT_TRUE(std::all_of(out.begin(), out.end(), [](float x) { return x == 7.0F; })) << "out written on error";
+}
+
+TEST(CpuKvAppend, WritesThroughTheSlotMappingBitExact) {
+  const std::int32_t hkv = 2, d = 64, bs = 16, nb = 4;
+  const std::size_t block_elems = 2ULL * hkv * bs * d;
+  std::vector<std::uint16_t> cache(nb * block_elems, 0xFFFF), k(3 * hkv * d), v(3 * hkv * d);
+  for (std::size_t i = 0; i < k.size(); ++i) {
+    k[i] = static_cast<std::uint16_t>(i);
+    v[i] = static_cast<std::uint16_t>(40000 + i);
+  }
+  const std::vector<std::int64_t> slots = {3 * bs + 5, -1, 0 * bs + 15};
+  ASSERT_EQ(kvpager_cpu_kv_append(cache.data(), k.data(), v.data(), slots.data(), 3, hkv, d, bs, nb, KVPAGER_DTYPE_BF16),
+            KVPAGER_STATUS_OK);
+  kv_layout layout{nb, hkv, bs, d, 2};
+  for (std::int32_t t : {0, 2})
+    for (std::int32_t h = 0; h < hkv; ++h)
+      for (std::int32_t x = 0; x < d; ++x) {
+        const auto slot = slots[static_cast<std::size_t>(t)];
+        const auto kpos = static_cast<std::size_t>(layout.offset(static_cast<block_id>(slot / bs), 0, h, static_cast<std::int32_t>(slot % bs)) / 2) + static_cast<std::size_t>(x);
+        const auto vpos = static_cast<std::size_t>(layout.offset(static_cast<block_id>(slot / bs), 1, h, static_cast<std::int32_t>(slot % bs)) / 2) + static_cast<std::size_t>(x);
+        EXPECT_EQ(cache[kpos], k[static_cast<std::size_t>((t * hkv + h) * d + x)]);
+        EXPECT_EQ(cache[vpos], v[static_cast<std::size_t>((t * hkv + h) * d + x)]);
+      }
+  const auto written = static_cast<std::size_t>(std::count_if(cache.begin(), cache.end(), [](std::uint16_t x) { return x != 0xFFFF; }));
+  EXPECT_EQ(written, 2U * 2 * hkv * d) << "the skipped token wrote nothing";
+  const std::vector<std::int64_t> bad = {nb * bs};
+  const auto before = cache;
+  EXPECT_EQ(kvpager_cpu_kv_append(cache.data(), k.data(), v.data(), bad.data(), 1, hkv, d, bs, nb, KVPAGER_DTYPE_BF16),
+            KVPAGER_STATUS_INVALID_BLOCK);
+  EXPECT_EQ(cache, before);
+}
+
+TEST(CpuCopyBlocks, AllLayersBitExact) {
+  const std::int64_t bb = 256;
+  std::vector<std::vector<std::uint8_t>> layers(3, std::vector<std::uint8_t>(8 * bb));
+  for (std::size_t l = 0; l < 3; ++l)
+    for (std::size_t i = 0; i < layers[l].size(); ++i) layers[l][i] = static_cast<std::uint8_t>(i * 7 + l);
+  std::vector<void*> ptrs = {layers[0].data(), layers[1].data(), layers[2].data()};
+  const auto orig = layers;
+  const std::vector<std::int64_t> pairs = {1, 5, 2, 6};
+  ASSERT_EQ(kvpager_cpu_copy_blocks(ptrs.data(), 3, pairs.data(), 2, 8, bb), KVPAGER_STATUS_OK);
+  for (std::size_t l = 0; l < 3; ++l) {
+    EXPECT_TRUE(std::equal(layers[l].begin() + 5 * bb, layers[l].begin() + 6 * bb, orig[l].begin() + 1 * bb));
+    EXPECT_TRUE(std::equal(layers[l].begin() + 6 * bb, layers[l].begin() + 7 * bb, orig[l].begin() + 2 * bb));
+    EXPECT_TRUE(std::equal(layers[l].begin(), layers[l].begin() + 5 * bb, orig[l].begin()));
+  }
+  const std::vector<std::int64_t> bad = {1, 8};
+  const auto before = layers;
+  EXPECT_EQ(kvpager_cpu_copy_blocks(ptrs.data(), 3, bad.data(), 1, 8, bb), KVPAGER_STATUS_INVALID_BLOCK);
+  EXPECT_EQ(layers, before);
+}
+
+TEST(Float16, HalfRoundTripsAndRoundsToNearestEven) {
+  for (std::uint32_t h = 0; h < 0x10000U; ++h) {
+    const auto x = static_cast<std::uint16_t>(h);
+    const float f = detail::half_to_float(x);
+    if (std::isnan(f)) continue;
+    EXPECT_EQ(detail::float_to_half(f), x) << h;
+  }
+  EXPECT_EQ(detail::float_to_half(1.0F + 1.0F / 2048.0F), 0x3C00) << "a tie rounds to even";
+  EXPECT_EQ(detail::float_to_half(65520.0F), 0x7C00) << "overflow to infinity";
+  EXPECT_EQ(detail::float_to_bf16(1.0F + 1.0F / 256.0F), 0x3F80);
+  EXPECT_EQ(detail::bf16_to_float(detail::float_to_bf16(3.0F)), 3.0F);
+}
