@@ -1,0 +1,74 @@
+// CPU decode attention as KV bytes read per second, against a streaming read of the same bytes in the same run
+// (see bench/RESULTS.md). Shape: batch 8, 32 query heads over 8 KV heads (GQA 4), head_dim 128, block 16.
+#include <kvpager/c/kernels.h>
+#include <kvpager/kvpager.hpp>
+
+#include <benchmark/benchmark.h>
+
+#include <cstdint>
+#include <algorithm>
+#include <numeric>
+#include <random>
+#include <thread>
+#include <vector>
+
+namespace {
+
+constexpr std::int32_t batch = 8, hq = 32, hkv = 8, dim = 128, bs = 16;
+
+struct setup {
+  std::int32_t context;
+  std::int32_t max_blocks, num_blocks;
+  std::vector<std::uint16_t> kv, q, out;
+  std::vector<std::int32_t> table, lens;
+  explicit setup(std::int32_t ctx) : context(ctx) {
+    max_blocks = (ctx + bs - 1) / bs;
+    num_blocks = batch * max_blocks;
+    kv.assign(static_cast<std::size_t>(num_blocks) * 2 * hkv * bs * dim, 0x3C00);  // fp16 1.0
+    q.assign(static_cast<std::size_t>(batch) * hq * dim, 0x3C00);
+    out.resize(q.size());
+    table.resize(static_cast<std::size_t>(batch) * static_cast<std::size_t>(max_blocks));
+    std::iota(table.begin(), table.end(), 0);
+    std::shuffle(table.begin(), table.end(), std::mt19937(1));
+    lens.assign(batch, ctx);
+  }
+  [[nodiscard]] std::int64_t kv_bytes() const { return std::int64_t{batch} * context * 2 * hkv * dim * 2; }
+};
+
+void BM_Decode(benchmark::State& state) {
+  setup s(static_cast<std::int32_t>(state.range(0)));
+  for (auto _ : state) {
+    const auto rc = kvpager_cpu_paged_attention_decode(s.out.data(), s.q.data(), s.kv.data(), s.table.data(), s.lens.data(),
+                                                       batch, hq, hkv, dim, bs, s.max_blocks, s.num_blocks, 0.088F,
+                                                       KVPAGER_DTYPE_FP16, 0);
+    if (rc != 0) state.SkipWithError("kernel failed");
+    benchmark::DoNotOptimize(s.out.data());
+  }
+  state.SetBytesProcessed(state.iterations() * s.kv_bytes());
+}
+BENCHMARK(BM_Decode)->Name("decode_fp16_b8_gqa4_d128/kvpager")->Arg(1024)->Arg(4096)->Arg(16384)->UseRealTime();
+
+/// Baseline: summing the same KV bytes with all cores (a streaming read).
+void BM_StreamRead(benchmark::State& state) {
+  setup s(static_cast<std::int32_t>(state.range(0)));
+  const auto threads = std::max(1U, std::thread::hardware_concurrency());
+  for (auto _ : state) {
+    std::vector<std::uint64_t> sums(threads, 0);
+    std::vector<std::thread> pool;
+    const std::size_t n = s.kv.size();
+    for (unsigned t = 0; t < threads; ++t)
+      pool.emplace_back([&, t] {
+        std::uint64_t acc = 0;
+        for (std::size_t i = n * t / threads; i < n * (t + 1) / threads; ++i) acc += s.kv[i];
+        sums[t] = acc;
+      });
+    for (auto& th : pool) th.join();
+    benchmark::DoNotOptimize(sums.data());
+  }
+  state.SetBytesProcessed(state.iterations() * s.kv_bytes());
+}
+BENCHMARK(BM_StreamRead)->Name("decode_fp16_b8_gqa4_d128/stream_read_baseline")->Arg(1024)->Arg(4096)->Arg(16384)->UseRealTime();
+
+}  // namespace
+
+BENCHMARK_MAIN();
