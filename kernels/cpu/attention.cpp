@@ -5,10 +5,15 @@
 #include <cmath>
 #include <cstddef>
 #include <cstdint>
+#include <cstdlib>
 #include <cstring>
 #include <limits>
 #include <thread>
 #include <vector>
+
+#if defined(__x86_64__)
+#include <immintrin.h>
+#endif
 
 #include "kvpager/c/kernels.h"
 #include "kvpager/kernels/float16.hpp"
@@ -130,6 +135,196 @@ void decode(const decode_args& a) {
 
 std::int64_t dtype_bytes(std::int32_t dtype) { return dtype == KVPAGER_DTYPE_FP32 ? 4 : 2; }
 
+#if defined(__x86_64__) && (defined(__GNUC__) || defined(__clang__))
+#define KVPAGER_HAVE_AVX2_PATH 1
+// AVX2 + FMA + F16C path, selected at run time (the library itself targets baseline x86-64). Only intrinsics and
+// this file's own static helpers run inside the target("...") functions, so no shared inline code is compiled
+// for AVX2 and picked up by baseline callers.
+#define KVPAGER_AVX2 __attribute__((target("avx2,fma,f16c")))
+
+bool cpu_has_avx2() {
+  __builtin_cpu_init();
+  return __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") && __builtin_cpu_supports("f16c");
+}
+
+/// Converts n elements of dtype to float (n a multiple of 8).
+KVPAGER_AVX2 void to_float_avx2(const void* src, float* dst, std::int64_t n, std::int32_t dtype) {
+  if (dtype == KVPAGER_DTYPE_FP32) {
+    const auto* f = static_cast<const float*>(src);
+    for (std::int64_t i = 0; i < n; i += 8) _mm256_storeu_ps(dst + i, _mm256_loadu_ps(f + i));
+  } else if (dtype == KVPAGER_DTYPE_FP16) {
+    const auto* h = static_cast<const std::uint16_t*>(src);
+    for (std::int64_t i = 0; i < n; i += 8)
+      _mm256_storeu_ps(dst + i, _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(h + i))));
+  } else {
+    const auto* b = static_cast<const std::uint16_t*>(src);
+    for (std::int64_t i = 0; i < n; i += 8) {
+      const __m256i w = _mm256_cvtepu16_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(b + i)));
+      _mm256_storeu_ps(dst + i, _mm256_castsi256_ps(_mm256_slli_epi32(w, 16)));
+    }
+  }
+}
+
+KVPAGER_AVX2 float dot_avx2(const float* a, const float* b, std::int64_t n) {
+  __m256 s0 = _mm256_setzero_ps(), s1 = _mm256_setzero_ps();
+  std::int64_t i = 0;
+  for (; i + 16 <= n; i += 16) {
+    s0 = _mm256_fmadd_ps(_mm256_loadu_ps(a + i), _mm256_loadu_ps(b + i), s0);
+    s1 = _mm256_fmadd_ps(_mm256_loadu_ps(a + i + 8), _mm256_loadu_ps(b + i + 8), s1);
+  }
+  for (; i < n; i += 8) s0 = _mm256_fmadd_ps(_mm256_loadu_ps(a + i), _mm256_loadu_ps(b + i), s0);
+  const __m256 s = _mm256_add_ps(s0, s1);
+  __m128 r = _mm_add_ps(_mm256_castps256_ps128(s), _mm256_extractf128_ps(s, 1));
+  r = _mm_add_ps(r, _mm_movehl_ps(r, r));
+  r = _mm_add_ss(r, _mm_movehdup_ps(r));
+  return _mm_cvtss_f32(r);
+}
+
+/// exp of 8 floats (Cephes-style range reduction and polynomial, within 2 ulp over [-87, 88]; inputs below are
+/// clamped, so exp(-inf) gives ~1e-38 rather than 0: callers only use it for values <= 0 of real scores).
+KVPAGER_AVX2 __m256 exp256(__m256 x) {
+  x = _mm256_min_ps(_mm256_max_ps(x, _mm256_set1_ps(-87.33654F)), _mm256_set1_ps(88.37626F));
+  __m256 fx = _mm256_fmadd_ps(x, _mm256_set1_ps(1.44269504088896341F), _mm256_set1_ps(0.5F));
+  fx = _mm256_floor_ps(fx);
+  x = _mm256_fnmadd_ps(fx, _mm256_set1_ps(0.693359375F), x);
+  x = _mm256_fnmadd_ps(fx, _mm256_set1_ps(-2.12194440e-4F), x);
+  __m256 y = _mm256_set1_ps(1.9875691500E-4F);
+  y = _mm256_fmadd_ps(y, x, _mm256_set1_ps(1.3981999507E-3F));
+  y = _mm256_fmadd_ps(y, x, _mm256_set1_ps(8.3334519073E-3F));
+  y = _mm256_fmadd_ps(y, x, _mm256_set1_ps(4.1665795894E-2F));
+  y = _mm256_fmadd_ps(y, x, _mm256_set1_ps(1.6666665459E-1F));
+  y = _mm256_fmadd_ps(y, x, _mm256_set1_ps(5.0000001201E-1F));
+  y = _mm256_fmadd_ps(y, _mm256_mul_ps(x, x), _mm256_add_ps(x, _mm256_set1_ps(1.0F)));
+  const __m256i e = _mm256_slli_epi32(_mm256_add_epi32(_mm256_cvtps_epi32(fx), _mm256_set1_epi32(127)), 23);
+  return _mm256_mul_ps(y, _mm256_castsi256_ps(e));
+}
+
+/// p[t] = exp(s[t] - m) for t < n (n <= 32), returning their sum.
+KVPAGER_AVX2 float exp_sub_avx2(const float* s, float m, float* p, std::int64_t n) {
+  const __m256 vm = _mm256_set1_ps(m);
+  for (std::int64_t t = 0; t < n; t += 8) {
+    alignas(32) float buf[8];
+    for (std::int64_t i = 0; i < 8; ++i) buf[i] = t + i < n ? s[t + i] : m;  // pad with m: exp(0), not summed
+    _mm256_store_ps(buf, exp256(_mm256_sub_ps(_mm256_load_ps(buf), vm)));
+    for (std::int64_t i = 0; i < 8 && t + i < n; ++i) p[t + i] = buf[i];
+  }
+  float sum = 0.0F;
+  for (std::int64_t t = 0; t < n; ++t) sum += p[t];
+  return sum;
+}
+
+/// acc = alpha * acc + sum_t p[t] * v[t], with acc held in registers 64 floats at a time across the block's tokens.
+KVPAGER_AVX2 void accumulate_block_avx2(float* acc, float alpha, const float* p, const float* v, std::int64_t n,
+                                        std::int64_t D) {
+  const __m256 va = _mm256_set1_ps(alpha);
+  std::int64_t c = 0;
+  for (; c + 64 <= D; c += 64) {
+    __m256 r0 = _mm256_mul_ps(_mm256_loadu_ps(acc + c), va), r1 = _mm256_mul_ps(_mm256_loadu_ps(acc + c + 8), va);
+    __m256 r2 = _mm256_mul_ps(_mm256_loadu_ps(acc + c + 16), va), r3 = _mm256_mul_ps(_mm256_loadu_ps(acc + c + 24), va);
+    __m256 r4 = _mm256_mul_ps(_mm256_loadu_ps(acc + c + 32), va), r5 = _mm256_mul_ps(_mm256_loadu_ps(acc + c + 40), va);
+    __m256 r6 = _mm256_mul_ps(_mm256_loadu_ps(acc + c + 48), va), r7 = _mm256_mul_ps(_mm256_loadu_ps(acc + c + 56), va);
+    for (std::int64_t t = 0; t < n; ++t) {
+      const __m256 pt = _mm256_set1_ps(p[t]);
+      const float* row = v + t * D + c;
+      r0 = _mm256_fmadd_ps(pt, _mm256_loadu_ps(row), r0);
+      r1 = _mm256_fmadd_ps(pt, _mm256_loadu_ps(row + 8), r1);
+      r2 = _mm256_fmadd_ps(pt, _mm256_loadu_ps(row + 16), r2);
+      r3 = _mm256_fmadd_ps(pt, _mm256_loadu_ps(row + 24), r3);
+      r4 = _mm256_fmadd_ps(pt, _mm256_loadu_ps(row + 32), r4);
+      r5 = _mm256_fmadd_ps(pt, _mm256_loadu_ps(row + 40), r5);
+      r6 = _mm256_fmadd_ps(pt, _mm256_loadu_ps(row + 48), r6);
+      r7 = _mm256_fmadd_ps(pt, _mm256_loadu_ps(row + 56), r7);
+    }
+    _mm256_storeu_ps(acc + c, r0);
+    _mm256_storeu_ps(acc + c + 8, r1);
+    _mm256_storeu_ps(acc + c + 16, r2);
+    _mm256_storeu_ps(acc + c + 24, r3);
+    _mm256_storeu_ps(acc + c + 32, r4);
+    _mm256_storeu_ps(acc + c + 40, r5);
+    _mm256_storeu_ps(acc + c + 48, r6);
+    _mm256_storeu_ps(acc + c + 56, r7);
+  }
+  for (; c < D; c += 8) {  // head dims 80, 96, 112: the remainder, 8 floats at a time
+    __m256 r = _mm256_mul_ps(_mm256_loadu_ps(acc + c), va);
+    for (std::int64_t t = 0; t < n; ++t) r = _mm256_fmadd_ps(_mm256_set1_ps(p[t]), _mm256_loadu_ps(v + t * D + c), r);
+    _mm256_storeu_ps(acc + c, r);
+  }
+}
+
+KVPAGER_AVX2 void scale_avx2(float* x, float a, std::int64_t n) {
+  const __m256 va = _mm256_set1_ps(a);
+  for (std::int64_t i = 0; i < n; i += 8) _mm256_storeu_ps(x + i, _mm256_mul_ps(_mm256_loadu_ps(x + i), va));
+}
+
+
+/// One (sequence, KV head) work item; scratch holds (2 * block_size + 2 * group) * head_dim + group * block_size
+/// + 2 * group floats.
+template <class T>
+KVPAGER_AVX2 void decode_item_avx2(const decode_args& a, std::int32_t dtype, std::int64_t seq, std::int64_t h,
+                                   float* scratch) {
+  using S = typename T::storage;
+  const std::int64_t D = a.head_dim, bs = a.block_size, hkv = a.num_kv_heads;
+  const std::int32_t group = a.num_q_heads / a.num_kv_heads;
+  const std::int64_t head_stride = bs * D, half_stride = hkv * head_stride;
+  float* kf = scratch;
+  float* vf = kf + bs * D;
+  float* qf = vf + bs * D;
+  float* acc = qf + group * D;
+  float* scores = acc + group * D;
+  float* m = scores + group * bs;
+  float* l = m + group;
+  const auto* q = static_cast<const S*>(a.query);
+  const auto* kv = static_cast<const S*>(a.kv_cache);
+  const std::int32_t len = a.seq_lens[seq];
+  for (std::int32_t g = 0; g < group; ++g) {
+    to_float_avx2(q + (seq * a.num_q_heads + h * group + g) * D, qf + g * D, D, dtype);
+    scale_avx2(qf + g * D, a.scale, D);
+    for (std::int64_t d = 0; d < D; ++d) acc[g * D + d] = 0.0F;
+    m[g] = -__builtin_inff();
+    l[g] = 0.0F;
+  }
+  const std::int32_t* table = a.block_table + seq * a.max_blocks_per_seq;
+  for (std::int64_t start = 0; start < len; start += bs) {
+    const std::int64_t n = len - start < bs ? len - start : bs;
+    const S* kblock = kv + std::int64_t{table[start / bs]} * 2 * half_stride + h * head_stride;
+    to_float_avx2(kblock, kf, n * D, dtype);  // each KV block converted once for the whole query-head group
+    to_float_avx2(kblock + half_stride, vf, n * D, dtype);
+    for (std::int32_t g = 0; g < group; ++g) {
+      float* sg = scores + g * bs;
+      float block_max = -__builtin_inff();
+      for (std::int64_t t = 0; t < n; ++t) {
+        sg[t] = dot_avx2(qf + g * D, kf + t * D, D);
+        block_max = sg[t] > block_max ? sg[t] : block_max;
+      }
+      const float m_new = m[g] > block_max ? m[g] : block_max;
+      const float alpha = m[g] == -__builtin_inff() ? 0.0F : expf(m[g] - m_new);
+      const float lsum = l[g] * alpha + exp_sub_avx2(sg, m_new, sg, n);  // scores become probabilities
+      accumulate_block_avx2(acc + g * D, alpha, sg, vf, n, D);
+      l[g] = lsum;
+      m[g] = m_new;
+    }
+  }
+  auto* out = static_cast<S*>(a.out);
+  for (std::int32_t g = 0; g < group; ++g) {
+    S* orow = out + (seq * a.num_q_heads + h * group + g) * D;
+    const float inv = l[g] > 0.0F ? 1.0F / l[g] : 0.0F;
+    for (std::int64_t d = 0; d < D; ++d) orow[d] = T::store(acc[g * D + d] * inv);
+  }
+}
+
+template <class T>
+void decode_avx2(const decode_args& a, std::int32_t dtype) {
+  const std::int64_t hkv = a.num_kv_heads;
+  const std::int64_t group = a.num_q_heads / a.num_kv_heads;
+  const auto floats = static_cast<std::size_t>((2 * a.block_size + 2 * group) * a.head_dim + group * a.block_size + 2 * group);
+  parallel_for(std::int64_t{a.num_seqs} * hkv, a.num_threads, [&](std::int64_t item) {
+    thread_local std::vector<float> scratch;
+    if (scratch.size() < floats) scratch.resize(floats);
+    decode_item_avx2<T>(a, dtype, item / hkv, item % hkv, scratch.data());
+  });
+}
+#endif
+
 }  // namespace
 
 extern "C" {
@@ -159,7 +354,18 @@ int32_t kvpager_cpu_paged_attention_decode(void* out, const void* query, const v
   }
   const decode_args a{out, query, kv_cache, block_table, seq_lens, num_seqs, num_q_heads, num_kv_heads,
                       head_dim, block_size, max_blocks_per_seq, scale, num_threads};
-  switch (dtype) {
+#if defined(KVPAGER_HAVE_AVX2_PATH)
+  static const bool avx2 = cpu_has_avx2() && std::getenv("KVPAGER_CPU_DISPATCH") == nullptr;
+  if (avx2) {
+    switch (dtype) {
+      case KVPAGER_DTYPE_FP32: decode_avx2<fp32_t>(a, dtype); break;
+      case KVPAGER_DTYPE_FP16: decode_avx2<fp16_t>(a, dtype); break;
+      default: decode_avx2<bf16_t>(a, dtype); break;
+    }
+    return KVPAGER_STATUS_OK;
+  }
+#endif
+  switch (dtype) {  // portable path
     case KVPAGER_DTYPE_FP32: decode<fp32_t>(a); break;
     case KVPAGER_DTYPE_FP16: decode<fp16_t>(a); break;
     default: decode<bf16_t>(a); break;
