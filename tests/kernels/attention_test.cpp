@@ -4,6 +4,7 @@
 // bit-exact; every bad argument rejected before KV memory is read.
 #include <kvpager/c/kernels.h>
 #include <kvpager/kvpager.hpp>
+#include <kvpager/kernels/attention.hpp>
 #include <kvpager/kernels/float16.hpp>
 
 #include <gtest/gtest.h>
@@ -235,4 +236,114 @@ TEST(Float16, HalfRoundTripsAndRoundsToNearestEven) {
   EXPECT_EQ(detail::float_to_half(65520.0F), 0x7C00) << "overflow to infinity";
   EXPECT_EQ(detail::float_to_bf16(1.0F + 1.0F / 256.0F), 0x3F80);
   EXPECT_EQ(detail::bf16_to_float(detail::float_to_bf16(3.0F)), 3.0F);
+}
+
+// The C++ interface: split-KV (partial states merged in fp32) equals the unsplit result, the LSE output equals the
+// log of the softmax denominator, and the same pool read through a CSR page table or stored NHD gives the same
+// output.
+TEST(CpuDecodeAttention, SplitsLseCsrAndNhdAgree) {
+  const std::int32_t hq = 8, hkv = 2, D = 64, bs = 16, nb = 90;  // 86 blocks used
+  const std::vector<std::int32_t> lens = {1000, 17, 0, 333};
+  const auto S = static_cast<std::int32_t>(lens.size());
+  const std::int32_t maxb = 63;
+  std::mt19937 rng(5);
+  std::uniform_real_distribution<float> uni(-1.0F, 1.0F);
+  std::vector<float> hnd(static_cast<std::size_t>(nb) * 2 * hkv * bs * D), q(static_cast<std::size_t>(S * hq * D));
+  for (auto& x : hnd) x = uni(rng);
+  for (auto& x : q) x = uni(rng);
+  std::vector<std::int32_t> ids(nb);
+  std::iota(ids.begin(), ids.end(), 0);
+  std::shuffle(ids.begin(), ids.end(), rng);
+  std::vector<std::int32_t> table(static_cast<std::size_t>(S * maxb), -1), indptr{0}, indices, last;
+  std::size_t next = 0;
+  for (std::int32_t s = 0; s < S; ++s) {
+    const std::int32_t pages = (lens[static_cast<std::size_t>(s)] + bs - 1) / bs;
+    for (std::int32_t b = 0; b < pages; ++b) {
+      table[static_cast<std::size_t>(s * maxb + b)] = ids[next];
+      indices.push_back(ids[next++]);
+    }
+    indptr.push_back(static_cast<std::int32_t>(indices.size()));
+    last.push_back(pages == 0 ? 0 : lens[static_cast<std::size_t>(s)] - (pages - 1) * bs);
+  }
+  auto run = [&](const paged_kv_view& kv, page_table_view pages, std::int32_t splits, std::vector<float>* lse) {
+    std::vector<float> out(q.size(), -9.0F);
+    decode_params p;
+    p.out = out.data();
+    p.query = q.data();
+    p.kv = kv;
+    p.pages = pages;
+    p.num_seqs = S;
+    p.num_q_heads = hq;
+    p.scale = 0.125F;
+    p.num_splits = splits;
+    if (lse != nullptr) {
+      lse->assign(static_cast<std::size_t>(S * hq), 0.0F);
+      p.lse = lse->data();
+    }
+    EXPECT_EQ(paged_attention_decode_cpu(p), KVPAGER_STATUS_OK);
+    return out;
+  };
+  const auto view = paged_kv_view::hnd(hnd.data(), KVPAGER_DTYPE_FP32, nb, hkv, bs, D);
+  page_table_view dense;
+  dense.block_table = table.data();
+  dense.row_stride = maxb;
+  dense.seq_lens = lens.data();
+  std::vector<float> lse;
+  const auto base = run(view, dense, 1, &lse);
+  for (std::int32_t splits : {2, 5, 13}) {
+    const auto o = run(view, dense, splits, nullptr);
+    for (std::size_t i = 0; i < o.size(); ++i) ASSERT_NEAR(o[i], base[i], 2e-6) << "splits " << splits << " at " << i;
+  }
+  // LSE against a direct fp64 computation for sequence 3, query head 5 (KV head 1).
+  double mx = -INFINITY;
+  std::vector<double> sc;
+  for (std::int32_t t = 0; t < lens[3]; ++t) {
+    const std::int32_t blk = table[static_cast<std::size_t>(3 * maxb + t / bs)];
+    double dot = 0;
+    for (std::int32_t d = 0; d < D; ++d)
+      dot += double{q[static_cast<std::size_t>((3 * hq + 5) * D + d)]} * hnd[static_cast<std::size_t>(((blk * 2) * hkv + 1) * bs * D + (t % bs) * D + d)];
+    sc.push_back(dot * 0.125);
+    mx = std::max(mx, sc.back());
+  }
+  double sum = 0;
+  for (double x : sc) sum += std::exp(x - mx);
+  EXPECT_NEAR(lse[static_cast<std::size_t>(3 * hq + 5)], mx + std::log(sum), 1e-4);
+  EXPECT_TRUE(std::isinf(lse[static_cast<std::size_t>(2 * hq)])) << "an empty sequence has LSE -inf";
+  // CSR page table.
+  page_table_view csr;
+  csr.indptr = indptr.data();
+  csr.indices = indices.data();
+  csr.last_page_len = last.data();
+  const auto via_csr = run(view, csr, 0, nullptr);
+  for (std::size_t i = 0; i < base.size(); ++i) ASSERT_NEAR(via_csr[i], base[i], 2e-6);
+  // NHD copy of the pool: [blocks, 2, block_size, kv_heads, D].
+  std::vector<float> nhd(hnd.size());
+  for (std::int32_t b = 0; b < nb; ++b)
+    for (std::int32_t kvi = 0; kvi < 2; ++kvi)
+      for (std::int32_t h = 0; h < hkv; ++h)
+        for (std::int32_t t = 0; t < bs; ++t)
+          for (std::int32_t d = 0; d < D; ++d)
+            nhd[static_cast<std::size_t>((((b * 2 + kvi) * bs + t) * hkv + h) * D + d)] =
+                hnd[static_cast<std::size_t>((((b * 2 + kvi) * hkv + h) * bs + t) * D + d)];
+  const auto via_nhd = run(paged_kv_view::nhd(nhd.data(), KVPAGER_DTYPE_FP32, nb, hkv, bs, D), dense, 3, nullptr);
+  for (std::size_t i = 0; i < base.size(); ++i) ASSERT_NEAR(via_nhd[i], base[i], 2e-6);
+  // A bad CSR page is rejected before anything is read.
+  indices[3] = nb;
+  std::vector<float> out(q.size(), 1.0F);
+  decode_params bad;
+  bad.out = out.data();
+  bad.query = q.data();
+  bad.kv = view;
+  bad.pages = csr;
+  bad.num_seqs = S;
+  bad.num_q_heads = hq;
+  EXPECT_EQ(paged_attention_decode_cpu(bad), KVPAGER_STATUS_INVALID_BLOCK);
+  EXPECT_TRUE(std::all_of(out.begin(), out.end(), [](float x) { return x == 1.0F; }));
+}
+
+TEST(CpuDecodeAttention, PlanSplitsOnlyWhenThreadsWouldIdle) {
+  EXPECT_EQ(plan_decode(64, 8, 4096, 16), 1);
+  EXPECT_GT(plan_decode(1, 1, 32768, 16), 1);
+  EXPECT_EQ(plan_decode(1, 1, 100, 16), 1) << "short contexts are not split";
+  EXPECT_LE(plan_decode(1, 1, 1 << 20, 1024), 64);
 }
