@@ -31,4 +31,23 @@ int32_t kvpager_cuda_device_count(int32_t* count) {
 #endif
 }
 
+#if !defined(KVPAGER_KERNELS_WITH_CUDA)
+// Built without CUDA: the CUDA entry points exist and say so.
+int32_t kvpager_cuda_paged_attention_decode(void*, const void*, const void*, const int32_t*, const int32_t*, int32_t,
+                                            int32_t, int32_t, int32_t, int32_t, int32_t, int32_t, float, int32_t,
+                                            int32_t*, void*) {
+  return KVPAGER_STATUS_NO_DEVICE;
+}
+int32_t kvpager_cuda_kv_append(void*, const void*, const void*, const int64_t*, int32_t, int32_t, int32_t, int32_t,
+                               int32_t, int32_t, int32_t*, void*) {
+  return KVPAGER_STATUS_NO_DEVICE;
+}
+int32_t kvpager_cuda_copy_blocks(void* const*, int32_t, const int64_t*, int32_t, int32_t, int64_t, int32_t*, void*) {
+  return KVPAGER_STATUS_NO_DEVICE;
+}
+int32_t kvpager_cuda_swap_blocks(void*, int32_t, const void*, int32_t, int64_t, const int64_t*, int32_t, void*) {
+  return KVPAGER_STATUS_NO_DEVICE;
+}
+#endif
+
 }  // extern "C"

@@ -78,6 +78,36 @@ KVPAGER_C_API int32_t kvpager_cpu_kv_append(void* kv_cache, const void* key, con
 KVPAGER_C_API int32_t kvpager_cpu_copy_blocks(void* const* kv_caches, int32_t num_layers, const int64_t* block_mapping,
                                               int32_t num_pairs, int32_t num_blocks, int64_t block_bytes);
 
+/* ----------------------------------------------------------------------------------------------- CUDA
+ * Same semantics on device memory, launched on `stream` (a cudaStream_t, NULL = default stream). Host-visible
+ * arguments are checked before launch; block ids and slots live in device memory, so the kernels check them
+ * themselves: an out-of-range id is never dereferenced, the affected output is written as zeros, and
+ * *error_flag (device int32, may be NULL) is set to KVPAGER_STATUS_INVALID_BLOCK. No allocation and no host
+ * synchronization inside these calls. Without a CUDA build or device they return KVPAGER_STATUS_NO_DEVICE.
+ */
+KVPAGER_C_API int32_t kvpager_cuda_paged_attention_decode(void* out, const void* query, const void* kv_cache,
+                                                          const int32_t* block_table, const int32_t* seq_lens,
+                                                          int32_t num_seqs, int32_t num_q_heads, int32_t num_kv_heads,
+                                                          int32_t head_dim, int32_t block_size,
+                                                          int32_t max_blocks_per_seq, int32_t num_blocks, float scale,
+                                                          int32_t dtype, int32_t* error_flag, void* stream);
+KVPAGER_C_API int32_t kvpager_cuda_kv_append(void* kv_cache, const void* key, const void* value,
+                                             const int64_t* slot_mapping, int32_t num_tokens, int32_t num_kv_heads,
+                                             int32_t head_dim, int32_t block_size, int32_t num_blocks, int32_t dtype,
+                                             int32_t* error_flag, void* stream);
+/** kv_caches: device array of num_layers device pointers; block_mapping: device [num_pairs, 2] int64. */
+KVPAGER_C_API int32_t kvpager_cuda_copy_blocks(void* const* kv_caches, int32_t num_layers, const int64_t* block_mapping,
+                                               int32_t num_pairs, int32_t num_blocks, int64_t block_bytes,
+                                               int32_t* error_flag, void* stream);
+/**
+ * Copies blocks between two pools (device <-> pinned host, or device <-> device): pairs is a HOST [num_pairs, 2]
+ * int64 array (src block, dst block); runs of consecutive pairs (src and dst both consecutive) are merged into one
+ * cudaMemcpyAsync each. Block ids are checked on the host against src_blocks / dst_blocks before anything is copied.
+ */
+KVPAGER_C_API int32_t kvpager_cuda_swap_blocks(void* dst, int32_t dst_blocks, const void* src, int32_t src_blocks,
+                                               int64_t block_bytes, const int64_t* pairs, int32_t num_pairs,
+                                               void* stream);
+
 #ifdef __cplusplus
 }
 #endif
