@@ -1,6 +1,8 @@
 // Library identity and CUDA availability for the C ABI (include/kvpager/c/kernels.h).
 #include "kvpager/c/kernels.h"
 
+#include "kvpager/kernels/cuda_executor.hpp"
+
 #include "kvpager/core/config.hpp"
 
 #if defined(KVPAGER_KERNELS_WITH_CUDA)
@@ -51,3 +53,16 @@ int32_t kvpager_cuda_swap_blocks(void*, int32_t, const void*, int32_t, int64_t, 
 #endif
 
 }  // extern "C"
+
+#if !defined(KVPAGER_KERNELS_WITH_CUDA)
+KVPAGER_NAMESPACE_BEGIN
+result<std::unique_ptr<cuda_executor>> cuda_executor::create(const cuda_executor_config& /*cfg*/) {
+  return status{errc::unsupported, "cuda_executor: this kvpager was built without CUDA"};
+}
+cuda_executor::~cuda_executor() = default;
+status cuda_executor::execute(const step_plan& /*plan*/, std::span<const std::int64_t> /*slots*/, const void* /*k*/,
+                              const void* /*v*/) {
+  return status{errc::unsupported, "cuda_executor: this kvpager was built without CUDA"};
+}
+KVPAGER_NAMESPACE_END
+#endif

@@ -155,3 +155,50 @@ TEST(CudaBlocks, AppendCopySwapMatchCpu) {
                   static_cast<void*>(dptrs), static_cast<void*>(dpairs)})
     cudaFree(p);
 }
+
+#include <kvpager/kvpager.hpp>
+#include <kvpager/kernels/cuda_executor.hpp>
+
+TEST(CudaExecutor, RefusesWithoutADeviceOrRunsAPlan) {
+  if (!have_gpu()) {
+    kvpager::cuda_executor_config cfg;
+    EXPECT_EQ(kvpager::cuda_executor::create(cfg).code(), kvpager::errc::unsupported);
+    GTEST_SKIP() << "no CUDA device: the executor's plan run is tested where a GPU is present";
+  }
+  kvpager::kv_layout layout{16, 2, 16, 64, 2};
+  void* dev = nullptr;
+  void* host = nullptr;
+  ASSERT_EQ(cudaMalloc(&dev, static_cast<size_t>(layout.pool_bytes())), cudaSuccess);
+  ASSERT_EQ(cudaMallocHost(&host, static_cast<size_t>(layout.block_bytes() * 8)), cudaSuccess);
+  cudaMemset(dev, 0, static_cast<size_t>(layout.pool_bytes()));
+  kvpager::cuda_executor_config cfg;
+  cfg.layout = layout;
+  cfg.device_pool = dev;
+  cfg.host_pool = host;
+  cfg.num_host_blocks = 8;
+  auto ex = kvpager::cuda_executor::create(cfg);
+  ASSERT_TRUE(ex.ok()) << ex.error().message();
+  // Same plan on the CPU executor and the CUDA one: the device pool must end up identical.
+  auto cache = *kvpager::paged_kv_cache<>::create({16, 16, 0, 0});
+  ASSERT_TRUE(cache.add_sequence(1, 20));
+  std::vector<int64_t> slots(static_cast<size_t>(cache.slot_mapping_size()));
+  ASSERT_TRUE(cache.export_slot_mapping(slots));
+  std::vector<uint16_t> k(slots.size() * 2 * 64), v(k.size());
+  for (size_t i = 0; i < k.size(); ++i) {
+    k[i] = static_cast<uint16_t>(i * 3);
+    v[i] = static_cast<uint16_t>(i * 5 + 1);
+  }
+  kvpager::cpu_executor cpu(layout, 8);
+  ASSERT_TRUE(cpu.execute(cache.plan(), slots, std::as_bytes(std::span(k)), std::as_bytes(std::span(v))));
+  auto* dk = to_device(k);
+  auto* dv = to_device(v);
+  ASSERT_TRUE((*ex)->execute(cache.plan(), slots, dk, dv));
+  ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
+  std::vector<std::byte> got(static_cast<size_t>(layout.pool_bytes()));
+  cudaMemcpy(got.data(), dev, got.size(), cudaMemcpyDeviceToHost);
+  EXPECT_TRUE(std::equal(got.begin(), got.end(), cpu.device_bytes().begin()));
+  cudaFree(dk);
+  cudaFree(dv);
+  cudaFree(dev);
+  cudaFreeHost(host);
+}

@@ -1,0 +1,56 @@
+#pragma once
+/// \file
+/// cuda_executor: applies the cache's step plans to a device KV pool and a pinned host pool on one CUDA stream, with
+/// the same order as cpu_executor: swap-outs, swap-ins, copies, then the appended tokens' K/V through the slot
+/// mapping. All staging memory (device mapping and slot buffers, pinned staging) is allocated once at creation;
+/// execute() allocates nothing; it waits only for the previous step's staging copies (an event) before reusing the
+/// pinned staging buffer. Implemented in libkvpager_kernels when built with CUDA;
+/// otherwise create() returns errc::unsupported. No CUDA header is needed to use it.
+
+#include <cstdint>
+#include <memory>
+#include <span>
+
+#include "kvpager/cache/step_plan.hpp"
+#include "kvpager/c/kernels.h"
+#include "kvpager/core/config.hpp"
+#include "kvpager/core/status.hpp"
+#include "kvpager/kernels/kv_layout.hpp"
+
+KVPAGER_NAMESPACE_BEGIN
+
+struct cuda_executor_config {
+  kv_layout layout{};               ///< device pool geometry (one layer)
+  std::int32_t dtype = KVPAGER_DTYPE_FP16;
+  void* device_pool = nullptr;      ///< layout.pool_bytes() of device memory
+  void* host_pool = nullptr;        ///< num_host_blocks blocks of pinned host memory (cudaMallocHost)
+  std::int32_t num_host_blocks = 0;
+  void* stream = nullptr;           ///< cudaStream_t; nullptr = default stream
+  std::int32_t max_copies = 4096;   ///< capacity of one plan's copies
+  std::int32_t max_tokens = 65536;  ///< capacity of one plan's slot mapping
+};
+
+class cuda_executor {
+ public:
+  /// errc::unsupported without CUDA or a device; errc::invalid_argument for a bad configuration.
+  KVPAGER_C_API static result<std::unique_ptr<cuda_executor>> create(const cuda_executor_config& cfg);
+  KVPAGER_C_API ~cuda_executor();
+  cuda_executor(const cuda_executor&) = delete;
+  cuda_executor& operator=(const cuda_executor&) = delete;
+
+  /// Enqueues `plan` on the stream. `slots` (host) is the plan's slot mapping; `k` and `v` are device buffers
+  /// [slots.size(), kv_heads, head_dim]. errc::buffer_too_small beyond the configured capacities,
+  /// errc::invalid_block for an id outside the pools (checked on the host before anything is enqueued).
+  KVPAGER_C_API status execute(const step_plan& plan, std::span<const std::int64_t> slots, const void* k, const void* v);
+
+ private:
+  explicit cuda_executor(const cuda_executor_config& cfg) : cfg_(cfg) {}
+  cuda_executor_config cfg_;
+  void* dev_pairs_ = nullptr;    ///< device int64 [max_copies, 2]
+  void* dev_slots_ = nullptr;    ///< device int64 [max_tokens]
+  void* dev_caches_ = nullptr;   ///< device void* [1]
+  void* host_stage_ = nullptr;   ///< pinned int64 [2 * max_copies + max_tokens]
+  void* staged_ = nullptr;       ///< cudaEvent_t recorded after the staging copies of the last execute()
+};
+
+KVPAGER_NAMESPACE_END
