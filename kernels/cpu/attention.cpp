@@ -18,6 +18,7 @@
 #include "kvpager/c/kernels.h"
 #include "kvpager/kernels/attention.hpp"
 #include "kvpager/kernels/float16.hpp"
+#include "../common/checks.hpp"
 
 namespace {
 
@@ -26,8 +27,6 @@ using kvpager::detail::float_to_bf16;
 using kvpager::detail::float_to_half;
 using kvpager::detail::half_to_float;
 
-bool supported_head_dim(std::int32_t d) { return d == 64 || d == 80 || d == 96 || d == 112 || d == 128 || d == 256; }
-bool supported_block_size(std::int32_t b) { return b == 8 || b == 16 || b == 32; }
 std::int64_t dtype_bytes(std::int32_t dtype) { return dtype == KVPAGER_DTYPE_FP32 ? 4 : 2; }
 
 /// Runs fn(i) for i in [0, n) on up to `threads` threads (0 = all cores), in contiguous chunks.
@@ -277,11 +276,10 @@ std::int32_t validate(const kvpager::decode_params& p) noexcept {
                          (dense ? p.pages.seq_lens == nullptr || p.pages.row_stride <= 0
                                 : p.pages.indptr == nullptr || p.pages.indices == nullptr || p.pages.last_page_len == nullptr)))
     return KVPAGER_STATUS_INVALID_ARGUMENT;
-  if (kv.num_kv_heads <= 0 || p.num_q_heads <= 0 || p.num_q_heads % kv.num_kv_heads != 0) return KVPAGER_STATUS_BAD_HEADS;
-  if (!supported_head_dim(kv.head_dim)) return KVPAGER_STATUS_UNSUPPORTED_HEAD_DIM;
-  if (kv.dtype != KVPAGER_DTYPE_FP32 && kv.dtype != KVPAGER_DTYPE_FP16 && kv.dtype != KVPAGER_DTYPE_BF16)
-    return KVPAGER_STATUS_UNSUPPORTED_DTYPE;
-  if (!supported_block_size(kv.block_size)) return KVPAGER_STATUS_UNSUPPORTED_BLOCK_SIZE;
+  if (const std::int32_t rc =
+          kvpager_kernels::check_decode_shape(p.num_q_heads, kv.num_kv_heads, kv.head_dim, kv.block_size, kv.dtype);
+      rc != KVPAGER_STATUS_OK)
+    return rc;
   if (kv.stride_block < 0 || kv.stride_kv < 0 || kv.stride_head < 0 || kv.stride_token < 0)
     return KVPAGER_STATUS_INVALID_ARGUMENT;
   for (std::int32_t s = 0; s < p.num_seqs; ++s) {
@@ -333,8 +331,7 @@ int32_t kvpager_cpu_kv_append(void* kv_cache, const void* key, const void* value
                               int32_t num_blocks, int32_t dtype) {
   if (num_tokens < 0 || num_kv_heads <= 0 || head_dim <= 0 || block_size <= 0 || num_blocks <= 0)
     return KVPAGER_STATUS_INVALID_ARGUMENT;
-  if (dtype != KVPAGER_DTYPE_FP32 && dtype != KVPAGER_DTYPE_FP16 && dtype != KVPAGER_DTYPE_BF16)
-    return KVPAGER_STATUS_UNSUPPORTED_DTYPE;
+  if (!kvpager_kernels::valid_dtype(dtype)) return KVPAGER_STATUS_UNSUPPORTED_DTYPE;
   if (num_tokens > 0 && (kv_cache == nullptr || key == nullptr || value == nullptr || slot_mapping == nullptr))
     return KVPAGER_STATUS_INVALID_ARGUMENT;
   const std::int64_t slots = std::int64_t{num_blocks} * block_size;

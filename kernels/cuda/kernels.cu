@@ -8,6 +8,7 @@
 #include <cstdint>
 
 #include "kvpager/c/kernels.h"
+#include "../common/checks.hpp"
 
 namespace {
 
@@ -163,7 +164,6 @@ int32_t launch_decode(void* out, const void* q, const void* kv, const int32_t* t
   return cudaGetLastError() == cudaSuccess ? KVPAGER_STATUS_OK : KVPAGER_STATUS_NO_DEVICE;
 }
 
-bool valid_dtype(int32_t dtype) { return dtype == KVPAGER_DTYPE_FP32 || dtype == KVPAGER_DTYPE_FP16 || dtype == KVPAGER_DTYPE_BF16; }
 
 }  // namespace
 
@@ -177,11 +177,9 @@ int32_t kvpager_cuda_paged_attention_decode(void* out, const void* query, const 
   if (num_seqs < 0 || max_blocks_per_seq <= 0 || num_blocks <= 0 || !isfinite(scale)) return KVPAGER_STATUS_INVALID_ARGUMENT;
   if (num_seqs > 0 && (out == nullptr || query == nullptr || kv_cache == nullptr || block_table == nullptr || seq_lens == nullptr))
     return KVPAGER_STATUS_INVALID_ARGUMENT;
-  if (num_kv_heads <= 0 || num_q_heads <= 0 || num_q_heads % num_kv_heads != 0) return KVPAGER_STATUS_BAD_HEADS;
-  if (head_dim != 64 && head_dim != 80 && head_dim != 96 && head_dim != 112 && head_dim != 128 && head_dim != 256)
-    return KVPAGER_STATUS_UNSUPPORTED_HEAD_DIM;
-  if (!valid_dtype(dtype)) return KVPAGER_STATUS_UNSUPPORTED_DTYPE;
-  if (block_size != 8 && block_size != 16 && block_size != 32) return KVPAGER_STATUS_UNSUPPORTED_BLOCK_SIZE;
+  if (const int32_t rc = kvpager_kernels::check_decode_shape(num_q_heads, num_kv_heads, head_dim, block_size, dtype);
+      rc != KVPAGER_STATUS_OK)
+    return rc;
   if (num_seqs == 0) return KVPAGER_STATUS_OK;
   auto s = static_cast<cudaStream_t>(stream);
   switch (dtype) {
@@ -202,7 +200,7 @@ int32_t kvpager_cuda_kv_append(void* kv_cache, const void* key, const void* valu
                                int32_t num_blocks, int32_t dtype, int32_t* error_flag, void* stream) {
   if (num_tokens < 0 || num_kv_heads <= 0 || head_dim <= 0 || block_size <= 0 || num_blocks <= 0)
     return KVPAGER_STATUS_INVALID_ARGUMENT;
-  if (!valid_dtype(dtype)) return KVPAGER_STATUS_UNSUPPORTED_DTYPE;
+  if (!kvpager_kernels::valid_dtype(dtype)) return KVPAGER_STATUS_UNSUPPORTED_DTYPE;
   if (num_tokens == 0) return KVPAGER_STATUS_OK;
   if (kv_cache == nullptr || key == nullptr || value == nullptr || slot_mapping == nullptr) return KVPAGER_STATUS_INVALID_ARGUMENT;
   const int64_t max_slot = static_cast<int64_t>(num_blocks) * block_size;
