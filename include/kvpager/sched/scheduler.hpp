@@ -124,6 +124,7 @@ class scheduler {
   const step_output& schedule() {
     cache_.begin_step();
     out_ = step_output{};
+    out_.plan = &cache_.plan();
     ++stats_.steps;
     ++step_;
     for (const auto& [parent, child] : forks_) {  // requested since the last step; its bytes are in place now
@@ -193,7 +194,6 @@ class scheduler {
     age_waiting();
     out_.slot_mapping.resize(static_cast<std::size_t>(cache_.slot_mapping_size()));
     (void)cache_.export_slot_mapping(out_.slot_mapping);
-    out_.plan = &cache_.plan();
     return out_;
   }
 
