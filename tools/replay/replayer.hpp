@@ -254,7 +254,6 @@ class manager_replay {
         v.computed = 0;
         v.st = state::waiting;
         waiting_.push_front(victim);
-        ++preempted_recompute_;
         return true;
       }
       ++swap_fallback_;  // host pool full under 'swap': recompute
@@ -480,7 +479,6 @@ class manager_replay {
   std::int64_t preemptions_ = 0, admit_fail_ = 0, admit_budget_stop_ = 0, decode_alloc_fail_ = 0;
   std::int64_t steps_ = 0, finished_ = 0;
   std::int64_t swap_outs_ = 0, swapped_out_blocks_ = 0, swap_ins_ = 0, swapped_in_blocks_ = 0, swap_fallback_ = 0;
-  std::int64_t preempted_recompute_ = 0;
   std::deque<std::size_t> swapped_;
   bool stalled_ = false;
   std::int64_t last_hit_tokens_ = 0;  ///< hit of the last successful admit()

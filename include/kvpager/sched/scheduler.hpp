@@ -106,7 +106,6 @@ class scheduler {
       ++stats_.rejected;
       return a;
     }
-    r.arrival = next_arrival_++;
     reqs_.emplace(id, std::move(r));
     waiting_.push_back(id);
     return a;
@@ -126,13 +125,11 @@ class scheduler {
     out_ = step_output{};
     out_.plan = &cache_.plan();
     ++stats_.steps;
-    ++step_;
     for (const auto& [parent, child] : forks_) {  // requested since the last step; its bytes are in place now
       const auto it = reqs_.find(parent);
       if (it == reqs_.end() || std::find(running_.begin(), running_.end(), parent) == running_.end()) continue;
       if (!cache_.fork(parent, child, it->second.computed)) continue;
       request copy = it->second;
-      copy.arrival = next_arrival_++;
       reqs_.emplace(child, std::move(copy));
       running_.push_back(child);
     }
@@ -264,8 +261,6 @@ class scheduler {
     std::int32_t aged = 0;      ///< priority gained while waiting
     std::int32_t waited = 0;    ///< steps waited since the last aging increment
     std::int32_t host_blocks = 0;
-    std::uint64_t arrival = 0;
-    bool preempted = false;
   };
 
   [[nodiscard]] std::int64_t watermark_blocks() const noexcept {
@@ -296,13 +291,11 @@ class scheduler {
     if (a.ok()) {
       action = *a;
     } else if (a.code() == errc::host_pool_full) {
-      if (!cache_.free_sequence(victim)) return false;  // no host room: fall back to recompute
-      ++fallback_recompute_;
+      if (!cache_.free_sequence(victim)) return false;  // no host room: recompute (counted as such)
     } else {
       return false;
     }
     erase_from(running_, victim);
-    r.preempted = true;
     if (action == preempt_action::swap) {
       r.host_blocks = blocks;
       swapped_.push_back(victim);
@@ -376,9 +369,6 @@ class scheduler {
   std::deque<seq_id> swapped_;
   step_output out_;
   scheduler_stats stats_;
-  std::uint64_t step_ = 0;
-  std::uint64_t next_arrival_ = 0;
-  std::int64_t fallback_recompute_ = 0;
   std::vector<std::pair<seq_id, seq_id>> forks_;
 };
 
