@@ -265,8 +265,7 @@ TEST(CpuDecodeAttention, SplitsLseCsrAndNhdAgree) {
     indptr.push_back(static_cast<std::int32_t>(indices.size()));
     last.push_back(pages == 0 ? 0 : lens[static_cast<std::size_t>(s)] - (pages - 1) * bs);
   }
-  auto run = [&](const paged_kv_view& kv, page_table_view pages, std::int32_t splits, std::vector<float>* lse) {
-    std::vector<float> out(q.size(), -9.0F);
+  auto params = [&](std::vector<float>& out, const paged_kv_view& kv, const page_table_view& pages) {
     decode_params p;
     p.out = out.data();
     p.query = q.data();
@@ -275,6 +274,11 @@ TEST(CpuDecodeAttention, SplitsLseCsrAndNhdAgree) {
     p.num_seqs = S;
     p.num_q_heads = hq;
     p.scale = 0.125F;
+    return p;
+  };
+  auto run = [&](const paged_kv_view& kv, const page_table_view& pages, std::int32_t splits, std::vector<float>* lse) {
+    std::vector<float> out(q.size(), -9.0F);
+    decode_params p = params(out, kv, pages);
     p.num_splits = splits;
     if (lse != nullptr) {
       lse->assign(static_cast<std::size_t>(S * hq), 0.0F);
@@ -330,14 +334,7 @@ TEST(CpuDecodeAttention, SplitsLseCsrAndNhdAgree) {
   // A bad CSR page is rejected before anything is read.
   indices[3] = nb;
   std::vector<float> out(q.size(), 1.0F);
-  decode_params bad;
-  bad.out = out.data();
-  bad.query = q.data();
-  bad.kv = view;
-  bad.pages = csr;
-  bad.num_seqs = S;
-  bad.num_q_heads = hq;
-  EXPECT_EQ(paged_attention_decode_cpu(bad), KVPAGER_STATUS_INVALID_BLOCK);
+  EXPECT_EQ(paged_attention_decode_cpu(params(out, view, csr)), KVPAGER_STATUS_INVALID_BLOCK);
   EXPECT_TRUE(std::all_of(out.begin(), out.end(), [](float x) { return x == 1.0F; }));
 }
 
