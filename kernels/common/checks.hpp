@@ -23,4 +23,28 @@ inline int32_t check_decode_shape(int32_t num_q_heads, int32_t num_kv_heads, int
   return KVPAGER_STATUS_OK;
 }
 
+/// swap_blocks arguments: pairs is [num_pairs, 2] (src block, dst block), every id inside its pool. Host memory.
+inline int32_t check_swap(const void* dst, int32_t dst_blocks, const void* src, int32_t src_blocks, int64_t block_bytes,
+                          const int64_t* pairs, int32_t num_pairs) {
+  if (num_pairs < 0 || block_bytes <= 0 || dst_blocks <= 0 || src_blocks <= 0) return KVPAGER_STATUS_INVALID_ARGUMENT;
+  if (num_pairs > 0 && (dst == nullptr || src == nullptr || pairs == nullptr)) return KVPAGER_STATUS_INVALID_ARGUMENT;
+  for (int32_t i = 0; i < num_pairs; ++i)
+    if (pairs[2 * i] < 0 || pairs[2 * i] >= src_blocks || pairs[2 * i + 1] < 0 || pairs[2 * i + 1] >= dst_blocks)
+      return KVPAGER_STATUS_INVALID_BLOCK;
+  return KVPAGER_STATUS_OK;
+}
+
+/// Calls copy(src_block, dst_block, count) once per run of consecutive pairs whose sources and destinations both
+/// ascend by one; stops at (and returns) the first non-OK status copy returns.
+template <class Copy>
+int32_t for_each_run(const int64_t* pairs, int32_t num_pairs, Copy copy) {
+  for (int32_t i = 0; i < num_pairs;) {
+    int32_t j = i + 1;
+    while (j < num_pairs && pairs[2 * j] == pairs[2 * (j - 1)] + 1 && pairs[2 * j + 1] == pairs[2 * (j - 1) + 1] + 1) ++j;
+    if (const int32_t rc = copy(pairs[2 * i], pairs[2 * i + 1], int64_t{j - i}); rc != KVPAGER_STATUS_OK) return rc;
+    i = j;
+  }
+  return KVPAGER_STATUS_OK;
+}
+
 }  // namespace kvpager_kernels

@@ -9,10 +9,16 @@
 #include <cstring>
 #include <limits>
 #include <thread>
+#include <type_traits>
 #include <vector>
 
 #if defined(__x86_64__)
+// GCC 12 warns about the deliberately undefined vectors inside some AVX-512 intrinsics (GCC bug 105593).
+#pragma GCC diagnostic push
+#pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
+#pragma GCC diagnostic ignored "-Wuninitialized"
 #include <immintrin.h>
+#pragma GCC diagnostic pop
 #endif
 
 #include "kvpager/c/kernels.h"
@@ -83,109 +89,11 @@ struct scalar_ops {
   }
 };
 
-#if defined(__x86_64__) && (defined(__GNUC__) || defined(__clang__))
-#define KVPAGER_HAVE_AVX2_PATH 1
-// AVX2 + FMA + F16C, selected at run time (the library targets baseline x86-64). Only intrinsics and this file's
-// internal functions run under target("..."), so no shared inline code is compiled for AVX2 and reused elsewhere.
-#define KVPAGER_AVX2 __attribute__((target("avx2,fma,f16c")))
-
-bool cpu_has_avx2() {
-  __builtin_cpu_init();
-  return __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") && __builtin_cpu_supports("f16c");
-}
-
-/// exp of 8 floats: Cephes-style range reduction and polynomial, within 2 ulp over [-87, 88]; smaller inputs are
-/// clamped (exp(-inf) gives ~1e-38, never used for a real score).
-KVPAGER_AVX2 __m256 exp256(__m256 x) {
-  x = _mm256_min_ps(_mm256_max_ps(x, _mm256_set1_ps(-87.33654F)), _mm256_set1_ps(88.37626F));
-  __m256 fx = _mm256_floor_ps(_mm256_fmadd_ps(x, _mm256_set1_ps(1.44269504088896341F), _mm256_set1_ps(0.5F)));
-  x = _mm256_fnmadd_ps(fx, _mm256_set1_ps(0.693359375F), x);
-  x = _mm256_fnmadd_ps(fx, _mm256_set1_ps(-2.12194440e-4F), x);
-  __m256 y = _mm256_set1_ps(1.9875691500E-4F);
-  y = _mm256_fmadd_ps(y, x, _mm256_set1_ps(1.3981999507E-3F));
-  y = _mm256_fmadd_ps(y, x, _mm256_set1_ps(8.3334519073E-3F));
-  y = _mm256_fmadd_ps(y, x, _mm256_set1_ps(4.1665795894E-2F));
-  y = _mm256_fmadd_ps(y, x, _mm256_set1_ps(1.6666665459E-1F));
-  y = _mm256_fmadd_ps(y, x, _mm256_set1_ps(5.0000001201E-1F));
-  y = _mm256_fmadd_ps(y, _mm256_mul_ps(x, x), _mm256_add_ps(x, _mm256_set1_ps(1.0F)));
-  const __m256i e = _mm256_slli_epi32(_mm256_add_epi32(_mm256_cvtps_epi32(fx), _mm256_set1_epi32(127)), 23);
-  return _mm256_mul_ps(y, _mm256_castsi256_ps(e));
-}
-
-struct avx2_ops {
-  /// n is a multiple of 8 (every supported head_dim is).
-  KVPAGER_AVX2 static void to_float(const void* src, std::int32_t dtype, float* dst, std::int64_t n) noexcept {
-    if (dtype == KVPAGER_DTYPE_FP32) {
-      const auto* f = static_cast<const float*>(src);
-      for (std::int64_t i = 0; i < n; i += 8) _mm256_storeu_ps(dst + i, _mm256_loadu_ps(f + i));
-    } else if (dtype == KVPAGER_DTYPE_FP16) {
-      const auto* h = static_cast<const std::uint16_t*>(src);
-      for (std::int64_t i = 0; i < n; i += 8)
-        _mm256_storeu_ps(dst + i, _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(h + i))));
-    } else {
-      const auto* b = static_cast<const std::uint16_t*>(src);
-      for (std::int64_t i = 0; i < n; i += 8) {
-        const __m256i w = _mm256_cvtepu16_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(b + i)));
-        _mm256_storeu_ps(dst + i, _mm256_castsi256_ps(_mm256_slli_epi32(w, 16)));
-      }
-    }
-  }
-  KVPAGER_AVX2 static float dot(const float* a, const float* b, std::int64_t n) noexcept {
-    __m256 s0 = _mm256_setzero_ps(), s1 = _mm256_setzero_ps();
-    std::int64_t i = 0;
-    for (; i + 16 <= n; i += 16) {
-      s0 = _mm256_fmadd_ps(_mm256_loadu_ps(a + i), _mm256_loadu_ps(b + i), s0);
-      s1 = _mm256_fmadd_ps(_mm256_loadu_ps(a + i + 8), _mm256_loadu_ps(b + i + 8), s1);
-    }
-    for (; i < n; i += 8) s0 = _mm256_fmadd_ps(_mm256_loadu_ps(a + i), _mm256_loadu_ps(b + i), s0);
-    const __m256 sum = _mm256_add_ps(s0, s1);
-    __m128 r = _mm_add_ps(_mm256_castps256_ps128(sum), _mm256_extractf128_ps(sum, 1));
-    r = _mm_add_ps(r, _mm_movehl_ps(r, r));
-    r = _mm_add_ss(r, _mm_movehdup_ps(r));
-    return _mm_cvtss_f32(r);
-  }
-  KVPAGER_AVX2 static float exp_sub(const float* s, float m, float* p, std::int64_t n) noexcept {
-    const __m256 vm = _mm256_set1_ps(m);
-    float sum = 0.0F;
-    for (std::int64_t t = 0; t < n; t += 8) {
-      alignas(32) float buf[8];
-      for (std::int64_t i = 0; i < 8; ++i) buf[i] = t + i < n ? s[t + i] : m;  // padding: exp(0), not used
-      _mm256_store_ps(buf, exp256(_mm256_sub_ps(_mm256_load_ps(buf), vm)));
-      for (std::int64_t i = 0; i < 8 && t + i < n; ++i) sum += (p[t + i] = buf[i]);
-    }
-    return sum;
-  }
-  /// acc = alpha * acc + sum_t p[t] * v[t], acc held in registers 64 floats at a time across the tokens.
-  KVPAGER_AVX2 static void accumulate(float* acc, float alpha, const float* p, const float* v, std::int64_t n,
-                                      std::int64_t D) noexcept {
-    const __m256 va = _mm256_set1_ps(alpha);
-    std::int64_t c = 0;
-    for (; c + 32 <= D; c += 32) {
-      __m256 r0 = _mm256_mul_ps(_mm256_loadu_ps(acc + c), va), r1 = _mm256_mul_ps(_mm256_loadu_ps(acc + c + 8), va);
-      __m256 r2 = _mm256_mul_ps(_mm256_loadu_ps(acc + c + 16), va), r3 = _mm256_mul_ps(_mm256_loadu_ps(acc + c + 24), va);
-      for (std::int64_t t = 0; t < n; ++t) {
-        const __m256 pt = _mm256_set1_ps(p[t]);
-        const float* row = v + t * D + c;
-        r0 = _mm256_fmadd_ps(pt, _mm256_loadu_ps(row), r0);
-        r1 = _mm256_fmadd_ps(pt, _mm256_loadu_ps(row + 8), r1);
-        r2 = _mm256_fmadd_ps(pt, _mm256_loadu_ps(row + 16), r2);
-        r3 = _mm256_fmadd_ps(pt, _mm256_loadu_ps(row + 24), r3);
-      }
-      _mm256_storeu_ps(acc + c, r0);
-      _mm256_storeu_ps(acc + c + 8, r1);
-      _mm256_storeu_ps(acc + c + 16, r2);
-      _mm256_storeu_ps(acc + c + 24, r3);
-    }
-    for (; c < D; c += 8) {
-      __m256 r = _mm256_mul_ps(_mm256_loadu_ps(acc + c), va);
-      for (std::int64_t t = 0; t < n; ++t) r = _mm256_fmadd_ps(_mm256_set1_ps(p[t]), _mm256_loadu_ps(v + t * D + c), r);
-      _mm256_storeu_ps(acc + c, r);
-    }
-  }
-};
+// ------------------------------------------------------------------------------------------- x86 vector paths
+#if defined(__x86_64__) && defined(__GNUC__) && !defined(__clang__)
+#define KVPAGER_HAVE_X86_PATHS 1
 #endif
 
-// ------------------------------------------------------------------------------------------- decode core
 std::int32_t block_at(const kvpager::page_table_view& pt, std::int32_t seq, std::int32_t b) noexcept {
   return pt.block_table != nullptr ? pt.block_table[std::int64_t{seq} * pt.row_stride + b] : pt.indices[pt.indptr[seq] + b];
 }
@@ -195,6 +103,173 @@ std::int32_t length_of(const kvpager::page_table_view& pt, std::int32_t seq, std
   return pages == 0 ? 0 : (pages - 1) * bs + pt.last_page_len[seq];
 }
 
+}  // namespace
+
+#if defined(KVPAGER_HAVE_X86_PATHS)
+// Each path is compiled under its own #pragma GCC target, in its own namespace, and reached only after the CPU was
+// checked at run time; the library itself targets baseline x86-64 (no -march=native).
+#pragma GCC push_options
+#pragma GCC target("avx2,fma,f16c")
+namespace {
+namespace avx2_path {
+struct isa {
+  using vec = __m256;
+  static constexpr int W = 8;
+  static constexpr int score_tokens = 2;  // 2 tokens x 4 heads = 8 accumulators of 16 registers
+  static constexpr int acc_vectors = 2;   // 4 heads x 2 vectors in registers while accumulating V
+  template <int DT>
+  static vec load(const unsigned char* row, std::int64_t i) {
+    if constexpr (DT == KVPAGER_DTYPE_FP32) {
+      return _mm256_loadu_ps(reinterpret_cast<const float*>(row) + i);
+    } else {
+      const __m128i h = _mm_loadu_si128(reinterpret_cast<const __m128i*>(reinterpret_cast<const std::uint16_t*>(row) + i));
+      if constexpr (DT == KVPAGER_DTYPE_FP16) return _mm256_cvtph_ps(h);
+      return _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(h), 16));
+    }
+  }
+  static vec loadf(const float* p) { return _mm256_loadu_ps(p); }
+  static void storef(float* p, vec v) { _mm256_storeu_ps(p, v); }
+  static vec zero() { return _mm256_setzero_ps(); }
+  static vec set1(float x) { return _mm256_set1_ps(x); }
+  static vec add(vec a, vec b) { return _mm256_add_ps(a, b); }
+  static vec sub(vec a, vec b) { return _mm256_sub_ps(a, b); }
+  static vec mul(vec a, vec b) { return _mm256_mul_ps(a, b); }
+  static vec max(vec a, vec b) { return _mm256_max_ps(a, b); }
+  static vec fma(vec a, vec b, vec c) { return _mm256_fmadd_ps(a, b, c); }
+  static float hsum(vec v) {
+    __m128 r = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
+    r = _mm_add_ps(r, _mm_movehl_ps(r, r));
+    return _mm_cvtss_f32(_mm_add_ss(r, _mm_movehdup_ps(r)));
+  }
+  static float hmax(vec v) {
+    __m128 r = _mm_max_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
+    r = _mm_max_ps(r, _mm_movehl_ps(r, r));
+    return _mm_cvtss_f32(_mm_max_ss(r, _mm_movehdup_ps(r)));
+  }
+  /// exp within 2 ulp over [-87, 88] (Cephes-style reduction and polynomial); below that (and for -inf) exactly 0.
+  static vec exp(vec x) {
+    const vec under = _mm256_cmp_ps(x, _mm256_set1_ps(-87.33654F), _CMP_LT_OQ);
+    x = _mm256_min_ps(_mm256_max_ps(x, _mm256_set1_ps(-87.33654F)), _mm256_set1_ps(88.37626F));
+    const vec fx = _mm256_floor_ps(_mm256_fmadd_ps(x, _mm256_set1_ps(1.44269504088896341F), _mm256_set1_ps(0.5F)));
+    x = _mm256_fnmadd_ps(fx, _mm256_set1_ps(0.693359375F), x);
+    x = _mm256_fnmadd_ps(fx, _mm256_set1_ps(-2.12194440e-4F), x);
+    vec y = _mm256_set1_ps(1.9875691500E-4F);
+    y = _mm256_fmadd_ps(y, x, _mm256_set1_ps(1.3981999507E-3F));
+    y = _mm256_fmadd_ps(y, x, _mm256_set1_ps(8.3334519073E-3F));
+    y = _mm256_fmadd_ps(y, x, _mm256_set1_ps(4.1665795894E-2F));
+    y = _mm256_fmadd_ps(y, x, _mm256_set1_ps(1.6666665459E-1F));
+    y = _mm256_fmadd_ps(y, x, _mm256_set1_ps(5.0000001201E-1F));
+    y = _mm256_fmadd_ps(y, _mm256_mul_ps(x, x), _mm256_add_ps(x, _mm256_set1_ps(1.0F)));
+    const __m256i e = _mm256_slli_epi32(_mm256_add_epi32(_mm256_cvtps_epi32(fx), _mm256_set1_epi32(127)), 23);
+    return _mm256_andnot_ps(under, _mm256_mul_ps(y, _mm256_castsi256_ps(e)));
+  }
+  /// The 8 dot products of a[t][g] (t < 2, g < 4) with one shuffle tree; writes out[g * ld + t] for t < valid, g < gt.
+  static void reduce_store(const vec (&a)[2][4], int valid, int gt, float* out, std::int64_t ld) {
+    vec p[4];  // p[j]: 128-bit lane 0 holds the 4 partial sums of v[2j], lane 1 those of v[2j+1]; v[2g+t] = a[t][g]
+    for (int j = 0; j < 4; ++j)
+      p[j] = _mm256_add_ps(_mm256_permute2f128_ps(a[0][j], a[1][j], 0x20), _mm256_permute2f128_ps(a[0][j], a[1][j], 0x31));
+    vec b[2];
+    for (int j = 0; j < 2; ++j) {
+      const __m256d x = _mm256_castps_pd(p[2 * j]), y = _mm256_castps_pd(p[2 * j + 1]);
+      b[j] = _mm256_add_ps(_mm256_castpd_ps(_mm256_unpacklo_pd(x, y)), _mm256_castpd_ps(_mm256_unpackhi_pd(x, y)));
+    }
+    const vec r = _mm256_add_ps(_mm256_shuffle_ps(b[0], b[1], _MM_SHUFFLE(2, 0, 2, 0)),
+                                _mm256_shuffle_ps(b[0], b[1], _MM_SHUFFLE(3, 1, 3, 1)));
+    alignas(32) float sums[8];  // sums[4 t + g] = dot(t, g)
+    _mm256_store_ps(sums, r);
+    for (int t = 0; t < valid; ++t)
+      for (int g = 0; g < gt; ++g) out[g * ld + t] = sums[4 * t + g];
+  }
+};
+#include "decode_tiled.inc"
+}  // namespace avx2_path
+}  // namespace
+#pragma GCC pop_options
+
+#pragma GCC push_options
+#pragma GCC target("avx512f,avx512bw,avx512dq,avx512vl,avx2,fma,f16c")
+namespace {
+namespace avx512_path {
+struct isa {
+  using vec = __m512;
+  static constexpr int W = 16;
+  static constexpr int score_tokens = 4;  // 4 tokens x 4 heads = 16 accumulators of 32 registers
+  static constexpr int acc_vectors = 4;   // 4 heads x 4 vectors in registers while accumulating V
+  template <int DT>
+  static vec load(const unsigned char* row, std::int64_t i) {
+    if constexpr (DT == KVPAGER_DTYPE_FP32) {
+      return _mm512_loadu_ps(reinterpret_cast<const float*>(row) + i);
+    } else {
+      const __m256i h =
+          _mm256_loadu_si256(reinterpret_cast<const __m256i*>(reinterpret_cast<const std::uint16_t*>(row) + i));
+      if constexpr (DT == KVPAGER_DTYPE_FP16) return _mm512_cvtph_ps(h);
+      return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(h), 16));
+    }
+  }
+  static vec loadf(const float* p) { return _mm512_loadu_ps(p); }
+  static void storef(float* p, vec v) { _mm512_storeu_ps(p, v); }
+  static vec zero() { return _mm512_setzero_ps(); }
+  static vec set1(float x) { return _mm512_set1_ps(x); }
+  static vec add(vec a, vec b) { return _mm512_add_ps(a, b); }
+  static vec sub(vec a, vec b) { return _mm512_sub_ps(a, b); }
+  static vec mul(vec a, vec b) { return _mm512_mul_ps(a, b); }
+  static vec max(vec a, vec b) { return _mm512_max_ps(a, b); }
+  static vec fma(vec a, vec b, vec c) { return _mm512_fmadd_ps(a, b, c); }
+  static float hsum(vec v) { return _mm512_reduce_add_ps(v); }
+  static float hmax(vec v) { return _mm512_reduce_max_ps(v); }
+  /// Same approximation as the AVX2 path, 16 lanes.
+  static vec exp(vec x) {
+    const __mmask16 keep = _mm512_cmp_ps_mask(x, _mm512_set1_ps(-87.33654F), _CMP_GE_OQ);
+    x = _mm512_min_ps(_mm512_max_ps(x, _mm512_set1_ps(-87.33654F)), _mm512_set1_ps(88.37626F));
+    const vec fx = _mm512_roundscale_ps(_mm512_fmadd_ps(x, _mm512_set1_ps(1.44269504088896341F), _mm512_set1_ps(0.5F)),
+                                        _MM_FROUND_TO_NEG_INF | _MM_FROUND_NO_EXC);
+    x = _mm512_fnmadd_ps(fx, _mm512_set1_ps(0.693359375F), x);
+    x = _mm512_fnmadd_ps(fx, _mm512_set1_ps(-2.12194440e-4F), x);
+    vec y = _mm512_set1_ps(1.9875691500E-4F);
+    y = _mm512_fmadd_ps(y, x, _mm512_set1_ps(1.3981999507E-3F));
+    y = _mm512_fmadd_ps(y, x, _mm512_set1_ps(8.3334519073E-3F));
+    y = _mm512_fmadd_ps(y, x, _mm512_set1_ps(4.1665795894E-2F));
+    y = _mm512_fmadd_ps(y, x, _mm512_set1_ps(1.6666665459E-1F));
+    y = _mm512_fmadd_ps(y, x, _mm512_set1_ps(5.0000001201E-1F));
+    y = _mm512_fmadd_ps(y, _mm512_mul_ps(x, x), _mm512_add_ps(x, _mm512_set1_ps(1.0F)));
+    const __m512i e = _mm512_slli_epi32(_mm512_add_epi32(_mm512_cvtps_epi32(fx), _mm512_set1_epi32(127)), 23);
+    return _mm512_maskz_mov_ps(keep, _mm512_mul_ps(y, _mm512_castsi512_ps(e)));
+  }
+  /// The 16 dot products of a[t][g] (t, g < 4) with one shuffle tree; writes out[g * ld + t] for t < valid, g < gt.
+  static void reduce_store(const vec (&a)[4][4], int valid, int gt, float* out, std::int64_t ld) {
+    // v[4t + g] = a[t][g]. p[j]: 128-bit lanes 0-1 hold 8 partial sums of v[2j], lanes 2-3 those of v[2j+1].
+    vec p[8];
+    for (int j = 0; j < 8; ++j) {
+      const vec x = a[(2 * j) / 4][(2 * j) % 4], y = a[(2 * j + 1) / 4][(2 * j + 1) % 4];
+      p[j] = _mm512_add_ps(_mm512_shuffle_f32x4(x, y, 0x44), _mm512_shuffle_f32x4(x, y, 0xEE));
+    }
+    vec b[4];  // b[i]: lane j holds 4 partial sums of v[4i + j]
+    for (int i = 0; i < 4; ++i)
+      b[i] = _mm512_add_ps(_mm512_shuffle_f32x4(p[2 * i], p[2 * i + 1], 0x88),
+                           _mm512_shuffle_f32x4(p[2 * i], p[2 * i + 1], 0xDD));
+    vec c[2];  // c[i]: lane j holds 2 partials of v[8i + j], then 2 of v[8i + 4 + j]
+    for (int i = 0; i < 2; ++i) {
+      const __m512d x = _mm512_castps_pd(b[2 * i]), y = _mm512_castps_pd(b[2 * i + 1]);
+      c[i] = _mm512_add_ps(_mm512_castpd_ps(_mm512_unpacklo_pd(x, y)), _mm512_castpd_ps(_mm512_unpackhi_pd(x, y)));
+    }
+    // r: lane j = [v[j], v[4 + j], v[8 + j], v[12 + j]], so r[4g + t] = dot(t, g).
+    const vec r = _mm512_add_ps(_mm512_shuffle_ps(c[0], c[1], _MM_SHUFFLE(2, 0, 2, 0)),
+                                _mm512_shuffle_ps(c[0], c[1], _MM_SHUFFLE(3, 1, 3, 1)));
+    alignas(64) float sums[16];
+    _mm512_store_ps(sums, r);
+    for (int g = 0; g < gt; ++g)
+      for (int t = 0; t < valid; ++t) out[g * ld + t] = sums[4 * g + t];
+  }
+};
+#include "decode_tiled.inc"
+}  // namespace avx512_path
+}  // namespace
+#pragma GCC pop_options
+#endif  // KVPAGER_HAVE_X86_PATHS
+
+namespace {
+
+// ------------------------------------------------------------------------------------------- decode core
 /// Partial softmax state over tokens [t0, t1) of one sequence for the query-head group of KV head h: m[g], l[g],
 /// acc[g * D .. ]. Each K/V block is converted to fp32 once for the whole group. scratch: 2 * block_size * D +
 /// group * D + group * block_size floats.
@@ -252,19 +327,43 @@ void chunk_scalar(const kvpager::decode_params& p, std::int32_t seq, std::int32_
                   float* scratch, float* m, float* l, float* acc) {
   decode_chunk<scalar_ops>(p, seq, h, t0, t1, scratch, m, l, acc);
 }
-#if defined(KVPAGER_HAVE_AVX2_PATH)
-KVPAGER_AVX2 void chunk_avx2(const kvpager::decode_params& p, std::int32_t seq, std::int32_t h, std::int32_t t0,
-                             std::int32_t t1, float* scratch, float* m, float* l, float* acc) {
-  decode_chunk<avx2_ops>(p, seq, h, t0, t1, scratch, m, l, acc);
-}
-#endif
 
-chunk_fn pick_chunk() {
-#if defined(KVPAGER_HAVE_AVX2_PATH)
-  static const bool avx2 = cpu_has_avx2() && std::getenv("KVPAGER_CPU_DISPATCH") == nullptr;
-  if (avx2) return &chunk_avx2;
+/// The CPU path: the widest one this CPU runs, capped by KVPAGER_CPU_DISPATCH=portable|avx2|avx512 if set.
+enum class cpu_path { portable, avx2, avx512 };
+cpu_path pick_path() {
+  static const cpu_path path = [] {
+    cpu_path best = cpu_path::portable;
+#if defined(KVPAGER_HAVE_X86_PATHS)
+    __builtin_cpu_init();
+    if (__builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") && __builtin_cpu_supports("f16c")) {
+      best = cpu_path::avx2;
+      if (__builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
+          __builtin_cpu_supports("avx512dq") && __builtin_cpu_supports("avx512vl"))
+        best = cpu_path::avx512;
+    }
 #endif
-  return &chunk_scalar;
+    const char* cap = std::getenv("KVPAGER_CPU_DISPATCH");
+    if (cap == nullptr) return best;
+    const cpu_path limit = std::strcmp(cap, "avx512") == 0 ? cpu_path::avx512
+                           : std::strcmp(cap, "avx2") == 0 ? cpu_path::avx2
+                                                           : cpu_path::portable;
+    return std::min(best, limit);
+  }();
+  return path;
+}
+
+struct chunk_kernel {
+  chunk_fn fn;
+  std::int64_t scratch_floats;
+};
+chunk_kernel pick_chunk(std::int32_t group, std::int64_t D, std::int32_t bs) {
+  switch (pick_path()) {
+#if defined(KVPAGER_HAVE_X86_PATHS)
+    case cpu_path::avx512: return {&avx512_path::decode_chunk, avx512_path::scratch_floats(group, D)};
+    case cpu_path::avx2: return {&avx2_path::decode_chunk, avx2_path::scratch_floats(group, D)};
+#endif
+    default: return {&chunk_scalar, (2 * bs + group) * D + group * bs};
+  }
 }
 
 std::int32_t validate(const kvpager::decode_params& p) noexcept {
@@ -305,6 +404,14 @@ std::int32_t validate(const kvpager::decode_params& p) noexcept {
 }  // namespace
 
 extern "C" {
+
+const char* kvpager_cpu_decode_path(void) {
+  switch (pick_path()) {
+    case cpu_path::avx512: return "avx512";
+    case cpu_path::avx2: return "avx2";
+    default: return "portable";
+  }
+}
 
 int32_t kvpager_cpu_paged_attention_decode(void* out, const void* query, const void* kv_cache,
                                            const int32_t* block_table, const int32_t* seq_lens, int32_t num_seqs,
@@ -374,6 +481,18 @@ int32_t kvpager_cpu_copy_blocks(void* const* kv_caches, int32_t num_layers, cons
   return KVPAGER_STATUS_OK;
 }
 
+int32_t kvpager_cpu_swap_blocks(void* dst, int32_t dst_blocks, const void* src, int32_t src_blocks, int64_t block_bytes,
+                                const int64_t* pairs, int32_t num_pairs) {
+  if (const int32_t rc = kvpager_kernels::check_swap(dst, dst_blocks, src, src_blocks, block_bytes, pairs, num_pairs);
+      rc != KVPAGER_STATUS_OK)
+    return rc;
+  return kvpager_kernels::for_each_run(pairs, num_pairs, [&](int64_t from, int64_t to, int64_t n) {
+    std::memmove(static_cast<std::byte*>(dst) + to * block_bytes, static_cast<const std::byte*>(src) + from * block_bytes,
+                 static_cast<std::size_t>(n * block_bytes));
+    return KVPAGER_STATUS_OK;
+  });
+}
+
 }  // extern "C"
 
 KVPAGER_NAMESPACE_BEGIN
@@ -396,8 +515,8 @@ std::int32_t paged_attention_decode_cpu(const decode_params& p) noexcept {
   std::int32_t max_len = 0;
   for (std::int32_t s = 0; s < p.num_seqs; ++s) max_len = std::max(max_len, length_of(p.pages, s, kv.block_size));
   const std::int32_t splits = p.num_splits > 0 ? p.num_splits : plan_decode(p.num_seqs, kv.num_kv_heads, max_len, p.num_threads);
-  const chunk_fn chunk = pick_chunk();
-  const auto scratch_floats = static_cast<std::size_t>((2 * kv.block_size + group) * D + group * kv.block_size);
+  const chunk_kernel kernel = pick_chunk(group, D, kv.block_size);
+  const auto scratch_floats = static_cast<std::size_t>(kernel.scratch_floats);
   // Partial states [seq][q head][split]: m, l, acc[D]; merged below (split 1: the merge just normalizes).
   std::vector<float> part(static_cast<std::size_t>(std::int64_t{p.num_seqs} * p.num_q_heads * splits * (D + 2)));
   auto state = [&](std::int64_t seq, std::int64_t qh, std::int64_t split) {
@@ -416,7 +535,7 @@ std::int32_t paged_attention_decode_cpu(const decode_params& p) noexcept {
     const std::int32_t per = (len + splits - 1) / splits;
     const std::int32_t chunk_len = (per + kv.block_size - 1) / kv.block_size * kv.block_size;  // whole blocks
     const std::int32_t t0 = std::min(len, split * chunk_len), t1 = std::min(len, t0 + chunk_len);
-    chunk(p, seq, h, t0, t1, scratch.data(), m.data(), l.data(), acc.data());
+    kernel.fn(p, seq, h, t0, t1, scratch.data(), m.data(), l.data(), acc.data());
     for (std::int32_t g = 0; g < group; ++g) {
       float* st = state(seq, h * group + g, split);
       st[0] = m[static_cast<std::size_t>(g)];

@@ -240,24 +240,17 @@ int32_t kvpager_cuda_copy_blocks(void* const* kv_caches, int32_t num_layers, con
 
 int32_t kvpager_cuda_swap_blocks(void* dst, int32_t dst_blocks, const void* src, int32_t src_blocks, int64_t block_bytes,
                                  const int64_t* pairs, int32_t num_pairs, void* stream) {
-  if (num_pairs < 0 || block_bytes <= 0 || dst_blocks <= 0 || src_blocks <= 0) return KVPAGER_STATUS_INVALID_ARGUMENT;
-  if (num_pairs == 0) return KVPAGER_STATUS_OK;
-  if (dst == nullptr || src == nullptr || pairs == nullptr) return KVPAGER_STATUS_INVALID_ARGUMENT;
-  for (int32_t i = 0; i < num_pairs; ++i)
-    if (pairs[2 * i] < 0 || pairs[2 * i] >= src_blocks || pairs[2 * i + 1] < 0 || pairs[2 * i + 1] >= dst_blocks)
-      return KVPAGER_STATUS_INVALID_BLOCK;
+  if (const int32_t rc = kvpager_kernels::check_swap(dst, dst_blocks, src, src_blocks, block_bytes, pairs, num_pairs);
+      rc != KVPAGER_STATUS_OK)
+    return rc;
   auto s = static_cast<cudaStream_t>(stream);
-  for (int32_t i = 0; i < num_pairs;) {  // merge runs where both sides are consecutive
-    int32_t j = i + 1;
-    while (j < num_pairs && pairs[2 * j] == pairs[2 * (j - 1)] + 1 && pairs[2 * j + 1] == pairs[2 * (j - 1) + 1] + 1) ++j;
-    const int64_t n = j - i;
-    if (cudaMemcpyAsync(static_cast<unsigned char*>(dst) + pairs[2 * i + 1] * block_bytes,
-                        static_cast<const unsigned char*>(src) + pairs[2 * i] * block_bytes,
-                        static_cast<size_t>(n * block_bytes), cudaMemcpyDefault, s) != cudaSuccess)
-      return KVPAGER_STATUS_NO_DEVICE;
-    i = j;
-  }
-  return KVPAGER_STATUS_OK;
+  return kvpager_kernels::for_each_run(pairs, num_pairs, [&](int64_t from, int64_t to, int64_t n) {
+    return cudaMemcpyAsync(static_cast<unsigned char*>(dst) + to * block_bytes,
+                           static_cast<const unsigned char*>(src) + from * block_bytes,
+                           static_cast<size_t>(n * block_bytes), cudaMemcpyDefault, s) == cudaSuccess
+               ? KVPAGER_STATUS_OK
+               : KVPAGER_STATUS_NO_DEVICE;
+  });
 }
 
 }  // extern "C"

@@ -9,7 +9,10 @@
 
 #include <gtest/gtest.h>
 
+#include "../../kernels/common/checks.hpp"  // for_each_run: the run merging both swap_blocks use
+
 #include <algorithm>
+#include <array>
 #include <cmath>
 #include <cstring>
 #include <limits>
@@ -120,12 +123,13 @@ double check(const problem& p, std::uint32_t seed, std::int32_t threads = 0) {
 TEST(CpuDecodeAttention, MatchesReferenceAcrossShapes) {
   const std::int32_t dims[] = {64, 80, 96, 112, 128, 256};
   const std::int32_t block_sizes[] = {8, 16, 32};
-  const std::pair<std::int32_t, std::int32_t> heads[] = {{4, 4}, {8, 4}, {8, 2}, {8, 1}, {16, 2}};  // GQA 1,2,4,8 + MQA
+  // GQA 1, 2, 4, 8 and MQA, plus groups of 3, 5 and 7 (the vector paths tile query heads by 4: 3, 4 + 1, 4 + 3).
+  const std::pair<std::int32_t, std::int32_t> heads[] = {{4, 4}, {8, 4}, {8, 2}, {8, 1}, {16, 2}, {12, 4}, {10, 2}, {7, 1}};
   std::uint32_t seed = 1;
   for (std::int32_t dtype : {KVPAGER_DTYPE_FP32, KVPAGER_DTYPE_FP16, KVPAGER_DTYPE_BF16})
     for (std::int32_t d : dims)
       for (std::int32_t bs : block_sizes) {
-        const auto [hq, hkv] = heads[seed % 5];
+        const auto [hq, hkv] = heads[seed % 8];
         problem p{dtype, hq, hkv, d, bs, 0, 0, {1, bs - 1, bs, bs + 1, 97, 513}};
         p.max_blocks = (513 + bs - 1) / bs + 1;
         p.num_blocks = 0;
@@ -223,6 +227,49 @@ TEST(CpuCopyBlocks, AllLayersBitExact) {
   const auto before = layers;
   EXPECT_EQ(kvpager_cpu_copy_blocks(ptrs.data(), 3, bad.data(), 1, 8, bb), KVPAGER_STATUS_INVALID_BLOCK);
   EXPECT_EQ(layers, before);
+}
+
+TEST(CpuSwapBlocks, MergesRunsAndCopiesBitExact) {
+  // Runs: (0..2 -> 10..12), (5..6 -> 3..4), (9 -> 9), (1 -> 0): four copies for seven pairs.
+  const std::vector<std::int64_t> pairs = {0, 10, 1, 11, 2, 12, 5, 3, 6, 4, 9, 9, 1, 0};
+  std::vector<std::array<std::int64_t, 3>> runs;
+  kvpager_kernels::for_each_run(pairs.data(), 7, [&](std::int64_t from, std::int64_t to, std::int64_t n) {
+    runs.push_back({from, to, n});
+    return KVPAGER_STATUS_OK;
+  });
+  const std::vector<std::array<std::int64_t, 3>> want = {{0, 10, 3}, {5, 3, 2}, {9, 9, 1}, {1, 0, 1}};
+  EXPECT_EQ(runs, want);
+
+  const std::int64_t bb = 96;
+  std::vector<std::uint8_t> src(10 * bb), dst(16 * bb, 0xEE);
+  for (std::size_t i = 0; i < src.size(); ++i) src[i] = static_cast<std::uint8_t>(i * 13 + 5);
+  const auto untouched = dst;
+  ASSERT_EQ(kvpager_cpu_swap_blocks(dst.data(), 16, src.data(), 10, bb, pairs.data(), 7), KVPAGER_STATUS_OK);
+  std::vector<bool> written(16, false);
+  for (std::size_t i = 0; i < 7; ++i) {
+    const auto from = static_cast<std::size_t>(pairs[2 * i]), to = static_cast<std::size_t>(pairs[2 * i + 1]);
+    written[to] = true;
+    EXPECT_TRUE(std::equal(dst.begin() + static_cast<std::ptrdiff_t>(to * bb), dst.begin() + static_cast<std::ptrdiff_t>((to + 1) * bb),
+                           src.begin() + static_cast<std::ptrdiff_t>(from * bb)))
+        << from << " -> " << to;
+  }
+  for (std::size_t b = 0; b < 16; ++b) {
+    if (written[b]) continue;
+    EXPECT_TRUE(std::equal(dst.begin() + static_cast<std::ptrdiff_t>(b * bb), dst.begin() + static_cast<std::ptrdiff_t>((b + 1) * bb),
+                             untouched.begin() + static_cast<std::ptrdiff_t>(b * bb)));
+  }
+
+  // Bad input: nothing copied, not even the valid pairs before the bad one.
+  const auto before = dst;
+  const std::vector<std::int64_t> bad_dst = {0, 1, 2, 16}, bad_src = {0, 1, 10, 2}, negative = {0, 1, -1, 2};
+  EXPECT_EQ(kvpager_cpu_swap_blocks(dst.data(), 16, src.data(), 10, bb, bad_dst.data(), 2), KVPAGER_STATUS_INVALID_BLOCK);
+  EXPECT_EQ(kvpager_cpu_swap_blocks(dst.data(), 16, src.data(), 10, bb, bad_src.data(), 2), KVPAGER_STATUS_INVALID_BLOCK);
+  EXPECT_EQ(kvpager_cpu_swap_blocks(dst.data(), 16, src.data(), 10, bb, negative.data(), 2), KVPAGER_STATUS_INVALID_BLOCK);
+  EXPECT_EQ(kvpager_cpu_swap_blocks(dst.data(), 16, src.data(), 10, 0, pairs.data(), 7), KVPAGER_STATUS_INVALID_ARGUMENT);
+  EXPECT_EQ(kvpager_cpu_swap_blocks(nullptr, 16, src.data(), 10, bb, pairs.data(), 7), KVPAGER_STATUS_INVALID_ARGUMENT);
+  EXPECT_EQ(kvpager_cpu_swap_blocks(dst.data(), 16, src.data(), 10, bb, pairs.data(), -1), KVPAGER_STATUS_INVALID_ARGUMENT);
+  EXPECT_EQ(dst, before);
+  EXPECT_EQ(kvpager_cpu_swap_blocks(nullptr, 16, nullptr, 10, bb, nullptr, 0), KVPAGER_STATUS_OK);  // nothing to do
 }
 
 TEST(Float16, HalfRoundTripsAndRoundsToNearestEven) {

@@ -4,6 +4,10 @@
 
 #include <gtest/gtest.h>
 
+#include <cstdio>
+#include <cstdlib>
+#include <string>
+
 TEST(KernelsLibrary, VersionMatchesHeaders) { EXPECT_EQ(kvpager_version(), KVPAGER_VERSION); }
 
 TEST(KernelsLibrary, CudaBuildFlagMatchesConfiguration) {
@@ -22,6 +26,19 @@ TEST(KernelsLibrary, DeviceCountIsAStatusNeverACrash) {
   } else {
     EXPECT_EQ(st, KVPAGER_STATUS_NO_DEVICE);
     EXPECT_EQ(n, 0);
+  }
+}
+
+TEST(CpuPath, IsReportedAndHonoursTheCap) {
+  const std::string path = kvpager_cpu_decode_path();
+  std::printf("[   INFO   ] CPU decode path: %s\n", path.c_str());
+  EXPECT_TRUE(path == "avx512" || path == "avx2" || path == "portable") << path;
+  const char* env = std::getenv("KVPAGER_CPU_DISPATCH");
+  const std::string cap = env != nullptr ? env : "";
+  if (cap == "portable") {
+    EXPECT_EQ(path, "portable");
+  } else if (cap == "avx2") {
+    EXPECT_NE(path, "avx512");
   }
 }
 

@@ -48,6 +48,14 @@ KVPAGER_C_API int32_t kvpager_built_with_cuda(void);
 KVPAGER_C_API int32_t kvpager_cuda_device_count(int32_t* count);
 
 /**
+ * The CPU decode path this process uses: "avx512" (AVX-512 F/BW/DQ/VL), "avx2" (AVX2 + FMA + F16C) or "portable",
+ * chosen once at first use from what the CPU supports (the library itself targets baseline x86-64). The environment
+ * variable KVPAGER_CPU_DISPATCH=portable|avx2|avx512 caps the choice (for tests and comparisons). The vector paths
+ * are built with GCC; other compilers get the portable path.
+ */
+KVPAGER_C_API const char* kvpager_cpu_decode_path(void);
+
+/**
  * Paged attention for decode (one query token per sequence) on the CPU.
  * out, query: contiguous [num_seqs, num_q_heads, head_dim]; kv_cache: one layer in the default layout
  * [num_blocks, 2, num_kv_heads, block_size, head_dim] (K then V in a block), contiguous; block_table:
@@ -77,6 +85,15 @@ KVPAGER_C_API int32_t kvpager_cpu_kv_append(void* kv_cache, const void* key, con
  */
 KVPAGER_C_API int32_t kvpager_cpu_copy_blocks(void* const* kv_caches, int32_t num_layers, const int64_t* block_mapping,
                                               int32_t num_pairs, int32_t num_blocks, int64_t block_bytes);
+
+/**
+ * Copies whole blocks from the pool `src` (src_blocks blocks of block_bytes) to the pool `dst` (dst_blocks blocks):
+ * pairs is [num_pairs, 2] int64 (src block, dst block). Runs of consecutive pairs (src and dst both ascending by one)
+ * are merged into one copy each. The CPU counterpart of kvpager_cuda_swap_blocks (device <-> host), for CPU pools
+ * and as its reference; every id is checked before anything is copied.
+ */
+KVPAGER_C_API int32_t kvpager_cpu_swap_blocks(void* dst, int32_t dst_blocks, const void* src, int32_t src_blocks,
+                                              int64_t block_bytes, const int64_t* pairs, int32_t num_pairs);
 
 /* ----------------------------------------------------------------------------------------------- CUDA
  * Same semantics on device memory, launched on `stream` (a cudaStream_t, NULL = default stream). Host-visible
