@@ -23,6 +23,17 @@ inline int32_t check_decode_shape(int32_t num_q_heads, int32_t num_kv_heads, int
   return KVPAGER_STATUS_OK;
 }
 
+/// The most KV splits a decode call takes (CPU and CUDA).
+constexpr int32_t max_decode_splits = 256;
+
+/// Workspace of a split decode: an fp32 state (m, l, acc[head_dim]) per (sequence, query head, split); none
+/// without splits. -1 for arguments out of range.
+inline int64_t decode_workspace_bytes(int32_t num_seqs, int32_t num_q_heads, int32_t head_dim, int32_t num_splits) {
+  if (num_seqs < 0 || num_q_heads < 0 || head_dim < 0 || num_splits < 1 || num_splits > max_decode_splits) return -1;
+  if (num_splits == 1) return 0;
+  return int64_t{num_seqs} * num_q_heads * num_splits * (int64_t{head_dim} + 2) * 4;
+}
+
 /// swap_blocks arguments: pairs is [num_pairs, 2] (src block, dst block), every id inside its pool. Host memory.
 inline int32_t check_swap(const void* dst, int32_t dst_blocks, const void* src, int32_t src_blocks, int64_t block_bytes,
                           const int64_t* pairs, int32_t num_pairs) {

@@ -368,7 +368,8 @@ chunk_kernel pick_chunk(std::int32_t group, std::int64_t D, std::int32_t bs) {
 
 std::int32_t validate(const kvpager::decode_params& p) noexcept {
   const auto& kv = p.kv;
-  if (p.num_seqs < 0 || p.num_threads < 0 || p.num_splits < 0 || kv.num_blocks <= 0 || !std::isfinite(p.scale))
+  if (p.num_seqs < 0 || p.num_threads < 0 || p.num_splits < 0 || p.num_splits > kvpager_kernels::max_decode_splits ||
+      kv.num_blocks <= 0 || !std::isfinite(p.scale))
     return KVPAGER_STATUS_INVALID_ARGUMENT;
   const bool dense = p.pages.block_table != nullptr;
   if (p.num_seqs > 0 && (p.out == nullptr || p.query == nullptr || kv.data == nullptr ||

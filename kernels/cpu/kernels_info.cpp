@@ -5,9 +5,14 @@
 
 #include "kvpager/core/config.hpp"
 
+#include "kvpager/kernels/attention.hpp"
+
+#include "../common/checks.hpp"
+
 #if defined(KVPAGER_KERNELS_WITH_CUDA)
 namespace kvpager::cuda_detail {
-int32_t device_count(int32_t* count) noexcept;  // kernels/cuda/device_info.cu
+int32_t device_count(int32_t* count) noexcept;                // kernels/cuda/device_info.cu
+int32_t sm_count(int32_t device, int32_t* count) noexcept;     // kernels/cuda/device_info.cu
 }
 #endif
 
@@ -33,11 +38,39 @@ int32_t kvpager_cuda_device_count(int32_t* count) {
 #endif
 }
 
+int32_t kvpager_cuda_decode_workspace_size(int32_t num_seqs, int32_t num_q_heads, int32_t head_dim, int32_t num_splits,
+                                           int64_t* bytes) {
+  if (bytes == nullptr) return KVPAGER_STATUS_INVALID_ARGUMENT;
+  const int64_t need = kvpager_kernels::decode_workspace_bytes(num_seqs, num_q_heads, head_dim, num_splits);
+  if (need < 0) return KVPAGER_STATUS_INVALID_ARGUMENT;
+  *bytes = need;
+  return KVPAGER_STATUS_OK;
+}
+
+int32_t kvpager_cuda_plan_decode(int32_t num_seqs, int32_t num_kv_heads, int32_t max_seq_len, int32_t device,
+                                 int32_t* num_splits) {
+  if (num_splits == nullptr || num_seqs < 0 || num_kv_heads <= 0 || max_seq_len < 0 || device < 0)
+    return KVPAGER_STATUS_INVALID_ARGUMENT;
+#if defined(KVPAGER_KERNELS_WITH_CUDA)
+  int32_t sms = 0;
+  if (const int32_t rc = kvpager::cuda_detail::sm_count(device, &sms); rc != KVPAGER_STATUS_OK) return rc;
+  *num_splits = kvpager::plan_decode(num_seqs, num_kv_heads, max_seq_len, sms);
+  return KVPAGER_STATUS_OK;
+#else
+  return KVPAGER_STATUS_NO_DEVICE;
+#endif
+}
+
 #if !defined(KVPAGER_KERNELS_WITH_CUDA)
 // Built without CUDA: the CUDA entry points exist and say so.
 int32_t kvpager_cuda_paged_attention_decode(void*, const void*, const void*, const int32_t*, const int32_t*, int32_t,
                                             int32_t, int32_t, int32_t, int32_t, int32_t, int32_t, float, int32_t,
                                             int32_t*, void*) {
+  return KVPAGER_STATUS_NO_DEVICE;
+}
+int32_t kvpager_cuda_paged_attention_decode_split(void*, float*, const void*, const void*, const int32_t*,
+                                                  const int32_t*, int32_t, int32_t, int32_t, int32_t, int32_t, int32_t,
+                                                  int32_t, float, int32_t, int32_t, void*, int64_t, int32_t*, void*) {
   return KVPAGER_STATUS_NO_DEVICE;
 }
 int32_t kvpager_cuda_kv_append(void*, const void*, const void*, const int64_t*, int32_t, int32_t, int32_t, int32_t,

@@ -19,4 +19,14 @@ int32_t device_count(int32_t* count) noexcept {
   return KVPAGER_STATUS_OK;
 }
 
+int32_t sm_count(int32_t device, int32_t* count) noexcept {
+  int n = 0;
+  if (cudaDeviceGetAttribute(&n, cudaDevAttrMultiProcessorCount, device) != cudaSuccess || n <= 0) {
+    (void)cudaGetLastError();
+    return KVPAGER_STATUS_NO_DEVICE;
+  }
+  *count = static_cast<int32_t>(n);
+  return KVPAGER_STATUS_OK;
+}
+
 }  // namespace kvpager::cuda_detail

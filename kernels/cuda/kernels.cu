@@ -27,35 +27,56 @@ __device__ __forceinline__ float warp_sum(float v) {
 
 constexpr int kWarps = 4;
 
-/// Grid (num_seqs, num_kv_heads); 4 warps. Each warp walks every 4th token of the sequence with an online softmax
-/// per query head of the group (so the KV head's rows are read once per group member from L1/L2), then the warps'
-/// partial states are merged in fp32 through shared memory.
+/// Query heads of a group handled together (their K/V rows are loaded once per tile): 8, or 4 for head_dim 256.
+template <int D> constexpr int kHeadTile = D <= 128 ? 8 : 4;
+
+/// The tokens [t0, t1) a split reads: whole blocks, the same formula as the CPU backend.
+__device__ __forceinline__ void split_range(int len, int bs, int splits, int split, int& t0, int& t1) {
+  const int per = (len + splits - 1) / splits;
+  const int chunk = (per + bs - 1) / bs * bs;
+  t0 = min(len, split * chunk);
+  t1 = min(len, t0 + chunk);
+}
+
+/// Grid (num_seqs, num_kv_heads, splits); 4 warps. For a tile of up to kHeadTile query heads of the group, each warp
+/// walks every 4th token of the split with one online softmax per head (each K/V row read once per tile, held in
+/// registers), then the warps' states are merged in fp32 through shared memory. With one split the result goes to
+/// `out` (and `lse`); with several, the unnormalized state (m, l, acc[D]) goes to part[seq][q head][split] for
+/// merge_kernel. Out-of-range block ids are never dereferenced: the token is skipped and *error set.
 template <class T, int D>
 __global__ void __launch_bounds__(kWarps * 32)
-    decode_kernel(T* __restrict__ out, const T* __restrict__ q, const T* __restrict__ kv,
-                  const int32_t* __restrict__ table, const int32_t* __restrict__ lens, int hq, int hkv, int bs,
-                  int max_blocks, int num_blocks, float scale, int32_t* error) {
+    decode_kernel(T* __restrict__ out, float* __restrict__ lse, float* __restrict__ part, const T* __restrict__ q,
+                  const T* __restrict__ kv, const int32_t* __restrict__ table, const int32_t* __restrict__ lens, int hq,
+                  int hkv, int bs, int max_blocks, int num_blocks, float scale, int splits, int32_t* error) {
   constexpr int kPer = (D + 31) / 32;
-  __shared__ float sm[kWarps], sl[kWarps];
-  __shared__ float sacc[kWarps][D];
-  const int seq = blockIdx.x, h = blockIdx.y, group = hq / hkv;
+  constexpr int G = kHeadTile<D>;
+  __shared__ float sm[kWarps][G], sl[kWarps][G];
+  __shared__ float sacc[kWarps][G][D];
+  const int seq = blockIdx.x, h = blockIdx.y, split = blockIdx.z, group = hq / hkv;
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
   int len = lens[seq];
   if (len < 0 || static_cast<int64_t>(len) > static_cast<int64_t>(max_blocks) * bs) {
-    if (error != nullptr && lane == 0) atomicExch(error, KVPAGER_STATUS_SEQ_TOO_LONG);
+    if (error != nullptr && threadIdx.x == 0) atomicExch(error, KVPAGER_STATUS_SEQ_TOO_LONG);
     len = 0;
   }
+  int t0 = 0, t1 = 0;
+  split_range(len, bs, splits, split, t0, t1);
   const int64_t head_stride = static_cast<int64_t>(bs) * D, half_stride = static_cast<int64_t>(hkv) * head_stride;
-  for (int g = 0; g < group; ++g) {
-    const int qh = h * group + g;
-    float qv[kPer], acc[kPer];
-    for (int i = 0; i < kPer; ++i) {
-      const int d = lane + 32 * i;
-      qv[i] = d < D ? to_f(q[(static_cast<int64_t>(seq) * hq + qh) * D + d]) * scale : 0.0F;
-      acc[i] = 0.0F;
+  for (int g0 = 0; g0 < group; g0 += G) {
+    const int gt = min(G, group - g0);
+    float qv[G][kPer], acc[G][kPer], m[G], l[G];
+#pragma unroll
+    for (int g = 0; g < G; ++g) {
+      m[g] = -INFINITY;
+      l[g] = 0.0F;
+#pragma unroll
+      for (int i = 0; i < kPer; ++i) {
+        const int d = lane + 32 * i;
+        qv[g][i] = g < gt && d < D ? to_f(q[(static_cast<int64_t>(seq) * hq + h * group + g0 + g) * D + d]) * scale : 0.0F;
+        acc[g][i] = 0.0F;
+      }
     }
-    float m = -INFINITY, l = 0.0F;
-    for (int t = warp; t < len; t += kWarps) {
+    for (int t = t0 + warp; t < t1; t += kWarps) {
       const int blk = table[static_cast<int64_t>(seq) * max_blocks + t / bs];
       if (blk < 0 || blk >= num_blocks) {  // never dereferenced
         if (error != nullptr && lane == 0) atomicExch(error, KVPAGER_STATUS_INVALID_BLOCK);
@@ -63,45 +84,94 @@ __global__ void __launch_bounds__(kWarps * 32)
       }
       const T* krow = kv + static_cast<int64_t>(blk) * 2 * half_stride + h * head_stride + static_cast<int64_t>(t % bs) * D;
       const T* vrow = krow + half_stride;
-      float s = 0.0F;
+      float kf[kPer], vf[kPer];
+#pragma unroll
       for (int i = 0; i < kPer; ++i) {
         const int d = lane + 32 * i;
-        if (d < D) s += qv[i] * to_f(krow[d]);
+        kf[i] = d < D ? to_f(krow[d]) : 0.0F;
+        vf[i] = d < D ? to_f(vrow[d]) : 0.0F;
       }
-      s = warp_sum(s);
-      const float m_new = fmaxf(m, s);
-      const float alpha = m == -INFINITY ? 0.0F : __expf(m - m_new);
-      const float p = __expf(s - m_new);
-      l = l * alpha + p;
+#pragma unroll
+      for (int g = 0; g < G; ++g) {
+        if (g >= gt) break;
+        float s = 0.0F;
+#pragma unroll
+        for (int i = 0; i < kPer; ++i) s += qv[g][i] * kf[i];
+        s = warp_sum(s);
+        const float m_new = fmaxf(m[g], s);
+        const float alpha = m[g] == -INFINITY ? 0.0F : __expf(m[g] - m_new);
+        const float p = __expf(s - m_new);
+        l[g] = l[g] * alpha + p;
+#pragma unroll
+        for (int i = 0; i < kPer; ++i) acc[g][i] = acc[g][i] * alpha + p * vf[i];
+        m[g] = m_new;
+      }
+    }
+#pragma unroll
+    for (int g = 0; g < G; ++g) {
+      if (lane == 0) {
+        sm[warp][g] = m[g];
+        sl[warp][g] = l[g];
+      }
+#pragma unroll
       for (int i = 0; i < kPer; ++i) {
         const int d = lane + 32 * i;
-        acc[i] = acc[i] * alpha + (d < D ? p * to_f(vrow[d]) : 0.0F);
+        if (d < D) sacc[warp][g][d] = acc[g][i];
       }
-      m = m_new;
-    }
-    if (lane == 0) {
-      sm[warp] = m;
-      sl[warp] = l;
-    }
-    for (int i = 0; i < kPer; ++i) {
-      const int d = lane + 32 * i;
-      if (d < D) sacc[warp][d] = acc[i];
     }
     __syncthreads();
-    float M = -INFINITY;
-    for (int w = 0; w < kWarps; ++w)
-      if (sl[w] > 0.0F) M = fmaxf(M, sm[w]);
-    float L = 0.0F;
-    for (int w = 0; w < kWarps; ++w)
-      if (sl[w] > 0.0F) L += sl[w] * __expf(sm[w] - M);
-    for (int d = threadIdx.x; d < D; d += blockDim.x) {
-      float o = 0.0F;
+    for (int j = threadIdx.x; j < gt * D; j += blockDim.x) {
+      const int g = j / D, d = j % D;
+      float M = -INFINITY;
       for (int w = 0; w < kWarps; ++w)
-        if (sl[w] > 0.0F) o += sacc[w][d] * __expf(sm[w] - M);
-      out[(static_cast<int64_t>(seq) * hq + qh) * D + d] = from_f<T>(L > 0.0F ? o / L : 0.0F);
+        if (sl[w][g] > 0.0F) M = fmaxf(M, sm[w][g]);
+      float L = 0.0F, o = 0.0F;
+      if (M != -INFINITY) {
+        for (int w = 0; w < kWarps; ++w) {
+          if (sl[w][g] <= 0.0F) continue;
+          const float f = __expf(sm[w][g] - M);
+          L += sl[w][g] * f;
+          o += sacc[w][g][d] * f;
+        }
+      }
+      const int64_t row = static_cast<int64_t>(seq) * hq + h * group + g0 + g;
+      if (splits == 1) {
+        out[row * D + d] = from_f<T>(L > 0.0F ? o / L : 0.0F);
+        if (lse != nullptr && d == 0) lse[row] = L > 0.0F ? M + logf(L) : -INFINITY;
+      } else {
+        float* st = part + (row * splits + split) * (D + 2);
+        if (d == 0) {
+          st[0] = M;
+          st[1] = L;
+        }
+        st[2 + d] = o;
+      }
     }
     __syncthreads();
   }
+}
+
+/// Grid (num_seqs, num_q_heads): merges the splits' states in fp32, out = sum_i e^(m_i - M) acc_i / sum_i e^(m_i - M) l_i.
+template <class T>
+__global__ void merge_kernel(T* __restrict__ out, float* __restrict__ lse, const float* __restrict__ part, int D,
+                             int splits) {
+  const int64_t row = static_cast<int64_t>(blockIdx.x) * gridDim.y + blockIdx.y;
+  const float* st = part + row * splits * (D + 2);
+  float M = -INFINITY;
+  for (int i = 0; i < splits; ++i)
+    if (st[i * (D + 2) + 1] > 0.0F) M = fmaxf(M, st[i * (D + 2)]);
+  float L = 0.0F;
+  if (M != -INFINITY)
+    for (int i = 0; i < splits; ++i)
+      if (st[i * (D + 2) + 1] > 0.0F) L += st[i * (D + 2) + 1] * __expf(st[i * (D + 2)] - M);
+  for (int d = threadIdx.x; d < D; d += blockDim.x) {
+    float o = 0.0F;
+    if (M != -INFINITY)
+      for (int i = 0; i < splits; ++i)
+        if (st[i * (D + 2) + 1] > 0.0F) o += st[i * (D + 2) + 2 + d] * __expf(st[i * (D + 2)] - M);
+    out[row * D + d] = from_f<T>(L > 0.0F ? o / L : 0.0F);
+  }
+  if (lse != nullptr && threadIdx.x == 0) lse[row] = L > 0.0F ? M + logf(L) : -INFINITY;
 }
 
 template <class T>
@@ -143,56 +213,85 @@ __global__ void copy_kernel(void* const* caches, const int64_t* __restrict__ map
   }
 }
 
-template <class T>
-int32_t launch_decode(void* out, const void* q, const void* kv, const int32_t* table, const int32_t* lens, int32_t S,
-                      int32_t hq, int32_t hkv, int32_t D, int32_t bs, int32_t maxb, int32_t nb, float scale,
-                      int32_t* error, cudaStream_t stream) {
-  const dim3 grid(static_cast<unsigned>(S), static_cast<unsigned>(hkv));
-  auto* o = static_cast<T*>(out);
-  const auto* qq = static_cast<const T*>(q);
-  const auto* k = static_cast<const T*>(kv);
-#define KVPAGER_LAUNCH(DIM) decode_kernel<T, DIM><<<grid, kWarps * 32, 0, stream>>>(o, qq, k, table, lens, hq, hkv, bs, maxb, nb, scale, error)
-  switch (D) {
-    case 64: KVPAGER_LAUNCH(64); break;
-    case 80: KVPAGER_LAUNCH(80); break;
-    case 96: KVPAGER_LAUNCH(96); break;
-    case 112: KVPAGER_LAUNCH(112); break;
-    case 128: KVPAGER_LAUNCH(128); break;
-    default: KVPAGER_LAUNCH(256); break;
-  }
-#undef KVPAGER_LAUNCH
-  return cudaGetLastError() == cudaSuccess ? KVPAGER_STATUS_OK : KVPAGER_STATUS_NO_DEVICE;
+struct decode_args {
+  void* out;
+  float* lse;
+  const void* q;
+  const void* kv;
+  const int32_t* table;
+  const int32_t* lens;
+  int32_t seqs, hq, hkv, dim, bs, max_blocks, num_blocks;
+  float scale;
+  int32_t splits;
+  float* part;
+  int32_t* error;
+  cudaStream_t stream;
+};
+
+template <class T, int D>
+void launch_decode_dim(const decode_args& a) {
+  const dim3 grid(static_cast<unsigned>(a.seqs), static_cast<unsigned>(a.hkv), static_cast<unsigned>(a.splits));
+  decode_kernel<T, D><<<grid, kWarps * 32, 0, a.stream>>>(static_cast<T*>(a.out), a.lse, a.part, static_cast<const T*>(a.q),
+                                                          static_cast<const T*>(a.kv), a.table, a.lens, a.hq, a.hkv, a.bs,
+                                                          a.max_blocks, a.num_blocks, a.scale, a.splits, a.error);
 }
 
+template <class T>
+int32_t launch_decode(const decode_args& a) {
+  switch (a.dim) {
+    case 64: launch_decode_dim<T, 64>(a); break;
+    case 80: launch_decode_dim<T, 80>(a); break;
+    case 96: launch_decode_dim<T, 96>(a); break;
+    case 112: launch_decode_dim<T, 112>(a); break;
+    case 128: launch_decode_dim<T, 128>(a); break;
+    default: launch_decode_dim<T, 256>(a); break;
+  }
+  if (a.splits > 1) {
+    const dim3 grid(static_cast<unsigned>(a.seqs), static_cast<unsigned>(a.hq));
+    merge_kernel<T><<<grid, 128, 0, a.stream>>>(static_cast<T*>(a.out), a.lse, a.part, a.dim, a.splits);
+  }
+  return cudaGetLastError() == cudaSuccess ? KVPAGER_STATUS_OK : KVPAGER_STATUS_NO_DEVICE;
+}
 
 }  // namespace
 
 extern "C" {
+
+int32_t kvpager_cuda_paged_attention_decode_split(void* out, float* lse, const void* query, const void* kv_cache,
+                                                  const int32_t* block_table, const int32_t* seq_lens, int32_t num_seqs,
+                                                  int32_t num_q_heads, int32_t num_kv_heads, int32_t head_dim,
+                                                  int32_t block_size, int32_t max_blocks_per_seq, int32_t num_blocks,
+                                                  float scale, int32_t dtype, int32_t num_splits, void* workspace,
+                                                  int64_t workspace_bytes, int32_t* error_flag, void* stream) {
+  if (num_seqs < 0 || max_blocks_per_seq <= 0 || num_blocks <= 0 || !isfinite(scale) || num_splits < 1 ||
+      num_splits > kvpager_kernels::max_decode_splits || workspace_bytes < 0)
+    return KVPAGER_STATUS_INVALID_ARGUMENT;
+  if (num_seqs > 0 && (out == nullptr || query == nullptr || kv_cache == nullptr || block_table == nullptr || seq_lens == nullptr))
+    return KVPAGER_STATUS_INVALID_ARGUMENT;
+  if (const int32_t rc = kvpager_kernels::check_decode_shape(num_q_heads, num_kv_heads, head_dim, block_size, dtype);
+      rc != KVPAGER_STATUS_OK)
+    return rc;
+  const int64_t need = kvpager_kernels::decode_workspace_bytes(num_seqs, num_q_heads, head_dim, num_splits);
+  if (workspace_bytes < need || (need > 0 && workspace == nullptr)) return KVPAGER_STATUS_INVALID_ARGUMENT;
+  if (num_seqs == 0) return KVPAGER_STATUS_OK;
+  const decode_args a{out, lse, query, kv_cache, block_table, seq_lens, num_seqs, num_q_heads, num_kv_heads, head_dim,
+                      block_size, max_blocks_per_seq, num_blocks, scale, num_splits, static_cast<float*>(workspace),
+                      error_flag, static_cast<cudaStream_t>(stream)};
+  switch (dtype) {
+    case KVPAGER_DTYPE_FP32: return launch_decode<float>(a);
+    case KVPAGER_DTYPE_FP16: return launch_decode<__half>(a);
+    default: return launch_decode<__nv_bfloat16>(a);
+  }
+}
 
 int32_t kvpager_cuda_paged_attention_decode(void* out, const void* query, const void* kv_cache,
                                             const int32_t* block_table, const int32_t* seq_lens, int32_t num_seqs,
                                             int32_t num_q_heads, int32_t num_kv_heads, int32_t head_dim,
                                             int32_t block_size, int32_t max_blocks_per_seq, int32_t num_blocks,
                                             float scale, int32_t dtype, int32_t* error_flag, void* stream) {
-  if (num_seqs < 0 || max_blocks_per_seq <= 0 || num_blocks <= 0 || !isfinite(scale)) return KVPAGER_STATUS_INVALID_ARGUMENT;
-  if (num_seqs > 0 && (out == nullptr || query == nullptr || kv_cache == nullptr || block_table == nullptr || seq_lens == nullptr))
-    return KVPAGER_STATUS_INVALID_ARGUMENT;
-  if (const int32_t rc = kvpager_kernels::check_decode_shape(num_q_heads, num_kv_heads, head_dim, block_size, dtype);
-      rc != KVPAGER_STATUS_OK)
-    return rc;
-  if (num_seqs == 0) return KVPAGER_STATUS_OK;
-  auto s = static_cast<cudaStream_t>(stream);
-  switch (dtype) {
-    case KVPAGER_DTYPE_FP32:
-      return launch_decode<float>(out, query, kv_cache, block_table, seq_lens, num_seqs, num_q_heads, num_kv_heads, head_dim,
-                                  block_size, max_blocks_per_seq, num_blocks, scale, error_flag, s);
-    case KVPAGER_DTYPE_FP16:
-      return launch_decode<__half>(out, query, kv_cache, block_table, seq_lens, num_seqs, num_q_heads, num_kv_heads, head_dim,
-                                   block_size, max_blocks_per_seq, num_blocks, scale, error_flag, s);
-    default:
-      return launch_decode<__nv_bfloat16>(out, query, kv_cache, block_table, seq_lens, num_seqs, num_q_heads, num_kv_heads,
-                                          head_dim, block_size, max_blocks_per_seq, num_blocks, scale, error_flag, s);
-  }
+  return kvpager_cuda_paged_attention_decode_split(out, nullptr, query, kv_cache, block_table, seq_lens, num_seqs,
+                                                   num_q_heads, num_kv_heads, head_dim, block_size, max_blocks_per_seq,
+                                                   num_blocks, scale, dtype, 1, nullptr, 0, error_flag, stream);
 }
 
 int32_t kvpager_cuda_kv_append(void* kv_cache, const void* key, const void* value, const int64_t* slot_mapping,

@@ -1,5 +1,6 @@
 // CUDA kernels against the CPU backend on the same inputs. Skipped, with a message, where no GPU is present.
 #include <kvpager/c/kernels.h>
+#include <kvpager/kernels/attention.hpp>
 #include <kvpager/kernels/float16.hpp>
 
 #include <cuda_runtime.h>
@@ -37,81 +38,188 @@ std::vector<T> to_host(const T* d, size_t n) {
 
 }  // namespace
 
+namespace {
+
+/// One decode problem run on the CPU backend and on the GPU with `splits` KV splits (1 = the unsplit entry point);
+/// returns the worst relative difference of the outputs and of the LSEs (CPU path run with the same split count).
+struct gpu_vs_cpu {
+  double out = 0, lse = 0;
+};
+gpu_vs_cpu run_case(int32_t dtype, int32_t d, int32_t bs, int32_t hq, int32_t hkv, const std::vector<int32_t>& lens,
+                    int32_t splits, uint32_t seed) {
+  std::mt19937 rng(seed);
+  std::uniform_real_distribution<float> uni(-1.0F, 1.0F);
+  const int32_t longest = *std::max_element(lens.begin(), lens.end());
+  const int32_t maxb = std::max(1, (longest + bs - 1) / bs);
+  int32_t nb = 3;
+  for (int32_t len : lens) nb += (len + bs - 1) / bs;
+  const size_t block_elems = 2ULL * hkv * bs * d;
+  const bool f32 = dtype == KVPAGER_DTYPE_FP32;
+  const size_t esz = f32 ? 4 : 2;
+  auto fill = [&](std::vector<unsigned char>& bytes, size_t n) {
+    bytes.resize(n * esz);
+    for (size_t i = 0; i < n; ++i) {
+      const float x = uni(rng);
+      if (f32) {
+        std::memcpy(bytes.data() + 4 * i, &x, 4);
+      } else {
+        const uint16_t h = dtype == KVPAGER_DTYPE_FP16 ? kvpager::detail::float_to_half(x) : kvpager::detail::float_to_bf16(x);
+        std::memcpy(bytes.data() + 2 * i, &h, 2);
+      }
+    }
+  };
+  std::vector<unsigned char> kvh, qh;
+  fill(kvh, static_cast<size_t>(nb) * block_elems);
+  fill(qh, lens.size() * static_cast<size_t>(hq) * static_cast<size_t>(d));
+  std::vector<int32_t> ids(static_cast<size_t>(nb));
+  std::iota(ids.begin(), ids.end(), 0);
+  std::shuffle(ids.begin(), ids.end(), rng);
+  std::vector<int32_t> table(lens.size() * static_cast<size_t>(maxb), 0);
+  size_t next = 0;
+  for (size_t s = 0; s < lens.size(); ++s)
+    for (int32_t b = 0; b < (lens[s] + bs - 1) / bs; ++b) table[s * static_cast<size_t>(maxb) + static_cast<size_t>(b)] = ids[next++];
+  const auto S = static_cast<int32_t>(lens.size());
+  const float scale = 1.0F / std::sqrt(static_cast<float>(d));
+  std::vector<unsigned char> cpu_out(qh.size()), gpu_out(qh.size());
+  std::vector<float> cpu_lse(lens.size() * static_cast<size_t>(hq)), gpu_lse(cpu_lse.size(), 0.0F);
+  kvpager::decode_params p;
+  p.out = cpu_out.data();
+  p.query = qh.data();
+  p.lse = cpu_lse.data();
+  p.kv = kvpager::paged_kv_view::hnd(kvh.data(), dtype, nb, hkv, bs, d);
+  p.pages.block_table = table.data();
+  p.pages.row_stride = maxb;
+  p.pages.seq_lens = lens.data();
+  p.num_seqs = S;
+  p.num_q_heads = hq;
+  p.scale = scale;
+  p.num_splits = splits;
+  EXPECT_EQ(kvpager::paged_attention_decode_cpu(p), KVPAGER_STATUS_OK);
+  auto* dkv = to_device(kvh);
+  auto* dq = to_device(qh);
+  auto* dt = to_device(table);
+  auto* dl = to_device(lens);
+  auto* dout = to_device(gpu_out);
+  auto* dlse = to_device(gpu_lse);
+  auto* derr = to_device(std::vector<int32_t>{0});
+  int64_t ws_bytes = 0;
+  EXPECT_EQ(kvpager_cuda_decode_workspace_size(S, hq, d, splits, &ws_bytes), KVPAGER_STATUS_OK);
+  void* ws = nullptr;
+  if (ws_bytes > 0) {
+    EXPECT_EQ(cudaMalloc(&ws, static_cast<size_t>(ws_bytes)), cudaSuccess);
+  }
+  if (splits == 1) {
+    EXPECT_EQ(kvpager_cuda_paged_attention_decode(dout, dq, dkv, dt, dl, S, hq, hkv, d, bs, maxb, nb, scale, dtype, derr, nullptr),
+              KVPAGER_STATUS_OK);
+  } else {
+    EXPECT_EQ(kvpager_cuda_paged_attention_decode_split(dout, dlse, dq, dkv, dt, dl, S, hq, hkv, d, bs, maxb, nb, scale, dtype,
+                                                        splits, ws, ws_bytes, derr, nullptr),
+              KVPAGER_STATUS_OK);
+  }
+  EXPECT_EQ(cudaDeviceSynchronize(), cudaSuccess);
+  gpu_out = to_host(dout, gpu_out.size());
+  gpu_lse = to_host(dlse, gpu_lse.size());
+  EXPECT_EQ(to_host(derr, 1)[0], 0);
+  gpu_vs_cpu worst;
+  for (size_t i = 0; i < gpu_out.size() / esz; ++i) {
+    double a, b;
+    if (f32) {
+      float x, y;
+      std::memcpy(&x, cpu_out.data() + 4 * i, 4);
+      std::memcpy(&y, gpu_out.data() + 4 * i, 4);
+      a = x;
+      b = y;
+    } else {
+      uint16_t x, y;
+      std::memcpy(&x, cpu_out.data() + 2 * i, 2);
+      std::memcpy(&y, gpu_out.data() + 2 * i, 2);
+      a = dtype == KVPAGER_DTYPE_FP16 ? kvpager::detail::half_to_float(x) : kvpager::detail::bf16_to_float(x);
+      b = dtype == KVPAGER_DTYPE_FP16 ? kvpager::detail::half_to_float(y) : kvpager::detail::bf16_to_float(y);
+    }
+    worst.out = std::max(worst.out, std::abs(a - b) / (1.0 + std::abs(a)));
+  }
+  for (size_t i = 0; splits > 1 && i < cpu_lse.size(); ++i) {
+    if (std::isinf(cpu_lse[i])) {
+      if (!std::isinf(gpu_lse[i])) worst.lse = 1e9;
+      continue;
+    }
+    worst.lse = std::max(worst.lse, std::abs(double{cpu_lse[i]} - gpu_lse[i]) / (1.0 + std::abs(cpu_lse[i])));
+  }
+  for (void* ptr : {static_cast<void*>(dkv), static_cast<void*>(dq), static_cast<void*>(dt), static_cast<void*>(dl),
+                    static_cast<void*>(dout), static_cast<void*>(dlse), static_cast<void*>(derr), ws})
+    cudaFree(ptr);
+  return worst;
+}
+
+double gpu_tolerance(int32_t dtype) { return dtype == KVPAGER_DTYPE_FP32 ? 1e-5 : dtype == KVPAGER_DTYPE_FP16 ? 2e-3 : 1.6e-2; }
+
+}  // namespace
+
 TEST(CudaDecodeAttention, MatchesCpuBackend) {
   KVTEST_NEED_GPU();
-  std::mt19937 rng(3);
-  std::uniform_real_distribution<float> uni(-1.0F, 1.0F);
+  uint32_t seed = 3;
   for (int32_t dtype : {KVPAGER_DTYPE_FP32, KVPAGER_DTYPE_FP16, KVPAGER_DTYPE_BF16})
-    for (int32_t d : {64, 80, 128, 256})
+    for (int32_t d : {64, 80, 96, 112, 128, 256})
       for (int32_t bs : {8, 16, 32}) {
-        const int32_t hq = 8, hkv = 2;
-        const std::vector<int32_t> lens = {1, bs - 1, bs + 1, 97, 513, 4097};
-        const int32_t maxb = (4097 + bs - 1) / bs;
-        int32_t nb = 0;
-        for (int32_t len : lens) nb += (len + bs - 1) / bs;
-        nb += 3;
-        const size_t block_elems = 2ULL * hkv * bs * d;
-        std::vector<uint16_t> kv16(static_cast<size_t>(nb) * block_elems), q16(lens.size() * hq * d);
-        std::vector<float> kv32(kv16.size()), q32(q16.size());
-        for (size_t i = 0; i < kv16.size(); ++i) {
-          kv32[i] = uni(rng);
-          kv16[i] = dtype == KVPAGER_DTYPE_FP16 ? kvpager::detail::float_to_half(kv32[i]) : kvpager::detail::float_to_bf16(kv32[i]);
-        }
-        for (size_t i = 0; i < q16.size(); ++i) {
-          q32[i] = uni(rng);
-          q16[i] = dtype == KVPAGER_DTYPE_FP16 ? kvpager::detail::float_to_half(q32[i]) : kvpager::detail::float_to_bf16(q32[i]);
-        }
-        std::vector<int32_t> ids(static_cast<size_t>(nb));
-        std::iota(ids.begin(), ids.end(), 0);
-        std::shuffle(ids.begin(), ids.end(), rng);
-        std::vector<int32_t> table(lens.size() * static_cast<size_t>(maxb), 0);
-        size_t next = 0;
-        for (size_t s = 0; s < lens.size(); ++s)
-          for (int32_t b = 0; b < (lens[s] + bs - 1) / bs; ++b) table[s * static_cast<size_t>(maxb) + static_cast<size_t>(b)] = ids[next++];
-        const bool f32 = dtype == KVPAGER_DTYPE_FP32;
-        const size_t esz = f32 ? 4 : 2;
-        std::vector<unsigned char> kvh(kv16.size() * esz), qh(q16.size() * esz), cpu_out(qh.size()), gpu_out(qh.size());
-        std::memcpy(kvh.data(), f32 ? static_cast<const void*>(kv32.data()) : kv16.data(), kvh.size());
-        std::memcpy(qh.data(), f32 ? static_cast<const void*>(q32.data()) : q16.data(), qh.size());
-        const float scale = 1.0F / std::sqrt(static_cast<float>(d));
-        ASSERT_EQ(kvpager_cpu_paged_attention_decode(cpu_out.data(), qh.data(), kvh.data(), table.data(), lens.data(),
-                                                     static_cast<int32_t>(lens.size()), hq, hkv, d, bs, maxb, nb, scale, dtype, 0),
-                  KVPAGER_STATUS_OK);
-        auto* dkv = to_device(kvh);
-        auto* dq = to_device(qh);
-        auto* dt = to_device(table);
-        auto* dl = to_device(lens);
-        auto* dout = to_device(gpu_out);
-        auto* derr = to_device(std::vector<int32_t>{0});
-        ASSERT_EQ(kvpager_cuda_paged_attention_decode(dout, dq, dkv, dt, dl, static_cast<int32_t>(lens.size()), hq, hkv, d, bs,
-                                                      maxb, nb, scale, dtype, derr, nullptr),
-                  KVPAGER_STATUS_OK);
-        ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
-        gpu_out = to_host(dout, gpu_out.size());
-        EXPECT_EQ(to_host(derr, 1)[0], 0);
-        double worst = 0;
-        for (size_t i = 0; i < q16.size(); ++i) {
-          double a, b;
-          if (f32) {
-            float x, y;
-            std::memcpy(&x, cpu_out.data() + 4 * i, 4);
-            std::memcpy(&y, gpu_out.data() + 4 * i, 4);
-            a = x;
-            b = y;
-          } else {
-            uint16_t x, y;
-            std::memcpy(&x, cpu_out.data() + 2 * i, 2);
-            std::memcpy(&y, gpu_out.data() + 2 * i, 2);
-            a = dtype == KVPAGER_DTYPE_FP16 ? kvpager::detail::half_to_float(x) : kvpager::detail::bf16_to_float(x);
-            b = dtype == KVPAGER_DTYPE_FP16 ? kvpager::detail::half_to_float(y) : kvpager::detail::bf16_to_float(y);
-          }
-          worst = std::max(worst, std::abs(a - b) / (1.0 + std::abs(a)));
-        }
-        EXPECT_LE(worst, f32 ? 1e-5 : dtype == KVPAGER_DTYPE_FP16 ? 2e-3 : 1.6e-2) << dtype << " " << d << " " << bs;
-        for (void* p : {static_cast<void*>(dkv), static_cast<void*>(dq), static_cast<void*>(dt), static_cast<void*>(dl),
-                        static_cast<void*>(dout), static_cast<void*>(derr)})
-          cudaFree(p);
+        const std::vector<int32_t> lens = {1, bs - 1, bs + 1, 97, 513, 4097, 0};
+        const auto r = run_case(dtype, d, bs, 8, 2, lens, 1, seed++);
+        EXPECT_LE(r.out, gpu_tolerance(dtype)) << dtype << " " << d << " " << bs;
       }
+}
+
+TEST(CudaDecodeAttention, SplitKvAndLseMatchCpuBackend) {
+  KVTEST_NEED_GPU();
+  // Query-head groups 1, 4, 7 (a full tile of 8 is not needed), 12 (tiles of 8 + 4) and MQA with 32 heads.
+  const std::pair<int32_t, int32_t> heads[] = {{4, 4}, {8, 2}, {7, 1}, {24, 2}, {32, 1}};
+  uint32_t seed = 11;
+  for (int32_t dtype : {KVPAGER_DTYPE_FP32, KVPAGER_DTYPE_BF16})
+    for (int32_t splits : {2, 3, 16})
+      for (const auto& [hq, hkv] : heads) {
+        const auto r = run_case(dtype, 128, 16, hq, hkv, {1, 15, 17, 300, 2048, 4097, 0}, splits, seed++);
+        EXPECT_LE(r.out, gpu_tolerance(dtype)) << dtype << " splits " << splits << " hq " << hq << " hkv " << hkv;
+        EXPECT_LE(r.lse, 1e-5) << dtype << " splits " << splits << " hq " << hq << " hkv " << hkv;
+      }
+  int32_t planned = 0;
+  ASSERT_EQ(kvpager_cuda_plan_decode(1, 8, 32768, 0, &planned), KVPAGER_STATUS_OK);
+  EXPECT_GT(planned, 1) << "one long sequence must be split to fill the GPU";
+  const auto r = run_case(KVPAGER_DTYPE_FP16, 128, 16, 32, 8, {32768}, planned, 99);
+  EXPECT_LE(r.out, gpu_tolerance(KVPAGER_DTYPE_FP16));
+}
+
+// Host-side checks of the split entry point and the workspace query: no device needed.
+TEST(CudaDecodeArguments, WorkspaceQueryAndHostChecks) {
+  int64_t bytes = -1;
+  ASSERT_EQ(kvpager_cuda_decode_workspace_size(4, 32, 128, 1, &bytes), KVPAGER_STATUS_OK);
+  EXPECT_EQ(bytes, 0);
+  ASSERT_EQ(kvpager_cuda_decode_workspace_size(4, 32, 128, 5, &bytes), KVPAGER_STATUS_OK);
+  EXPECT_EQ(bytes, 4LL * 32 * 5 * 130 * 4);
+  EXPECT_EQ(kvpager_cuda_decode_workspace_size(4, 32, 128, 0, &bytes), KVPAGER_STATUS_INVALID_ARGUMENT);
+  EXPECT_EQ(kvpager_cuda_decode_workspace_size(4, 32, 128, 257, &bytes), KVPAGER_STATUS_INVALID_ARGUMENT);
+  EXPECT_EQ(kvpager_cuda_decode_workspace_size(4, 32, 128, 2, nullptr), KVPAGER_STATUS_INVALID_ARGUMENT);
+  int32_t splits = -1;
+  const int32_t plan = kvpager_cuda_plan_decode(2, 8, 4096, 0, &splits);
+  if (have_gpu()) {
+    EXPECT_EQ(plan, KVPAGER_STATUS_OK);
+    EXPECT_GE(splits, 1);
+  } else {
+    EXPECT_EQ(plan, KVPAGER_STATUS_NO_DEVICE);
+  }
+  EXPECT_EQ(kvpager_cuda_plan_decode(2, 0, 4096, 0, &splits), KVPAGER_STATUS_INVALID_ARGUMENT);
+  // Argument checks happen on the host before anything is launched, so they answer the same without a GPU (a build
+  // without CUDA answers NO_DEVICE for everything).
+  const int32_t expect_bad = kvpager_built_with_cuda() != 0 ? KVPAGER_STATUS_INVALID_ARGUMENT : KVPAGER_STATUS_NO_DEVICE;
+  char dummy[16] = {};
+  const int32_t table[1] = {0}, lens[1] = {1};
+  auto call = [&](int32_t splits_arg, void* ws, int64_t ws_bytes) {
+    return kvpager_cuda_paged_attention_decode_split(dummy, nullptr, dummy, dummy, table, lens, 2, 8, 2, 128, 16, 4, 8,
+                                                     0.1F, KVPAGER_DTYPE_FP16, splits_arg, ws, ws_bytes, nullptr, nullptr);
+  };
+  EXPECT_EQ(call(0, nullptr, 0), expect_bad);                         // no splits
+  EXPECT_EQ(call(4, nullptr, 0), expect_bad);                         // workspace missing
+  EXPECT_EQ(call(4, dummy, 2LL * 8 * 4 * 130 * 4 - 1), expect_bad);   // one byte short
+  EXPECT_EQ(kvpager_cuda_paged_attention_decode_split(dummy, nullptr, dummy, dummy, table, lens, 2, 8, 3, 128, 16, 4, 8, 0.1F,
+                                                      KVPAGER_DTYPE_FP16, 1, nullptr, 0, nullptr, nullptr),
+            kvpager_built_with_cuda() != 0 ? KVPAGER_STATUS_BAD_HEADS : KVPAGER_STATUS_NO_DEVICE);
 }
 
 TEST(CudaBlocks, AppendCopySwapMatchCpu) {

@@ -102,12 +102,44 @@ KVPAGER_C_API int32_t kvpager_cpu_swap_blocks(void* dst, int32_t dst_blocks, con
  * *error_flag (device int32, may be NULL) is set to KVPAGER_STATUS_INVALID_BLOCK. No allocation and no host
  * synchronization inside these calls. Without a CUDA build or device they return KVPAGER_STATUS_NO_DEVICE.
  */
+/** Decode attention without splits (one CTA per sequence and KV head); arguments as the CPU function. */
 KVPAGER_C_API int32_t kvpager_cuda_paged_attention_decode(void* out, const void* query, const void* kv_cache,
                                                           const int32_t* block_table, const int32_t* seq_lens,
                                                           int32_t num_seqs, int32_t num_q_heads, int32_t num_kv_heads,
                                                           int32_t head_dim, int32_t block_size,
                                                           int32_t max_blocks_per_seq, int32_t num_blocks, float scale,
                                                           int32_t dtype, int32_t* error_flag, void* stream);
+
+/**
+ * Split-KV decode: each sequence's tokens are cut into num_splits chunks of whole blocks (1 <= num_splits <= 256),
+ * one CTA per (sequence, KV head, chunk); partial (max, sum, output) states go to `workspace` in fp32 and a second
+ * kernel merges them in fp32 into `out` and, when lse is not NULL, lse [num_seqs, num_q_heads] (natural log of the
+ * softmax denominator of the scaled scores). Choose num_splits with kvpager_cuda_plan_decode (on the host, from the
+ * longest sequence) and size the workspace with kvpager_cuda_decode_workspace_size; num_splits = 1 needs none.
+ * No allocation and no synchronization: both kernels are queued on `stream`. A workspace smaller than needed is
+ * KVPAGER_STATUS_INVALID_ARGUMENT.
+ */
+KVPAGER_C_API int32_t kvpager_cuda_paged_attention_decode_split(
+    void* out, float* lse, const void* query, const void* kv_cache, const int32_t* block_table, const int32_t* seq_lens,
+    int32_t num_seqs, int32_t num_q_heads, int32_t num_kv_heads, int32_t head_dim, int32_t block_size,
+    int32_t max_blocks_per_seq, int32_t num_blocks, float scale, int32_t dtype, int32_t num_splits, void* workspace,
+    int64_t workspace_bytes, int32_t* error_flag, void* stream);
+
+/**
+ * Bytes of device workspace kvpager_cuda_paged_attention_decode_split needs, in *bytes: num_seqs x num_q_heads x
+ * num_splits x (head_dim + 2) x 4, or 0 for num_splits = 1. Pure arithmetic (works without a GPU).
+ */
+KVPAGER_C_API int32_t kvpager_cuda_decode_workspace_size(int32_t num_seqs, int32_t num_q_heads, int32_t head_dim,
+                                                         int32_t num_splits, int64_t* bytes);
+
+/**
+ * Host-side split plan for `device`: enough (sequence, KV head, split) CTAs for two per streaming multiprocessor,
+ * chunks of at least 256 tokens, at most 64 splits (kvpager::plan_decode with the SM count as parallelism).
+ * max_seq_len is the longest sequence of the batch. Returns KVPAGER_STATUS_NO_DEVICE without a usable device.
+ */
+KVPAGER_C_API int32_t kvpager_cuda_plan_decode(int32_t num_seqs, int32_t num_kv_heads, int32_t max_seq_len,
+                                               int32_t device, int32_t* num_splits);
+
 KVPAGER_C_API int32_t kvpager_cuda_kv_append(void* kv_cache, const void* key, const void* value,
                                              const int64_t* slot_mapping, int32_t num_tokens, int32_t num_kv_heads,
                                              int32_t head_dim, int32_t block_size, int32_t num_blocks, int32_t dtype,

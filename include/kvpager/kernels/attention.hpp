@@ -57,7 +57,7 @@ struct decode_params {
   page_table_view pages{};
   std::int32_t num_seqs = 0, num_q_heads = 0;
   float scale = 1.0F;
-  std::int32_t num_splits = 0;   ///< KV chunks per sequence; 0 = choose with plan_decode
+  std::int32_t num_splits = 0;   ///< KV chunks per sequence (at most 256); 0 = choose with plan_decode
   std::int32_t num_threads = 0;  ///< 0 = all cores
 };
 
