@@ -13,147 +13,12 @@
 #include <random>
 #include <vector>
 
-namespace {
+#include "../../tools/gpu_check/cuda_compare.hpp"
 
-bool have_gpu() {
-  int32_t n = 0;
-  return kvpager_cuda_device_count(&n) == KVPAGER_STATUS_OK && n > 0;
-}
+using namespace kvpager_gpu_check;
+
 #define KVTEST_NEED_GPU() \
   if (!have_gpu()) GTEST_SKIP() << "no CUDA device: CUDA kernel tests skipped (they run where a GPU is present)"
-
-template <class T>
-T* to_device(const std::vector<T>& v) {
-  T* d = nullptr;
-  if (cudaMalloc(&d, std::max<size_t>(1, v.size() * sizeof(T))) != cudaSuccess) return nullptr;
-  cudaMemcpy(d, v.data(), v.size() * sizeof(T), cudaMemcpyHostToDevice);
-  return d;
-}
-template <class T>
-std::vector<T> to_host(const T* d, size_t n) {
-  std::vector<T> v(n);
-  cudaMemcpy(v.data(), d, n * sizeof(T), cudaMemcpyDeviceToHost);
-  return v;
-}
-
-}  // namespace
-
-namespace {
-
-/// One decode problem run on the CPU backend and on the GPU with `splits` KV splits (1 = the unsplit entry point);
-/// returns the worst relative difference of the outputs and of the LSEs (CPU path run with the same split count).
-struct gpu_vs_cpu {
-  double out = 0, lse = 0;
-};
-gpu_vs_cpu run_case(int32_t dtype, int32_t d, int32_t bs, int32_t hq, int32_t hkv, const std::vector<int32_t>& lens,
-                    int32_t splits, uint32_t seed) {
-  std::mt19937 rng(seed);
-  std::uniform_real_distribution<float> uni(-1.0F, 1.0F);
-  const int32_t longest = *std::max_element(lens.begin(), lens.end());
-  const int32_t maxb = std::max(1, (longest + bs - 1) / bs);
-  int32_t nb = 3;
-  for (int32_t len : lens) nb += (len + bs - 1) / bs;
-  const size_t block_elems = 2ULL * hkv * bs * d;
-  const bool f32 = dtype == KVPAGER_DTYPE_FP32;
-  const size_t esz = f32 ? 4 : 2;
-  auto fill = [&](std::vector<unsigned char>& bytes, size_t n) {
-    bytes.resize(n * esz);
-    for (size_t i = 0; i < n; ++i) {
-      const float x = uni(rng);
-      if (f32) {
-        std::memcpy(bytes.data() + 4 * i, &x, 4);
-      } else {
-        const uint16_t h = dtype == KVPAGER_DTYPE_FP16 ? kvpager::detail::float_to_half(x) : kvpager::detail::float_to_bf16(x);
-        std::memcpy(bytes.data() + 2 * i, &h, 2);
-      }
-    }
-  };
-  std::vector<unsigned char> kvh, qh;
-  fill(kvh, static_cast<size_t>(nb) * block_elems);
-  fill(qh, lens.size() * static_cast<size_t>(hq) * static_cast<size_t>(d));
-  std::vector<int32_t> ids(static_cast<size_t>(nb));
-  std::iota(ids.begin(), ids.end(), 0);
-  std::shuffle(ids.begin(), ids.end(), rng);
-  std::vector<int32_t> table(lens.size() * static_cast<size_t>(maxb), 0);
-  size_t next = 0;
-  for (size_t s = 0; s < lens.size(); ++s)
-    for (int32_t b = 0; b < (lens[s] + bs - 1) / bs; ++b) table[s * static_cast<size_t>(maxb) + static_cast<size_t>(b)] = ids[next++];
-  const auto S = static_cast<int32_t>(lens.size());
-  const float scale = 1.0F / std::sqrt(static_cast<float>(d));
-  std::vector<unsigned char> cpu_out(qh.size()), gpu_out(qh.size());
-  std::vector<float> cpu_lse(lens.size() * static_cast<size_t>(hq)), gpu_lse(cpu_lse.size(), 0.0F);
-  kvpager::decode_params p;
-  p.out = cpu_out.data();
-  p.query = qh.data();
-  p.lse = cpu_lse.data();
-  p.kv = kvpager::paged_kv_view::hnd(kvh.data(), dtype, nb, hkv, bs, d);
-  p.pages.block_table = table.data();
-  p.pages.row_stride = maxb;
-  p.pages.seq_lens = lens.data();
-  p.num_seqs = S;
-  p.num_q_heads = hq;
-  p.scale = scale;
-  p.num_splits = splits;
-  EXPECT_EQ(kvpager::paged_attention_decode_cpu(p), KVPAGER_STATUS_OK);
-  auto* dkv = to_device(kvh);
-  auto* dq = to_device(qh);
-  auto* dt = to_device(table);
-  auto* dl = to_device(lens);
-  auto* dout = to_device(gpu_out);
-  auto* dlse = to_device(gpu_lse);
-  auto* derr = to_device(std::vector<int32_t>{0});
-  int64_t ws_bytes = 0;
-  EXPECT_EQ(kvpager_cuda_decode_workspace_size(S, hq, d, splits, &ws_bytes), KVPAGER_STATUS_OK);
-  void* ws = nullptr;
-  if (ws_bytes > 0) {
-    EXPECT_EQ(cudaMalloc(&ws, static_cast<size_t>(ws_bytes)), cudaSuccess);
-  }
-  if (splits == 1) {
-    EXPECT_EQ(kvpager_cuda_paged_attention_decode(dout, dq, dkv, dt, dl, S, hq, hkv, d, bs, maxb, nb, scale, dtype, derr, nullptr),
-              KVPAGER_STATUS_OK);
-  } else {
-    EXPECT_EQ(kvpager_cuda_paged_attention_decode_split(dout, dlse, dq, dkv, dt, dl, S, hq, hkv, d, bs, maxb, nb, scale, dtype,
-                                                        splits, ws, ws_bytes, derr, nullptr),
-              KVPAGER_STATUS_OK);
-  }
-  EXPECT_EQ(cudaDeviceSynchronize(), cudaSuccess);
-  gpu_out = to_host(dout, gpu_out.size());
-  gpu_lse = to_host(dlse, gpu_lse.size());
-  EXPECT_EQ(to_host(derr, 1)[0], 0);
-  gpu_vs_cpu worst;
-  for (size_t i = 0; i < gpu_out.size() / esz; ++i) {
-    double a, b;
-    if (f32) {
-      float x, y;
-      std::memcpy(&x, cpu_out.data() + 4 * i, 4);
-      std::memcpy(&y, gpu_out.data() + 4 * i, 4);
-      a = x;
-      b = y;
-    } else {
-      uint16_t x, y;
-      std::memcpy(&x, cpu_out.data() + 2 * i, 2);
-      std::memcpy(&y, gpu_out.data() + 2 * i, 2);
-      a = dtype == KVPAGER_DTYPE_FP16 ? kvpager::detail::half_to_float(x) : kvpager::detail::bf16_to_float(x);
-      b = dtype == KVPAGER_DTYPE_FP16 ? kvpager::detail::half_to_float(y) : kvpager::detail::bf16_to_float(y);
-    }
-    worst.out = std::max(worst.out, std::abs(a - b) / (1.0 + std::abs(a)));
-  }
-  for (size_t i = 0; splits > 1 && i < cpu_lse.size(); ++i) {
-    if (std::isinf(cpu_lse[i])) {
-      if (!std::isinf(gpu_lse[i])) worst.lse = 1e9;
-      continue;
-    }
-    worst.lse = std::max(worst.lse, std::abs(double{cpu_lse[i]} - gpu_lse[i]) / (1.0 + std::abs(cpu_lse[i])));
-  }
-  for (void* ptr : {static_cast<void*>(dkv), static_cast<void*>(dq), static_cast<void*>(dt), static_cast<void*>(dl),
-                    static_cast<void*>(dout), static_cast<void*>(dlse), static_cast<void*>(derr), ws})
-    cudaFree(ptr);
-  return worst;
-}
-
-double gpu_tolerance(int32_t dtype) { return dtype == KVPAGER_DTYPE_FP32 ? 1e-5 : dtype == KVPAGER_DTYPE_FP16 ? 2e-3 : 1.6e-2; }
-
-}  // namespace
 
 TEST(CudaDecodeAttention, MatchesCpuBackend) {
   KVTEST_NEED_GPU();
@@ -162,7 +27,8 @@ TEST(CudaDecodeAttention, MatchesCpuBackend) {
     for (int32_t d : {64, 80, 96, 112, 128, 256})
       for (int32_t bs : {8, 16, 32}) {
         const std::vector<int32_t> lens = {1, bs - 1, bs + 1, 97, 513, 4097, 0};
-        const auto r = run_case(dtype, d, bs, 8, 2, lens, 1, seed++);
+        const auto r = run_decode_case(dtype, d, bs, 8, 2, lens, 1, seed++);
+        EXPECT_TRUE(r.calls_ok) << dtype << " " << d << " " << bs;
         EXPECT_LE(r.out, gpu_tolerance(dtype)) << dtype << " " << d << " " << bs;
       }
 }
@@ -175,14 +41,16 @@ TEST(CudaDecodeAttention, SplitKvAndLseMatchCpuBackend) {
   for (int32_t dtype : {KVPAGER_DTYPE_FP32, KVPAGER_DTYPE_BF16})
     for (int32_t splits : {2, 3, 16})
       for (const auto& [hq, hkv] : heads) {
-        const auto r = run_case(dtype, 128, 16, hq, hkv, {1, 15, 17, 300, 2048, 4097, 0}, splits, seed++);
+        const auto r = run_decode_case(dtype, 128, 16, hq, hkv, {1, 15, 17, 300, 2048, 4097, 0}, splits, seed++);
+        EXPECT_TRUE(r.calls_ok) << dtype << " splits " << splits << " hq " << hq << " hkv " << hkv;
         EXPECT_LE(r.out, gpu_tolerance(dtype)) << dtype << " splits " << splits << " hq " << hq << " hkv " << hkv;
         EXPECT_LE(r.lse, 1e-5) << dtype << " splits " << splits << " hq " << hq << " hkv " << hkv;
       }
   int32_t planned = 0;
   ASSERT_EQ(kvpager_cuda_plan_decode(1, 8, 32768, 0, &planned), KVPAGER_STATUS_OK);
   EXPECT_GT(planned, 1) << "one long sequence must be split to fill the GPU";
-  const auto r = run_case(KVPAGER_DTYPE_FP16, 128, 16, 32, 8, {32768}, planned, 99);
+  const auto r = run_decode_case(KVPAGER_DTYPE_FP16, 128, 16, 32, 8, {32768}, planned, 99);
+  EXPECT_TRUE(r.calls_ok);
   EXPECT_LE(r.out, gpu_tolerance(KVPAGER_DTYPE_FP16));
 }
 
