@@ -11,12 +11,11 @@
 #include <random>
 #include <vector>
 
+#include "../tools/gpu_check/cuda_compare.hpp"
+
 namespace {
 
-bool have_gpu() {
-  int32_t n = 0;
-  return kvpager_cuda_device_count(&n) == KVPAGER_STATUS_OK && n > 0;
-}
+using kvpager_gpu_check::have_gpu;
 
 /// Times `fn` with CUDA events over the benchmark's iterations (manual time).
 template <class Fn>
@@ -41,44 +40,15 @@ void time_gpu(benchmark::State& state, Fn fn) {
 
 void BM_CudaDecode(benchmark::State& state) {
   if (!have_gpu()) return state.SkipWithError("no CUDA device");
-  const int32_t batch = static_cast<int32_t>(state.range(1)), ctx = static_cast<int32_t>(state.range(0));
-  const int32_t hq = 32, hkv = 8, d = 128, bs = 16, maxb = (ctx + bs - 1) / bs, nb = batch * maxb;
-  const size_t kv_bytes = static_cast<size_t>(nb) * 2 * hkv * bs * d * 2;
-  void *kv, *q, *out, *table, *lens;
-  cudaMalloc(&kv, kv_bytes);
-  cudaMemset(kv, 0, kv_bytes);
-  cudaMalloc(&q, static_cast<size_t>(batch) * hq * d * 2);
-  cudaMemset(q, 0, static_cast<size_t>(batch) * hq * d * 2);
-  cudaMalloc(&out, static_cast<size_t>(batch) * hq * d * 2);
-  std::vector<int32_t> t(static_cast<size_t>(nb));
-  std::iota(t.begin(), t.end(), 0);
-  std::shuffle(t.begin(), t.end(), std::mt19937(1));
-  cudaMalloc(&table, t.size() * 4);
-  cudaMemcpy(table, t.data(), t.size() * 4, cudaMemcpyHostToDevice);
-  std::vector<int32_t> l(static_cast<size_t>(batch), ctx);
-  cudaMalloc(&lens, l.size() * 4);
-  cudaMemcpy(lens, l.data(), l.size() * 4, cudaMemcpyHostToDevice);
-  // Split-KV as an engine would call it: the plan and the workspace size come from the host before the step.
-  int32_t splits = 1;
-  int64_t ws_bytes = 0;
-  void* ws = nullptr;
-  if (kvpager_cuda_plan_decode(batch, hkv, ctx, 0, &splits) != KVPAGER_STATUS_OK ||
-      kvpager_cuda_decode_workspace_size(batch, hq, d, splits, &ws_bytes) != KVPAGER_STATUS_OK)
-    return state.SkipWithError("plan failed");
-  if (ws_bytes > 0) cudaMalloc(&ws, static_cast<size_t>(ws_bytes));
+  const kvpager_gpu_check::decode_bench bench(static_cast<int32_t>(state.range(0)), static_cast<int32_t>(state.range(1)));
+  if (!bench.ok) return state.SkipWithError("setup failed");
   int32_t rc = KVPAGER_STATUS_OK;
-  time_gpu(state, [&] {
-    rc |= kvpager_cuda_paged_attention_decode_split(out, nullptr, q, kv, static_cast<int32_t*>(table), static_cast<int32_t*>(lens),
-                                                    batch, hq, hkv, d, bs, maxb, nb, 0.088F, KVPAGER_DTYPE_FP16, splits, ws,
-                                                    ws_bytes, nullptr, nullptr);
-  });
+  time_gpu(state, [&] { rc |= bench.run(); });
   if (rc != KVPAGER_STATUS_OK) state.SkipWithError("decode failed");
-  state.counters["splits"] = splits;
-  cudaFree(ws);
-  state.SetBytesProcessed(state.iterations() * static_cast<int64_t>(kv_bytes));
-  state.counters["fraction_of_4.8TBps"] = benchmark::Counter(static_cast<double>(kv_bytes) / 4.8e12,
+  state.counters["splits"] = bench.splits;
+  state.SetBytesProcessed(state.iterations() * static_cast<int64_t>(bench.kv_bytes));
+  state.counters["fraction_of_4.8TBps"] = benchmark::Counter(static_cast<double>(bench.kv_bytes) / 4.8e12,
                                                              benchmark::Counter::kIsIterationInvariantRate);
-  for (void* p : {kv, q, out, table, lens}) cudaFree(p);
 }
 BENCHMARK(BM_CudaDecode)->Name("cuda_decode_fp16_gqa4_d128/kvpager")->Args({4096, 8})->Args({16384, 8})->Args({32768, 1})->Args({32768, 32})->UseManualTime();
 

@@ -152,4 +152,44 @@ inline gpu_vs_cpu run_decode_case(int32_t dtype, int32_t d, int32_t bs, int32_t 
   return worst;
 }
 
+/// The decode bandwidth setup shared by bench_cuda and kvpager-gpu-check: an fp16 pool holding `batch` sequences of
+/// `ctx` tokens behind shuffled block ids (32 query heads over 8 KV heads, head_dim 128, block 16), with the split
+/// count planned on the host and its workspace allocated up front, as an engine would before the step.
+struct decode_bench {
+  static constexpr int32_t hq = 32, hkv = 8, d = 128, bs = 16;
+  int32_t ctx, batch, maxb, nb, splits = 1;
+  size_t kv_bytes;
+  int64_t ws_bytes = 0;
+  void *kv = nullptr, *q = nullptr, *out = nullptr, *ws = nullptr;
+  int32_t *table = nullptr, *lens = nullptr;
+  bool ok = true;
+
+  decode_bench(int32_t context, int32_t sequences)
+      : ctx(context), batch(sequences), maxb((context + bs - 1) / bs), nb(sequences * maxb),
+        kv_bytes(static_cast<size_t>(nb) * 2 * hkv * bs * d * 2) {
+    const size_t qbytes = static_cast<size_t>(batch) * hq * d * 2;
+    ok = cudaMalloc(&kv, kv_bytes) == cudaSuccess && cudaMalloc(&q, qbytes) == cudaSuccess &&
+         cudaMalloc(&out, qbytes) == cudaSuccess && cudaMemset(kv, 0, kv_bytes) == cudaSuccess &&
+         cudaMemset(q, 0, qbytes) == cudaSuccess;
+    std::vector<int32_t> ids(static_cast<size_t>(nb));
+    std::iota(ids.begin(), ids.end(), 0);
+    std::shuffle(ids.begin(), ids.end(), std::mt19937(1));
+    table = to_device(ids);
+    lens = to_device(std::vector<int32_t>(static_cast<size_t>(batch), ctx));
+    ok = ok && table != nullptr && lens != nullptr && kvpager_cuda_plan_decode(batch, hkv, ctx, 0, &splits) == KVPAGER_STATUS_OK &&
+         kvpager_cuda_decode_workspace_size(batch, hq, d, splits, &ws_bytes) == KVPAGER_STATUS_OK &&
+         (ws_bytes == 0 || cudaMalloc(&ws, static_cast<size_t>(ws_bytes)) == cudaSuccess);
+  }
+  decode_bench(const decode_bench&) = delete;
+  decode_bench& operator=(const decode_bench&) = delete;
+  ~decode_bench() {
+    for (void* p : {kv, q, out, ws, static_cast<void*>(table), static_cast<void*>(lens)}) cudaFree(p);
+  }
+  /// Queues one decode step; returns its status.
+  int32_t run() const {
+    return kvpager_cuda_paged_attention_decode_split(out, nullptr, q, kv, table, lens, batch, hq, hkv, d, bs, maxb, nb, 0.088F,
+                                                     KVPAGER_DTYPE_FP16, splits, ws, ws_bytes, nullptr, nullptr);
+  }
+};
+
 }  // namespace kvpager_gpu_check

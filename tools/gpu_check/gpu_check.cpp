@@ -117,38 +117,24 @@ void blocks_correctness() {
 }
 
 void decode_bandwidth(int32_t ctx, int32_t batch) {
-  const int32_t hq = 32, hkv = 8, d = 128, bs = 16, maxb = (ctx + bs - 1) / bs, nb = batch * maxb;
-  const size_t kv_bytes = static_cast<size_t>(nb) * 2 * hkv * bs * d * 2;
-  void *kv = nullptr, *copy = nullptr, *q = nullptr, *out = nullptr, *ws = nullptr;
-  cudaMalloc(&kv, kv_bytes);
-  cudaMalloc(&copy, kv_bytes);
-  cudaMemset(kv, 0, kv_bytes);
-  cudaMalloc(&q, static_cast<size_t>(batch) * hq * d * 2);
-  cudaMemset(q, 0, static_cast<size_t>(batch) * hq * d * 2);
-  cudaMalloc(&out, static_cast<size_t>(batch) * hq * d * 2);
-  std::vector<int32_t> t(static_cast<size_t>(nb));
-  std::iota(t.begin(), t.end(), 0);
-  std::shuffle(t.begin(), t.end(), std::mt19937(1));
-  auto* table = to_device(t);
-  auto* lens = to_device(std::vector<int32_t>(static_cast<size_t>(batch), ctx));
-  int32_t splits = 1;
-  int64_t ws_bytes = 0;
-  kvpager_cuda_plan_decode(batch, hkv, ctx, 0, &splits);
-  kvpager_cuda_decode_workspace_size(batch, hq, d, splits, &ws_bytes);
-  if (ws_bytes > 0) cudaMalloc(&ws, static_cast<size_t>(ws_bytes));
+  const decode_bench bench(ctx, batch);
+  void* copy = nullptr;
+  if (!bench.ok || cudaMalloc(&copy, bench.kv_bytes) != cudaSuccess) {
+    check(false, "decode bandwidth setup (device memory)");
+    cudaFree(copy);
+    return;
+  }
   int32_t rc = 0;
-  const double dec = best_seconds(20, [&] {
-    rc |= kvpager_cuda_paged_attention_decode_split(out, nullptr, q, kv, table, lens, batch, hq, hkv, d, bs, maxb, nb, 0.088F,
-                                                    KVPAGER_DTYPE_FP16, splits, ws, ws_bytes, nullptr, nullptr);
-  });
-  const double mem = best_seconds(20, [&] { cudaMemcpyAsync(copy, kv, kv_bytes, cudaMemcpyDeviceToDevice); });
+  const double dec = best_seconds(20, [&] { rc |= bench.run(); });
+  const double mem = best_seconds(20, [&] { cudaMemcpyAsync(copy, bench.kv, bench.kv_bytes, cudaMemcpyDeviceToDevice); });
   // A device memcpy reads and writes each byte; decode only reads: compare with the memcpy's bytes moved (2x).
-  const double dec_bw = static_cast<double>(kv_bytes) / dec, mem_bw = 2.0 * static_cast<double>(kv_bytes) / mem;
+  const auto bytes = static_cast<double>(bench.kv_bytes);
+  const double dec_bw = bytes / dec, mem_bw = 2.0 * bytes / mem;
   std::printf("[bw  ] decode fp16 gqa4 d128 ctx %d batch %d splits %d: %.0f GB/s = %.2f of 4.8 TB/s, %.2f of device "
               "memcpy (%.0f GB/s moved)\n",
-              ctx, batch, splits, dec_bw / 1e9, dec_bw / 4.8e12, dec_bw / mem_bw, mem_bw / 1e9);
+              ctx, batch, bench.splits, dec_bw / 1e9, dec_bw / 4.8e12, dec_bw / mem_bw, mem_bw / 1e9);
   check(rc == 0, "decode bandwidth run returned OK");
-  for (void* p : {kv, copy, q, out, ws, static_cast<void*>(table), static_cast<void*>(lens)}) cudaFree(p);
+  cudaFree(copy);
 }
 
 void block_bandwidth() {
