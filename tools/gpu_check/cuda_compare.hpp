@@ -7,6 +7,8 @@
 
 #include <cuda_runtime.h>
 
+#include "decode_problem.hpp"
+
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
@@ -36,116 +38,38 @@ std::vector<T> to_host(const T* d, size_t n) {
   return v;
 }
 
-/// Tolerances of GPU against CPU outputs (both fp32-accumulated; fp16 a little above one rounding).
-inline double gpu_tolerance(int32_t dtype) {
-  return dtype == KVPAGER_DTYPE_FP32 ? 1e-5 : dtype == KVPAGER_DTYPE_FP16 ? 2e-3 : 1.6e-2;
-}
-
-struct gpu_vs_cpu {
-  bool calls_ok = true;  ///< every CPU and CUDA call returned OK and the device error flag stayed 0
-  double out = 0, lse = 0;
-};
-
 /// One decode problem on the CPU backend and on the GPU with `splits` KV splits (1 = the unsplit entry point; the
 /// CPU runs with the same split count); worst relative differences of the outputs and (splits > 1) of the LSEs.
 inline gpu_vs_cpu run_decode_case(int32_t dtype, int32_t d, int32_t bs, int32_t hq, int32_t hkv,
                                   const std::vector<int32_t>& lens, int32_t splits, uint32_t seed) {
-  gpu_vs_cpu worst;
-  std::mt19937 rng(seed);
-  std::uniform_real_distribution<float> uni(-1.0F, 1.0F);
-  const int32_t longest = *std::max_element(lens.begin(), lens.end());
-  const int32_t maxb = std::max(1, (longest + bs - 1) / bs);
-  int32_t nb = 3;
-  for (int32_t len : lens) nb += (len + bs - 1) / bs;
-  const size_t block_elems = 2ULL * hkv * bs * d;
-  const bool f32 = dtype == KVPAGER_DTYPE_FP32;
-  const size_t esz = f32 ? 4 : 2;
-  auto fill = [&](std::vector<unsigned char>& bytes, size_t n) {
-    bytes.resize(n * esz);
-    for (size_t i = 0; i < n; ++i) {
-      const float x = uni(rng);
-      if (f32) {
-        std::memcpy(bytes.data() + 4 * i, &x, 4);
-      } else {
-        const uint16_t h = dtype == KVPAGER_DTYPE_FP16 ? kvpager::detail::float_to_half(x) : kvpager::detail::float_to_bf16(x);
-        std::memcpy(bytes.data() + 2 * i, &h, 2);
-      }
-    }
-  };
-  std::vector<unsigned char> kvh, qh;
-  fill(kvh, static_cast<size_t>(nb) * block_elems);
-  fill(qh, lens.size() * static_cast<size_t>(hq) * static_cast<size_t>(d));
-  std::vector<int32_t> ids(static_cast<size_t>(nb));
-  std::iota(ids.begin(), ids.end(), 0);
-  std::shuffle(ids.begin(), ids.end(), rng);
-  std::vector<int32_t> table(lens.size() * static_cast<size_t>(maxb), 0);
-  size_t next = 0;
-  for (size_t s = 0; s < lens.size(); ++s)
-    for (int32_t b = 0; b < (lens[s] + bs - 1) / bs; ++b) table[s * static_cast<size_t>(maxb) + static_cast<size_t>(b)] = ids[next++];
-  const auto S = static_cast<int32_t>(lens.size());
-  const float scale = 1.0F / std::sqrt(static_cast<float>(d));
-  std::vector<unsigned char> cpu_out(qh.size()), gpu_out(qh.size());
-  std::vector<float> cpu_lse(lens.size() * static_cast<size_t>(hq)), gpu_lse(cpu_lse.size(), 0.0F);
-  kvpager::decode_params p;
-  p.out = cpu_out.data();
-  p.query = qh.data();
-  p.lse = cpu_lse.data();
-  p.kv = kvpager::paged_kv_view::hnd(kvh.data(), dtype, nb, hkv, bs, d);
-  p.pages.block_table = table.data();
-  p.pages.row_stride = maxb;
-  p.pages.seq_lens = lens.data();
-  p.num_seqs = S;
-  p.num_q_heads = hq;
-  p.scale = scale;
-  p.num_splits = splits;
-  worst.calls_ok &= (kvpager::paged_attention_decode_cpu(p)) == KVPAGER_STATUS_OK;
-  auto* dkv = to_device(kvh);
-  auto* dq = to_device(qh);
-  auto* dt = to_device(table);
-  auto* dl = to_device(lens);
-  auto* dout = to_device(gpu_out);
-  auto* dlse = to_device(gpu_lse);
+  const decode_problem pr(dtype, d, bs, hq, hkv, lens, splits, seed);
+  bool ok = pr.cpu_ok;
+  auto* dkv = to_device(pr.kv);
+  auto* dq = to_device(pr.q);
+  auto* dt = to_device(pr.table);
+  auto* dl = to_device(pr.lens);
+  std::vector<unsigned char> out(pr.q.size());
+  std::vector<float> lse(pr.cpu_lse.size(), 0.0F);
+  auto* dout = to_device(out);
+  auto* dlse = to_device(lse);
   auto* derr = to_device(std::vector<int32_t>{0});
   int64_t ws_bytes = 0;
-  worst.calls_ok &= (kvpager_cuda_decode_workspace_size(S, hq, d, splits, &ws_bytes)) == KVPAGER_STATUS_OK;
+  ok &= kvpager_cuda_decode_workspace_size(pr.S, hq, d, splits, &ws_bytes) == KVPAGER_STATUS_OK;
   void* ws = nullptr;
-  if (ws_bytes > 0) {
-    worst.calls_ok &= (cudaMalloc(&ws, static_cast<size_t>(ws_bytes))) == cudaSuccess;
-  }
+  if (ws_bytes > 0) ok &= cudaMalloc(&ws, static_cast<size_t>(ws_bytes)) == cudaSuccess;
   if (splits == 1) {
-    worst.calls_ok &= (kvpager_cuda_paged_attention_decode(dout, dq, dkv, dt, dl, S, hq, hkv, d, bs, maxb, nb, scale, dtype, derr, nullptr)) == KVPAGER_STATUS_OK;
+    ok &= kvpager_cuda_paged_attention_decode(dout, dq, dkv, dt, dl, pr.S, hq, hkv, d, bs, pr.maxb, pr.nb, pr.scale, dtype,
+                                              derr, nullptr) == KVPAGER_STATUS_OK;
   } else {
-    worst.calls_ok &= (kvpager_cuda_paged_attention_decode_split(dout, dlse, dq, dkv, dt, dl, S, hq, hkv, d, bs, maxb, nb, scale, dtype,
-                                                        splits, ws, ws_bytes, derr, nullptr)) == KVPAGER_STATUS_OK;
+    ok &= kvpager_cuda_paged_attention_decode_split(dout, dlse, dq, dkv, dt, dl, pr.S, hq, hkv, d, bs, pr.maxb, pr.nb,
+                                                    pr.scale, dtype, splits, ws, ws_bytes, derr, nullptr) == KVPAGER_STATUS_OK;
   }
-  worst.calls_ok &= (cudaDeviceSynchronize()) == cudaSuccess;
-  gpu_out = to_host(dout, gpu_out.size());
-  gpu_lse = to_host(dlse, gpu_lse.size());
-  worst.calls_ok &= (to_host(derr, 1)[0]) == 0;
-  for (size_t i = 0; i < gpu_out.size() / esz; ++i) {
-    double a, b;
-    if (f32) {
-      float x, y;
-      std::memcpy(&x, cpu_out.data() + 4 * i, 4);
-      std::memcpy(&y, gpu_out.data() + 4 * i, 4);
-      a = x;
-      b = y;
-    } else {
-      uint16_t x, y;
-      std::memcpy(&x, cpu_out.data() + 2 * i, 2);
-      std::memcpy(&y, gpu_out.data() + 2 * i, 2);
-      a = dtype == KVPAGER_DTYPE_FP16 ? kvpager::detail::half_to_float(x) : kvpager::detail::bf16_to_float(x);
-      b = dtype == KVPAGER_DTYPE_FP16 ? kvpager::detail::half_to_float(y) : kvpager::detail::bf16_to_float(y);
-    }
-    worst.out = std::max(worst.out, std::abs(a - b) / (1.0 + std::abs(a)));
-  }
-  for (size_t i = 0; splits > 1 && i < cpu_lse.size(); ++i) {
-    if (std::isinf(cpu_lse[i])) {
-      if (!std::isinf(gpu_lse[i])) worst.lse = 1e9;
-      continue;
-    }
-    worst.lse = std::max(worst.lse, std::abs(double{cpu_lse[i]} - gpu_lse[i]) / (1.0 + std::abs(cpu_lse[i])));
-  }
+  ok &= cudaDeviceSynchronize() == cudaSuccess;
+  out = to_host(dout, out.size());
+  lse = to_host(dlse, lse.size());
+  ok &= to_host(derr, 1)[0] == 0;
+  gpu_vs_cpu worst = pr.compare(out, splits > 1 ? lse : std::vector<float>{});
+  worst.calls_ok = worst.calls_ok && ok;
   for (void* ptr : {static_cast<void*>(dkv), static_cast<void*>(dq), static_cast<void*>(dt), static_cast<void*>(dl),
                     static_cast<void*>(dout), static_cast<void*>(dlse), static_cast<void*>(derr), ws})
     cudaFree(ptr);

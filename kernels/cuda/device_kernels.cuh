@@ -1,0 +1,224 @@
+#pragma once
+// The CUDA kernels themselves (device code), included by kernels.cu, which launches them. Written so that
+// tests/kernels/cuda_emulation_test.cpp can also compile them as plain C++ over a small emulation of the CUDA
+// execution model (kvpager_cuda_emulation.hpp: threads, warps, shuffles, barriers), which checks their logic against
+// the CPU backend on machines without a GPU. Keep to what that emulation provides: blockIdx/threadIdx/blockDim/
+// gridDim, __syncthreads, __shfl_xor_sync with a full mask, atomicExch, __expf/logf/fmaxf/min, __shared__ arrays
+// declared at the top of a kernel, and no warp-divergent shuffles or barriers.
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
+
+#include <cstdint>
+
+#include "kvpager/c/kernels.h"
+
+#if defined(__CUDACC__)
+#define KVPAGER_UNROLL _Pragma("unroll")
+#else
+#define KVPAGER_UNROLL
+#endif
+
+namespace kvpager_cuda_kernels {
+
+__device__ __forceinline__ float to_f(float x) { return x; }
+__device__ __forceinline__ float to_f(__half x) { return __half2float(x); }
+__device__ __forceinline__ float to_f(__nv_bfloat16 x) { return __bfloat162float(x); }
+template <class T> __device__ __forceinline__ T from_f(float x);
+template <> __device__ __forceinline__ float from_f<float>(float x) { return x; }
+template <> __device__ __forceinline__ __half from_f<__half>(float x) { return __float2half_rn(x); }
+template <> __device__ __forceinline__ __nv_bfloat16 from_f<__nv_bfloat16>(float x) { return __float2bfloat16_rn(x); }
+
+__device__ __forceinline__ float warp_sum(float v) {
+  for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffU, v, o);
+  return v;
+}
+
+constexpr int kWarps = 4;
+
+/// Query heads of a group handled together (their K/V rows are loaded once per tile): 8, or 4 for head_dim 256.
+template <int D> constexpr int kHeadTile = D <= 128 ? 8 : 4;
+
+/// The tokens [t0, t1) a split reads: whole blocks, the same formula as the CPU backend.
+__device__ __forceinline__ void split_range(int len, int bs, int splits, int split, int& t0, int& t1) {
+  const int per = (len + splits - 1) / splits;
+  const int chunk = (per + bs - 1) / bs * bs;
+  t0 = min(len, split * chunk);
+  t1 = min(len, t0 + chunk);
+}
+
+/// Grid (num_seqs, num_kv_heads, splits); 4 warps. For a tile of up to kHeadTile query heads of the group, each warp
+/// walks every 4th token of the split with one online softmax per head (each K/V row read once per tile, held in
+/// registers), then the warps' states are merged in fp32 through shared memory. With one split the result goes to
+/// `out` (and `lse`); with several, the unnormalized state (m, l, acc[D]) goes to part[seq][q head][split] for
+/// merge_kernel. Out-of-range block ids are never dereferenced: the token is skipped and *error set.
+template <class T, int D>
+__global__ void __launch_bounds__(kWarps * 32)
+    decode_kernel(T* __restrict__ out, float* __restrict__ lse, float* __restrict__ part, const T* __restrict__ q,
+                  const T* __restrict__ kv, const int32_t* __restrict__ table, const int32_t* __restrict__ lens, int hq,
+                  int hkv, int bs, int max_blocks, int num_blocks, float scale, int splits, int32_t* error) {
+  constexpr int kPer = (D + 31) / 32;
+  constexpr int G = kHeadTile<D>;
+  __shared__ float sm[kWarps][G], sl[kWarps][G];
+  __shared__ float sacc[kWarps][G][D];
+  const int seq = blockIdx.x, h = blockIdx.y, split = blockIdx.z, group = hq / hkv;
+  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+  int len = lens[seq];
+  if (len < 0 || static_cast<int64_t>(len) > static_cast<int64_t>(max_blocks) * bs) {
+    if (error != nullptr && threadIdx.x == 0) atomicExch(error, KVPAGER_STATUS_SEQ_TOO_LONG);
+    len = 0;
+  }
+  int t0 = 0, t1 = 0;
+  split_range(len, bs, splits, split, t0, t1);
+  const int64_t head_stride = static_cast<int64_t>(bs) * D, half_stride = static_cast<int64_t>(hkv) * head_stride;
+  for (int g0 = 0; g0 < group; g0 += G) {
+    const int gt = min(G, group - g0);
+    float qv[G][kPer], acc[G][kPer], m[G], l[G];
+    KVPAGER_UNROLL
+    for (int g = 0; g < G; ++g) {
+      m[g] = -INFINITY;
+      l[g] = 0.0F;
+      KVPAGER_UNROLL
+      for (int i = 0; i < kPer; ++i) {
+        const int d = lane + 32 * i;
+        qv[g][i] = g < gt && d < D ? to_f(q[(static_cast<int64_t>(seq) * hq + h * group + g0 + g) * D + d]) * scale : 0.0F;
+        acc[g][i] = 0.0F;
+      }
+    }
+    for (int t = t0 + warp; t < t1; t += kWarps) {
+      const int blk = table[static_cast<int64_t>(seq) * max_blocks + t / bs];
+      if (blk < 0 || blk >= num_blocks) {  // never dereferenced
+        if (error != nullptr && lane == 0) atomicExch(error, KVPAGER_STATUS_INVALID_BLOCK);
+        continue;
+      }
+      const T* krow = kv + static_cast<int64_t>(blk) * 2 * half_stride + h * head_stride + static_cast<int64_t>(t % bs) * D;
+      const T* vrow = krow + half_stride;
+      float kf[kPer], vf[kPer];
+      KVPAGER_UNROLL
+      for (int i = 0; i < kPer; ++i) {
+        const int d = lane + 32 * i;
+        kf[i] = d < D ? to_f(krow[d]) : 0.0F;
+        vf[i] = d < D ? to_f(vrow[d]) : 0.0F;
+      }
+      KVPAGER_UNROLL
+      for (int g = 0; g < G; ++g) {
+        if (g >= gt) break;
+        float s = 0.0F;
+        KVPAGER_UNROLL
+        for (int i = 0; i < kPer; ++i) s += qv[g][i] * kf[i];
+        s = warp_sum(s);
+        const float m_new = fmaxf(m[g], s);
+        const float alpha = m[g] == -INFINITY ? 0.0F : __expf(m[g] - m_new);
+        const float p = __expf(s - m_new);
+        l[g] = l[g] * alpha + p;
+        KVPAGER_UNROLL
+        for (int i = 0; i < kPer; ++i) acc[g][i] = acc[g][i] * alpha + p * vf[i];
+        m[g] = m_new;
+      }
+    }
+    KVPAGER_UNROLL
+    for (int g = 0; g < G; ++g) {
+      if (lane == 0) {
+        sm[warp][g] = m[g];
+        sl[warp][g] = l[g];
+      }
+      KVPAGER_UNROLL
+      for (int i = 0; i < kPer; ++i) {
+        const int d = lane + 32 * i;
+        if (d < D) sacc[warp][g][d] = acc[g][i];
+      }
+    }
+    __syncthreads();
+    for (int j = threadIdx.x; j < gt * D; j += blockDim.x) {
+      const int g = j / D, d = j % D;
+      float M = -INFINITY;
+      for (int w = 0; w < kWarps; ++w)
+        if (sl[w][g] > 0.0F) M = fmaxf(M, sm[w][g]);
+      float L = 0.0F, o = 0.0F;
+      if (M != -INFINITY) {
+        for (int w = 0; w < kWarps; ++w) {
+          if (sl[w][g] <= 0.0F) continue;
+          const float f = __expf(sm[w][g] - M);
+          L += sl[w][g] * f;
+          o += sacc[w][g][d] * f;
+        }
+      }
+      const int64_t row = static_cast<int64_t>(seq) * hq + h * group + g0 + g;
+      if (splits == 1) {
+        out[row * D + d] = from_f<T>(L > 0.0F ? o / L : 0.0F);
+        if (lse != nullptr && d == 0) lse[row] = L > 0.0F ? M + logf(L) : -INFINITY;
+      } else {
+        float* st = part + (row * splits + split) * (D + 2);
+        if (d == 0) {
+          st[0] = M;
+          st[1] = L;
+        }
+        st[2 + d] = o;
+      }
+    }
+    __syncthreads();
+  }
+}
+
+/// Grid (num_seqs, num_q_heads): merges the splits' states in fp32, out = sum_i e^(m_i - M) acc_i / sum_i e^(m_i - M) l_i.
+template <class T>
+__global__ void merge_kernel(T* __restrict__ out, float* __restrict__ lse, const float* __restrict__ part, int D,
+                             int splits) {
+  const int64_t row = static_cast<int64_t>(blockIdx.x) * gridDim.y + blockIdx.y;
+  const float* st = part + row * splits * (D + 2);
+  float M = -INFINITY;
+  for (int i = 0; i < splits; ++i)
+    if (st[i * (D + 2) + 1] > 0.0F) M = fmaxf(M, st[i * (D + 2)]);
+  float L = 0.0F;
+  if (M != -INFINITY)
+    for (int i = 0; i < splits; ++i)
+      if (st[i * (D + 2) + 1] > 0.0F) L += st[i * (D + 2) + 1] * __expf(st[i * (D + 2)] - M);
+  for (int d = threadIdx.x; d < D; d += blockDim.x) {
+    float o = 0.0F;
+    if (M != -INFINITY)
+      for (int i = 0; i < splits; ++i)
+        if (st[i * (D + 2) + 1] > 0.0F) o += st[i * (D + 2) + 2 + d] * __expf(st[i * (D + 2)] - M);
+    out[row * D + d] = from_f<T>(L > 0.0F ? o / L : 0.0F);
+  }
+  if (lse != nullptr && threadIdx.x == 0) lse[row] = L > 0.0F ? M + logf(L) : -INFINITY;
+}
+
+template <class T>
+__global__ void append_kernel(T* __restrict__ kv, const T* __restrict__ key, const T* __restrict__ value,
+                              const int64_t* __restrict__ slots, int hkv, int D, int bs, int64_t max_slot,
+                              int32_t* error) {
+  const int t = blockIdx.x;
+  const int64_t slot = slots[t];
+  if (slot < 0) return;
+  if (slot >= max_slot) {
+    if (error != nullptr && threadIdx.x == 0) atomicExch(error, KVPAGER_STATUS_INVALID_BLOCK);
+    return;
+  }
+  const int64_t blk = slot / bs, off = slot % bs;
+  const int64_t head_stride = static_cast<int64_t>(bs) * D, half = static_cast<int64_t>(hkv) * head_stride;
+  for (int i = threadIdx.x; i < hkv * D; i += blockDim.x) {
+    const int h = i / D, d = i % D;
+    const int64_t dst = blk * 2 * half + h * head_stride + off * D + d;
+    kv[dst] = key[static_cast<int64_t>(t) * hkv * D + i];
+    kv[dst + half] = value[static_cast<int64_t>(t) * hkv * D + i];
+  }
+}
+
+__global__ void copy_kernel(void* const* caches, const int64_t* __restrict__ mapping, int num_blocks, int64_t block_bytes,
+                            int32_t* error) {
+  const int layer = blockIdx.x, pair = blockIdx.y;
+  const int64_t src = mapping[2 * pair], dst = mapping[2 * pair + 1];
+  if (src < 0 || src >= num_blocks || dst < 0 || dst >= num_blocks) {
+    if (error != nullptr && threadIdx.x == 0) atomicExch(error, KVPAGER_STATUS_INVALID_BLOCK);
+    return;
+  }
+  auto* base = static_cast<unsigned char*>(caches[layer]);
+  if (block_bytes % 16 == 0) {
+    const auto* s = reinterpret_cast<const uint4*>(base + src * block_bytes);
+    auto* d = reinterpret_cast<uint4*>(base + dst * block_bytes);
+    for (int64_t i = threadIdx.x; i < block_bytes / 16; i += blockDim.x) d[i] = s[i];
+  } else {
+    for (int64_t i = threadIdx.x; i < block_bytes; i += blockDim.x) base[dst * block_bytes + i] = base[src * block_bytes + i];
+  }
+}
+
+}  // namespace kvpager_cuda_kernels
