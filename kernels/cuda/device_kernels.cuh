@@ -35,8 +35,21 @@ __device__ __forceinline__ float warp_sum(float v) {
 
 constexpr int kWarps = 4;
 
-/// Query heads of a group handled together (their K/V rows are loaded once per tile): 8, or 4 for head_dim 256.
-template <int D> constexpr int kHeadTile = D <= 128 ? 8 : 4;
+/// How a warp reads K/V rows of D elements of T: 16-byte loads of kVec elements; kLanes lanes per row (a power of two,
+/// lanes past the row's kChunks pieces idle), kPerLane pieces per lane, kRows rows per warp-wide load.
+template <class T, int D>
+struct row_map {
+  static constexpr int kVec = 16 / static_cast<int>(sizeof(T));
+  static constexpr int kChunks = D / kVec;
+  static constexpr int kLanes = kChunks >= 32 ? 32 : kChunks > 8 ? 16 : 8;
+  static constexpr int kPerLane = (kChunks + kLanes - 1) / kLanes;
+  static constexpr int kRows = 32 / kLanes;
+  static constexpr int kElems = kPerLane * kVec;  // elements of a row a lane holds
+  static constexpr int kUnroll = kPerLane == 1 ? 4 : 2;  // rows per row-group per step: loads in flight per lane
+};
+
+/// Query heads of a group handled together (each K/V row is loaded once per tile of heads).
+constexpr int kHeadTile = 4;
 
 /// The tokens [t0, t1) a split reads: whole blocks, the same formula as the CPU backend.
 __device__ __forceinline__ void split_range(int len, int bs, int splits, int split, int& t0, int& t1) {
@@ -46,22 +59,33 @@ __device__ __forceinline__ void split_range(int len, int bs, int splits, int spl
   t1 = min(len, t0 + chunk);
 }
 
-/// Grid (num_seqs, num_kv_heads, splits); 4 warps. For a tile of up to kHeadTile query heads of the group, each warp
-/// walks every 4th token of the split with one online softmax per head (each K/V row read once per tile, held in
-/// registers), then the warps' states are merged in fp32 through shared memory. With one split the result goes to
-/// `out` (and `lse`); with several, the unnormalized state (m, l, acc[D]) goes to part[seq][q head][split] for
-/// merge_kernel. Out-of-range block ids are never dereferenced: the token is skipped and *error set.
+/// 16-byte piece of a row as floats.
+template <class T, int N>
+__device__ __forceinline__ void unpack(const uint4& raw, float (&out)[N]) {
+  const T* e = reinterpret_cast<const T*>(&raw);
+  KVPAGER_UNROLL
+  for (int i = 0; i < N; ++i) out[i] = to_f(e[i]);
+}
+
+/// Grid (num_seqs, num_kv_heads, splits); 4 warps. A warp splits into kRows row-groups of kLanes lanes; each
+/// row-group walks its own tokens of the split kUnroll rows at a time, issuing all of their 16-byte K and V loads
+/// before using them, and keeps one online softmax per query head of the current tile (up to kHeadTile heads, each
+/// K/V row read once per tile). Row-groups are merged with shuffles, warps through shared memory, all in fp32. With
+/// one split the result goes to `out` (and `lse`); with several, the unnormalized state (m, l, acc[D]) goes to
+/// part[seq][q head][split] for merge_kernel. Out-of-range block ids are never dereferenced: the token is skipped and
+/// *error set.
 template <class T, int D>
 __global__ void __launch_bounds__(kWarps * 32)
     decode_kernel(T* __restrict__ out, float* __restrict__ lse, float* __restrict__ part, const T* __restrict__ q,
                   const T* __restrict__ kv, const int32_t* __restrict__ table, const int32_t* __restrict__ lens, int hq,
                   int hkv, int bs, int max_blocks, int num_blocks, float scale, int splits, int32_t* error) {
-  constexpr int kPer = (D + 31) / 32;
-  constexpr int G = kHeadTile<D>;
+  using map = row_map<T, D>;
+  constexpr int G = kHeadTile, U = map::kUnroll, E = map::kElems;
   __shared__ float sm[kWarps][G], sl[kWarps][G];
   __shared__ float sacc[kWarps][G][D];
   const int seq = blockIdx.x, h = blockIdx.y, split = blockIdx.z, group = hq / hkv;
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+  const int rgroup = lane / map::kLanes, sub = lane % map::kLanes;
   int len = lens[seq];
   if (len < 0 || static_cast<int64_t>(len) > static_cast<int64_t>(max_blocks) * bs) {
     if (error != nullptr && threadIdx.x == 0) atomicExch(error, KVPAGER_STATUS_SEQ_TOO_LONG);
@@ -70,61 +94,125 @@ __global__ void __launch_bounds__(kWarps * 32)
   int t0 = 0, t1 = 0;
   split_range(len, bs, splits, split, t0, t1);
   const int64_t head_stride = static_cast<int64_t>(bs) * D, half_stride = static_cast<int64_t>(hkv) * head_stride;
+  constexpr int kStep = kWarps * map::kRows * U;  // tokens the CTA covers per step
   for (int g0 = 0; g0 < group; g0 += G) {
     const int gt = min(G, group - g0);
-    float qv[G][kPer], acc[G][kPer], m[G], l[G];
+    float qv[G][E], acc[G][E], m[G], l[G];
     KVPAGER_UNROLL
     for (int g = 0; g < G; ++g) {
       m[g] = -INFINITY;
       l[g] = 0.0F;
       KVPAGER_UNROLL
-      for (int i = 0; i < kPer; ++i) {
-        const int d = lane + 32 * i;
-        qv[g][i] = g < gt && d < D ? to_f(q[(static_cast<int64_t>(seq) * hq + h * group + g0 + g) * D + d]) * scale : 0.0F;
-        acc[g][i] = 0.0F;
+      for (int j = 0; j < map::kPerLane; ++j) {
+        const int c = sub + map::kLanes * j;
+        KVPAGER_UNROLL
+        for (int e = 0; e < map::kVec; ++e) {
+          const int d = c * map::kVec + e;
+          qv[g][j * map::kVec + e] =
+              g < gt && c < map::kChunks ? to_f(q[(static_cast<int64_t>(seq) * hq + h * group + g0 + g) * D + d]) * scale : 0.0F;
+          acc[g][j * map::kVec + e] = 0.0F;
+        }
       }
     }
-    for (int t = t0 + warp; t < t1; t += kWarps) {
-      const int blk = table[static_cast<int64_t>(seq) * max_blocks + t / bs];
-      if (blk < 0 || blk >= num_blocks) {  // never dereferenced
-        if (error != nullptr && lane == 0) atomicExch(error, KVPAGER_STATUS_INVALID_BLOCK);
-        continue;
-      }
-      const T* krow = kv + static_cast<int64_t>(blk) * 2 * half_stride + h * head_stride + static_cast<int64_t>(t % bs) * D;
-      const T* vrow = krow + half_stride;
-      float kf[kPer], vf[kPer];
+    // The loop bound is the same for the whole warp (shuffles need all 32 lanes); tokens past t1 are masked.
+    for (int wbase = t0 + warp * map::kRows * U; wbase < t1; wbase += kStep) {
+      const int base = wbase + rgroup * U;
+      uint4 kraw[U][map::kPerLane], vraw[U][map::kPerLane];
+      bool valid[U];
       KVPAGER_UNROLL
-      for (int i = 0; i < kPer; ++i) {
-        const int d = lane + 32 * i;
-        kf[i] = d < D ? to_f(krow[d]) : 0.0F;
-        vf[i] = d < D ? to_f(vrow[d]) : 0.0F;
+      for (int u = 0; u < U; ++u) {
+        const int t = base + u;
+        valid[u] = t < t1;
+        const T* krow = nullptr;
+        if (valid[u]) {
+          const int blk = table[static_cast<int64_t>(seq) * max_blocks + t / bs];
+          if (blk < 0 || blk >= num_blocks) {  // never dereferenced
+            if (error != nullptr && sub == 0) atomicExch(error, KVPAGER_STATUS_INVALID_BLOCK);
+            valid[u] = false;
+          } else {
+            krow = kv + static_cast<int64_t>(blk) * 2 * half_stride + h * head_stride + static_cast<int64_t>(t % bs) * D;
+          }
+        }
+        KVPAGER_UNROLL
+        for (int j = 0; j < map::kPerLane; ++j) {
+          const int c = sub + map::kLanes * j;
+          if (valid[u] && c < map::kChunks) {
+            kraw[u][j] = *reinterpret_cast<const uint4*>(krow + c * map::kVec);
+            vraw[u][j] = *reinterpret_cast<const uint4*>(krow + half_stride + c * map::kVec);
+          } else {
+            kraw[u][j] = uint4{0, 0, 0, 0};
+            vraw[u][j] = uint4{0, 0, 0, 0};
+          }
+        }
       }
       KVPAGER_UNROLL
       for (int g = 0; g < G; ++g) {
         if (g >= gt) break;
-        float s = 0.0F;
+        float s[U];
+        float m_new = m[g];
         KVPAGER_UNROLL
-        for (int i = 0; i < kPer; ++i) s += qv[g][i] * kf[i];
-        s = warp_sum(s);
-        const float m_new = fmaxf(m[g], s);
+        for (int u = 0; u < U; ++u) {
+          float part_dot = 0.0F;
+          KVPAGER_UNROLL
+          for (int j = 0; j < map::kPerLane; ++j) {
+            float k[map::kVec];
+            unpack<T>(kraw[u][j], k);
+            KVPAGER_UNROLL
+            for (int e = 0; e < map::kVec; ++e) part_dot += qv[g][j * map::kVec + e] * k[e];
+          }
+          KVPAGER_UNROLL
+          for (int o = map::kLanes / 2; o > 0; o >>= 1) part_dot += __shfl_xor_sync(0xffffffffU, part_dot, o);
+          s[u] = valid[u] ? part_dot : -INFINITY;
+          m_new = fmaxf(m_new, s[u]);
+        }
+        if (m_new == -INFINITY) continue;  // nothing valid yet in this row-group
         const float alpha = m[g] == -INFINITY ? 0.0F : __expf(m[g] - m_new);
-        const float p = __expf(s - m_new);
-        l[g] = l[g] * alpha + p;
+        l[g] *= alpha;
         KVPAGER_UNROLL
-        for (int i = 0; i < kPer; ++i) acc[g][i] = acc[g][i] * alpha + p * vf[i];
+        for (int i = 0; i < E; ++i) acc[g][i] *= alpha;
+        KVPAGER_UNROLL
+        for (int u = 0; u < U; ++u) {
+          const float p = valid[u] ? __expf(s[u] - m_new) : 0.0F;
+          l[g] += p;
+          KVPAGER_UNROLL
+          for (int j = 0; j < map::kPerLane; ++j) {
+            float v[map::kVec];
+            unpack<T>(vraw[u][j], v);
+            KVPAGER_UNROLL
+            for (int e = 0; e < map::kVec; ++e) acc[g][j * map::kVec + e] += p * v[e];
+          }
+        }
         m[g] = m_new;
       }
     }
+    // Merge the warp's row-groups (lanes kLanes apart hold the same dims of different tokens).
     KVPAGER_UNROLL
-    for (int g = 0; g < G; ++g) {
-      if (lane == 0) {
-        sm[warp][g] = m[g];
-        sl[warp][g] = l[g];
-      }
+    for (int o = map::kLanes; o < 32; o <<= 1) {
       KVPAGER_UNROLL
-      for (int i = 0; i < kPer; ++i) {
-        const int d = lane + 32 * i;
-        if (d < D) sacc[warp][g][d] = acc[g][i];
+      for (int g = 0; g < G; ++g) {
+        const float m_o = __shfl_xor_sync(0xffffffffU, m[g], o), l_o = __shfl_xor_sync(0xffffffffU, l[g], o);
+        const float M = fmaxf(m[g], m_o);
+        const float f = l[g] > 0.0F ? __expf(m[g] - M) : 0.0F, f_o = l_o > 0.0F ? __expf(m_o - M) : 0.0F;
+        KVPAGER_UNROLL
+        for (int i = 0; i < E; ++i) acc[g][i] = acc[g][i] * f + __shfl_xor_sync(0xffffffffU, acc[g][i], o) * f_o;
+        l[g] = l[g] * f + l_o * f_o;
+        m[g] = M;
+      }
+    }
+    if (rgroup == 0) {
+      KVPAGER_UNROLL
+      for (int g = 0; g < G; ++g) {
+        if (sub == 0) {
+          sm[warp][g] = m[g];
+          sl[warp][g] = l[g];
+        }
+        KVPAGER_UNROLL
+        for (int j = 0; j < map::kPerLane; ++j) {
+          const int c = sub + map::kLanes * j;
+          KVPAGER_UNROLL
+          for (int e = 0; e < map::kVec; ++e)
+            if (c < map::kChunks) sacc[warp][g][c * map::kVec + e] = acc[g][j * map::kVec + e];
+        }
       }
     }
     __syncthreads();
