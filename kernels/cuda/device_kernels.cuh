@@ -291,9 +291,11 @@ __global__ void append_kernel(T* __restrict__ kv, const T* __restrict__ key, con
   }
 }
 
+/// Grid (num_pairs, num_layers): one CTA copies one block of one layer, four 16-byte loads in flight per thread.
 __global__ void copy_kernel(void* const* caches, const int64_t* __restrict__ mapping, int num_blocks, int64_t block_bytes,
                             int32_t* error) {
-  const int layer = blockIdx.x, pair = blockIdx.y;
+  const int64_t pair = blockIdx.x;
+  const int layer = blockIdx.y;
   const int64_t src = mapping[2 * pair], dst = mapping[2 * pair + 1];
   if (src < 0 || src >= num_blocks || dst < 0 || dst >= num_blocks) {
     if (error != nullptr && threadIdx.x == 0) atomicExch(error, KVPAGER_STATUS_INVALID_BLOCK);
@@ -303,7 +305,16 @@ __global__ void copy_kernel(void* const* caches, const int64_t* __restrict__ map
   if (block_bytes % 16 == 0) {
     const auto* s = reinterpret_cast<const uint4*>(base + src * block_bytes);
     auto* d = reinterpret_cast<uint4*>(base + dst * block_bytes);
-    for (int64_t i = threadIdx.x; i < block_bytes / 16; i += blockDim.x) d[i] = s[i];
+    const int64_t n = block_bytes / 16, stride = blockDim.x;
+    for (int64_t i = threadIdx.x; i < n; i += 4 * stride) {
+      uint4 r[4];
+      KVPAGER_UNROLL
+      for (int k = 0; k < 4; ++k)
+        if (i + k * stride < n) r[k] = s[i + k * stride];
+      KVPAGER_UNROLL
+      for (int k = 0; k < 4; ++k)
+        if (i + k * stride < n) d[i + k * stride] = r[k];
+    }
   } else {
     for (int64_t i = threadIdx.x; i < block_bytes; i += blockDim.x) base[dst * block_bytes + i] = base[src * block_bytes + i];
   }

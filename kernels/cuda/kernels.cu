@@ -134,7 +134,8 @@ int32_t kvpager_cuda_copy_blocks(void* const* kv_caches, int32_t num_layers, con
   if (num_layers < 0 || num_pairs < 0 || num_blocks <= 0 || block_bytes <= 0) return KVPAGER_STATUS_INVALID_ARGUMENT;
   if (num_layers == 0 || num_pairs == 0) return KVPAGER_STATUS_OK;
   if (kv_caches == nullptr || block_mapping == nullptr) return KVPAGER_STATUS_INVALID_ARGUMENT;
-  const dim3 grid(static_cast<unsigned>(num_layers), static_cast<unsigned>(num_pairs));
+  if (num_layers > 65535) return KVPAGER_STATUS_INVALID_ARGUMENT;  // grid.y
+  const dim3 grid(static_cast<unsigned>(num_pairs), static_cast<unsigned>(num_layers));
   copy_kernel<<<grid, 256, 0, static_cast<cudaStream_t>(stream)>>>(kv_caches, block_mapping, num_blocks, block_bytes,
                                                                    error_flag);
   return cudaGetLastError() == cudaSuccess ? KVPAGER_STATUS_OK : KVPAGER_STATUS_NO_DEVICE;

@@ -151,7 +151,7 @@ TEST(CudaEmulation, AppendAndCopyAreBitExact) {
   ASSERT_EQ(kvpager_cpu_copy_blocks(&cpu_ptr, 1, pairs.data(), 3, nb, static_cast<int64_t>(block_elems * 2)), 0);
   std::vector<void*> layers = {emu.data()};
   error = 0;
-  kvpager_emulation::launch(dim3(1, 3), dim3(256), kk::copy_kernel, static_cast<void* const*>(layers.data()), pairs.data(), nb,
+  kvpager_emulation::launch(dim3(3, 1), dim3(256), kk::copy_kernel, static_cast<void* const*>(layers.data()), pairs.data(), nb,
                             static_cast<int64_t>(block_elems * 2), &error);
   EXPECT_EQ(error, 0);
   EXPECT_EQ(emu, cpu);

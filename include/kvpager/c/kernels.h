@@ -144,7 +144,7 @@ KVPAGER_C_API int32_t kvpager_cuda_kv_append(void* kv_cache, const void* key, co
                                              const int64_t* slot_mapping, int32_t num_tokens, int32_t num_kv_heads,
                                              int32_t head_dim, int32_t block_size, int32_t num_blocks, int32_t dtype,
                                              int32_t* error_flag, void* stream);
-/** kv_caches: device array of num_layers device pointers; block_mapping: device [num_pairs, 2] int64. */
+/** kv_caches: device array of num_layers (at most 65535) device pointers; block_mapping: device [num_pairs, 2] int64. */
 KVPAGER_C_API int32_t kvpager_cuda_copy_blocks(void* const* kv_caches, int32_t num_layers, const int64_t* block_mapping,
                                                int32_t num_pairs, int32_t num_blocks, int64_t block_bytes,
                                                int32_t* error_flag, void* stream);
