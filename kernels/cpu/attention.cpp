@@ -25,6 +25,7 @@
 #include "kvpager/kernels/attention.hpp"
 #include "kvpager/kernels/float16.hpp"
 #include "../common/checks.hpp"
+#include "worker_pool.hpp"
 
 namespace {
 
@@ -35,23 +36,7 @@ using kvpager::detail::half_to_float;
 
 std::int64_t dtype_bytes(std::int32_t dtype) { return dtype == KVPAGER_DTYPE_FP32 ? 4 : 2; }
 
-/// Runs fn(i) for i in [0, n) on up to `threads` threads (0 = all cores), in contiguous chunks.
-template <class Fn>
-void parallel_for(std::int64_t n, std::int32_t threads, Fn fn) {
-  std::int64_t t = threads > 0 ? threads : static_cast<std::int64_t>(std::max(1U, std::thread::hardware_concurrency()));
-  t = std::min(t, n);
-  if (t <= 1) {
-    for (std::int64_t i = 0; i < n; ++i) fn(i);
-    return;
-  }
-  std::vector<std::thread> pool;
-  pool.reserve(static_cast<std::size_t>(t));
-  for (std::int64_t w = 0; w < t; ++w)
-    pool.emplace_back([&, w] {
-      for (std::int64_t i = n * w / t; i < n * (w + 1) / t; ++i) fn(i);
-    });
-  for (auto& th : pool) th.join();
-}
+using kvpager_kernels::parallel_for;
 
 // ------------------------------------------------------------------------------------------- element ops
 float load_one(const void* base, std::int64_t i, std::int32_t dtype) noexcept {
@@ -163,6 +148,26 @@ struct isa {
     const __m256i e = _mm256_slli_epi32(_mm256_add_epi32(_mm256_cvtps_epi32(fx), _mm256_set1_epi32(127)), 23);
     return _mm256_andnot_ps(under, _mm256_mul_ps(y, _mm256_castsi256_ps(e)));
   }
+  /// Stores 8 floats as dtype (fp16: F16C, round to nearest even; bf16: round to nearest even, NaN kept quiet).
+  template <int DT>
+  static void store(unsigned char* dst, std::int64_t i, vec v) {
+    if constexpr (DT == KVPAGER_DTYPE_FP32) {
+      _mm256_storeu_ps(reinterpret_cast<float*>(dst) + i, v);
+    } else {
+      __m128i h;
+      if constexpr (DT == KVPAGER_DTYPE_FP16) {
+        h = _mm256_cvtps_ph(v, _MM_FROUND_TO_NEAREST_INT);
+      } else {
+        const __m256i x = _mm256_castps_si256(v);
+        const __m256i lsb = _mm256_and_si256(_mm256_srli_epi32(x, 16), _mm256_set1_epi32(1));
+        __m256i r = _mm256_srli_epi32(_mm256_add_epi32(x, _mm256_add_epi32(_mm256_set1_epi32(0x7FFF), lsb)), 16);
+        const __m256i nan = _mm256_or_si256(_mm256_srli_epi32(x, 16), _mm256_set1_epi32(0x40));
+        r = _mm256_blendv_epi8(r, nan, _mm256_castps_si256(_mm256_cmp_ps(v, v, _CMP_UNORD_Q)));
+        h = _mm256_castsi256_si128(_mm256_permute4x64_epi64(_mm256_packus_epi32(r, r), 0xD8));
+      }
+      _mm_storeu_si128(reinterpret_cast<__m128i*>(reinterpret_cast<std::uint16_t*>(dst) + i), h);
+    }
+  }
   /// The 8 dot products of a[t][g] (t < 2, g < 4) with one shuffle tree; writes out[g * ld + t] for t < valid, g < gt.
   static void reduce_store(const vec (&a)[2][4], int valid, int gt, float* out, std::int64_t ld) {
     vec p[4];  // p[j]: 128-bit lane 0 holds the 4 partial sums of v[2j], lane 1 those of v[2j+1]; v[2g+t] = a[t][g]
@@ -234,6 +239,26 @@ struct isa {
     y = _mm512_fmadd_ps(y, _mm512_mul_ps(x, x), _mm512_add_ps(x, _mm512_set1_ps(1.0F)));
     const __m512i e = _mm512_slli_epi32(_mm512_add_epi32(_mm512_cvtps_epi32(fx), _mm512_set1_epi32(127)), 23);
     return _mm512_maskz_mov_ps(keep, _mm512_mul_ps(y, _mm512_castsi512_ps(e)));
+  }
+  /// Stores 16 floats as dtype (same rounding as the AVX2 path).
+  template <int DT>
+  static void store(unsigned char* dst, std::int64_t i, vec v) {
+    if constexpr (DT == KVPAGER_DTYPE_FP32) {
+      _mm512_storeu_ps(reinterpret_cast<float*>(dst) + i, v);
+    } else {
+      __m256i h;
+      if constexpr (DT == KVPAGER_DTYPE_FP16) {
+        h = _mm512_cvtps_ph(v, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+      } else {
+        const __m512i x = _mm512_castps_si512(v);
+        const __m512i lsb = _mm512_and_si512(_mm512_srli_epi32(x, 16), _mm512_set1_epi32(1));
+        __m512i r = _mm512_srli_epi32(_mm512_add_epi32(x, _mm512_add_epi32(_mm512_set1_epi32(0x7FFF), lsb)), 16);
+        const __m512i nan = _mm512_or_si512(_mm512_srli_epi32(x, 16), _mm512_set1_epi32(0x40));
+        r = _mm512_mask_mov_epi32(r, _mm512_cmp_ps_mask(v, v, _CMP_UNORD_Q), nan);
+        h = _mm512_cvtepi32_epi16(r);
+      }
+      _mm256_storeu_si256(reinterpret_cast<__m256i*>(reinterpret_cast<std::uint16_t*>(dst) + i), h);
+    }
   }
   /// The 16 dot products of a[t][g] (t, g < 4) with one shuffle tree; writes out[g * ld + t] for t < valid, g < gt.
   static void reduce_store(const vec (&a)[4][4], int valid, int gt, float* out, std::int64_t ld) {
@@ -352,17 +377,25 @@ cpu_path pick_path() {
   return path;
 }
 
+/// Writes row `row` of the output: D floats times `scale`, converted to the dtype.
+using store_fn = void (*)(void* out, std::int64_t row, const float* src, float scale, std::int32_t dtype, std::int64_t D);
+void store_scalar(void* out, std::int64_t row, const float* src, float scale, std::int32_t dtype, std::int64_t D) {
+  for (std::int64_t d = 0; d < D; ++d) store_one(out, row * D + d, src[d] * scale, dtype);
+}
+
 struct chunk_kernel {
   chunk_fn fn;
+  store_fn store;
   std::int64_t scratch_floats;
 };
 chunk_kernel pick_chunk(std::int32_t group, std::int64_t D, std::int32_t bs) {
   switch (pick_path()) {
 #if defined(KVPAGER_HAVE_X86_PATHS)
-    case cpu_path::avx512: return {&avx512_path::decode_chunk, avx512_path::scratch_floats(group, D)};
-    case cpu_path::avx2: return {&avx2_path::decode_chunk, avx2_path::scratch_floats(group, D)};
+    case cpu_path::avx512:
+      return {&avx512_path::decode_chunk, &avx512_path::store_row, avx512_path::scratch_floats(group, D)};
+    case cpu_path::avx2: return {&avx2_path::decode_chunk, &avx2_path::store_row, avx2_path::scratch_floats(group, D)};
 #endif
-    default: return {&chunk_scalar, (2 * bs + group) * D + group * bs};
+    default: return {&chunk_scalar, &store_scalar, (2 * bs + group) * D + group * bs};
   }
 }
 
@@ -518,8 +551,8 @@ std::int32_t paged_attention_decode_cpu(const decode_params& p) noexcept {
   const std::int32_t splits = p.num_splits > 0 ? p.num_splits : plan_decode(p.num_seqs, kv.num_kv_heads, max_len, p.num_threads);
   const chunk_kernel kernel = pick_chunk(group, D, kv.block_size);
   const auto scratch_floats = static_cast<std::size_t>(kernel.scratch_floats);
-  // Partial states [seq][q head][split]: m, l, acc[D]; merged below (split 1: the merge just normalizes).
-  std::vector<float> part(static_cast<std::size_t>(std::int64_t{p.num_seqs} * p.num_q_heads * splits * (D + 2)));
+  // Partial states [seq][q head][split]: m, l, acc[D], merged below; without splits each item stores its output.
+  std::vector<float> part(splits > 1 ? static_cast<std::size_t>(std::int64_t{p.num_seqs} * p.num_q_heads * splits * (D + 2)) : 0);
   auto state = [&](std::int64_t seq, std::int64_t qh, std::int64_t split) {
     return part.data() + ((seq * p.num_q_heads + qh) * splits + split) * (D + 2);
   };
@@ -537,6 +570,16 @@ std::int32_t paged_attention_decode_cpu(const decode_params& p) noexcept {
     const std::int32_t chunk_len = (per + kv.block_size - 1) / kv.block_size * kv.block_size;  // whole blocks
     const std::int32_t t0 = std::min(len, split * chunk_len), t1 = std::min(len, t0 + chunk_len);
     kernel.fn(p, seq, h, t0, t1, scratch.data(), m.data(), l.data(), acc.data());
+    if (splits == 1) {  // the whole sequence: normalize and store here, no merge pass
+      for (std::int32_t g = 0; g < group; ++g) {
+        const float lg = l[static_cast<std::size_t>(g)];
+        const std::int64_t row = std::int64_t{seq} * p.num_q_heads + h * group + g;
+        kernel.store(p.out, row, acc.data() + g * D, lg > 0.0F ? 1.0F / lg : 0.0F, kv.dtype, D);
+        if (p.lse != nullptr)
+          p.lse[row] = lg > 0.0F ? m[static_cast<std::size_t>(g)] + std::log(lg) : -std::numeric_limits<float>::infinity();
+      }
+      return;
+    }
     for (std::int32_t g = 0; g < group; ++g) {
       float* st = state(seq, h * group + g, split);
       st[0] = m[static_cast<std::size_t>(g)];
@@ -544,6 +587,7 @@ std::int32_t paged_attention_decode_cpu(const decode_params& p) noexcept {
       std::memcpy(st + 2, acc.data() + g * D, static_cast<std::size_t>(D) * sizeof(float));
     }
   });
+  if (splits == 1) return KVPAGER_STATUS_OK;
   // Merge the splits in fp32: out = sum_i exp(m_i - M) acc_i / sum_i exp(m_i - M) l_i.
   parallel_for(std::int64_t{p.num_seqs} * p.num_q_heads, p.num_threads, [&](std::int64_t row) {
     const std::int64_t seq = row / p.num_q_heads, qh = row % p.num_q_heads;
@@ -562,8 +606,7 @@ std::int32_t paged_attention_decode_cpu(const decode_params& p) noexcept {
         for (std::int64_t d = 0; d < D; ++d) o[static_cast<std::size_t>(d)] += w * st[2 + d];
       }
     }
-    const float inv = L > 0.0F ? 1.0F / L : 0.0F;
-    for (std::int64_t d = 0; d < D; ++d) store_one(p.out, row * D + d, o[static_cast<std::size_t>(d)] * inv, kv.dtype);
+    kernel.store(p.out, row, o.data(), L > 0.0F ? 1.0F / L : 0.0F, kv.dtype, D);
     if (p.lse != nullptr) p.lse[row] = L > 0.0F ? M + std::log(L) : -std::numeric_limits<float>::infinity();
   });
   return KVPAGER_STATUS_OK;

@@ -14,11 +14,14 @@
 #include <algorithm>
 #include <array>
 #include <cmath>
+#include <cstdlib>
 #include <cstring>
 #include <limits>
 #include <numeric>
 #include <random>
 #include <vector>
+
+#include <unistd.h>
 
 using namespace kvpager;
 
@@ -147,6 +150,22 @@ TEST(CpuDecodeAttention, LongContextsAndThreadCounts) {
     p.num_blocks += 3;
     for (std::int32_t threads : {1, 2, 0}) EXPECT_LE(check(p, 77, threads), tolerance(dtype)) << threads;
   }
+}
+
+TEST(CpuDecodeAttention, WorksInAForkedChild) {
+  // The kernels' worker threads do not survive fork(): a child process runs the kernel on its own thread instead of
+  // waiting for workers it does not have, and exits cleanly.
+  problem p{KVPAGER_DTYPE_FP32, 8, 2, 64, 16, 0, 0, {300, 17, 64}};
+  for (std::int32_t len : p.lens) p.num_blocks += (len + 15) / 16;
+  p.max_blocks = 19;
+  ASSERT_LE(check(p, 21, 0), tolerance(KVPAGER_DTYPE_FP32));  // the parent's pool is running now
+  // std::exit runs the static destructors (the pool's must not wait for the parent's threads). Under ASan, _exit:
+  // LeakSanitizer would report the thread-local buffers of the parent's threads, which a child cannot free.
+#if defined(__SANITIZE_ADDRESS__)
+  EXPECT_EXIT(_exit(check(p, 22, 0) <= tolerance(KVPAGER_DTYPE_FP32) ? 0 : 1), ::testing::ExitedWithCode(0), "");
+#else
+  EXPECT_EXIT(std::exit(check(p, 22, 0) <= tolerance(KVPAGER_DTYPE_FP32) ? 0 : 1), ::testing::ExitedWithCode(0), "");
+#endif
 }
 
 TEST(CpuDecodeAttention, EmptySequenceGivesZeros) {
