@@ -547,8 +547,16 @@ std::int32_t paged_attention_decode_cpu(const decode_params& p) noexcept {
   const std::int64_t D = kv.head_dim, hkv = kv.num_kv_heads;
   const std::int32_t group = p.num_q_heads / kv.num_kv_heads;
   std::int32_t max_len = 0;
-  for (std::int32_t s = 0; s < p.num_seqs; ++s) max_len = std::max(max_len, length_of(p.pages, s, kv.block_size));
-  const std::int32_t splits = p.num_splits > 0 ? p.num_splits : plan_decode(p.num_seqs, kv.num_kv_heads, max_len, p.num_threads);
+  std::int64_t total_len = 0;
+  for (std::int32_t s = 0; s < p.num_seqs; ++s) {
+    const std::int32_t len = length_of(p.pages, s, kv.block_size);
+    max_len = std::max(max_len, len);
+    total_len += len;
+  }
+  // With all cores requested, a call this small (a few microseconds of work) runs on the calling thread: waking
+  // workers would cost more than they save (bench_kernels decode_..._short).
+  const std::int32_t threads = p.num_threads == 0 && total_len * hkv * group < 8192 ? 1 : p.num_threads;
+  const std::int32_t splits = p.num_splits > 0 ? p.num_splits : plan_decode(p.num_seqs, kv.num_kv_heads, max_len, threads);
   const chunk_kernel kernel = pick_chunk(group, D, kv.block_size);
   const auto scratch_floats = static_cast<std::size_t>(kernel.scratch_floats);
   // Partial states [seq][q head][split]: m, l, acc[D], merged below; without splits each item stores its output.
@@ -556,7 +564,7 @@ std::int32_t paged_attention_decode_cpu(const decode_params& p) noexcept {
   auto state = [&](std::int64_t seq, std::int64_t qh, std::int64_t split) {
     return part.data() + ((seq * p.num_q_heads + qh) * splits + split) * (D + 2);
   };
-  parallel_for(std::int64_t{p.num_seqs} * hkv * splits, p.num_threads, [&](std::int64_t item) {
+  parallel_for(std::int64_t{p.num_seqs} * hkv * splits, threads, [&](std::int64_t item) {
     thread_local std::vector<float> scratch, m, l, acc;
     if (scratch.size() < scratch_floats) scratch.resize(scratch_floats);
     m.resize(static_cast<std::size_t>(group));
@@ -589,7 +597,7 @@ std::int32_t paged_attention_decode_cpu(const decode_params& p) noexcept {
   });
   if (splits == 1) return KVPAGER_STATUS_OK;
   // Merge the splits in fp32: out = sum_i exp(m_i - M) acc_i / sum_i exp(m_i - M) l_i.
-  parallel_for(std::int64_t{p.num_seqs} * p.num_q_heads, p.num_threads, [&](std::int64_t row) {
+  parallel_for(std::int64_t{p.num_seqs} * p.num_q_heads, threads, [&](std::int64_t row) {
     const std::int64_t seq = row / p.num_q_heads, qh = row % p.num_q_heads;
     float M = -std::numeric_limits<float>::infinity();
     for (std::int32_t i = 0; i < splits; ++i)
