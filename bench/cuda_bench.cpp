@@ -20,22 +20,8 @@ using kvpager_gpu_check::have_gpu;
 /// Times `fn` with CUDA events over the benchmark's iterations (manual time).
 template <class Fn>
 void time_gpu(benchmark::State& state, Fn fn) {
-  cudaEvent_t a, b;
-  cudaEventCreate(&a);
-  cudaEventCreate(&b);
-  fn();  // warm-up
-  cudaDeviceSynchronize();
-  for (auto _ : state) {
-    cudaEventRecord(a);
-    fn();
-    cudaEventRecord(b);
-    cudaEventSynchronize(b);
-    float ms = 0;
-    cudaEventElapsedTime(&ms, a, b);
-    state.SetIterationTime(static_cast<double>(ms) / 1e3);
-  }
-  cudaEventDestroy(a);
-  cudaEventDestroy(b);
+  kvpager_gpu_check::event_timer timer(fn);
+  for (auto _ : state) state.SetIterationTime(timer.seconds(fn));
 }
 
 void BM_CudaDecode(benchmark::State& state) {

@@ -76,6 +76,38 @@ inline gpu_vs_cpu run_decode_case(int32_t dtype, int32_t d, int32_t bs, int32_t 
   return worst;
 }
 
+/// Times calls that queue work on the default stream, with a pair of CUDA events (after one warm-up call).
+class event_timer {
+ public:
+  template <class Fn>
+  explicit event_timer(Fn&& warm_up) {
+    cudaEventCreate(&a_);
+    cudaEventCreate(&b_);
+    warm_up();
+    cudaDeviceSynchronize();
+  }
+  event_timer(const event_timer&) = delete;
+  event_timer& operator=(const event_timer&) = delete;
+  ~event_timer() {
+    cudaEventDestroy(a_);
+    cudaEventDestroy(b_);
+  }
+  /// Seconds fn's work took on the device.
+  template <class Fn>
+  double seconds(Fn&& fn) {
+    cudaEventRecord(a_);
+    fn();
+    cudaEventRecord(b_);
+    cudaEventSynchronize(b_);
+    float ms = 0;
+    cudaEventElapsedTime(&ms, a_, b_);
+    return static_cast<double>(ms) / 1e3;
+  }
+
+ private:
+  cudaEvent_t a_{}, b_{};
+};
+
 /// The decode bandwidth setup shared by bench_cuda and kvpager-gpu-check: an fp16 pool holding `batch` sequences of
 /// `ctx` tokens behind shuffled block ids (32 query heads over 8 KV heads, head_dim 128, block 16), with the split
 /// count planned on the host and its workspace allocated up front, as an engine would before the step.

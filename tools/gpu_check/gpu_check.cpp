@@ -23,24 +23,10 @@ void check(bool ok, const std::string& what) {
 /// Best time in seconds of fn over `reps` timed runs (after one warm-up), with CUDA events.
 template <class Fn>
 double best_seconds(int reps, Fn fn) {
-  cudaEvent_t a, b;
-  cudaEventCreate(&a);
-  cudaEventCreate(&b);
-  fn();
-  cudaDeviceSynchronize();
-  float best = 1e30F;
-  for (int i = 0; i < reps; ++i) {
-    cudaEventRecord(a);
-    fn();
-    cudaEventRecord(b);
-    cudaEventSynchronize(b);
-    float ms = 0;
-    cudaEventElapsedTime(&ms, a, b);
-    best = std::min(best, ms);
-  }
-  cudaEventDestroy(a);
-  cudaEventDestroy(b);
-  return static_cast<double>(best) / 1e3;
+  event_timer timer(fn);
+  double best = 1e30;
+  for (int i = 0; i < reps; ++i) best = std::min(best, timer.seconds(fn));
+  return best;
 }
 
 void decode_correctness(bool quick) {
