@@ -1,6 +1,8 @@
-// CPU kernels of the C ABI: paged decode attention (GQA/MQA, fp32/fp16/bf16 with fp32 accumulation), kv_append and
-// copy_blocks. Every argument is validated before any KV memory is touched. Work is split over (sequence, KV head)
-// across std::threads; each work item loads a KV head's block once for its whole query-head group.
+// CPU kernels of the C ABI: paged decode attention (GQA/MQA, fp32/fp16/bf16 with fp32 accumulation), kv_append,
+// copy_blocks and swap_blocks. Every argument is validated before any KV memory is touched. Decode work items are
+// (sequence, KV head, split), handed to the process-wide worker pool (worker_pool.hpp); each item reads a KV head's
+// rows once for its whole query-head group. The vector paths (AVX-512, AVX2) are decode_tiled.inc compiled twice,
+// chosen at run time; the portable path is decode_chunk below.
 #include <algorithm>
 #include <cmath>
 #include <cstddef>
