@@ -133,22 +133,16 @@ struct isa {
     r = _mm_max_ps(r, _mm_movehl_ps(r, r));
     return _mm_cvtss_f32(_mm_max_ss(r, _mm_movehdup_ps(r)));
   }
-  /// exp within 2 ulp over [-87, 88] (Cephes-style reduction and polynomial); below that (and for -inf) exactly 0.
-  static vec exp(vec x) {
-    const vec under = _mm256_cmp_ps(x, _mm256_set1_ps(-87.33654F), _CMP_LT_OQ);
-    x = _mm256_min_ps(_mm256_max_ps(x, _mm256_set1_ps(-87.33654F)), _mm256_set1_ps(88.37626F));
-    const vec fx = _mm256_floor_ps(_mm256_fmadd_ps(x, _mm256_set1_ps(1.44269504088896341F), _mm256_set1_ps(0.5F)));
-    x = _mm256_fnmadd_ps(fx, _mm256_set1_ps(0.693359375F), x);
-    x = _mm256_fnmadd_ps(fx, _mm256_set1_ps(-2.12194440e-4F), x);
-    vec y = _mm256_set1_ps(1.9875691500E-4F);
-    y = _mm256_fmadd_ps(y, x, _mm256_set1_ps(1.3981999507E-3F));
-    y = _mm256_fmadd_ps(y, x, _mm256_set1_ps(8.3334519073E-3F));
-    y = _mm256_fmadd_ps(y, x, _mm256_set1_ps(4.1665795894E-2F));
-    y = _mm256_fmadd_ps(y, x, _mm256_set1_ps(1.6666665459E-1F));
-    y = _mm256_fmadd_ps(y, x, _mm256_set1_ps(5.0000001201E-1F));
-    y = _mm256_fmadd_ps(y, _mm256_mul_ps(x, x), _mm256_add_ps(x, _mm256_set1_ps(1.0F)));
-    const __m256i e = _mm256_slli_epi32(_mm256_add_epi32(_mm256_cvtps_epi32(fx), _mm256_set1_epi32(127)), 23);
-    return _mm256_andnot_ps(under, _mm256_mul_ps(y, _mm256_castsi256_ps(e)));
+  static vec min(vec a, vec b) { return _mm256_min_ps(a, b); }
+  static vec fnma(vec a, vec b, vec c) { return _mm256_fnmadd_ps(a, b, c); }  // c - a * b
+  static vec floor(vec v) { return _mm256_floor_ps(v); }
+  /// 2^n for integral-valued n in the normal exponent range.
+  static vec pow2i(vec n) {
+    return _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_add_epi32(_mm256_cvtps_epi32(n), _mm256_set1_epi32(127)), 23));
+  }
+  /// y where x >= limit, 0 elsewhere (and where x is NaN).
+  static vec zero_below(vec x, float limit, vec y) {
+    return _mm256_and_ps(_mm256_cmp_ps(x, _mm256_set1_ps(limit), _CMP_GE_OQ), y);
   }
   /// Stores 8 floats as dtype (fp16: F16C, round to nearest even; bf16: round to nearest even, NaN kept quiet).
   template <int DT>
@@ -224,23 +218,16 @@ struct isa {
   static vec fma(vec a, vec b, vec c) { return _mm512_fmadd_ps(a, b, c); }
   static float hsum(vec v) { return _mm512_reduce_add_ps(v); }
   static float hmax(vec v) { return _mm512_reduce_max_ps(v); }
-  /// Same approximation as the AVX2 path, 16 lanes.
-  static vec exp(vec x) {
-    const __mmask16 keep = _mm512_cmp_ps_mask(x, _mm512_set1_ps(-87.33654F), _CMP_GE_OQ);
-    x = _mm512_min_ps(_mm512_max_ps(x, _mm512_set1_ps(-87.33654F)), _mm512_set1_ps(88.37626F));
-    const vec fx = _mm512_roundscale_ps(_mm512_fmadd_ps(x, _mm512_set1_ps(1.44269504088896341F), _mm512_set1_ps(0.5F)),
-                                        _MM_FROUND_TO_NEG_INF | _MM_FROUND_NO_EXC);
-    x = _mm512_fnmadd_ps(fx, _mm512_set1_ps(0.693359375F), x);
-    x = _mm512_fnmadd_ps(fx, _mm512_set1_ps(-2.12194440e-4F), x);
-    vec y = _mm512_set1_ps(1.9875691500E-4F);
-    y = _mm512_fmadd_ps(y, x, _mm512_set1_ps(1.3981999507E-3F));
-    y = _mm512_fmadd_ps(y, x, _mm512_set1_ps(8.3334519073E-3F));
-    y = _mm512_fmadd_ps(y, x, _mm512_set1_ps(4.1665795894E-2F));
-    y = _mm512_fmadd_ps(y, x, _mm512_set1_ps(1.6666665459E-1F));
-    y = _mm512_fmadd_ps(y, x, _mm512_set1_ps(5.0000001201E-1F));
-    y = _mm512_fmadd_ps(y, _mm512_mul_ps(x, x), _mm512_add_ps(x, _mm512_set1_ps(1.0F)));
-    const __m512i e = _mm512_slli_epi32(_mm512_add_epi32(_mm512_cvtps_epi32(fx), _mm512_set1_epi32(127)), 23);
-    return _mm512_maskz_mov_ps(keep, _mm512_mul_ps(y, _mm512_castsi512_ps(e)));
+  static vec min(vec a, vec b) { return _mm512_min_ps(a, b); }
+  static vec fnma(vec a, vec b, vec c) { return _mm512_fnmadd_ps(a, b, c); }  // c - a * b
+  static vec floor(vec v) { return _mm512_roundscale_ps(v, _MM_FROUND_TO_NEG_INF | _MM_FROUND_NO_EXC); }
+  /// 2^n for integral-valued n in the normal exponent range.
+  static vec pow2i(vec n) {
+    return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_add_epi32(_mm512_cvtps_epi32(n), _mm512_set1_epi32(127)), 23));
+  }
+  /// y where x >= limit, 0 elsewhere (and where x is NaN).
+  static vec zero_below(vec x, float limit, vec y) {
+    return _mm512_maskz_mov_ps(_mm512_cmp_ps_mask(x, _mm512_set1_ps(limit), _CMP_GE_OQ), y);
   }
   /// Stores 16 floats as dtype (same rounding as the AVX2 path).
   template <int DT>
