@@ -27,6 +27,7 @@
 #include "kvpager/kernels/attention.hpp"
 #include "kvpager/kernels/float16.hpp"
 #include "../common/checks.hpp"
+#include "../common/decode_math.hpp"
 #include "worker_pool.hpp"
 
 namespace {
@@ -563,17 +564,15 @@ std::int32_t paged_attention_decode_cpu(const decode_params& p) noexcept {
     const auto h = static_cast<std::int32_t>(item / splits % hkv);
     const auto split = static_cast<std::int32_t>(item % splits);
     const std::int32_t len = length_of(p.pages, seq, kv.block_size);
-    const std::int32_t per = (len + splits - 1) / splits;
-    const std::int32_t chunk_len = (per + kv.block_size - 1) / kv.block_size * kv.block_size;  // whole blocks
-    const std::int32_t t0 = std::min(len, split * chunk_len), t1 = std::min(len, t0 + chunk_len);
+    std::int32_t t0 = 0, t1 = 0;
+    kvpager_kernels::split_range(len, kv.block_size, splits, split, t0, t1);
     kernel.fn(p, seq, h, t0, t1, scratch.data(), m.data(), l.data(), acc.data());
     if (splits == 1) {  // the whole sequence: normalize and store here, no merge pass
       for (std::int32_t g = 0; g < group; ++g) {
         const float lg = l[static_cast<std::size_t>(g)];
         const std::int64_t row = std::int64_t{seq} * p.num_q_heads + h * group + g;
         kernel.store(p.out, row, acc.data() + g * D, lg > 0.0F ? 1.0F / lg : 0.0F, kv.dtype, D);
-        if (p.lse != nullptr)
-          p.lse[row] = lg > 0.0F ? m[static_cast<std::size_t>(g)] + std::log(lg) : -std::numeric_limits<float>::infinity();
+        if (p.lse != nullptr) p.lse[row] = kvpager_kernels::lse_of(m[static_cast<std::size_t>(g)], lg);
       }
       return;
     }
@@ -604,7 +603,7 @@ std::int32_t paged_attention_decode_cpu(const decode_params& p) noexcept {
       }
     }
     kernel.store(p.out, row, o.data(), L > 0.0F ? 1.0F / L : 0.0F, kv.dtype, D);
-    if (p.lse != nullptr) p.lse[row] = L > 0.0F ? M + std::log(L) : -std::numeric_limits<float>::infinity();
+    if (p.lse != nullptr) p.lse[row] = kvpager_kernels::lse_of(M, L);
   });
   return KVPAGER_STATUS_OK;
 }

@@ -11,6 +11,7 @@
 #include <cstdint>
 
 #include "kvpager/c/kernels.h"
+#include "../common/decode_math.hpp"
 
 #if defined(__CUDACC__)
 #define KVPAGER_UNROLL _Pragma("unroll")
@@ -51,13 +52,6 @@ struct row_map {
 /// Query heads of a group handled together (each K/V row is loaded once per tile of heads).
 constexpr int kHeadTile = 4;
 
-/// The tokens [t0, t1) a split reads: whole blocks, the same formula as the CPU backend.
-__device__ __forceinline__ void split_range(int len, int bs, int splits, int split, int& t0, int& t1) {
-  const int per = (len + splits - 1) / splits;
-  const int chunk = (per + bs - 1) / bs * bs;
-  t0 = min(len, split * chunk);
-  t1 = min(len, t0 + chunk);
-}
 
 /// 16-byte piece of a row as floats.
 template <class T, int N>
@@ -92,7 +86,7 @@ __global__ void __launch_bounds__(kWarps * 32)
     len = 0;
   }
   int t0 = 0, t1 = 0;
-  split_range(len, bs, splits, split, t0, t1);
+  kvpager_kernels::split_range(len, bs, splits, split, t0, t1);
   const int64_t head_stride = static_cast<int64_t>(bs) * D, half_stride = static_cast<int64_t>(hkv) * head_stride;
   constexpr int kStep = kWarps * map::kRows * U;  // tokens the CTA covers per step
   for (int g0 = 0; g0 < group; g0 += G) {
@@ -233,7 +227,7 @@ __global__ void __launch_bounds__(kWarps * 32)
       const int64_t row = static_cast<int64_t>(seq) * hq + h * group + g0 + g;
       if (splits == 1) {
         out[row * D + d] = from_f<T>(L > 0.0F ? o / L : 0.0F);
-        if (lse != nullptr && d == 0) lse[row] = L > 0.0F ? M + logf(L) : -INFINITY;
+        if (lse != nullptr && d == 0) lse[row] = kvpager_kernels::lse_of(M, L);
       } else {
         float* st = part + (row * splits + split) * (D + 2);
         if (d == 0) {
@@ -267,7 +261,7 @@ __global__ void merge_kernel(T* __restrict__ out, float* __restrict__ lse, const
         if (st[i * (D + 2) + 1] > 0.0F) o += st[i * (D + 2) + 2 + d] * __expf(st[i * (D + 2)] - M);
     out[row * D + d] = from_f<T>(L > 0.0F ? o / L : 0.0F);
   }
-  if (lse != nullptr && threadIdx.x == 0) lse[row] = L > 0.0F ? M + logf(L) : -INFINITY;
+  if (lse != nullptr && threadIdx.x == 0) lse[row] = kvpager_kernels::lse_of(M, L);
 }
 
 template <class T>
