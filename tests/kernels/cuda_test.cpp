@@ -92,44 +92,7 @@ TEST(CudaDecodeArguments, WorkspaceQueryAndHostChecks) {
 
 TEST(CudaBlocks, AppendCopySwapMatchCpu) {
   KVTEST_NEED_GPU();
-  const int32_t hkv = 2, d = 64, bs = 16, nb = 8;
-  const size_t block_elems = 2ULL * hkv * bs * d;
-  std::vector<uint16_t> cache(nb * block_elems, 0), k(3 * hkv * d), v(3 * hkv * d);
-  for (size_t i = 0; i < k.size(); ++i) {
-    k[i] = static_cast<uint16_t>(i);
-    v[i] = static_cast<uint16_t>(7 * i);
-  }
-  const std::vector<int64_t> slots = {5 * bs + 3, -1, 2 * bs};
-  auto cpu = cache;
-  ASSERT_EQ(kvpager_cpu_kv_append(cpu.data(), k.data(), v.data(), slots.data(), 3, hkv, d, bs, nb, KVPAGER_DTYPE_FP16), 0);
-  auto* dc = to_device(cache);
-  auto* dk = to_device(k);
-  auto* dv = to_device(v);
-  auto* ds = to_device(slots);
-  ASSERT_EQ(kvpager_cuda_kv_append(dc, dk, dv, ds, 3, hkv, d, bs, nb, KVPAGER_DTYPE_FP16, nullptr, nullptr), 0);
-  EXPECT_EQ(to_host(dc, cache.size()), cpu);
-  // copy_blocks: 5 -> 1 and 2 -> 3 in one layer.
-  const std::vector<int64_t> pairs = {5, 1, 2, 3};
-  void* cpu_ptr = cpu.data();
-  ASSERT_EQ(kvpager_cpu_copy_blocks(&cpu_ptr, 1, pairs.data(), 2, nb, static_cast<int64_t>(block_elems * 2)), 0);
-  auto* dptrs = to_device(std::vector<void*>{dc});
-  auto* dpairs = to_device(pairs);
-  ASSERT_EQ(kvpager_cuda_copy_blocks(dptrs, 1, dpairs, 2, nb, static_cast<int64_t>(block_elems * 2), nullptr, nullptr), 0);
-  EXPECT_EQ(to_host(dc, cache.size()), cpu);
-  // swap out blocks 1, 2, 3 (consecutive: one merged copy) to pinned host blocks 4, 5, 6 and back to 5, 6, 7.
-  void* pinned = nullptr;
-  ASSERT_EQ(cudaMallocHost(&pinned, nb * block_elems * 2), cudaSuccess);
-  const std::vector<int64_t> out_pairs = {1, 4, 2, 5, 3, 6};
-  ASSERT_EQ(kvpager_cuda_swap_blocks(pinned, nb, dc, nb, static_cast<int64_t>(block_elems * 2), out_pairs.data(), 3, nullptr), 0);
-  ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
-  for (int b = 1; b <= 3; ++b)
-    EXPECT_EQ(std::memcmp(static_cast<unsigned char*>(pinned) + (b + 3) * block_elems * 2, cpu.data() + b * block_elems, block_elems * 2), 0);
-  EXPECT_EQ(kvpager_cuda_swap_blocks(pinned, nb, dc, nb, static_cast<int64_t>(block_elems * 2), std::vector<int64_t>{0, 8}.data(), 1, nullptr),
-            KVPAGER_STATUS_INVALID_BLOCK);
-  cudaFreeHost(pinned);
-  for (void* p : {static_cast<void*>(dc), static_cast<void*>(dk), static_cast<void*>(dv), static_cast<void*>(ds),
-                  static_cast<void*>(dptrs), static_cast<void*>(dpairs)})
-    cudaFree(p);
+  for (const auto& [what, ok] : blocks_vs_cpu()) EXPECT_TRUE(ok) << what;
 }
 
 #include <kvpager/kvpager.hpp>

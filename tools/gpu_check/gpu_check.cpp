@@ -52,54 +52,7 @@ void decode_correctness(bool quick) {
 }
 
 void blocks_correctness() {
-  const int32_t hkv = 2, d = 64, bs = 16, nb = 64;
-  const size_t block_elems = 2ULL * hkv * bs * d, block_bytes = block_elems * 2;
-  std::vector<uint16_t> cache(nb * block_elems), k(40 * hkv * d), v(k.size());
-  std::mt19937 rng(5);
-  for (auto& x : cache) x = static_cast<uint16_t>(rng());
-  for (size_t i = 0; i < k.size(); ++i) {
-    k[i] = static_cast<uint16_t>(rng());
-    v[i] = static_cast<uint16_t>(rng());
-  }
-  std::vector<int64_t> slots(40);
-  for (size_t t = 0; t < slots.size(); ++t) slots[t] = t % 7 == 3 ? -1 : static_cast<int64_t>((t * 37) % (nb * bs));
-  auto cpu = cache;
-  check(kvpager_cpu_kv_append(cpu.data(), k.data(), v.data(), slots.data(), 40, hkv, d, bs, nb, KVPAGER_DTYPE_FP16) == 0, "cpu kv_append");
-  auto* dc = to_device(cache);
-  auto* dk = to_device(k);
-  auto* dv = to_device(v);
-  auto* ds = to_device(slots);
-  check(kvpager_cuda_kv_append(dc, dk, dv, ds, 40, hkv, d, bs, nb, KVPAGER_DTYPE_FP16, nullptr, nullptr) == 0 &&
-            to_host(dc, cache.size()) == cpu,
-        "kv_append bit-exact");
-  const std::vector<int64_t> pairs = {5, 1, 2, 3, 40, 41, 7, 60};
-  void* cpu_ptr = cpu.data();
-  check(kvpager_cpu_copy_blocks(&cpu_ptr, 1, pairs.data(), 4, nb, static_cast<int64_t>(block_bytes)) == 0, "cpu copy_blocks");
-  auto* dptrs = to_device(std::vector<void*>{dc});
-  auto* dpairs = to_device(pairs);
-  check(kvpager_cuda_copy_blocks(dptrs, 1, dpairs, 4, nb, static_cast<int64_t>(block_bytes), nullptr, nullptr) == 0 &&
-            to_host(dc, cache.size()) == cpu,
-        "copy_blocks bit-exact");
-  void* pinned = nullptr;
-  cudaMallocHost(&pinned, nb * block_bytes);
-  std::memset(pinned, 0, nb * block_bytes);
-  std::vector<uint16_t> host_ref(nb * block_elems, 0);
-  const std::vector<int64_t> out_pairs = {1, 4, 2, 5, 3, 6, 9, 30, 10, 0};
-  check(kvpager_cpu_swap_blocks(host_ref.data(), nb, cpu.data(), nb, static_cast<int64_t>(block_bytes), out_pairs.data(), 5) == 0,
-        "cpu swap_blocks");
-  check(kvpager_cuda_swap_blocks(pinned, nb, dc, nb, static_cast<int64_t>(block_bytes), out_pairs.data(), 5, nullptr) == 0 &&
-            cudaDeviceSynchronize() == cudaSuccess && std::memcmp(pinned, host_ref.data(), nb * block_bytes) == 0,
-        "swap_blocks device -> pinned host bit-exact");
-  const std::vector<int64_t> in_pairs = {4, 20, 5, 21, 6, 22, 30, 63};
-  auto cpu_in = cpu;
-  kvpager_cpu_swap_blocks(cpu_in.data(), nb, host_ref.data(), nb, static_cast<int64_t>(block_bytes), in_pairs.data(), 4);
-  check(kvpager_cuda_swap_blocks(dc, nb, pinned, nb, static_cast<int64_t>(block_bytes), in_pairs.data(), 4, nullptr) == 0 &&
-            to_host(dc, cache.size()) == cpu_in,
-        "swap_blocks pinned host -> device bit-exact");
-  cudaFreeHost(pinned);
-  for (void* p : {static_cast<void*>(dc), static_cast<void*>(dk), static_cast<void*>(dv), static_cast<void*>(ds),
-                  static_cast<void*>(dptrs), static_cast<void*>(dpairs)})
-    cudaFree(p);
+  for (const auto& [what, ok] : blocks_vs_cpu()) check(ok, what);
 }
 
 void decode_bandwidth(int32_t ctx, int32_t batch) {
