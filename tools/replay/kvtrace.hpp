@@ -1,9 +1,13 @@
 #pragma once
 // kvtrace reader: parses a kvtrace file (format in docs/KVTRACE.md) into typed records, or reports the first
-// problem as "FILE:LINE: message". Never throws on bad input, never loops on it.
+// problem as "FILE:LINE: message". Never throws on bad input, never loops on it. Every record it accepts is valid
+// UTF-8 and every param is in range at its own line, so what it returns can be echoed as JSON and replayed.
 
 #include <charconv>
 #include <cstdint>
+#include <filesystem>
+#include <fstream>
+#include <ios>
 #include <optional>
 #include <string>
 #include <string_view>
@@ -42,6 +46,7 @@ struct trace {
   std::string level;  // "pool" or "manager"
   std::vector<std::pair<std::string, std::int64_t>> params;  // integer params, in order
   std::vector<std::pair<std::string, std::string>> raw_params;  // every param as written, in order (for echoing)
+  std::vector<std::int64_t> raw_param_lines;  // the line of each raw_params entry
   preemption_mode preemption = preemption_mode::recompute;
   std::vector<op> ops;
 
@@ -55,6 +60,12 @@ struct trace {
     for (const auto& [k, v] : params)
       if (k == key) return true;
     return false;
+  }
+  /// The line of the `param` record for `key`, or 0 when the trace has none.
+  [[nodiscard]] std::int64_t param_line(std::string_view key) const {
+    for (std::size_t i = 0; i < raw_params.size() && i < raw_param_lines.size(); ++i)
+      if (raw_params[i].first == key) return raw_param_lines[i];
+    return 0;
   }
 };
 
@@ -89,7 +100,88 @@ inline bool parse_uint(std::string_view s, T& out) {
   return ec == std::errc{} && p == s.data() + s.size();
 }
 
+/// Offset of the first byte of `s` that is not part of well-formed UTF-8 (RFC 3629: no overlong forms, no
+/// surrogates, nothing above U+10FFFF), or npos when all of `s` is. O(size).
+[[nodiscard]] inline std::size_t invalid_utf8_at(std::string_view s) noexcept {
+  std::size_t i = 0;
+  while (i < s.size()) {
+    const auto b = static_cast<unsigned char>(s[i]);
+    if (b < 0x80) {
+      ++i;
+      continue;
+    }
+    // Length and the allowed range of the second byte (the first continuation byte), per RFC 3629's table.
+    std::size_t len = 0;
+    unsigned char lo = 0x80, hi = 0xBF;
+    if (b >= 0xC2 && b <= 0xDF) {
+      len = 2;
+    } else if (b >= 0xE0 && b <= 0xEF) {
+      len = 3;
+      if (b == 0xE0) lo = 0xA0;  // overlong
+      if (b == 0xED) hi = 0x9F;  // UTF-16 surrogates
+    } else if (b >= 0xF0 && b <= 0xF4) {
+      len = 4;
+      if (b == 0xF0) lo = 0x90;  // overlong
+      if (b == 0xF4) hi = 0x8F;  // above U+10FFFF
+    } else {
+      return i;  // a continuation byte, C0/C1 (overlong) or F5..FF
+    }
+    if (s.size() - i < len) return i;
+    for (std::size_t k = 1; k < len; ++k) {
+      const auto c = static_cast<unsigned char>(s[i + k]);
+      if (c < (k == 1 ? lo : 0x80) || c > (k == 1 ? hi : 0xBF)) return i;
+    }
+    i += len;
+  }
+  return std::string_view::npos;
+}
+
+/// The range rule of a known integer param, checked at its `param` line: nullptr when `value` is allowed,
+/// else the message. Unknown keys take any value (they are echoed, not used).
+[[nodiscard]] inline const char* param_range_error(std::string_view key, std::int64_t value) noexcept {
+  constexpr std::int64_t max_blocks = std::int64_t{1} << 24;
+  if (key == "num_blocks" && (value < 2 || value > max_blocks)) return "num_blocks must be in [2, 2^24]";
+  if (key == "block_size" && (value < 1 || value > 4096 || (value & (value - 1)) != 0))
+    return "block_size must be a power of two <= 4096";
+  if (key == "enable_caching" && value > 1) return "enable_caching must be 0 or 1";
+  if (key == "max_num_seqs" && value < 1) return "max_num_seqs must be positive";
+  if (key == "max_num_batched_tokens" && value < 1) return "max_num_batched_tokens must be positive";
+  if (key == "watermark_permille" && value > 1000) return "watermark_permille must be in [0, 1000]";
+  if (key == "num_host_blocks" && value > max_blocks) return "num_host_blocks must be <= 2^24";
+  return nullptr;
+}
+
 }  // namespace detail
+
+/// Outcome of reading a trace file: its bytes, or an I/O error ("cannot read FILE: why").
+struct read_result {
+  std::optional<std::string> text;
+  std::string error;
+};
+
+/// Reads the trace file at `path` whole. Only a regular file (or a link to one) is read: a directory, a FIFO, a
+/// device or a socket is an I/O error, as is a path that cannot be opened or a read that fails, so neither an empty
+/// read nor an endless stream (/dev/zero) is taken for a trace. Never throws on a bad path (std::bad_alloc aside).
+inline read_result read_trace_file(const std::string& path) {
+  read_result res;
+  auto fail = [&](const std::string& why) {
+    res.error = "cannot read " + path + ": " + why;
+    return res;
+  };
+  std::error_code ec;
+  const auto st = std::filesystem::status(path, ec);
+  if (ec) return fail(ec.message());
+  if (st.type() == std::filesystem::file_type::directory) return fail("is a directory");
+  if (st.type() != std::filesystem::file_type::regular) return fail("not a regular file");
+  std::ifstream in(path, std::ios::binary);
+  if (!in) return fail("cannot open it");
+  std::string text;
+  char buf[1 << 16];
+  while (in.read(buf, sizeof buf) || in.gcount() > 0) text.append(buf, static_cast<std::size_t>(in.gcount()));
+  if (in.bad() || !in.eof()) return fail("read error");
+  res.text = std::move(text);
+  return res;
+}
 
 /// Parses kvtrace text. `name` is used in error messages.
 inline parse_result parse_kvtrace(std::string_view text, const std::string& name) {
@@ -103,6 +195,24 @@ inline parse_result parse_kvtrace(std::string_view text, const std::string& name
   };
   std::size_t pos = 0;
   std::unordered_set<std::uint64_t> defined;  // request ids seen in 'req'
+  // Checks that need the whole header (each param's own range is checked at its line). A missing record is
+  // reported at the line that ends the header (the first op, or the end of the file); a conflict at its param.
+  auto header_complete = [&](const char* where) {
+    if (t.level.empty()) {
+      fail(std::string("missing 'level' record") + where);
+      return false;
+    }
+    if (!t.has_param("num_blocks")) {
+      fail(std::string("missing 'param num_blocks'") + where);
+      return false;
+    }
+    if (t.preemption != preemption_mode::recompute && t.param("num_host_blocks", 0) < 1) {
+      line_no = t.param_line("preemption");
+      fail("'param preemption swap|hybrid' needs 'param num_host_blocks' > 0");
+      return false;
+    }
+    return true;
+  };
 
   while (pos <= text.size()) {
     const std::size_t eol = text.find('\n', pos);
@@ -111,6 +221,13 @@ inline parse_result parse_kvtrace(std::string_view text, const std::string& name
     ++line_no;
     if (const std::size_t hash = line.find('#'); hash != std::string_view::npos) line = line.substr(0, hash);
     if (line.find('\0') != std::string_view::npos) return fail("NUL byte in the line");
+    // Every field is stored or echoed as text (JSON needs UTF-8), so the record is checked whole; comments are not.
+    if (const std::size_t bad = detail::invalid_utf8_at(line); bad != std::string_view::npos) {
+      static constexpr char hex[] = "0123456789ABCDEF";
+      const auto b = static_cast<unsigned char>(line[bad]);
+      return fail(std::string("invalid UTF-8 (byte 0x") + hex[b >> 4] + hex[b & 15] + " at column " +
+                  std::to_string(bad + 1) + ")");
+    }
     const auto f = detail::split_fields(line);
     if (f.empty()) continue;
     const std::string_view kw = f[0];
@@ -143,30 +260,22 @@ inline parse_result parse_kvtrace(std::string_view text, const std::string& name
         for (const auto& [k, v] : t.raw_params)
           if (k == "preemption") return fail("duplicate param preemption");
         t.raw_params.emplace_back("preemption", std::string(f[2]));
+        t.raw_param_lines.push_back(line_no);
       } else {
         if (!need(3)) return fail("'param' takes a key and an integer");
         std::int64_t v = 0;
         if (!detail::parse_uint(f[2], v)) return fail("bad number '" + std::string(f[2]) + "' for param " + std::string(f[1]));
         if (t.has_param(f[1])) return fail("duplicate param " + std::string(f[1]));
+        if (const char* why = detail::param_range_error(f[1], v)) return fail(why);
         t.params.emplace_back(std::string(f[1]), v);
         t.raw_params.emplace_back(std::string(f[1]), std::string(f[2]));
+        t.raw_param_lines.push_back(line_no);
       }
       continue;
     }
     if (!seen_op) {
       seen_op = true;
-      if (t.level.empty()) return fail("missing 'level' record before the first op");
-      if (!t.has_param("num_blocks")) return fail("missing 'param num_blocks' before the first op");
-      const std::int64_t nb = t.param("num_blocks", 0), bs = t.param("block_size", 16);
-      if (nb < 2 || nb > (std::int64_t{1} << 24)) return fail("num_blocks must be in [2, 2^24]");
-      if (bs < 1 || bs > 4096 || (bs & (bs - 1)) != 0) return fail("block_size must be a power of two <= 4096");
-      if (t.param("enable_caching", 1) > 1) return fail("enable_caching must be 0 or 1");
-      if (t.param("max_num_seqs", 256) < 1) return fail("max_num_seqs must be positive");
-      if (t.param("max_num_batched_tokens", 8192) < 1) return fail("max_num_batched_tokens must be positive");
-      if (t.param("watermark_permille", 0) > 1000) return fail("watermark_permille must be in [0, 1000]");
-      if (t.param("num_host_blocks", 0) > (std::int64_t{1} << 24)) return fail("num_host_blocks must be <= 2^24");
-      if (t.preemption != preemption_mode::recompute && t.param("num_host_blocks", 0) < 1)
-        return fail("'param preemption swap|hybrid' needs 'param num_host_blocks' > 0");
+      if (!header_complete(" before the first op")) return res;
     }
     op o;
     o.line = line_no;
@@ -241,10 +350,7 @@ inline parse_result parse_kvtrace(std::string_view text, const std::string& name
     line_no = 1;
     return fail("empty trace (expected 'kvtrace 1')");
   }
-  if (!seen_op) {
-    if (t.level.empty()) return fail("missing 'level' record");
-    if (!t.has_param("num_blocks")) return fail("missing 'param num_blocks'");
-  }
+  if (!seen_op && !header_complete("")) return res;
   res.value = std::move(t);
   return res;
 }
