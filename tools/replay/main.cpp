@@ -1,18 +1,20 @@
 // kvpager-replay: replays kvtrace files through kvpager and prints one JSON document (docs/KVTRACE.md).
 //
-//   kvpager-replay [--repeat N] FILE...
+//   kvpager-replay [--repeat N] [--max-steps N] [--max-tokens N] FILE...
 //
 // Each file is replayed N times (default 1); counts must agree between repeats, elapsed_s is the fastest run and
-// elapsed_s_all lists every run. Exit status: 0 on success, 1 on a trace error (reported as FILE:LINE: message),
-// 2 on a usage or I/O error.
+// elapsed_s_all lists every run. --max-steps and --max-tokens bound the replay of untrusted traces (replay_limits;
+// default unlimited). Exit status: 0 on success; 1 when a trace cannot be replayed: a trace error, a limit reached,
+// a cache the params cannot create or memory exhausted (each reported as FILE:LINE: message), or an internal
+// error (reported); 2 on a usage or I/O error (a path that is not a readable regular file). No input aborts.
 #include <charconv>
+#include <cstdint>
 #include <cstdio>
-#include <string_view>
-#include <cstring>
-#include <fstream>
+#include <exception>
 #include <iostream>
-#include <sstream>
+#include <new>
 #include <string>
+#include <string_view>
 #include <vector>
 
 #include "kvtrace.hpp"
@@ -22,8 +24,15 @@ namespace {
 
 int usage(const char* why) {
   if (why != nullptr) std::fprintf(stderr, "kvpager-replay: %s\n", why);
-  std::fprintf(stderr, "usage: kvpager-replay [--repeat N] FILE...\n");
+  std::fprintf(stderr, "usage: kvpager-replay [--repeat N] [--max-steps N] [--max-tokens N] FILE...\n");
   return 2;
+}
+
+/// A whole decimal number in [lo, hi].
+template <class T>
+bool parse_count(std::string_view v, T lo, T hi, T& out) {
+  const auto [p, ec] = std::from_chars(v.data(), v.data() + v.size(), out);
+  return ec == std::errc{} && p == v.data() + v.size() && out >= lo && out <= hi;
 }
 
 /// Removes the timing keys, leaving what must be identical between repeats.
@@ -33,10 +42,10 @@ kvreplay::json counts_only(kvreplay::json r) {
   return r;
 }
 
-}  // namespace
-
-int main(int argc, char** argv) {
+/// The tool without the last-resort handler (main).
+int run(int argc, char** argv) {
   int repeat = 1;
+  kvreplay::replay_limits limits;
   std::vector<std::string> files;
   for (int i = 1; i < argc; ++i) {
     const std::string a = argv[i];
@@ -44,12 +53,14 @@ int main(int argc, char** argv) {
       usage(nullptr);
       return 0;
     }
-    if (a == "--repeat") {
-      if (i + 1 >= argc) return usage("--repeat needs a number");
+    if (a == "--repeat" || a == "--max-steps" || a == "--max-tokens") {
+      if (i + 1 >= argc) return usage((a + " needs a number").c_str());
       const std::string_view v = argv[++i];
-      const auto [p, ec] = std::from_chars(v.data(), v.data() + v.size(), repeat);
-      if (ec != std::errc{} || p != v.data() + v.size() || repeat < 1 || repeat > 1000)
-        return usage("--repeat must be a number in [1, 1000]");
+      if (a == "--repeat") {
+        if (!parse_count(v, 1, 1000, repeat)) return usage("--repeat must be a number in [1, 1000]");
+      } else if (!parse_count<std::int64_t>(v, 0, INT64_MAX, a == "--max-steps" ? limits.max_steps : limits.max_tokens)) {
+        return usage((a + " must be a non-negative number (0 = unlimited)").c_str());
+      }
     } else if (!a.empty() && a[0] == '-') {
       return usage(("unknown option " + a).c_str());
     } else {
@@ -61,15 +72,12 @@ int main(int argc, char** argv) {
   kvreplay::json doc;
   doc["workloads"] = kvreplay::json::array();
   for (const std::string& file : files) {
-    std::ifstream in(file, std::ios::binary);
-    if (!in) {
-      std::fprintf(stderr, "kvpager-replay: cannot read %s\n", file.c_str());
+    const kvreplay::read_result read = kvreplay::read_trace_file(file);
+    if (!read.text) {
+      std::fprintf(stderr, "kvpager-replay: %s\n", read.error.c_str());
       return 2;
     }
-    std::stringstream ss;
-    ss << in.rdbuf();
-    const std::string text = ss.str();
-    const kvreplay::parse_result parsed = kvreplay::parse_kvtrace(text, file);
+    const kvreplay::parse_result parsed = kvreplay::parse_kvtrace(*read.text, file);
     if (!parsed.value) {
       std::fprintf(stderr, "kvpager-replay: %s\n", parsed.error.c_str());
       return 1;
@@ -78,7 +86,7 @@ int main(int argc, char** argv) {
     kvreplay::json best;
     std::vector<double> all;
     for (int k = 0; k < repeat; ++k) {
-      kvreplay::replay_result r = kvreplay::replay(t, file);
+      kvreplay::replay_result r = kvreplay::replay(t, file, limits);
       if (!r.error.empty()) {
         std::fprintf(stderr, "kvpager-replay: %s\n", r.error.c_str());
         return 1;
@@ -95,23 +103,31 @@ int main(int argc, char** argv) {
         if (e < best["elapsed_s"].get<double>()) best = std::move(r.result);
       }
     }
-    kvreplay::json w;
-    w["workload"] = t.workload;
-    w["level"] = t.level;
-    w["params"] = kvreplay::json::object();
-    for (const auto& [key, value] : t.raw_params) {
-      std::int64_t v = 0;
-      if (kvreplay::detail::parse_uint(value, v)) {
-        w["params"][key] = v;
-      } else {
-        w["params"][key] = value;
-      }
-    }
-    w["ops"] = t.ops.size();
-    w["result"] = std::move(best);
+    kvreplay::json w = kvreplay::workload_entry(t, std::move(best));
     if (repeat > 1) w["elapsed_s_all"] = all;
     doc["workloads"].push_back(std::move(w));
   }
   std::cout << doc.dump(1) << '\n';
   return 0;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+#if KVPAGER_HAS_EXCEPTIONS
+  // The parser and replayer report every bad input themselves; this is the backstop that keeps any escape (memory
+  // exhausted outside a replay, a JSON error) a reported failure instead of an abort.
+  try {
+    return run(argc, argv);
+  } catch (const std::bad_alloc&) {
+    std::fprintf(stderr, "kvpager-replay: out of memory\n");
+  } catch (const std::exception& e) {
+    std::fprintf(stderr, "kvpager-replay: internal error: %s\n", e.what());
+  } catch (...) {
+    std::fprintf(stderr, "kvpager-replay: internal error\n");
+  }
+  return 1;
+#else
+  return run(argc, argv);
+#endif
 }

@@ -11,6 +11,7 @@
 #include <cmath>
 #include <cstdint>
 #include <deque>
+#include <new>
 #include <span>
 #include <string>
 #include <unordered_map>
@@ -34,19 +35,39 @@ using json = nlohmann::ordered_json;
   return static_cast<kvpager::token_id>((z ^ (z >> 31)) % 50000);
 }
 
-/// Safety limits for replaying untrusted traces (the fuzz test sets them); 0 = unlimited.
+/// Safety limits for replaying untrusted traces (the fuzz test and `kvpager-replay --max-steps/--max-tokens` set
+/// them); 0 = unlimited. Together they bound every loop of a replay: each `run` step and each token a request gets
+/// is counted, and every other loop is bounded by the trace's size and params. Reaching one is an error naming the
+/// op's line.
 struct replay_limits {
-  std::int64_t max_steps = 0;  ///< scheduler steps over all `run` ops
+  std::int64_t max_steps = 0;   ///< scheduler steps over all `run` ops
+  std::int64_t max_tokens = 0;  ///< tokens given to requests: prompts (`req`), copies (`fork`), outputs (`decode`, `run`)
 };
 
 struct replay_result {
   json result;        // the "result" object
-  std::string error;  // "FILE:LINE: message" on a trace error
+  std::string error;  // "FILE:LINE: message" on a trace error, a limit reached or memory exhausted
 };
 
 namespace detail {
 
 [[nodiscard]] inline double round6(double x) { return std::round(x * 1e6) / 1e6; }
+
+/// The params that size the cache, for messages about it: "num_blocks N, block_size B, prefix caching on".
+[[nodiscard]] inline std::string cache_params(const trace& t) {
+  std::string s = "num_blocks " + std::to_string(t.param("num_blocks", 0));
+  if (t.level == "pool") return s;
+  s += ", block_size " + std::to_string(t.param("block_size", 16)) + ", prefix caching " +
+       (t.param("enable_caching", 1) != 0 ? "on" : "off");
+  if (t.preemption != preemption_mode::recompute) s += ", num_host_blocks " + std::to_string(t.param("num_host_blocks", 0));
+  return s;
+}
+
+/// "FILE:LINE: cannot create ... (params): why", LINE being `param num_blocks`'s (the cache is built from the header).
+[[nodiscard]] inline std::string create_error(const trace& t, const std::string& name, const std::string& why) {
+  return name + ":" + std::to_string(t.param_line("num_blocks")) + ": cannot create the " +
+         (t.level == "pool" ? "block pool" : "cache") + " for " + cache_params(t) + ": " + why;
+}
 
 class stopwatch {
  public:
@@ -60,12 +81,13 @@ class stopwatch {
 };
 
 // ------------------------------------------------------------------------------------------- pool level
-inline replay_result replay_pool(const trace& t, const std::string& name) {
+/// `at_line`, when given, follows the op being replayed (for a report of memory exhaustion).
+inline replay_result replay_pool(const trace& t, const std::string& name, std::int64_t* at_line = nullptr) {
   replay_result out;
   const auto num_blocks = static_cast<std::int32_t>(t.param("num_blocks", 0));
   auto created = kvpager::block_pool<kvpager::free_list_allocator>::create({num_blocks, 1});  // block 0 = null block
   if (!created) {
-    out.error = name + ": " + created.error().message();
+    out.error = create_error(t, name, created.error().message());
     return out;
   }
   auto& pool = *created;
@@ -74,6 +96,7 @@ inline replay_result replay_pool(const trace& t, const std::string& name) {
   std::int32_t peak_used = 0;
   const stopwatch clock;
   for (const op& o : t.ops) {
+    if (at_line != nullptr) *at_line = o.line;
     if (o.kind == op_kind::alloc) {
       if (o.n > pool.num_free()) {
         out.error = name + ":" + std::to_string(o.line) + ": alloc of " + std::to_string(o.n) +
@@ -118,13 +141,17 @@ inline replay_result replay_pool(const trace& t, const std::string& name) {
 template <class Cache>
 class manager_replay {
  public:
-  manager_replay(const trace& t, const std::string& name, Cache cache, replay_limits limits)
-      : t_(t), name_(name), cache_(std::move(cache)), limits_(limits), num_blocks_(static_cast<std::int32_t>(t.param("num_blocks", 0))),
-        max_num_seqs_(t.param("max_num_seqs", 256)), budget_(t.param("max_num_batched_tokens", 8192)) {}
+  /// `at_line`, when given, follows the op being replayed (for a report of memory exhaustion).
+  manager_replay(const trace& t, const std::string& name, Cache cache, replay_limits limits,
+                 std::int64_t* at_line = nullptr)
+      : t_(t), name_(name), cache_(std::move(cache)), limits_(limits), at_line_(at_line),
+        num_blocks_(static_cast<std::int32_t>(t.param("num_blocks", 0))), max_num_seqs_(t.param("max_num_seqs", 256)),
+        budget_(t.param("max_num_batched_tokens", 8192)) {}
 
   replay_result run() {
     const stopwatch clock;
     for (const op& o : t_.ops) {
+      if (at_line_ != nullptr) *at_line_ = o.line;
       cache_.begin_step();  // every op starts from an executed plan
       if (!apply(o)) return std::move(out_);
     }
@@ -203,6 +230,14 @@ class manager_replay {
   void sample_next(request& r) {
     r.tokens.push_back(token_of(r.gen_seed, static_cast<std::uint64_t>(r.outputs)));
     ++r.outputs;
+    ++tokens_;
+  }
+
+  /// Whether the tokens given to requests so far are past replay_limits::max_tokens (then the error is set).
+  bool over_token_limit(const op& o) {
+    if (limits_.max_tokens <= 0 || tokens_ <= limits_.max_tokens) return false;
+    error(o, "token limit reached (" + std::to_string(limits_.max_tokens) + " tokens)");
+    return true;
   }
 
   const std::vector<kvpager::token_id>& segment_tokens(const segment& s) {
@@ -274,6 +309,8 @@ class manager_replay {
         r.gen_seed = o.gen_seed;
         r.max_new = o.max_new;
         for (const segment& s : o.segments) {
+          tokens_ += s.len;
+          if (over_token_limit(o)) return false;
           const auto& v = segment_tokens(s);
           r.tokens.insert(r.tokens.end(), v.begin(), v.begin() + s.len);
         }
@@ -304,6 +341,7 @@ class manager_replay {
             break;
           }
           sample_next(r);
+          if (over_token_limit(o)) return false;
         }
         return true;
       }
@@ -320,6 +358,8 @@ class manager_replay {
       case op_kind::fork: {
         request& p = reqs_[index_.at(o.id)];
         if (p.st != state::live) return error(o, "fork: request " + std::to_string(o.id) + " is not live (admit it first)");
+        tokens_ += static_cast<std::int64_t>(p.tokens.size());
+        if (over_token_limit(o)) return false;
         if (!cache_.fork(p.id, o.child)) {
           ++fork_fail_;
           return true;
@@ -344,28 +384,34 @@ class manager_replay {
         reqs_[i].st = state::waiting;
         waiting_.push_back(i);
       }
-    if (max_steps == 0) {  // an unbounded run must end: every queued request needs a finite max_new
-      for (const std::size_t i : waiting_)
-        if (reqs_[i].max_new == 0)
-          return error(o, "'run 0' with request " + std::to_string(reqs_[i].id) + " whose max_new is 0 never ends");
-      for (const std::size_t i : running_)
-        if (reqs_[i].max_new == 0)
-          return error(o, "'run 0' with request " + std::to_string(reqs_[i].id) + " whose max_new is 0 never ends");
-    }
+    // An unbounded run must end: every request the scheduler holds, in whichever queue (waiting, preempted,
+    // running, swapped), needs a finite max_new. With one, each step that schedules anything brings a request
+    // closer to finishing, and a step that schedules and preempts nothing ends the run (run_stalled).
+    if (max_steps == 0)
+      for (const request& r : reqs_)
+        if (in_scheduler(r.st) && r.max_new == 0)
+          return error(o, "'run 0' with request " + std::to_string(r.id) + " whose max_new is 0 never ends");
     for (std::int64_t step = 0;
          (max_steps == 0 || step < max_steps) && (!running_.empty() || !waiting_.empty() || !swapped_.empty()); ++step) {
-      if (limits_.max_steps > 0 && steps_ >= limits_.max_steps) return error(o, "step limit reached");
+      if (limits_.max_steps > 0 && steps_ >= limits_.max_steps)
+        return error(o, "step limit reached (" + std::to_string(limits_.max_steps) + " steps)");
       const stopwatch clock;
       cache_.begin_step();
       const bool progressed = schedule_step();
       ++steps_;
       step_ms_.push_back(clock.seconds() * 1e3);
+      if (over_token_limit(o)) return false;
       if (!progressed) {
         stalled_ = true;
         return true;
       }
     }
     return true;
+  }
+
+  /// Whether a request in state `s` is in one of the scheduler's queues (what `run` steps).
+  [[nodiscard]] static bool in_scheduler(state s) noexcept {
+    return s == state::waiting || s == state::running || s == state::swapped;
   }
 
   /// One scheduler step (KVTRACE.md "One run step"). Returns whether anything was scheduled or preempted.
@@ -466,6 +512,7 @@ class manager_replay {
   std::string name_;
   Cache cache_;
   replay_limits limits_;
+  std::int64_t* at_line_;
   std::int32_t num_blocks_;
   std::int64_t max_num_seqs_;
   std::int64_t budget_;
@@ -478,6 +525,7 @@ class manager_replay {
   prefix_counters c_[2];  // [0] first admissions, [1] resumed after preemption
   std::int64_t preemptions_ = 0, admit_fail_ = 0, admit_budget_stop_ = 0, decode_alloc_fail_ = 0;
   std::int64_t steps_ = 0, finished_ = 0;
+  std::int64_t tokens_ = 0;  ///< tokens given to requests (replay_limits::max_tokens)
   std::int64_t swap_outs_ = 0, swapped_out_blocks_ = 0, swap_ins_ = 0, swapped_in_blocks_ = 0, swap_fallback_ = 0;
   std::deque<std::size_t> swapped_;
   bool stalled_ = false;
@@ -488,8 +536,11 @@ class manager_replay {
   replay_result out_;
 };
 
+/// Replays a manager-level trace over `Cache`. A cache that cannot be created for the params (`create` answers an
+/// error) is reported at the `param num_blocks` line; `at_line`, when given, follows the op being replayed.
 template <class Cache>
-replay_result replay_manager(const trace& t, const std::string& name, replay_limits limits) {
+replay_result replay_manager(const trace& t, const std::string& name, replay_limits limits,
+                             std::int64_t* at_line = nullptr) {
   typename Cache::swap_policy_type swap{};
   if constexpr (!std::is_same_v<typename Cache::swap_policy_type, kvpager::no_swap>)
     swap = typename Cache::swap_policy_type(
@@ -497,8 +548,8 @@ replay_result replay_manager(const trace& t, const std::string& name, replay_lim
   auto created = Cache::create({static_cast<std::int32_t>(t.param("block_size", 16)),
                                 static_cast<std::int32_t>(t.param("num_blocks", 0)), /*reserved (null block)=*/1, 0},
                                {}, {}, {}, std::move(swap));
-  if (!created) return replay_result{json::object(), name + ": " + created.error().message()};
-  return manager_replay<Cache>(t, name, std::move(*created), limits).run();
+  if (!created) return replay_result{json::object(), create_error(t, name, created.error().message())};
+  return manager_replay<Cache>(t, name, std::move(*created), limits, at_line).run();
 }
 
 }  // namespace detail
@@ -507,26 +558,78 @@ replay_result replay_manager(const trace& t, const std::string& name, replay_lim
 using vllm_v1_no_caching_cache = kvpager::paged_kv_cache<kvpager::free_list_allocator, kvpager::no_eviction,
                                                          kvpager::refcount_sharing, kvpager::no_swap>;
 
-/// Replays one parsed trace. Counts are deterministic; elapsed times are measured around the ops.
 namespace detail {
 template <class W>
-replay_result replay_with_swap(const trace& t, const std::string& name, replay_limits limits) {
+replay_result replay_with_swap(const trace& t, const std::string& name, replay_limits limits, std::int64_t* at_line) {
   using namespace kvpager;
   if (t.param("enable_caching", 1) != 0)
-    return replay_manager<paged_kv_cache<free_list_allocator, lru_eviction, prefix_caching, W>>(t, name, limits);
-  return replay_manager<paged_kv_cache<free_list_allocator, no_eviction, refcount_sharing, W>>(t, name, limits);
+    return replay_manager<paged_kv_cache<free_list_allocator, lru_eviction, prefix_caching, W>>(t, name, limits, at_line);
+  return replay_manager<paged_kv_cache<free_list_allocator, no_eviction, refcount_sharing, W>>(t, name, limits, at_line);
 }
-}  // namespace detail
 
-inline replay_result replay(const trace& t, const std::string& name, replay_limits limits = {}) {
-  if (t.level == "pool") return detail::replay_pool(t, name);
+/// Replays `t` over the composition its params name (no catch; see replay_guarded).
+inline replay_result replay_any(const trace& t, const std::string& name, replay_limits limits, std::int64_t* at_line) {
+  if (t.level == "pool") return replay_pool(t, name, at_line);
   switch (t.preemption) {
-    case preemption_mode::swap: return detail::replay_with_swap<kvpager::host_swap>(t, name, limits);
-    case preemption_mode::hybrid: return detail::replay_with_swap<kvpager::hybrid_swap>(t, name, limits);
+    case preemption_mode::swap: return replay_with_swap<kvpager::host_swap>(t, name, limits, at_line);
+    case preemption_mode::hybrid: return replay_with_swap<kvpager::hybrid_swap>(t, name, limits, at_line);
     default: break;
   }
-  if (t.param("enable_caching", 1) != 0) return detail::replay_manager<kvpager::vllm_v1_cache>(t, name, limits);
-  return detail::replay_manager<vllm_v1_no_caching_cache>(t, name, limits);
+  if (t.param("enable_caching", 1) != 0) return replay_manager<kvpager::vllm_v1_cache>(t, name, limits, at_line);
+  return replay_manager<vllm_v1_no_caching_cache>(t, name, limits, at_line);
+}
+
+/// Runs `replay_fn(&at_line)` (which sets at_line to each op's line as it replays it) and turns memory exhaustion
+/// (std::bad_alloc) into an error naming the line: the `param num_blocks` line while the cache is being created
+/// (before the first op), else the op's. The catch is here, in the tool: the library's calls do not throw it
+/// (`create` answers an error instead), but the tool must not abort whatever they answer. Under -fno-exceptions
+/// nothing is caught.
+template <class F>
+replay_result replay_guarded(const trace& t, const std::string& name, F&& replay_fn) {
+  const std::int64_t params_line = t.param_line("num_blocks");
+  std::int64_t at_line = params_line;
+#if KVPAGER_HAS_EXCEPTIONS
+  try {
+    return std::forward<F>(replay_fn)(&at_line);
+  } catch (const std::bad_alloc&) {
+    const std::string why = "out of memory (std::bad_alloc)";
+    return replay_result{json::object(), at_line == params_line
+                                             ? create_error(t, name, why)
+                                             : name + ":" + std::to_string(at_line) + ": " + why + " replaying this op"};
+  }
+#else
+  return std::forward<F>(replay_fn)(&at_line);
+#endif
+}
+
+}  // namespace detail
+
+/// Replays one parsed trace. Counts are deterministic; elapsed times are measured around the ops. Returns the
+/// result, or an error "FILE:LINE: message" for a trace error, a limit reached, a cache that cannot be created for
+/// the params (at `param num_blocks`'s line, whatever `create` answers: an error or std::bad_alloc) or memory
+/// exhausted during an op (at its line).
+inline replay_result replay(const trace& t, const std::string& name, replay_limits limits = {}) {
+  return detail::replay_guarded(t, name, [&](std::int64_t* at_line) { return detail::replay_any(t, name, limits, at_line); });
+}
+
+/// The JSON entry kvpager-replay prints for a replayed trace: workload, level, params as written, op count and
+/// `result`. Every string in it was checked to be UTF-8 by parse_kvtrace, so dumping it does not throw.
+[[nodiscard]] inline json workload_entry(const trace& t, json result) {
+  json w;
+  w["workload"] = t.workload;
+  w["level"] = t.level;
+  w["params"] = json::object();
+  for (const auto& [key, value] : t.raw_params) {
+    std::int64_t v = 0;
+    if (detail::parse_uint(value, v)) {
+      w["params"][key] = v;
+    } else {
+      w["params"][key] = value;
+    }
+  }
+  w["ops"] = t.ops.size();
+  w["result"] = std::move(result);
+  return w;
 }
 
 }  // namespace kvreplay
