@@ -1,11 +1,19 @@
 // kvpager-replay's engine: the four public traces give vLLM's exact counts; malformed traces give an error naming
 // the line; randomly mutated traces never crash or hang.
 #include <gtest/gtest.h>
+#include <sys/stat.h>
+#include <unistd.h>
 
+#include <algorithm>
+#include <cstdio>
+#include <filesystem>
 #include <fstream>
+#include <new>
 #include <random>
+#include <span>
 #include <sstream>
 #include <string>
+#include <type_traits>
 #include <vector>
 
 #include "kvtrace.hpp"
@@ -167,12 +175,12 @@ TEST(ReplayErrors, EachNamesTheLine) {
       {"", "t.kvtrace:1: empty trace"},
       {"kvtrace 1\nparam num_blocks 8\nalloc 1 1\n", "t.kvtrace:3: missing 'level'"},
       {"kvtrace 1\nlevel pool\nalloc 1 1\n", "t.kvtrace:3: missing 'param num_blocks'"},
-      {"kvtrace 1\nlevel pool\nparam num_blocks 8\nparam block_size 12\nalloc 1 1\n", "t.kvtrace:5: block_size must be"},
-      {"kvtrace 1\nlevel pool\nparam num_blocks 999999999999\nalloc 1 1\n", "t.kvtrace:4: num_blocks must be"},
+      {"kvtrace 1\nlevel pool\nparam num_blocks 8\nparam block_size 12\nalloc 1 1\n", "t.kvtrace:4: block_size must be"},
+      {"kvtrace 1\nlevel pool\nparam num_blocks 999999999999\nalloc 1 1\n", "t.kvtrace:3: num_blocks must be"},
       {"kvtrace 1\nlevel pool\nparam num_blocks 8\nalloc 1", "t.kvtrace:4: 'alloc' takes"},  // truncated last line
       {manager_head + "param preemption often\n", "t.kvtrace:5: 'param preemption' must be"},
-      {manager_head + "param preemption swap\nreq 1 5 4 9:10\n", "t.kvtrace:6: 'param preemption swap|hybrid' needs"},
-      {manager_head + "param watermark_permille 1001\nreq 1 5 4 9:10\n", "t.kvtrace:6: watermark_permille must be"},
+      {manager_head + "param preemption swap\nreq 1 5 4 9:10\n", "t.kvtrace:5: 'param preemption swap|hybrid' needs"},
+      {manager_head + "param watermark_permille 1001\nreq 1 5 4 9:10\n", "t.kvtrace:5: watermark_permille must be"},
       {manager_head + "req 1 5 4 9:10\nfork 1 2\n", "t.kvtrace:6: 'fork' takes"},
       {manager_head + "req 1 5 4 9:10\nfork 3 2 7\n", "t.kvtrace:6: request 3 is not defined"},
       {manager_head + "req 1 5 4 9:10\nfork 1 1 7\n", "t.kvtrace:6: request 1 is defined twice"},
@@ -195,12 +203,21 @@ TEST(ReplayErrors, CommentsAndBlankLinesAreIgnored) {
 // ------------------------------------------------------------------------------------------- fuzzing
 
 namespace {
+/// Whether `error` has the form "NAME:LINE: message" with a positive LINE.
+bool names_a_line(const std::string& error, const std::string& name) {
+  if (error.rfind(name + ":", 0) != 0) return false;
+  std::size_t i = name.size() + 1, digits = 0;
+  while (i < error.size() && error[i] >= '0' && error[i] <= '9') ++i, ++digits;
+  return digits > 0 && error[name.size() + 1] != '0' && error.compare(i, 2, ": ") == 0;
+}
+
 /// A random edit: drop, duplicate or swap a line, replace a field with junk, truncate, or insert bytes.
 std::string mutate(std::string text, std::mt19937_64& rng) {
   static const std::vector<std::string> junk = {"-1", "0", "99999999999999999999", "x", ":", "1:", ":5", "1:0",
                                                 "#", "\t", "4294967296", "run", "req", "free", "alloc", "admit 1",
                                                 "decode 1 1000000", "9:16777216", "param", "level", "kvtrace 1", "fork 1 9 3",
-                                                "param preemption hybrid", "param num_host_blocks 8"};
+                                                "param preemption hybrid", "param num_host_blocks 8", "caf\xe9",
+                                                "\xff", "\xed\xa0\x80", "w\xc3\xa9"};
   std::vector<std::string> lines;
   std::stringstream ss(text);
   for (std::string l; std::getline(ss, l);) lines.push_back(l);
@@ -250,13 +267,305 @@ TEST(ReplayFuzz, MutatedTracesNeverCrashOrHang) {
     const std::string text = mutate(base, rng);
     const auto parsed = kvreplay::parse_kvtrace(text, "fuzz");
     if (!parsed.value) {
-      ASSERT_EQ(parsed.error.rfind("fuzz:", 0), 0U) << parsed.error;
+      ASSERT_TRUE(names_a_line(parsed.error, "fuzz")) << parsed.error;
       continue;
     }
     ++parsed_ok;
-    const auto r = kvreplay::replay(*parsed.value, "fuzz", kvreplay::replay_limits{20000});
-    if (r.error.empty()) ++replayed_ok;
+    const auto r = kvreplay::replay(*parsed.value, "fuzz", kvreplay::replay_limits{20000, 200000});
+    if (r.error.empty()) {
+      ++replayed_ok;
+      // What the tool prints: every accepted string is UTF-8, so this never throws (type_error.316 before).
+      const std::string dumped = kvreplay::workload_entry(*parsed.value, r.result).dump();
+      ASSERT_FALSE(dumped.empty());
+    } else {
+      ASSERT_TRUE(names_a_line(r.error, "fuzz")) << r.error;
+    }
   }
   EXPECT_GT(parsed_ok, 2000);
   EXPECT_GT(replayed_ok, 1500);
+}
+
+// ------------------------------------------------------------------------------------------- no input aborts the tool
+
+namespace {
+/// Each way bytes fail to be UTF-8 (RFC 3629), with the byte the error must name.
+const std::vector<std::pair<std::string, std::string>> invalid_utf8 = {
+    {"\xff", "0xFF"},             {"\xfe", "0xFE"},         {"\x80", "0x80"},  // never in UTF-8; lone continuation
+    {"\xc0\x80", "0xC0"},         {"\xe0\x80\x80", "0xE0"}, {"\xf0\x80\x80\x80", "0xF0"},  // overlong forms
+    {"\xed\xa0\x80", "0xED"},                                                             // a UTF-16 surrogate
+    {"\xf4\x90\x80\x80", "0xF4"}, {"\xf5\x80\x80\x80", "0xF5"},                           // above U+10FFFF
+    {"\xe2\x82", "0xE2"},         {"\xc3", "0xC3"},                                       // truncated
+    {"\xe9", "0xE9"}};                                                                    // Latin-1
+
+/// `text` with its single '@' replaced by `bytes`; `line` and `column` (1-based) say where '@' was.
+std::string place(const std::string& text, const std::string& bytes, std::int64_t& line, std::size_t& column) {
+  const std::size_t at = text.find('@');
+  const std::size_t bol = text.rfind('\n', at);
+  line = 1 + std::count(text.begin(), text.begin() + static_cast<std::ptrdiff_t>(at), '\n');
+  column = at - (bol == std::string::npos ? 0 : bol + 1) + 1;
+  return text.substr(0, at) + bytes + text.substr(at + 1);
+}
+}  // namespace
+
+// Issue 9 item 4: one non-UTF-8 byte in a workload name or param key made the JSON writer throw
+// (type_error.316) and the tool abort. Every record is checked where it is read, whatever field holds the bytes.
+TEST(ReplayErrors, NonUtf8ByteInAnyStringFieldIsAnErrorNamingTheLine) {
+  const std::vector<std::string> templates = {
+      "kvtrace 1\nworkload w@\nlevel pool\nparam num_blocks 8\nalloc 1 1\n",                // workload name
+      "kvtrace 1\nworkload w\nlevel pool\nparam num_blocks 8\nparam k@y 3\n",               // param key, no ops
+      "kvtrace 1\nworkload w\nlevel pool\nparam k@y 3\nparam num_blocks 8\nalloc 1 1\n",    // param key, ops
+      "kvtrace 1\nlevel pool\nparam num_blocks 8@\n",                                        // param value
+      "kvtrace 1\nlevel manager\nparam num_blocks 8\nparam preemption swap@\n",             // preemption value
+      "kvtrace 1@\nlevel pool\nparam num_blocks 8\n",                                        // magic
+      "kvtrace 1\nlevel pool@\nparam num_blocks 8\n",                                        // level
+      "kvtrace 1\nwork@load w\nlevel pool\nparam num_blocks 8\n",                            // keyword
+      "kvtrace 1\nlevel pool\nparam num_blocks 8\nalloc 1 1\nfree@ 1\n",                     // op
+      "kvtrace 1\nlevel manager\nparam num_blocks 8\nreq 1 5 4 9:10 @\nrun 0\n",             // a field of its own
+      "@kvtrace 1\n",                                                                        // first byte
+  };
+  for (const std::string& tpl : templates) {
+    for (const auto& [bytes, hex] : invalid_utf8) {
+      std::int64_t line = 0;
+      std::size_t column = 0;
+      const std::string text = place(tpl, bytes, line, column);
+      const std::string want =
+          "t.kvtrace:" + std::to_string(line) + ": invalid UTF-8 (byte " + hex + " at column " + std::to_string(column) + ")";
+      EXPECT_EQ(replay_error(text), want) << "template:\n" << tpl;
+    }
+  }
+  EXPECT_EQ(kvreplay::detail::invalid_utf8_at("ok \xc3\xa9 \xe2\x82\xac \xf0\x9f\x98\x80 \xf4\x8f\xbf\xbf"), std::string_view::npos);
+  EXPECT_EQ(kvreplay::detail::invalid_utf8_at("ab\xed\x9f\xbf\xed\xa0\x80"), 5U) << "U+D7FF is valid, U+D800 is not";
+}
+
+// Comments are never stored or echoed: any bytes there are allowed. Valid UTF-8 names round-trip into the JSON.
+TEST(ReplayErrors, Utf8NamesAreEchoedAndCommentsMayHoldAnyBytes) {
+  const std::string text = "kvtrace 1 # \xff\xfe\nworkload caf\xc3\xa9-\xf0\x9f\x98\x80\nlevel pool\n"
+                           "param num_blocks 8\nparam cl\xc3\xa9 3 # \xc0\x80\nalloc 1 1 #\xe9\n";
+  const auto parsed = kvreplay::parse_kvtrace(text, "t");
+  ASSERT_TRUE(parsed.value.has_value()) << parsed.error;
+  const auto r = kvreplay::replay(*parsed.value, "t");
+  ASSERT_EQ(r.error, "");
+  const kvreplay::json entry = kvreplay::workload_entry(*parsed.value, r.result);
+  const auto back = kvreplay::json::parse(entry.dump());
+  EXPECT_EQ(back["workload"], "caf\xc3\xa9-\xf0\x9f\x98\x80");
+  EXPECT_EQ(back["params"]["cl\xc3\xa9"], 3);
+  EXPECT_EQ(back["ops"], 1);
+}
+
+// Issue 9 item 10: a trace with no ops skipped every param range check (a huge pool aborted with bad_alloc, a bad
+// block size gave an error without a line). Each param is checked at its own line, with or without ops after it.
+TEST(ReplayErrors, ParamOutOfRangeIsReportedAtItsLineWithOrWithoutOps) {
+  const std::vector<std::pair<std::string, std::string>> bad = {
+      {"num_blocks 1", "num_blocks must be in [2, 2^24]"},
+      {"num_blocks 16777217", "num_blocks must be in [2, 2^24]"},
+      {"num_blocks 4294967296", "num_blocks must be in [2, 2^24]"},
+      {"block_size 0", "block_size must be a power of two <= 4096"},
+      {"block_size 24", "block_size must be a power of two <= 4096"},
+      {"block_size 8192", "block_size must be a power of two <= 4096"},
+      {"enable_caching 2", "enable_caching must be 0 or 1"},
+      {"max_num_seqs 0", "max_num_seqs must be positive"},
+      {"max_num_batched_tokens 0", "max_num_batched_tokens must be positive"},
+      {"watermark_permille 1001", "watermark_permille must be in [0, 1000]"},
+      {"num_host_blocks 16777217", "num_host_blocks must be <= 2^24"},
+  };
+  for (const auto& [param, message] : bad) {
+    const bool is_num_blocks = param.rfind("num_blocks", 0) == 0;
+    for (const std::string level : {"pool", "manager"}) {
+      const std::string head = "kvtrace 1\nlevel " + level + "\n" + (is_num_blocks ? "" : "param num_blocks 64\n");
+      const std::string line = is_num_blocks ? "3" : "4";
+      const std::string ops = level == "pool" ? "alloc 1 1\n" : "req 1 5 4 9:10\nrun 0\n";
+      for (const std::string& tail : {std::string(), ops, "param max_model_len 10\n" + ops}) {
+        const std::string text = head + "param " + param + "\n" + tail;
+        EXPECT_EQ(replay_error(text), "t.kvtrace:" + line + ": " + message) << text;
+      }
+    }
+  }
+  // The bounds themselves are allowed (parsed only: a 2^24-block cache is not built here).
+  for (const std::string param : {"num_blocks 2", "num_blocks 16777216", "block_size 1", "block_size 4096",
+                                  "enable_caching 0", "max_num_seqs 1", "watermark_permille 1000",
+                                  "num_host_blocks 16777216", "max_model_len 0"}) {
+    const auto parsed = kvreplay::parse_kvtrace("kvtrace 1\nlevel manager\nparam num_blocks 64\nparam " + param + "\n", "t");
+    if (param.rfind("num_blocks", 0) == 0) {
+      EXPECT_EQ(parsed.error, "t:4: duplicate param num_blocks");
+      const auto alone = kvreplay::parse_kvtrace("kvtrace 1\nlevel manager\nparam " + param + "\n", "t");
+      EXPECT_TRUE(alone.value.has_value()) << param << ": " << alone.error;
+    } else {
+      EXPECT_TRUE(parsed.value.has_value()) << param << ": " << parsed.error;
+    }
+  }
+  // A conflict between params is reported at the param that needs the other, also without ops.
+  EXPECT_EQ(replay_error(manager_head + "param preemption hybrid\nparam max_model_len 9\n"),
+            "t.kvtrace:5: 'param preemption swap|hybrid' needs 'param num_host_blocks' > 0");
+  EXPECT_EQ(replay_error(manager_head + "param preemption swap\nparam num_host_blocks 0\n"),
+            "t.kvtrace:5: 'param preemption swap|hybrid' needs 'param num_host_blocks' > 0");
+  EXPECT_EQ(replay_error(manager_head + "param num_host_blocks 4\nparam preemption swap\n"), "");
+  EXPECT_EQ(replay_error("kvtrace 1\nlevel pool\n"), "t.kvtrace:3: missing 'param num_blocks'");
+  EXPECT_EQ(replay_error("kvtrace 1\nparam num_blocks 8\n"), "t.kvtrace:3: missing 'level' record");
+}
+
+namespace {
+using v1 = kvpager::vllm_v1_cache;
+/// vLLM's cache whose create answers an error, as a cache too large for memory does (errc::out_of_memory).
+struct create_fails : v1 {
+  static kvpager::result<create_fails> create(kvpager::cache_config, v1::allocator_policy = {}, v1::eviction_policy_type = {},
+                                              v1::sharing_policy_type = {}, v1::swap_policy_type = {}) {
+    return kvpager::status{kvpager::errc::invalid_argument, "create: no memory for this test", 0};
+  }
+};
+#if KVPAGER_HAS_EXCEPTIONS
+/// vLLM's cache whose create throws std::bad_alloc, as paged_kv_cache::create did for 2^24 blocks of 4096 tokens.
+struct create_throws : v1 {
+  static kvpager::result<create_throws> create(kvpager::cache_config, v1::allocator_policy = {}, v1::eviction_policy_type = {},
+                                               v1::sharing_policy_type = {}, v1::swap_policy_type = {}) {
+    throw std::bad_alloc();
+  }
+};
+/// vLLM's cache whose admissions throw std::bad_alloc (memory exhausted in the middle of a replay).
+struct admission_throws : v1 {
+  explicit admission_throws(v1 c) : v1(std::move(c)) {}
+  static kvpager::result<admission_throws> create(kvpager::cache_config cfg, v1::allocator_policy = {},
+                                                  v1::eviction_policy_type = {}, v1::sharing_policy_type = {},
+                                                  v1::swap_policy_type = {}) {
+    auto c = v1::create(cfg);
+    if (!c) return c.error();
+    return admission_throws(std::move(*c));
+  }
+  kvpager::status add_sequence(kvpager::seq_id, std::span<const kvpager::token_id>, kvpager::sequence_options = {},
+                               kvpager::prefix_match* = nullptr) {
+    throw std::bad_alloc();
+  }
+};
+#endif
+}  // namespace
+
+// Issue 9 item 11: params inside the parser's limits whose cache does not fit in memory made create throw
+// std::bad_alloc and the tool abort. Whatever create answers (an error, or bad_alloc), the replay reports it at the
+// `param num_blocks` line with the params; memory exhausted during an op is reported at the op's line.
+TEST(ReplayErrors, CacheThatCannotBeCreatedIsAnErrorAtTheParamsLine) {
+  const std::string text = "kvtrace 1\nlevel manager\nparam block_size 16\nparam num_blocks 64\nreq 1 5 4 9:10\nadmit 1\n";
+  const auto parsed = kvreplay::parse_kvtrace(text, "t");
+  ASSERT_TRUE(parsed.value.has_value()) << parsed.error;
+  const std::string where = "t:4: cannot create the cache for num_blocks 64, block_size 16, prefix caching on: ";
+  const auto failed = kvreplay::detail::replay_manager<create_fails>(*parsed.value, "t", {});
+  EXPECT_EQ(failed.error, where + "create: no memory for this test");
+#if KVPAGER_HAS_EXCEPTIONS
+  auto guarded = [&](auto cache_tag) {
+    using cache = typename decltype(cache_tag)::type;
+    return kvreplay::detail::replay_guarded(*parsed.value, "t", [&](std::int64_t* at_line) {
+      return kvreplay::detail::replay_manager<cache>(*parsed.value, "t", {}, at_line);
+    });
+  };
+  EXPECT_EQ(guarded(std::type_identity<create_throws>{}).error, where + "out of memory (std::bad_alloc)");
+  EXPECT_EQ(guarded(std::type_identity<admission_throws>{}).error,
+            "t:6: out of memory (std::bad_alloc) replaying this op");
+#endif
+}
+
+// The case from the issue, on the real cache: 2^24 blocks of 4096 tokens with prefix caching. Not under ASan (its
+// allocator reports a huge allocation instead of throwing) nor without exceptions (nothing could catch it).
+TEST(ReplayErrors, HugeCacheWithinTheParserLimitsIsAnErrorAtTheParamsLine) {
+#if defined(__SANITIZE_ADDRESS__) || !KVPAGER_HAS_EXCEPTIONS
+  GTEST_SKIP() << "needs a throwing allocator that is not ASan's";
+#else
+  const std::string text = read_file(data_dir + "/bad/cache_too_large.kvtrace");
+  const auto parsed = kvreplay::parse_kvtrace(text, "big");
+  ASSERT_TRUE(parsed.value.has_value()) << parsed.error;
+  const auto r = kvreplay::replay(*parsed.value, "big");
+  // Either answer of create is fine (an error once it reports errc::out_of_memory; a caught bad_alloc before).
+  EXPECT_EQ(r.error.rfind("big:5: cannot create the cache for num_blocks 16777216, block_size 4096, prefix caching on: ", 0), 0U)
+      << r.error;
+#endif
+}
+
+namespace {
+/// The replay of `text` (named "t"): its result, or its error when it has one.
+kvreplay::replay_result replay_text(const std::string& text, kvreplay::replay_limits limits = {}) {
+  const auto parsed = kvreplay::parse_kvtrace(text, "t");
+  if (!parsed.value) return {kvreplay::json::object(), parsed.error};
+  return kvreplay::replay(*parsed.value, "t", limits);
+}
+}  // namespace
+
+// Issue 9 item 12: the `run 0` guard against requests that never finish (max_new 0) looked only at the waiting and
+// running queues, so a request left in the swapped queue ran for 16.7 M steps. The guard now covers every request
+// the scheduler holds, whichever queue it is in.
+TEST(ReplayErrors, RunZeroWithAnUnlimitedRequestInAnyQueueIsAnError) {
+  const std::string swapped = read_file(data_dir + "/bad/run0_swapped.kvtrace");
+  ASSERT_FALSE(swapped.empty());
+  const std::string before_run0 = swapped.substr(0, swapped.rfind("run 0"));
+  // Before the `run 0`, request 2 (max_new 0) is only in the swapped queue: swapped out, not back, not finished.
+  const auto prefix = replay_text(before_run0);
+  ASSERT_EQ(prefix.error, "");
+  EXPECT_EQ(prefix.result["swap_outs"], 1);
+  EXPECT_EQ(prefix.result["swap_ins"], 0);
+  EXPECT_EQ(prefix.result["finished"], 1);
+  EXPECT_EQ(replay_text(swapped).error, "t:13: 'run 0' with request 2 whose max_new is 0 never ends");
+  // In the waiting queue after a recompute preemption, and in the running queue.
+  std::string recompute = before_run0;
+  recompute.replace(recompute.find("param preemption swap"), 21, "param preemption recompute");
+  const auto preempted = replay_text(recompute);
+  ASSERT_EQ(preempted.error, "");
+  EXPECT_EQ(preempted.result["preemptions"], 1);
+  EXPECT_EQ(replay_text(recompute + "run 0\n").error, "t:13: 'run 0' with request 2 whose max_new is 0 never ends");
+  const std::string running = manager_head + "req 1 5 0 9:10\nrun 3\nrun 0\n";
+  EXPECT_EQ(replay_text(running).error, "t:7: 'run 0' with request 1 whose max_new is 0 never ends");
+  // Finite requests in the same queues finish: the guard rejects only what cannot end.
+  std::string finite = swapped;
+  finite.replace(finite.find("req 2 2 0 2:4"), 13, "req 2 2 8 2:4");
+  const auto done = replay_text(finite);
+  ASSERT_EQ(done.error, "");
+  EXPECT_EQ(done.result["finished"], 2);
+  EXPECT_EQ(done.result["swap_ins"], 1);
+  EXPECT_FALSE(done.result["run_stalled"].get<bool>());
+}
+
+// Untrusted traces can still ask for very long replays with finite requests (max_new 2^30, decode 2^30): the
+// safety limits bound every loop that such a trace can lengthen (run steps, and tokens from req, fork, decode and
+// run), each reported at the op's line; generous limits change no count.
+TEST(ReplayLimits, StepAndTokenLimitsBoundEveryLoop) {
+  const std::string head = manager_head + "param block_size 4096\nparam enable_caching 0\n";
+  EXPECT_EQ(replay_text(head + "req 1 5 1073741824 9:10\nrun 0\n", {100, 0}).error,
+            "t:8: step limit reached (100 steps)");
+  EXPECT_EQ(replay_text(head + "req 1 5 1073741824 9:10\nrun 0\n", {0, 500}).error,
+            "t:8: token limit reached (500 tokens)");
+  EXPECT_EQ(replay_text(head + "req 1 5 0 9:10\nadmit 1\ndecode 1 1073741824\n", {0, 500}).error,
+            "t:9: token limit reached (500 tokens)");
+  EXPECT_EQ(replay_text(head + "req 1 5 0 9:300\nreq 2 5 0 9:300\n", {0, 500}).error,
+            "t:8: token limit reached (500 tokens)");
+  EXPECT_EQ(replay_text(head + "req 1 5 0 9:200\nadmit 1\nfork 1 2 7\nfork 1 3 7\n", {0, 500}).error,
+            "t:10: token limit reached (500 tokens)");
+  const std::string c = read_file(data_dir + "/traces/C_decode_growth.kvtrace");
+  const auto limited = replay_text(c, {1920, 256 * (128 + 1920)});
+  ASSERT_EQ(limited.error, "") << "limits equal to what trace C needs";
+  EXPECT_EQ(limited.result["steps"], 1920);
+  EXPECT_EQ(replay_text(c, {1919, 0}).error.rfind("t:", 0), 0U);
+}
+
+// Issue 9 "Also": a directory given as the trace read as an empty file ("empty trace"). Only a regular file is a
+// trace: a directory, a FIFO (which would block) or a device (/dev/zero never ends) is an I/O error.
+TEST(ReplayFiles, PathThatIsNotARegularFileIsAnIoError) {
+  const auto dir = kvreplay::read_trace_file(data_dir);
+  EXPECT_FALSE(dir.text.has_value());
+  EXPECT_EQ(dir.error, "cannot read " + data_dir + ": is a directory");
+  const auto missing = kvreplay::read_trace_file(data_dir + "/no_such.kvtrace");
+  EXPECT_FALSE(missing.text.has_value());
+  EXPECT_EQ(missing.error.rfind("cannot read " + data_dir + "/no_such.kvtrace: ", 0), 0U) << missing.error;
+  for (const std::string dev : {"/dev/null", "/dev/zero"}) {
+    if (!std::filesystem::exists(dev)) continue;
+    const auto r = kvreplay::read_trace_file(dev);
+    EXPECT_FALSE(r.text.has_value()) << dev;
+    EXPECT_EQ(r.error, "cannot read " + dev + ": not a regular file");
+  }
+  const auto tmp = std::filesystem::temp_directory_path() / ("kvpager_replay_test_" + std::to_string(::getpid()));
+  std::filesystem::create_directories(tmp);
+  const std::string fifo = (tmp / "fifo").string();
+  ASSERT_EQ(::mkfifo(fifo.c_str(), 0600), 0);
+  const auto f = kvreplay::read_trace_file(fifo);  // returns at once: a FIFO is not opened
+  EXPECT_EQ(f.error, "cannot read " + fifo + ": not a regular file");
+  const std::string trace = data_dir + "/traces/C_decode_growth.kvtrace";
+  std::filesystem::create_symlink(trace, tmp / "link.kvtrace");
+  const auto linked = kvreplay::read_trace_file((tmp / "link.kvtrace").string());
+  ASSERT_TRUE(linked.text.has_value()) << linked.error;
+  EXPECT_EQ(*linked.text, read_file(trace));
+  std::filesystem::remove_all(tmp);
 }
