@@ -412,6 +412,20 @@ struct create_fails : v1 {
     return kvpager::status{kvpager::errc::invalid_argument, "create: no memory for this test", 0};
   }
 };
+/// vLLM's cache whose forks fail (as a copy-mode sharing policy's can, out of blocks).
+struct fork_fails : v1 {
+  explicit fork_fails(v1 c) : v1(std::move(c)) {}
+  static kvpager::result<fork_fails> create(kvpager::cache_config cfg, v1::allocator_policy = {},
+                                            v1::eviction_policy_type = {}, v1::sharing_policy_type = {},
+                                            v1::swap_policy_type = {}) {
+    auto c = v1::create(cfg);
+    if (!c) return c.error();
+    return fork_fails(std::move(*c));
+  }
+  kvpager::status fork(kvpager::seq_id, kvpager::seq_id, std::int32_t = 0) {
+    return kvpager::status{kvpager::errc::out_of_blocks, "fork: refused by this test", 0};
+  }
+};
 #if KVPAGER_HAS_EXCEPTIONS
 /// vLLM's cache whose create throws std::bad_alloc, as paged_kv_cache::create did for 2^24 blocks of 4096 tokens.
 struct create_throws : v1 {
@@ -568,4 +582,24 @@ TEST(ReplayFiles, PathThatIsNotARegularFileIsAnIoError) {
   ASSERT_TRUE(linked.text.has_value()) << linked.error;
   EXPECT_EQ(*linked.text, read_file(trace));
   std::filesystem::remove_all(tmp);
+}
+
+// A fork the cache refuses still defines the child, as the parser does: later ops on it are no-ops (as on a failed
+// admission), never a lookup of a request the replayer does not know (std::out_of_range before).
+TEST(ReplayErrors, RefusedForkLeavesTheChildAFailedRequest) {
+  const std::string text = manager_head + "req 1 5 4 9:10\nadmit 1\nfork 1 2 7\nadmit 2\ndecode 2 3\nfork 2 3 8\n"
+                                          "finish 2\nfinish 1\nrun 0\n";
+  const auto parsed = kvreplay::parse_kvtrace(text, "t");
+  ASSERT_TRUE(parsed.value.has_value()) << parsed.error;
+  const auto r = kvreplay::detail::replay_manager<fork_fails>(*parsed.value, "t", {});
+  EXPECT_EQ(r.error, "t:10: fork: request 2 is not live (admit it first)") << "the failed child is not live";
+  const auto parsed2 = kvreplay::parse_kvtrace(manager_head + "req 1 5 4 9:10\nadmit 1\nfork 1 2 7\nadmit 2\n"
+                                                              "decode 2 3\nfinish 2\nfinish 1\nrun 0\n", "t");
+  ASSERT_TRUE(parsed2.value.has_value()) << parsed2.error;
+  const auto ok = kvreplay::detail::replay_manager<fork_fails>(*parsed2.value, "t", {});
+  ASSERT_EQ(ok.error, "");
+  EXPECT_EQ(ok.result["forks"], 0);
+  EXPECT_EQ(ok.result["admit_fail"], 0) << "admit of the failed child is a no-op";
+  EXPECT_EQ(ok.result["steps"], 0) << "run does not queue it";
+  EXPECT_EQ(ok.result["final_usage"], 0.0);
 }

@@ -360,16 +360,15 @@ class manager_replay {
         if (p.st != state::live) return error(o, "fork: request " + std::to_string(o.id) + " is not live (admit it first)");
         tokens_ += static_cast<std::int64_t>(p.tokens.size());
         if (over_token_limit(o)) return false;
-        if (!cache_.fork(p.id, o.child)) {
-          ++fork_fail_;
-          return true;
-        }
+        const bool forked = cache_.fork(p.id, o.child).ok();
         request c = p;  // same tokens (its pending token too) and the parent's blocks, shared
         c.id = o.child;
         c.gen_seed = o.gen_seed;
+        // A failed fork still defines the child (the parser let later ops name it): failed, so they are no-ops.
+        if (!forked) c.st = state::failed;
         index_.emplace(c.id, reqs_.size());
         reqs_.push_back(std::move(c));
-        ++forks_;
+        ++(forked ? forks_ : fork_fail_);
         return true;
       }
       default:
