@@ -405,45 +405,50 @@ TEST(ReplayErrors, ParamOutOfRangeIsReportedAtItsLineWithOrWithoutOps) {
 
 namespace {
 using v1 = kvpager::vllm_v1_cache;
+
+/// vLLM's cache under another type, so a test can replace one of its calls (create, fork, add_sequence): `Derived`
+/// derives from it and declares the replacement, which hides the base's.
+template <class Derived>
+struct v1_with : v1 {
+  explicit v1_with(v1 c) : v1(std::move(c)) {}
+  static kvpager::result<Derived> create(kvpager::cache_config cfg, v1::allocator_policy = {},
+                                         v1::eviction_policy_type = {}, v1::sharing_policy_type = {},
+                                         v1::swap_policy_type = {}) {
+    auto c = v1::create(cfg);
+    if (!c) return c.error();
+    return Derived(std::move(*c));
+  }
+};
+
 /// vLLM's cache whose create answers an error, as a cache too large for memory does (errc::out_of_memory).
-struct create_fails : v1 {
-  static kvpager::result<create_fails> create(kvpager::cache_config, v1::allocator_policy = {}, v1::eviction_policy_type = {},
-                                              v1::sharing_policy_type = {}, v1::swap_policy_type = {}) {
+struct create_fails : v1_with<create_fails> {
+  using v1_with::v1_with;
+  static kvpager::result<create_fails> create(kvpager::cache_config, v1::allocator_policy = {},
+                                              v1::eviction_policy_type = {}, v1::sharing_policy_type = {},
+                                              v1::swap_policy_type = {}) {
     return kvpager::status{kvpager::errc::invalid_argument, "create: no memory for this test", 0};
   }
 };
 /// vLLM's cache whose forks fail (as a copy-mode sharing policy's can, out of blocks).
-struct fork_fails : v1 {
-  explicit fork_fails(v1 c) : v1(std::move(c)) {}
-  static kvpager::result<fork_fails> create(kvpager::cache_config cfg, v1::allocator_policy = {},
-                                            v1::eviction_policy_type = {}, v1::sharing_policy_type = {},
-                                            v1::swap_policy_type = {}) {
-    auto c = v1::create(cfg);
-    if (!c) return c.error();
-    return fork_fails(std::move(*c));
-  }
+struct fork_fails : v1_with<fork_fails> {
+  using v1_with::v1_with;
   kvpager::status fork(kvpager::seq_id, kvpager::seq_id, std::int32_t = 0) {
     return kvpager::status{kvpager::errc::out_of_blocks, "fork: refused by this test", 0};
   }
 };
 #if KVPAGER_HAS_EXCEPTIONS
 /// vLLM's cache whose create throws std::bad_alloc, as paged_kv_cache::create did for 2^24 blocks of 4096 tokens.
-struct create_throws : v1 {
-  static kvpager::result<create_throws> create(kvpager::cache_config, v1::allocator_policy = {}, v1::eviction_policy_type = {},
-                                               v1::sharing_policy_type = {}, v1::swap_policy_type = {}) {
+struct create_throws : v1_with<create_throws> {
+  using v1_with::v1_with;
+  static kvpager::result<create_throws> create(kvpager::cache_config, v1::allocator_policy = {},
+                                               v1::eviction_policy_type = {}, v1::sharing_policy_type = {},
+                                               v1::swap_policy_type = {}) {
     throw std::bad_alloc();
   }
 };
 /// vLLM's cache whose admissions throw std::bad_alloc (memory exhausted in the middle of a replay).
-struct admission_throws : v1 {
-  explicit admission_throws(v1 c) : v1(std::move(c)) {}
-  static kvpager::result<admission_throws> create(kvpager::cache_config cfg, v1::allocator_policy = {},
-                                                  v1::eviction_policy_type = {}, v1::sharing_policy_type = {},
-                                                  v1::swap_policy_type = {}) {
-    auto c = v1::create(cfg);
-    if (!c) return c.error();
-    return admission_throws(std::move(*c));
-  }
+struct admission_throws : v1_with<admission_throws> {
+  using v1_with::v1_with;
   kvpager::status add_sequence(kvpager::seq_id, std::span<const kvpager::token_id>, kvpager::sequence_options = {},
                                kvpager::prefix_match* = nullptr) {
     throw std::bad_alloc();

@@ -597,6 +597,7 @@ replay_result replay_guarded(const trace& t, const std::string& name, F&& replay
                                              : name + ":" + std::to_string(at_line) + ": " + why + " replaying this op"};
   }
 #else
+  (void)name;
   return std::forward<F>(replay_fn)(&at_line);
 #endif
 }
