@@ -165,6 +165,8 @@ TEST(ReplayErrors, EachNamesTheLine) {
       {manager_head + "req 1 5 4 9:10\nreq 1 5 4 9:10\n", "t.kvtrace:6: request 1 is defined twice"},
       {manager_head + "req 1 5 4 9:10\nadmit 1\nadmit 1\n", "t.kvtrace:7: request 1 is already live"},
       {manager_head + "req 1 5 0 9:10\nrun 0\n", "t.kvtrace:6: 'run 0' with request 1"},
+      {manager_head + "req 1 5 0 9:10\nrun 1073741825\n", "t.kvtrace:6: max_steps out of range"},
+      {manager_head + "req 1 5 0 9:10\nrun 9223372036854775807\n", "t.kvtrace:6: max_steps out of range"},
       {manager_head + "alloc 1 2\n", "t.kvtrace:5: 'alloc' is a pool-level op"},
       {pool_head + "alloc 1 2\nfree 2\n", "t.kvtrace:5: free of slot 2, never allocated"},
       {pool_head + "alloc 1 64\n", "t.kvtrace:4: alloc of 64 blocks exceeds the free blocks (63)"},

@@ -3,6 +3,7 @@
 // problem as "FILE:LINE: message". Never throws on bad input, never loops on it. Every record it accepts is valid
 // UTF-8 and every param is in range at its own line, so what it returns can be echoed as JSON and replayed.
 
+#include <cerrno>
 #include <charconv>
 #include <cstdint>
 #include <filesystem>
@@ -11,6 +12,7 @@
 #include <optional>
 #include <string>
 #include <string_view>
+#include <system_error>
 #include <unordered_set>
 #include <utility>
 #include <vector>
@@ -173,8 +175,9 @@ inline read_result read_trace_file(const std::string& path) {
   if (ec) return fail(ec.message());
   if (st.type() == std::filesystem::file_type::directory) return fail("is a directory");
   if (st.type() != std::filesystem::file_type::regular) return fail("not a regular file");
+  errno = 0;
   std::ifstream in(path, std::ios::binary);
-  if (!in) return fail("cannot open it");
+  if (!in) return fail(errno != 0 ? std::generic_category().message(errno) : "cannot open it");
   std::string text;
   char buf[1 << 16];
   while (in.read(buf, sizeof buf) || in.gcount() > 0) text.append(buf, static_cast<std::size_t>(in.gcount()));
@@ -332,6 +335,8 @@ inline parse_result parse_kvtrace(std::string_view text, const std::string& name
         if (!need(2)) return fail("'run' takes max_steps");
         o.kind = op_kind::run;
         if (!num(1, o.n, "max_steps")) return res;
+        // Like every other count, bounded: a step count near 2^63 would be a `run 0` that escapes its guard.
+        if (o.n > (std::int64_t{1} << 30)) return fail("max_steps out of range (at most 2^30; 0 = until done)");
       } else {
         const bool has_n = kw == "decode";
         if (!need(has_n ? 3 : 2)) return fail("'" + std::string(kw) + "' takes a request id" + (has_n ? " and a count" : ""));

@@ -42,8 +42,8 @@ kvreplay::json counts_only(kvreplay::json r) {
   return r;
 }
 
-/// The tool without the last-resort handler (main).
-int run(int argc, char** argv) {
+/// The tool without the last-resort handler (main); `current` names the file being read or replayed.
+int run(int argc, char** argv, std::string& current) {
   int repeat = 1;
   kvreplay::replay_limits limits;
   std::vector<std::string> files;
@@ -72,6 +72,7 @@ int run(int argc, char** argv) {
   kvreplay::json doc;
   doc["workloads"] = kvreplay::json::array();
   for (const std::string& file : files) {
+    current = file;
     const kvreplay::read_result read = kvreplay::read_trace_file(file);
     if (!read.text) {
       std::fprintf(stderr, "kvpager-replay: %s\n", read.error.c_str());
@@ -107,6 +108,7 @@ int run(int argc, char** argv) {
     if (repeat > 1) w["elapsed_s_all"] = all;
     doc["workloads"].push_back(std::move(w));
   }
+  current.clear();
   std::cout << doc.dump(1) << '\n';
   return 0;
 }
@@ -117,17 +119,20 @@ int main(int argc, char** argv) {
 #if KVPAGER_HAS_EXCEPTIONS
   // The parser and replayer report every bad input themselves; this is the backstop that keeps any escape (memory
   // exhausted outside a replay, a JSON error) a reported failure instead of an abort.
+  std::string current;
   try {
-    return run(argc, argv);
-  } catch (const std::bad_alloc&) {
-    std::fprintf(stderr, "kvpager-replay: out of memory\n");
+    return run(argc, argv, current);
+  } catch (const std::bad_alloc&) {  // printed without allocating
+    std::fprintf(stderr, "kvpager-replay: %s%sout of memory\n", current.c_str(), current.empty() ? "" : ": ");
   } catch (const std::exception& e) {
-    std::fprintf(stderr, "kvpager-replay: internal error: %s\n", e.what());
+    std::fprintf(stderr, "kvpager-replay: %s%sinternal error: %s\n", current.c_str(), current.empty() ? "" : ": ",
+                 e.what());
   } catch (...) {
-    std::fprintf(stderr, "kvpager-replay: internal error\n");
+    std::fprintf(stderr, "kvpager-replay: %s%sinternal error\n", current.c_str(), current.empty() ? "" : ": ");
   }
   return 1;
 #else
-  return run(argc, argv);
+  std::string current;
+  return run(argc, argv, current);
 #endif
 }
