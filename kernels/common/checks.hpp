@@ -1,7 +1,14 @@
 #pragma once
 // Argument checks shared by the CPU and CUDA entry points of the C ABI, so both reject the same inputs with the
-// same status codes (documented in include/kvpager/c/kernels.h).
+// same status codes (documented in include/kvpager/c/kernels.h). Host code only. The rules, for every entry point:
+//  - one geometry check (check_kv_geometry) for every kernel that takes a KV pool's shape;
+//  - every size in bytes (pool, query/output, key/value, workspace) is computed in 64 bits and must fit in int64:
+//    a product that overflows is KVPAGER_STATUS_INVALID_ARGUMENT, never undefined behaviour;
+//  - a pointer may be null only when nothing is read or written through it (its count is zero); a call with nothing
+//    to do is OK, but ids it carries are still checked.
+#include <cmath>
 #include <cstdint>
+#include <initializer_list>
 
 #include "kvpager/c/kernels.h"
 
@@ -12,14 +19,34 @@ inline bool supported_block_size(int32_t b) { return b == 8 || b == 16 || b == 3
 inline bool valid_dtype(int32_t dtype) {
   return dtype == KVPAGER_DTYPE_FP32 || dtype == KVPAGER_DTYPE_FP16 || dtype == KVPAGER_DTYPE_BF16;
 }
+/// Bytes of one element of a valid dtype.
+inline int64_t elem_bytes(int32_t dtype) { return dtype == KVPAGER_DTYPE_FP32 ? 4 : 2; }
 
-/// Head counts, head dim, dtype, block size: the shape checks of every decode entry point, in this order.
-inline int32_t check_decode_shape(int32_t num_q_heads, int32_t num_kv_heads, int32_t head_dim, int32_t block_size,
-                                  int32_t dtype) {
-  if (num_kv_heads <= 0 || num_q_heads <= 0 || num_q_heads % num_kv_heads != 0) return KVPAGER_STATUS_BAD_HEADS;
+/// The product of non-negative factors in int64, or -1 when a factor is negative or the product overflows int64.
+inline int64_t checked_product(std::initializer_list<int64_t> factors) {
+  int64_t r = 1;
+  for (const int64_t f : factors)
+    if (f < 0 || __builtin_mul_overflow(r, f, &r)) return -1;
+  return r;
+}
+/// a + b for non-negative a and b, or -1 when either is negative or the sum overflows int64.
+inline int64_t checked_sum(int64_t a, int64_t b) {
+  int64_t r = 0;
+  return a < 0 || b < 0 || __builtin_add_overflow(a, b, &r) ? -1 : r;
+}
+
+/// The geometry of a KV pool, one check for every kernel that takes it (decode and kv_append, CPU and CUDA), in this
+/// order: KV heads (positive, else BAD_HEADS), head dim, dtype, block size (the UNSUPPORTED_* codes), then
+/// num_blocks (positive) and the pool's size in bytes, num_blocks x 2 x num_kv_heads x block_size x head_dim x
+/// element bytes, which must fit in int64 (else INVALID_ARGUMENT).
+inline int32_t check_kv_geometry(int32_t num_kv_heads, int32_t head_dim, int32_t block_size, int32_t dtype,
+                                 int32_t num_blocks) {
+  if (num_kv_heads <= 0) return KVPAGER_STATUS_BAD_HEADS;
   if (!supported_head_dim(head_dim)) return KVPAGER_STATUS_UNSUPPORTED_HEAD_DIM;
   if (!valid_dtype(dtype)) return KVPAGER_STATUS_UNSUPPORTED_DTYPE;
   if (!supported_block_size(block_size)) return KVPAGER_STATUS_UNSUPPORTED_BLOCK_SIZE;
+  if (num_blocks <= 0 || checked_product({num_blocks, 2, num_kv_heads, block_size, head_dim, elem_bytes(dtype)}) < 0)
+    return KVPAGER_STATUS_INVALID_ARGUMENT;
   return KVPAGER_STATUS_OK;
 }
 
@@ -27,19 +54,107 @@ inline int32_t check_decode_shape(int32_t num_q_heads, int32_t num_kv_heads, int
 constexpr int32_t max_decode_splits = 256;
 
 /// Workspace of a split decode: an fp32 state (m, l, acc[head_dim]) per (sequence, query head, split); none
-/// without splits. -1 for arguments out of range.
+/// without splits. -1 for arguments out of range or a size that overflows int64.
 inline int64_t decode_workspace_bytes(int32_t num_seqs, int32_t num_q_heads, int32_t head_dim, int32_t num_splits) {
   if (num_seqs < 0 || num_q_heads < 0 || head_dim < 0 || num_splits < 1 || num_splits > max_decode_splits) return -1;
   if (num_splits == 1) return 0;
-  return int64_t{num_seqs} * num_q_heads * num_splits * (int64_t{head_dim} + 2) * 4;
+  return checked_product({num_seqs, num_q_heads, num_splits, int64_t{head_dim} + 2, 4});
 }
 
-/// swap_blocks arguments: pairs is [num_pairs, 2] (src block, dst block), every id inside its pool. Host memory.
+/// The scalar arguments of every decode entry point (CPU and CUDA), checked before any pointer is read, in this
+/// order: num_seqs (non-negative) and scale (finite), else INVALID_ARGUMENT; query heads (a positive multiple of the
+/// KV heads, else BAD_HEADS); the pool geometry (check_kv_geometry); then the query and output size, num_seqs x
+/// num_q_heads x head_dim x element bytes, and the split workspace (num_splits from 1 to 256) within int64.
+inline int32_t check_decode_args(int32_t num_seqs, int32_t num_q_heads, int32_t num_kv_heads, int32_t head_dim,
+                                 int32_t block_size, int32_t dtype, int32_t num_blocks, float scale,
+                                 int32_t num_splits) {
+  if (num_seqs < 0 || !std::isfinite(scale)) return KVPAGER_STATUS_INVALID_ARGUMENT;
+  if (num_kv_heads <= 0 || num_q_heads <= 0 || num_q_heads % num_kv_heads != 0) return KVPAGER_STATUS_BAD_HEADS;
+  if (const int32_t rc = check_kv_geometry(num_kv_heads, head_dim, block_size, dtype, num_blocks); rc != KVPAGER_STATUS_OK)
+    return rc;
+  if (checked_product({num_seqs, num_q_heads, head_dim, elem_bytes(dtype)}) < 0 ||
+      decode_workspace_bytes(num_seqs, num_q_heads, head_dim, num_splits) < 0)
+    return KVPAGER_STATUS_INVALID_ARGUMENT;
+  return KVPAGER_STATUS_OK;
+}
+
+/// Every argument of the dense C ABI decode entry points (kvpager_cpu_paged_attention_decode and the CUDA ones) that
+/// can be checked without reading a page table: max_blocks_per_seq positive (else INVALID_ARGUMENT), then
+/// check_decode_args, then the pointers, which may be null only when num_seqs is 0. The CPU then checks every
+/// sequence length and block id before reading KV; the CUDA kernels check them on the device.
+inline int32_t check_dense_decode(const void* out, const void* query, const void* kv_cache, const int32_t* block_table,
+                                  const int32_t* seq_lens, int32_t num_seqs, int32_t num_q_heads, int32_t num_kv_heads,
+                                  int32_t head_dim, int32_t block_size, int32_t max_blocks_per_seq, int32_t num_blocks,
+                                  float scale, int32_t dtype, int32_t num_splits) {
+  if (max_blocks_per_seq <= 0) return KVPAGER_STATUS_INVALID_ARGUMENT;
+  if (const int32_t rc = check_decode_args(num_seqs, num_q_heads, num_kv_heads, head_dim, block_size, dtype, num_blocks,
+                                           scale, num_splits);
+      rc != KVPAGER_STATUS_OK)
+    return rc;
+  if (num_seqs > 0 &&
+      (out == nullptr || query == nullptr || kv_cache == nullptr || block_table == nullptr || seq_lens == nullptr))
+    return KVPAGER_STATUS_INVALID_ARGUMENT;
+  return KVPAGER_STATUS_OK;
+}
+
+/// Blocks a sequence of `len` tokens occupies, in 64 bits (no overflow near INT32_MAX).
+inline int64_t blocks_for(int32_t len, int32_t block_size) { return (int64_t{len} + block_size - 1) / block_size; }
+
+/// A dense page table row: SEQ_TOO_LONG for a negative length or one needing more than max_blocks_per_seq blocks.
+inline int32_t check_seq_len(int32_t len, int32_t block_size, int64_t max_blocks_per_seq) {
+  return len < 0 || blocks_for(len, block_size) > max_blocks_per_seq ? KVPAGER_STATUS_SEQ_TOO_LONG : KVPAGER_STATUS_OK;
+}
+
+/// kv_append arguments (CPU and CUDA): num_tokens non-negative, the pool geometry (check_kv_geometry), the key and
+/// value size num_tokens x num_kv_heads x head_dim x element bytes within int64, and every pointer non-null unless
+/// num_tokens is 0. Slots are checked by the kernels (the CPU before writing anything).
+inline int32_t check_append(const void* kv_cache, const void* key, const void* value, const int64_t* slot_mapping,
+                            int32_t num_tokens, int32_t num_kv_heads, int32_t head_dim, int32_t block_size,
+                            int32_t num_blocks, int32_t dtype) {
+  if (num_tokens < 0) return KVPAGER_STATUS_INVALID_ARGUMENT;
+  if (const int32_t rc = check_kv_geometry(num_kv_heads, head_dim, block_size, dtype, num_blocks); rc != KVPAGER_STATUS_OK)
+    return rc;
+  if (checked_product({num_tokens, num_kv_heads, head_dim, elem_bytes(dtype)}) < 0) return KVPAGER_STATUS_INVALID_ARGUMENT;
+  if (num_tokens > 0 && (kv_cache == nullptr || key == nullptr || value == nullptr || slot_mapping == nullptr))
+    return KVPAGER_STATUS_INVALID_ARGUMENT;
+  return KVPAGER_STATUS_OK;
+}
+
+/// A pool of `blocks` blocks of `block_bytes` bytes: both positive and the size within int64.
+inline bool valid_pool(int64_t blocks, int64_t block_bytes) {
+  return blocks > 0 && block_bytes > 0 && checked_product({blocks, block_bytes}) >= 0;
+}
+
+/// Where a kernel's pointer arguments live: the CPU reads them on the host, so every id is checked before anything
+/// is copied; the CUDA kernels read them in device memory and check ids there.
+enum class memory { host, device };
+
+/// copy_blocks arguments, one rule for CPU and CUDA: counts non-negative, the pool valid
+/// (valid_pool), block_mapping non-null unless num_pairs is 0 and kv_caches non-null unless there is nothing to copy
+/// (num_layers or num_pairs 0). With host memory, also every layer pointer (when there are pairs) and every id, in
+/// [0, num_blocks) whatever the layer count; with device memory the kernel checks those.
+inline int32_t check_copy(const void* const* kv_caches, int32_t num_layers, const int64_t* block_mapping,
+                          int32_t num_pairs, int32_t num_blocks, int64_t block_bytes, memory where) {
+  if (num_layers < 0 || num_pairs < 0 || !valid_pool(num_blocks, block_bytes))
+    return KVPAGER_STATUS_INVALID_ARGUMENT;
+  if (num_pairs > 0 && (block_mapping == nullptr || (num_layers > 0 && kv_caches == nullptr)))
+    return KVPAGER_STATUS_INVALID_ARGUMENT;
+  if (where == memory::device) return KVPAGER_STATUS_OK;
+  for (int32_t l = 0; l < num_layers && num_pairs > 0; ++l)
+    if (kv_caches[l] == nullptr) return KVPAGER_STATUS_INVALID_ARGUMENT;
+  for (int64_t p = 0; p < 2 * int64_t{num_pairs}; ++p)
+    if (block_mapping[p] < 0 || block_mapping[p] >= num_blocks) return KVPAGER_STATUS_INVALID_BLOCK;
+  return KVPAGER_STATUS_OK;
+}
+
+/// swap_blocks arguments: pairs is [num_pairs, 2] (src block, dst block), every id inside its pool, both pools valid
+/// (valid_pool); dst, src and pairs may be null only when num_pairs is 0. Host memory.
 inline int32_t check_swap(const void* dst, int32_t dst_blocks, const void* src, int32_t src_blocks, int64_t block_bytes,
                           const int64_t* pairs, int32_t num_pairs) {
-  if (num_pairs < 0 || block_bytes <= 0 || dst_blocks <= 0 || src_blocks <= 0) return KVPAGER_STATUS_INVALID_ARGUMENT;
+  if (num_pairs < 0 || !valid_pool(dst_blocks, block_bytes) || !valid_pool(src_blocks, block_bytes))
+    return KVPAGER_STATUS_INVALID_ARGUMENT;
   if (num_pairs > 0 && (dst == nullptr || src == nullptr || pairs == nullptr)) return KVPAGER_STATUS_INVALID_ARGUMENT;
-  for (int32_t i = 0; i < num_pairs; ++i)
+  for (int64_t i = 0; i < num_pairs; ++i)
     if (pairs[2 * i] < 0 || pairs[2 * i] >= src_blocks || pairs[2 * i + 1] < 0 || pairs[2 * i + 1] >= dst_blocks)
       return KVPAGER_STATUS_INVALID_BLOCK;
   return KVPAGER_STATUS_OK;
@@ -49,10 +164,10 @@ inline int32_t check_swap(const void* dst, int32_t dst_blocks, const void* src, 
 /// ascend by one; stops at (and returns) the first non-OK status copy returns.
 template <class Copy>
 int32_t for_each_run(const int64_t* pairs, int32_t num_pairs, Copy copy) {
-  for (int32_t i = 0; i < num_pairs;) {
-    int32_t j = i + 1;
+  for (int64_t i = 0; i < num_pairs;) {
+    int64_t j = i + 1;
     while (j < num_pairs && pairs[2 * j] == pairs[2 * (j - 1)] + 1 && pairs[2 * j + 1] == pairs[2 * (j - 1) + 1] + 1) ++j;
-    if (const int32_t rc = copy(pairs[2 * i], pairs[2 * i + 1], int64_t{j - i}); rc != KVPAGER_STATUS_OK) return rc;
+    if (const int32_t rc = copy(pairs[2 * i], pairs[2 * i + 1], j - i); rc != KVPAGER_STATUS_OK) return rc;
     i = j;
   }
   return KVPAGER_STATUS_OK;

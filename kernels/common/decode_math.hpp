@@ -13,13 +13,14 @@
 namespace kvpager_kernels {
 
 /// The tokens [t0, t1) that split `split` of `splits` reads from a sequence of `len` tokens: equal chunks of whole
-/// blocks of `bs` tokens (trailing splits may be empty).
+/// blocks of `bs` tokens (trailing splits may be empty). Computed in 64 bits: len may be close to INT32_MAX.
 KVPAGER_HOST_DEVICE inline void split_range(int32_t len, int32_t bs, int32_t splits, int32_t split, int32_t& t0,
                                             int32_t& t1) {
-  const int32_t per = (len + splits - 1) / splits;
-  const int32_t chunk = (per + bs - 1) / bs * bs;
-  t0 = split * chunk < len ? split * chunk : len;
-  t1 = t0 + chunk < len ? t0 + chunk : len;
+  const int64_t per = (static_cast<int64_t>(len) + splits - 1) / splits;
+  const int64_t chunk = (per + bs - 1) / bs * bs;
+  const int64_t start = static_cast<int64_t>(split) * chunk < len ? static_cast<int64_t>(split) * chunk : len;
+  t0 = static_cast<int32_t>(start);
+  t1 = static_cast<int32_t>(start + chunk < len ? start + chunk : len);
 }
 
 /// Natural log of the softmax denominator of the scaled scores, from the running max m and the sum l of exp(s - m);

@@ -82,13 +82,19 @@ struct scalar_ops {
 #define KVPAGER_HAVE_X86_PATHS 1
 #endif
 
-std::int32_t block_at(const kvpager::page_table_view& pt, std::int32_t seq, std::int32_t b) noexcept {
-  return pt.block_table != nullptr ? pt.block_table[std::int64_t{seq} * pt.row_stride + b] : pt.indices[pt.indptr[seq] + b];
+std::int32_t block_at(const kvpager::page_table_view& pt, std::int32_t seq, std::int64_t b) noexcept {
+  return pt.block_table != nullptr ? pt.block_table[std::int64_t{seq} * pt.row_stride + b]
+                                   : pt.indices[std::int64_t{pt.indptr[seq]} + b];
 }
-std::int32_t length_of(const kvpager::page_table_view& pt, std::int32_t seq, std::int32_t bs) noexcept {
-  if (pt.block_table != nullptr) return pt.seq_lens[seq];
-  const std::int32_t pages = pt.indptr[seq + 1] - pt.indptr[seq];
+/// Tokens of CSR sequence `seq`, (pages - 1) x block_size + last_page_len, in 64 bits: it can exceed INT32_MAX
+/// (validate rejects that) and, with pages = 0, is 0.
+std::int64_t csr_length(const kvpager::page_table_view& pt, std::int32_t seq, std::int32_t bs) noexcept {
+  const std::int64_t pages = std::int64_t{pt.indptr[seq + 1]} - pt.indptr[seq];
   return pages == 0 ? 0 : (pages - 1) * bs + pt.last_page_len[seq];
+}
+/// Tokens of sequence `seq` (after validate: at most INT32_MAX).
+std::int32_t length_of(const kvpager::page_table_view& pt, std::int32_t seq, std::int32_t bs) noexcept {
+  return pt.block_table != nullptr ? pt.seq_lens[seq] : static_cast<std::int32_t>(csr_length(pt, seq, bs));
 }
 
 }  // namespace
@@ -312,7 +318,7 @@ inline __attribute__((always_inline)) void decode_chunk(const kvpager::decode_pa
   for (std::int64_t start = t0; start < t1;) {
     const std::int64_t off = start % bs;
     const std::int64_t n = std::min<std::int64_t>(bs - off, t1 - start);
-    const std::int64_t blk = block_at(p.pages, seq, static_cast<std::int32_t>(start / bs));
+    const std::int64_t blk = block_at(p.pages, seq, start / bs);
     const std::int64_t kelem = blk * kv.stride_block + h * kv.stride_head + off * kv.stride_token;
     for (std::int64_t t = 0; t < n; ++t) {
       Ops::to_float(base + (kelem + t * kv.stride_token) * esz, kv.dtype, kf + t * D, D);
@@ -389,35 +395,71 @@ chunk_kernel pick_chunk(std::int32_t group, std::int64_t D, std::int32_t bs) {
   }
 }
 
+/// Bytes the view spans: its largest element offset plus one, times the element size; -1 when a stride is negative
+/// or the extent overflows int64.
+std::int64_t view_extent_bytes(const kvpager::paged_kv_view& kv) noexcept {
+  using kvpager_kernels::checked_product;
+  using kvpager_kernels::checked_sum;
+  std::int64_t last = kv.head_dim;
+  last = checked_sum(last, checked_product({std::int64_t{kv.num_blocks} - 1, kv.stride_block}));
+  last = checked_sum(last, checked_product({kv.stride_kv}));
+  last = checked_sum(last, checked_product({std::int64_t{kv.num_kv_heads} - 1, kv.stride_head}));
+  last = checked_sum(last, checked_product({std::int64_t{kv.block_size} - 1, kv.stride_token}));
+  return checked_product({last, kvpager_kernels::elem_bytes(kv.dtype)});
+}
+
+/// Every argument, page tables included, before any KV memory is read; every size and length in 64 bits.
+/// A thread's buffers of decode work items, reused across calls.
+struct item_buffers {
+  std::vector<float> scratch, m, l, acc;
+};
+/// The calling thread's buffers, or `own` (the caller's, for this item only) once the thread's thread_local objects
+/// have been destroyed: a decode called from a static object's destructor at exit runs after the main thread's
+/// thread_locals are gone, and must not touch them.
+item_buffers& buffers_or(item_buffers& own) noexcept {
+  thread_local bool destroyed = false;  // trivially destructible: still readable after the buffers' destructor ran
+  thread_local struct holder {
+    item_buffers b;
+    holder() noexcept = default;
+    holder(const holder&) = delete;
+    holder& operator=(const holder&) = delete;
+    ~holder() { destroyed = true; }
+  } buffers;
+  return destroyed ? own : buffers.b;
+}
+
 std::int32_t validate(const kvpager::decode_params& p) noexcept {
   const auto& kv = p.kv;
-  if (p.num_seqs < 0 || p.num_threads < 0 || p.num_splits < 0 || p.num_splits > kvpager_kernels::max_decode_splits ||
-      kv.num_blocks <= 0 || !std::isfinite(p.scale))
-    return KVPAGER_STATUS_INVALID_ARGUMENT;
-  const bool dense = p.pages.block_table != nullptr;
-  if (p.num_seqs > 0 && (p.out == nullptr || p.query == nullptr || kv.data == nullptr ||
-                         (dense ? p.pages.seq_lens == nullptr || p.pages.row_stride <= 0
-                                : p.pages.indptr == nullptr || p.pages.indices == nullptr || p.pages.last_page_len == nullptr)))
-    return KVPAGER_STATUS_INVALID_ARGUMENT;
+  if (p.num_threads < 0 || p.num_splits < 0) return KVPAGER_STATUS_INVALID_ARGUMENT;
   if (const std::int32_t rc =
-          kvpager_kernels::check_decode_shape(p.num_q_heads, kv.num_kv_heads, kv.head_dim, kv.block_size, kv.dtype);
+          kvpager_kernels::check_decode_args(p.num_seqs, p.num_q_heads, kv.num_kv_heads, kv.head_dim, kv.block_size,
+                                             kv.dtype, kv.num_blocks, p.scale, std::max(p.num_splits, 1));
       rc != KVPAGER_STATUS_OK)
     return rc;
-  if (kv.stride_block < 0 || kv.stride_kv < 0 || kv.stride_head < 0 || kv.stride_token < 0)
+  if (view_extent_bytes(kv) < 0) return KVPAGER_STATUS_INVALID_ARGUMENT;
+  if (p.num_seqs == 0) return KVPAGER_STATUS_OK;
+  const bool dense = p.pages.block_table != nullptr;
+  if (p.out == nullptr || p.query == nullptr || kv.data == nullptr ||
+      (dense ? p.pages.seq_lens == nullptr || p.pages.row_stride <= 0 ||
+                   kvpager_kernels::checked_product({p.num_seqs, p.pages.row_stride}) < 0
+             : p.pages.indptr == nullptr || p.pages.indices == nullptr || p.pages.last_page_len == nullptr))
     return KVPAGER_STATUS_INVALID_ARGUMENT;
   for (std::int32_t s = 0; s < p.num_seqs; ++s) {
-    std::int32_t blocks = 0;
+    std::int64_t blocks = 0;
     if (dense) {
       const std::int32_t len = p.pages.seq_lens[s];
-      if (len < 0 || std::int64_t{len} > p.pages.row_stride * kv.block_size) return KVPAGER_STATUS_SEQ_TOO_LONG;
-      blocks = (len + kv.block_size - 1) / kv.block_size;
+      if (const std::int32_t rc = kvpager_kernels::check_seq_len(len, kv.block_size, p.pages.row_stride);
+          rc != KVPAGER_STATUS_OK)
+        return rc;
+      blocks = kvpager_kernels::blocks_for(len, kv.block_size);
     } else {
-      blocks = p.pages.indptr[s + 1] - p.pages.indptr[s];
-      if (blocks < 0 || p.pages.indptr[s] < 0) return KVPAGER_STATUS_INVALID_ARGUMENT;
-      if (blocks > 0 && (p.pages.last_page_len[s] < 1 || p.pages.last_page_len[s] > kv.block_size))
+      if (p.pages.indptr[s] < 0 || p.pages.indptr[s + 1] < p.pages.indptr[s]) return KVPAGER_STATUS_INVALID_ARGUMENT;
+      blocks = std::int64_t{p.pages.indptr[s + 1]} - p.pages.indptr[s];
+      if (blocks > 0 && (p.pages.last_page_len[s] < 1 || p.pages.last_page_len[s] > kv.block_size ||
+                         csr_length(p.pages, s, kv.block_size) > std::numeric_limits<std::int32_t>::max()))
         return KVPAGER_STATUS_SEQ_TOO_LONG;
     }
-    for (std::int32_t b = 0; b < blocks; ++b) {
+    for (std::int64_t b = 0; b < blocks; ++b) {
       const std::int32_t id = block_at(p.pages, s, b);
       if (id < 0 || id >= kv.num_blocks) return KVPAGER_STATUS_INVALID_BLOCK;
     }
@@ -442,7 +484,11 @@ int32_t kvpager_cpu_paged_attention_decode(void* out, const void* query, const v
                                            int32_t num_q_heads, int32_t num_kv_heads, int32_t head_dim,
                                            int32_t block_size, int32_t max_blocks_per_seq, int32_t num_blocks,
                                            float scale, int32_t dtype, int32_t num_threads) {
-  if (max_blocks_per_seq <= 0) return KVPAGER_STATUS_INVALID_ARGUMENT;
+  if (const int32_t rc = kvpager_kernels::check_dense_decode(out, query, kv_cache, block_table, seq_lens, num_seqs,
+                                                             num_q_heads, num_kv_heads, head_dim, block_size,
+                                                             max_blocks_per_seq, num_blocks, scale, dtype, 1);
+      rc != KVPAGER_STATUS_OK)
+    return rc;
   kvpager::decode_params p;
   p.out = out;
   p.query = query;
@@ -460,14 +506,14 @@ int32_t kvpager_cpu_paged_attention_decode(void* out, const void* query, const v
 int32_t kvpager_cpu_kv_append(void* kv_cache, const void* key, const void* value, const int64_t* slot_mapping,
                               int32_t num_tokens, int32_t num_kv_heads, int32_t head_dim, int32_t block_size,
                               int32_t num_blocks, int32_t dtype) {
-  if (num_tokens < 0 || num_kv_heads <= 0 || head_dim <= 0 || block_size <= 0 || num_blocks <= 0)
-    return KVPAGER_STATUS_INVALID_ARGUMENT;
-  if (!kvpager_kernels::valid_dtype(dtype)) return KVPAGER_STATUS_UNSUPPORTED_DTYPE;
-  if (num_tokens > 0 && (kv_cache == nullptr || key == nullptr || value == nullptr || slot_mapping == nullptr))
-    return KVPAGER_STATUS_INVALID_ARGUMENT;
+  if (const int32_t rc = kvpager_kernels::check_append(kv_cache, key, value, slot_mapping, num_tokens, num_kv_heads,
+                                                       head_dim, block_size, num_blocks, dtype);
+      rc != KVPAGER_STATUS_OK)
+    return rc;
   const std::int64_t slots = std::int64_t{num_blocks} * block_size;
   for (int32_t t = 0; t < num_tokens; ++t)
     if (slot_mapping[t] >= slots) return KVPAGER_STATUS_INVALID_BLOCK;
+  // Every offset below is inside the pool or the key/value arrays, whose sizes check_append bounded in int64.
   const std::int64_t row = std::int64_t{head_dim} * dtype_bytes(dtype);  // bytes
   const std::int64_t head_stride = std::int64_t{block_size} * row, half = std::int64_t{num_kv_heads} * head_stride;
   auto* cache = static_cast<std::byte*>(kv_cache);
@@ -489,18 +535,17 @@ int32_t kvpager_cpu_kv_append(void* kv_cache, const void* key, const void* value
 
 int32_t kvpager_cpu_copy_blocks(void* const* kv_caches, int32_t num_layers, const int64_t* block_mapping,
                                 int32_t num_pairs, int32_t num_blocks, int64_t block_bytes) {
-  if (num_layers < 0 || num_pairs < 0 || num_blocks <= 0 || block_bytes <= 0) return KVPAGER_STATUS_INVALID_ARGUMENT;
-  if (num_pairs > 0 && num_layers > 0 && (kv_caches == nullptr || block_mapping == nullptr))
-    return KVPAGER_STATUS_INVALID_ARGUMENT;
-  for (int32_t l = 0; l < num_layers && num_pairs > 0; ++l)
-    if (kv_caches[l] == nullptr) return KVPAGER_STATUS_INVALID_ARGUMENT;
-  for (int32_t p = 0; p < 2 * num_pairs; ++p)
-    if (block_mapping[p] < 0 || block_mapping[p] >= num_blocks) return KVPAGER_STATUS_INVALID_BLOCK;
-  for (int32_t l = 0; l < num_layers; ++l) {
+  if (const int32_t rc = kvpager_kernels::check_copy(kv_caches, num_layers, block_mapping, num_pairs, num_blocks,
+                                                     block_bytes, kvpager_kernels::memory::host);
+      rc != KVPAGER_STATUS_OK)
+    return rc;
+  for (int32_t l = 0; l < num_layers && num_pairs > 0; ++l) {
     auto* cache = static_cast<std::byte*>(kv_caches[l]);
-    for (int32_t p = 0; p < num_pairs; ++p)
-      std::memcpy(cache + block_mapping[2 * p + 1] * block_bytes, cache + block_mapping[2 * p] * block_bytes,
-                  static_cast<std::size_t>(block_bytes));
+    for (int32_t p = 0; p < num_pairs; ++p) {
+      const int64_t src = block_mapping[2 * std::int64_t{p}], dst = block_mapping[2 * std::int64_t{p} + 1];
+      if (src == dst) continue;  // nothing to copy (and memcpy must not be given overlapping regions)
+      std::memcpy(cache + dst * block_bytes, cache + src * block_bytes, static_cast<std::size_t>(block_bytes));
+    }
   }
   return KVPAGER_STATUS_OK;
 }
@@ -511,8 +556,9 @@ int32_t kvpager_cpu_swap_blocks(void* dst, int32_t dst_blocks, const void* src, 
       rc != KVPAGER_STATUS_OK)
     return rc;
   return kvpager_kernels::for_each_run(pairs, num_pairs, [&](int64_t from, int64_t to, int64_t n) {
-    std::memmove(static_cast<std::byte*>(dst) + to * block_bytes, static_cast<const std::byte*>(src) + from * block_bytes,
-                 static_cast<std::size_t>(n * block_bytes));
+    auto* d = static_cast<std::byte*>(dst) + to * block_bytes;
+    const auto* s = static_cast<const std::byte*>(src) + from * block_bytes;
+    if (d != s) std::memmove(d, s, static_cast<std::size_t>(n * block_bytes));  // a run onto itself copies nothing
     return KVPAGER_STATUS_OK;
   });
 }
@@ -545,7 +591,7 @@ std::int32_t paged_attention_decode_cpu(const decode_params& p) noexcept {
   }
   // With all cores requested, a call this small (a few microseconds of work) runs on the calling thread: waking
   // workers would cost more than they save (bench_kernels decode_..._short).
-  const std::int32_t threads = p.num_threads == 0 && total_len * hkv * group < 8192 ? 1 : p.num_threads;
+  const std::int32_t threads = p.num_threads == 0 && total_len < 8192 && total_len * p.num_q_heads < 8192 ? 1 : p.num_threads;
   const std::int32_t splits = p.num_splits > 0 ? p.num_splits : plan_decode(p.num_seqs, kv.num_kv_heads, max_len, threads);
   const chunk_kernel kernel = pick_chunk(group, D, kv.block_size);
   const auto scratch_floats = static_cast<std::size_t>(kernel.scratch_floats);
@@ -555,8 +601,12 @@ std::int32_t paged_attention_decode_cpu(const decode_params& p) noexcept {
     return part.data() + ((seq * p.num_q_heads + qh) * splits + split) * (D + 2);
   };
   parallel_for(std::int64_t{p.num_seqs} * hkv * splits, threads, [&](std::int64_t item) {
-    thread_local std::vector<float> scratch, m, l, acc;
-    if (scratch.size() < scratch_floats) scratch.resize(scratch_floats);
+    item_buffers own;
+    item_buffers& b = buffers_or(own);
+    if (b.scratch.size() < scratch_floats) b.scratch.resize(scratch_floats);
+    auto& m = b.m;
+    auto& l = b.l;
+    auto& acc = b.acc;
     m.resize(static_cast<std::size_t>(group));
     l.resize(static_cast<std::size_t>(group));
     acc.resize(static_cast<std::size_t>(group * D));
@@ -566,7 +616,7 @@ std::int32_t paged_attention_decode_cpu(const decode_params& p) noexcept {
     const std::int32_t len = length_of(p.pages, seq, kv.block_size);
     std::int32_t t0 = 0, t1 = 0;
     kvpager_kernels::split_range(len, kv.block_size, splits, split, t0, t1);
-    kernel.fn(p, seq, h, t0, t1, scratch.data(), m.data(), l.data(), acc.data());
+    kernel.fn(p, seq, h, t0, t1, b.scratch.data(), m.data(), l.data(), acc.data());
     if (splits == 1) {  // the whole sequence: normalize and store here, no merge pass
       for (std::int32_t g = 0; g < group; ++g) {
         const float lg = l[static_cast<std::size_t>(g)];
@@ -591,7 +641,8 @@ std::int32_t paged_attention_decode_cpu(const decode_params& p) noexcept {
     for (std::int32_t i = 0; i < splits; ++i)
       if (state(seq, qh, i)[1] > 0.0F) M = std::max(M, state(seq, qh, i)[0]);
     float L = 0.0F;
-    thread_local std::vector<float> o;
+    item_buffers own;
+    std::vector<float>& o = buffers_or(own).acc;
     o.assign(static_cast<std::size_t>(D), 0.0F);
     if (M != -std::numeric_limits<float>::infinity()) {
       for (std::int32_t i = 0; i < splits; ++i) {

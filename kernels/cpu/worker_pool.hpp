@@ -3,7 +3,8 @@
 // call costs no thread creation (an engine calls it once per layer per step). The calling thread takes part. Items
 // are handed out one at a time from an atomic counter, so sequences of different lengths balance across threads.
 // One job runs at a time; a call that finds the pool busy (another thread's call) runs its items itself, and so
-// does a call in a child process after fork() (the child has none of the parent's threads).
+// does a call in a child process after fork() (the child has none of the parent's threads), and so does a call made
+// after the pool was shut down at exit (from a static object's destructor): the pool is gone, the caller is not.
 #include <algorithm>
 #include <atomic>
 #include <condition_variable>
@@ -18,17 +19,23 @@ namespace kvpager_kernels {
 
 class worker_pool {
  public:
-  static worker_pool& instance() {
+  /// The process-wide pool, started on first use; nullptr once it has been shut down at exit (static destruction
+  /// runs after the pool's shutdown for every static object constructed before the pool's first use).
+  static worker_pool* instance() {
     // Deleted at exit only by the process that started the threads: in a forked child, destroying the mutexes and
     // condition variables the parent's threads were waiting on can block forever, so the child leaves it alone.
-    static worker_pool* pool = new worker_pool();
+    // `current` is trivially destructible, so it is still readable (and null) when a later destructor calls in.
+    static std::atomic<worker_pool*> current{nullptr};
     static const struct shutdown {
-      worker_pool* p;
+      shutdown() { current.store(new worker_pool(), std::memory_order_release); }
+      shutdown(const shutdown&) = delete;
+      shutdown& operator=(const shutdown&) = delete;
       ~shutdown() {
-        if (getpid() == p->owner_) delete p;
+        worker_pool* p = current.exchange(nullptr, std::memory_order_acq_rel);
+        if (p != nullptr && getpid() == p->owner_) delete p;
       }
-    } at_exit{pool};
-    return *pool;
+    } at_exit;
+    return current.load(std::memory_order_acquire);
   }
   worker_pool(const worker_pool&) = delete;
   worker_pool& operator=(const worker_pool&) = delete;
@@ -120,11 +127,16 @@ class worker_pool {
   unsigned helpers_ = 0, finished_ = 0;
 };
 
-/// Runs fn(i) for i in [0, n) on up to `threads` threads (0 = all cores) of the process-wide pool.
+/// Runs fn(i) for i in [0, n) on up to `threads` threads (0 = all cores) of the process-wide pool; on the calling
+/// thread alone once the pool has been shut down at exit.
 template <class Fn>
 void parallel_for(std::int64_t n, std::int32_t threads, Fn fn) {
   if (n <= 0) return;
-  worker_pool::instance().run(n, threads, fn);
+  if (worker_pool* pool = worker_pool::instance(); pool != nullptr) {
+    pool->run(n, threads, fn);
+  } else {
+    for (std::int64_t i = 0; i < n; ++i) fn(i);
+  }
 }
 
 }  // namespace kvpager_kernels

@@ -31,9 +31,12 @@ struct decode_args {
   cudaStream_t stream;
 };
 
+/// Grid rows (y and z) are limited to 65535; the kernels walk any further KV heads, query heads or layers themselves.
+unsigned grid_rows(int32_t n) { return static_cast<unsigned>(n < 65535 ? n : 65535); }
+
 template <class T, int D>
 void launch_decode_dim(const decode_args& a) {
-  const dim3 grid(static_cast<unsigned>(a.seqs), static_cast<unsigned>(a.hkv), static_cast<unsigned>(a.splits));
+  const dim3 grid(static_cast<unsigned>(a.seqs), grid_rows(a.hkv), static_cast<unsigned>(a.splits));
   decode_kernel<T, D><<<grid, kWarps * 32, 0, a.stream>>>(static_cast<T*>(a.out), a.lse, a.part, static_cast<const T*>(a.q),
                                                           static_cast<const T*>(a.kv), a.table, a.lens, a.hq, a.hkv, a.bs,
                                                           a.max_blocks, a.num_blocks, a.scale, a.splits, a.error);
@@ -50,8 +53,8 @@ int32_t launch_decode(const decode_args& a) {
     default: launch_decode_dim<T, 256>(a); break;
   }
   if (a.splits > 1) {
-    const dim3 grid(static_cast<unsigned>(a.seqs), static_cast<unsigned>(a.hq));
-    merge_kernel<T><<<grid, 128, 0, a.stream>>>(static_cast<T*>(a.out), a.lse, a.part, a.dim, a.splits);
+    const dim3 grid(static_cast<unsigned>(a.seqs), grid_rows(a.hq));
+    merge_kernel<T><<<grid, 128, 0, a.stream>>>(static_cast<T*>(a.out), a.lse, a.part, a.hq, a.dim, a.splits);
   }
   return cudaGetLastError() == cudaSuccess ? KVPAGER_STATUS_OK : KVPAGER_STATUS_NO_DEVICE;
 }
@@ -66,12 +69,10 @@ int32_t kvpager_cuda_paged_attention_decode_split(void* out, float* lse, const v
                                                   int32_t block_size, int32_t max_blocks_per_seq, int32_t num_blocks,
                                                   float scale, int32_t dtype, int32_t num_splits, void* workspace,
                                                   int64_t workspace_bytes, int32_t* error_flag, void* stream) {
-  if (num_seqs < 0 || max_blocks_per_seq <= 0 || num_blocks <= 0 || !isfinite(scale) || num_splits < 1 ||
-      num_splits > kvpager_kernels::max_decode_splits || workspace_bytes < 0)
-    return KVPAGER_STATUS_INVALID_ARGUMENT;
-  if (num_seqs > 0 && (out == nullptr || query == nullptr || kv_cache == nullptr || block_table == nullptr || seq_lens == nullptr))
-    return KVPAGER_STATUS_INVALID_ARGUMENT;
-  if (const int32_t rc = kvpager_kernels::check_decode_shape(num_q_heads, num_kv_heads, head_dim, block_size, dtype);
+  if (num_splits < 1 || workspace_bytes < 0) return KVPAGER_STATUS_INVALID_ARGUMENT;
+  if (const int32_t rc = kvpager_kernels::check_dense_decode(out, query, kv_cache, block_table, seq_lens, num_seqs,
+                                                             num_q_heads, num_kv_heads, head_dim, block_size,
+                                                             max_blocks_per_seq, num_blocks, scale, dtype, num_splits);
       rc != KVPAGER_STATUS_OK)
     return rc;
   const int64_t need = kvpager_kernels::decode_workspace_bytes(num_seqs, num_q_heads, head_dim, num_splits);
@@ -100,11 +101,11 @@ int32_t kvpager_cuda_paged_attention_decode(void* out, const void* query, const 
 int32_t kvpager_cuda_kv_append(void* kv_cache, const void* key, const void* value, const int64_t* slot_mapping,
                                int32_t num_tokens, int32_t num_kv_heads, int32_t head_dim, int32_t block_size,
                                int32_t num_blocks, int32_t dtype, int32_t* error_flag, void* stream) {
-  if (num_tokens < 0 || num_kv_heads <= 0 || head_dim <= 0 || block_size <= 0 || num_blocks <= 0)
-    return KVPAGER_STATUS_INVALID_ARGUMENT;
-  if (!kvpager_kernels::valid_dtype(dtype)) return KVPAGER_STATUS_UNSUPPORTED_DTYPE;
+  if (const int32_t rc = kvpager_kernels::check_append(kv_cache, key, value, slot_mapping, num_tokens, num_kv_heads,
+                                                       head_dim, block_size, num_blocks, dtype);
+      rc != KVPAGER_STATUS_OK)
+    return rc;
   if (num_tokens == 0) return KVPAGER_STATUS_OK;
-  if (kv_cache == nullptr || key == nullptr || value == nullptr || slot_mapping == nullptr) return KVPAGER_STATUS_INVALID_ARGUMENT;
   const int64_t max_slot = static_cast<int64_t>(num_blocks) * block_size;
   auto s = static_cast<cudaStream_t>(stream);
   const dim3 grid(static_cast<unsigned>(num_tokens));
@@ -131,13 +132,15 @@ int32_t kvpager_cuda_kv_append(void* kv_cache, const void* key, const void* valu
 int32_t kvpager_cuda_copy_blocks(void* const* kv_caches, int32_t num_layers, const int64_t* block_mapping,
                                  int32_t num_pairs, int32_t num_blocks, int64_t block_bytes, int32_t* error_flag,
                                  void* stream) {
-  if (num_layers < 0 || num_pairs < 0 || num_blocks <= 0 || block_bytes <= 0) return KVPAGER_STATUS_INVALID_ARGUMENT;
-  if (num_layers == 0 || num_pairs == 0) return KVPAGER_STATUS_OK;
-  if (kv_caches == nullptr || block_mapping == nullptr) return KVPAGER_STATUS_INVALID_ARGUMENT;
-  if (num_layers > 65535) return KVPAGER_STATUS_INVALID_ARGUMENT;  // grid.y
-  const dim3 grid(static_cast<unsigned>(num_pairs), static_cast<unsigned>(num_layers));
-  copy_kernel<<<grid, 256, 0, static_cast<cudaStream_t>(stream)>>>(kv_caches, block_mapping, num_blocks, block_bytes,
-                                                                   error_flag);
+  if (const int32_t rc = kvpager_kernels::check_copy(kv_caches, num_layers, block_mapping, num_pairs, num_blocks,
+                                                     block_bytes, kvpager_kernels::memory::device);
+      rc != KVPAGER_STATUS_OK)
+    return rc;
+  // The ids live in device memory: with no layers the kernel still checks them, unless nobody would hear of it.
+  if (num_pairs == 0 || (num_layers == 0 && error_flag == nullptr)) return KVPAGER_STATUS_OK;
+  const dim3 grid(static_cast<unsigned>(num_pairs), grid_rows(num_layers > 0 ? num_layers : 1));
+  copy_kernel<<<grid, 256, 0, static_cast<cudaStream_t>(stream)>>>(kv_caches, num_layers, block_mapping, num_blocks,
+                                                                   block_bytes, error_flag);
   return cudaGetLastError() == cudaSuccess ? KVPAGER_STATUS_OK : KVPAGER_STATUS_NO_DEVICE;
 }
 
@@ -148,9 +151,10 @@ int32_t kvpager_cuda_swap_blocks(void* dst, int32_t dst_blocks, const void* src,
     return rc;
   auto s = static_cast<cudaStream_t>(stream);
   return kvpager_kernels::for_each_run(pairs, num_pairs, [&](int64_t from, int64_t to, int64_t n) {
-    return cudaMemcpyAsync(static_cast<unsigned char*>(dst) + to * block_bytes,
-                           static_cast<const unsigned char*>(src) + from * block_bytes,
-                           static_cast<size_t>(n * block_bytes), cudaMemcpyDefault, s) == cudaSuccess
+    auto* d = static_cast<unsigned char*>(dst) + to * block_bytes;
+    const auto* from_ptr = static_cast<const unsigned char*>(src) + from * block_bytes;
+    if (d == from_ptr) return KVPAGER_STATUS_OK;  // a run onto itself copies nothing
+    return cudaMemcpyAsync(d, from_ptr, static_cast<size_t>(n * block_bytes), cudaMemcpyDefault, s) == cudaSuccess
                ? KVPAGER_STATUS_OK
                : KVPAGER_STATUS_NO_DEVICE;
   });

@@ -6,6 +6,8 @@
 
 #include "../../kernels/cuda/device_kernels.cuh"
 #include "../../tools/gpu_check/decode_problem.hpp"
+#include "../../kernels/common/checks.hpp"
+#include "abi_cases.hpp"
 
 #include <gtest/gtest.h>
 
@@ -25,42 +27,98 @@ struct emulated {
   int32_t error = 0;
 };
 
+/// Grid rows (y) of the decode and merge kernels: the head counts, or at most `rows` when it is not 0 (the kernels
+/// then walk the remaining heads themselves, as they do beyond CUDA's 65535).
+unsigned grid_rows(int32_t heads, unsigned rows) {
+  return rows != 0 && rows < static_cast<unsigned>(heads) ? rows : static_cast<unsigned>(heads);
+}
+
 template <class T, int D>
-emulated run_dim(const decode_problem& pr, const std::vector<int32_t>& table) {
+emulated run_dim(const decode_problem& pr, const std::vector<int32_t>& table, unsigned rows) {
   emulated r;
   r.out.assign(pr.q.size(), 0xFF);  // NaN-ish garbage: every element must be written
   r.lse.assign(pr.cpu_lse.size(), 12345.0F);
   std::vector<float> part(pr.splits > 1 ? static_cast<size_t>(pr.S) * pr.hq * pr.splits * (D + 2) : 0);
   auto* out = reinterpret_cast<T*>(r.out.data());
-  kvpager_emulation::launch(dim3(static_cast<unsigned>(pr.S), static_cast<unsigned>(pr.hkv), static_cast<unsigned>(pr.splits)),
+  kvpager_emulation::launch(dim3(static_cast<unsigned>(pr.S), grid_rows(pr.hkv, rows), static_cast<unsigned>(pr.splits)),
                             dim3(kk::kWarps * 32), kk::decode_kernel<T, D>, out, r.lse.data(), part.data(),
                             reinterpret_cast<const T*>(pr.q.data()), reinterpret_cast<const T*>(pr.kv.data()), table.data(),
                             pr.lens.data(), pr.hq, pr.hkv, pr.bs, pr.maxb, pr.nb, pr.scale, pr.splits, &r.error);
   if (pr.splits > 1)
-    kvpager_emulation::launch(dim3(static_cast<unsigned>(pr.S), static_cast<unsigned>(pr.hq)), dim3(128), kk::merge_kernel<T>,
-                              out, r.lse.data(), static_cast<const float*>(part.data()), D, pr.splits);
+    kvpager_emulation::launch(dim3(static_cast<unsigned>(pr.S), grid_rows(pr.hq, rows)), dim3(128), kk::merge_kernel<T>,
+                              out, r.lse.data(), static_cast<const float*>(part.data()), pr.hq, D, pr.splits);
   return r;
 }
 
 template <class T>
-emulated run_type(const decode_problem& pr, const std::vector<int32_t>& table) {
+emulated run_type(const decode_problem& pr, const std::vector<int32_t>& table, unsigned rows) {
   switch (pr.d) {
-    case 64: return run_dim<T, 64>(pr, table);
-    case 80: return run_dim<T, 80>(pr, table);
-    case 96: return run_dim<T, 96>(pr, table);
-    case 112: return run_dim<T, 112>(pr, table);
-    case 128: return run_dim<T, 128>(pr, table);
-    default: return run_dim<T, 256>(pr, table);
+    case 64: return run_dim<T, 64>(pr, table, rows);
+    case 80: return run_dim<T, 80>(pr, table, rows);
+    case 96: return run_dim<T, 96>(pr, table, rows);
+    case 112: return run_dim<T, 112>(pr, table, rows);
+    case 128: return run_dim<T, 128>(pr, table, rows);
+    default: return run_dim<T, 256>(pr, table, rows);
   }
 }
 
-emulated run(const decode_problem& pr, const std::vector<int32_t>& table) {
+emulated run(const decode_problem& pr, const std::vector<int32_t>& table, unsigned rows = 0) {
   switch (pr.dtype) {
-    case KVPAGER_DTYPE_FP32: return run_type<float>(pr, table);
-    case KVPAGER_DTYPE_FP16: return run_type<__half>(pr, table);
-    default: return run_type<__nv_bfloat16>(pr, table);
+    case KVPAGER_DTYPE_FP32: return run_type<float>(pr, table, rows);
+    case KVPAGER_DTYPE_FP16: return run_type<__half>(pr, table, rows);
+    default: return run_type<__nv_bfloat16>(pr, table, rows);
   }
 }
+
+// The CUDA entry points as kernels.cu writes them: the shared host checks (kernels/common/checks.hpp), then the
+// device code, here on the emulation; a status the kernel flags is returned as the call's. fp32 and head dim 64 only
+// (every other valid geometry is the same code path; invalid ones never reach a kernel).
+int32_t emulated_decode(void* out, const void* q, const void* kv, const int32_t* table, const int32_t* lens,
+                        int32_t num_seqs, int32_t hq, int32_t hkv, int32_t d, int32_t bs, int32_t maxb, int32_t nb,
+                        float scale, int32_t dtype) {
+  if (const int32_t rc = kvpager_kernels::check_dense_decode(out, q, kv, table, lens, num_seqs, hq, hkv, d, bs, maxb, nb,
+                                                             scale, dtype, 1);
+      rc != KVPAGER_STATUS_OK)
+    return rc;
+  if (num_seqs == 0) return KVPAGER_STATUS_OK;
+  EXPECT_TRUE(dtype == KVPAGER_DTYPE_FP32 && d == 64) << "emulated_decode runs fp32, head dim 64 only";
+  int32_t error = 0;
+  kvpager_emulation::launch(dim3(static_cast<unsigned>(num_seqs), static_cast<unsigned>(hkv), 1), dim3(kk::kWarps * 32),
+                            kk::decode_kernel<float, 64>, static_cast<float*>(out), static_cast<float*>(nullptr),
+                            static_cast<float*>(nullptr), static_cast<const float*>(q), static_cast<const float*>(kv), table,
+                            lens, hq, hkv, bs, maxb, nb, scale, 1, &error);
+  return error;
+}
+
+int32_t emulated_append(void* kv, const void* k, const void* v, const int64_t* slots, int32_t num_tokens, int32_t hkv,
+                        int32_t d, int32_t bs, int32_t nb, int32_t dtype) {
+  if (const int32_t rc = kvpager_kernels::check_append(kv, k, v, slots, num_tokens, hkv, d, bs, nb, dtype);
+      rc != KVPAGER_STATUS_OK)
+    return rc;
+  if (num_tokens == 0) return KVPAGER_STATUS_OK;
+  EXPECT_EQ(dtype, KVPAGER_DTYPE_FP32) << "emulated_append runs fp32 only";
+  int32_t error = 0;
+  kvpager_emulation::launch(dim3(static_cast<unsigned>(num_tokens)), dim3(256), kk::append_kernel<float>,
+                            static_cast<float*>(kv), static_cast<const float*>(k), static_cast<const float*>(v), slots, hkv,
+                            d, bs, int64_t{nb} * bs, &error);
+  return error;
+}
+
+int32_t emulated_copy(void* const* caches, int32_t num_layers, const int64_t* mapping, int32_t num_pairs, int32_t nb,
+                      int64_t block_bytes) {
+  if (const int32_t rc = kvpager_kernels::check_copy(caches, num_layers, mapping, num_pairs, nb, block_bytes,
+                                                     kvpager_kernels::memory::device);
+      rc != KVPAGER_STATUS_OK)
+    return rc;
+  if (num_pairs == 0) return KVPAGER_STATUS_OK;
+  int32_t error = 0;
+  kvpager_emulation::launch(dim3(static_cast<unsigned>(num_pairs), grid_rows(num_layers > 0 ? num_layers : 1, 65535)),
+                            dim3(256), kk::copy_kernel, caches, num_layers, mapping, nb, block_bytes, &error);
+  return error;
+}
+
+const kvpager_abi_cases::kernels_api emulated_api{"cuda (emulated)", emulated_decode, emulated_append, emulated_copy,
+                                                  nullptr, false};
 
 }  // namespace
 
@@ -151,13 +209,57 @@ TEST(CudaEmulation, AppendAndCopyAreBitExact) {
   ASSERT_EQ(kvpager_cpu_copy_blocks(&cpu_ptr, 1, pairs.data(), 3, nb, static_cast<int64_t>(block_elems * 2)), 0);
   std::vector<void*> layers = {emu.data()};
   error = 0;
-  kvpager_emulation::launch(dim3(3, 1), dim3(256), kk::copy_kernel, static_cast<void* const*>(layers.data()), pairs.data(), nb,
+  kvpager_emulation::launch(dim3(3, 1), dim3(256), kk::copy_kernel, static_cast<void* const*>(layers.data()), 1, pairs.data(), nb,
                             static_cast<int64_t>(block_elems * 2), &error);
   EXPECT_EQ(error, 0);
   EXPECT_EQ(emu, cpu);
   const std::vector<int64_t> bad_pairs = {1, nb};
-  kvpager_emulation::launch(dim3(1, 1), dim3(256), kk::copy_kernel, static_cast<void* const*>(layers.data()), bad_pairs.data(),
+  kvpager_emulation::launch(dim3(1, 1), dim3(256), kk::copy_kernel, static_cast<void* const*>(layers.data()), 1, bad_pairs.data(),
                             nb, static_cast<int64_t>(block_elems * 2), &error);
   EXPECT_EQ(error, KVPAGER_STATUS_INVALID_BLOCK);
+  EXPECT_EQ(emu, cpu);
+}
+
+// The argument cases of the CPU entry points (abi_cases.hpp, buffers behind guard pages) through the CUDA host checks
+// and the emulated device code: the same status code for every case (issue 9, item 3: one rule for CPU and CUDA).
+TEST(CudaEmulation, DecodeArgumentCasesMatchCpu) { kvpager_abi_cases::decode_cases(emulated_api); }
+TEST(CudaEmulation, AppendArgumentCasesMatchCpu) { kvpager_abi_cases::append_cases(emulated_api); }
+TEST(CudaEmulation, CopyBlocksArgumentCasesMatchCpu) { kvpager_abi_cases::copy_cases(emulated_api); }
+
+// More KV or query heads than grid rows (CUDA allows 65535): the CTAs walk the rest, with the same result.
+TEST(CudaEmulation, DecodeWalksHeadsBeyondTheGridRows) {
+  for (const int32_t splits : {1, 3}) {
+    const decode_problem pr(KVPAGER_DTYPE_FP32, 64, 16, 12, 4, {100, 33, 0}, splits, 31);
+    ASSERT_TRUE(pr.cpu_ok);
+    for (const unsigned rows : {1U, 3U}) {
+      const emulated r = run(pr, pr.table, rows);
+      const auto diff = pr.compare(r.out, r.lse);
+      EXPECT_EQ(r.error, 0) << rows;
+      EXPECT_LE(diff.out, 1e-5) << "splits " << splits << " rows " << rows;
+      EXPECT_LE(diff.lse, 1e-5) << "splits " << splits << " rows " << rows;
+    }
+  }
+}
+
+// Layers beyond the grid's rows, and a pair onto itself: copied (or left) exactly as the CPU does.
+TEST(CudaEmulation, CopyWalksLayersBeyondTheGridRowsAndSkipsPairsOntoThemselves) {
+  const int64_t bb = 64;
+  const int32_t nb = 4, layers = 5;
+  std::vector<std::vector<unsigned char>> cpu(layers), emu(layers);
+  std::vector<void*> cpu_ptrs, emu_ptrs;
+  for (int32_t l = 0; l < layers; ++l) {
+    cpu[static_cast<size_t>(l)].resize(static_cast<size_t>(nb * bb));
+    for (size_t i = 0; i < cpu[static_cast<size_t>(l)].size(); ++i)
+      cpu[static_cast<size_t>(l)][i] = static_cast<unsigned char>(i * 7 + static_cast<size_t>(l));
+    emu[static_cast<size_t>(l)] = cpu[static_cast<size_t>(l)];
+    cpu_ptrs.push_back(cpu[static_cast<size_t>(l)].data());
+    emu_ptrs.push_back(emu[static_cast<size_t>(l)].data());
+  }
+  const std::vector<int64_t> pairs = {0, 3, 2, 2, 1, 0};
+  ASSERT_EQ(kvpager_cpu_copy_blocks(cpu_ptrs.data(), layers, pairs.data(), 3, nb, bb), KVPAGER_STATUS_OK);
+  int32_t error = 0;
+  kvpager_emulation::launch(dim3(3, 2), dim3(64), kk::copy_kernel, static_cast<void* const*>(emu_ptrs.data()), layers,
+                            pairs.data(), nb, bb, &error);
+  EXPECT_EQ(error, 0);
   EXPECT_EQ(emu, cpu);
 }

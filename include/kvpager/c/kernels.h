@@ -4,6 +4,17 @@
  * \file
  * C ABI of libkvpager_kernels (loadable from Python ctypes). Every function returns 0 on success or a
  * non-zero KVPAGER_STATUS_* code; none throws, none aborts on bad input.
+ *
+ * Rules every entry point follows (CPU and CUDA alike, kernels/common/checks.hpp):
+ *  - One geometry check for every kernel that takes a KV pool's shape (decode and kv_append): num_kv_heads positive
+ *    (else KVPAGER_STATUS_BAD_HEADS), head_dim, dtype and block_size supported (the UNSUPPORTED_* codes, in this
+ *    order), num_blocks positive.
+ *  - Every size and offset is computed in 64 bits; a buffer whose size in bytes would overflow int64 (the pool,
+ *    num_blocks x 2 x num_kv_heads x block_size x head_dim x element size or num_blocks x block_bytes; the query and
+ *    output; key and value; the split workspace) is KVPAGER_STATUS_INVALID_ARGUMENT.
+ *  - A pointer may be NULL only when nothing is read or written through it (its count is zero); a call with nothing
+ *    to do is OK, though the ids it carries are still checked.
+ *  - On any error nothing has been written (for the CPU functions, nothing has been read from the KV cache).
  */
 
 #include <stdint.h>
@@ -25,7 +36,7 @@ enum {
   KVPAGER_STATUS_NO_DEVICE = 2,        /**< CUDA not built in, no driver, or no device */
   KVPAGER_STATUS_INVALID_BLOCK = 3,    /**< a block id outside [0, num_blocks), or a slot outside the pool */
   KVPAGER_STATUS_SEQ_TOO_LONG = 4,     /**< a seq_len larger than max_blocks_per_seq x block_size (or negative) */
-  KVPAGER_STATUS_BAD_HEADS = 5,        /**< num_q_heads is not a positive multiple of num_kv_heads */
+  KVPAGER_STATUS_BAD_HEADS = 5,        /**< num_kv_heads not positive, or num_q_heads not a positive multiple of it */
   KVPAGER_STATUS_UNSUPPORTED_HEAD_DIM = 6, /**< head_dim is not 64, 80, 96, 112, 128 or 256 */
   KVPAGER_STATUS_UNSUPPORTED_DTYPE = 7,    /**< dtype is not 0 (fp32), 1 (fp16) or 2 (bf16) */
   KVPAGER_STATUS_UNSUPPORTED_BLOCK_SIZE = 8, /**< block_size is not 8, 16 or 32 */
@@ -61,7 +72,11 @@ KVPAGER_C_API const char* kvpager_cpu_decode_path(void);
  * [num_blocks, 2, num_kv_heads, block_size, head_dim] (K then V in a block), contiguous; block_table:
  * [num_seqs, max_blocks_per_seq] int32 (entries past a sequence's blocks are not read); seq_lens: [num_seqs].
  * GQA/MQA: query head h reads KV head h / (num_q_heads / num_kv_heads). Softmax in fp32 with the given scale;
- * a sequence of length 0 produces zeros. num_threads 0 = all cores. Returns a KVPAGER_STATUS_* code.
+ * a sequence of length 0 produces zeros. num_threads 0 = all cores. Returns a KVPAGER_STATUS_* code: every argument,
+ * then every sequence's length (ceil(seq_len / block_size) <= max_blocks_per_seq, computed in 64 bits, so a seq_len
+ * close to INT32_MAX is checked like any other) and every block id it uses, is checked before anything is read from
+ * the KV cache or written to out. With num_seqs = 0 every pointer may be NULL. Safe to call at any time, including
+ * from a static object's destructor at exit (the worker threads are gone then: the call runs on the caller's thread).
  */
 KVPAGER_C_API int32_t kvpager_cpu_paged_attention_decode(void* out, const void* query, const void* kv_cache,
                                                          const int32_t* block_table, const int32_t* seq_lens,
@@ -73,6 +88,9 @@ KVPAGER_C_API int32_t kvpager_cpu_paged_attention_decode(void* out, const void* 
 /**
  * Writes new tokens' K and V into the paged cache through the slot mapping (slot = block * block_size + offset;
  * a negative slot is skipped). key, value: contiguous [num_tokens, num_kv_heads, head_dim]; kv_cache as above.
+ * The geometry is checked as for decode (KVPAGER_STATUS_BAD_HEADS for num_kv_heads <= 0, UNSUPPORTED_HEAD_DIM,
+ * UNSUPPORTED_DTYPE, UNSUPPORTED_BLOCK_SIZE), then the sizes; a slot >= num_blocks x block_size is
+ * KVPAGER_STATUS_INVALID_BLOCK, found before anything is written. With num_tokens = 0 every pointer may be NULL.
  */
 KVPAGER_C_API int32_t kvpager_cpu_kv_append(void* kv_cache, const void* key, const void* value,
                                             const int64_t* slot_mapping, int32_t num_tokens, int32_t num_kv_heads,
@@ -81,7 +99,11 @@ KVPAGER_C_API int32_t kvpager_cpu_kv_append(void* kv_cache, const void* key, con
 /**
  * Copies whole blocks (K and V, all heads) within each of num_layers caches: block_mapping is [num_pairs, 2]
  * int64 (src, dst). kv_caches: num_layers pointers to caches of num_blocks blocks of block_bytes bytes each.
- * Pairs must not chain (no destination is also a source), as in a cache step plan.
+ * Pairs must not chain (no destination is also a source), as in a cache step plan; a pair with src == dst copies
+ * nothing. Every id is checked (KVPAGER_STATUS_INVALID_BLOCK outside [0, num_blocks)) before anything is copied,
+ * whatever num_layers, also 0. block_mapping may be NULL only when num_pairs = 0; kv_caches (and each of its
+ * pointers) may be NULL only when there is nothing to copy (num_layers = 0 or num_pairs = 0). Negative counts, a
+ * non-positive num_blocks or block_bytes, or num_blocks x block_bytes beyond int64: KVPAGER_STATUS_INVALID_ARGUMENT.
  */
 KVPAGER_C_API int32_t kvpager_cpu_copy_blocks(void* const* kv_caches, int32_t num_layers, const int64_t* block_mapping,
                                               int32_t num_pairs, int32_t num_blocks, int64_t block_bytes);
@@ -90,7 +112,9 @@ KVPAGER_C_API int32_t kvpager_cpu_copy_blocks(void* const* kv_caches, int32_t nu
  * Copies whole blocks from the pool `src` (src_blocks blocks of block_bytes) to the pool `dst` (dst_blocks blocks):
  * pairs is [num_pairs, 2] int64 (src block, dst block). Runs of consecutive pairs (src and dst both ascending by one)
  * are merged into one copy each. The CPU counterpart of kvpager_cuda_swap_blocks (device <-> host), for CPU pools
- * and as its reference; every id is checked before anything is copied.
+ * and as its reference; every id is checked before anything is copied. dst, src and pairs may be NULL only when
+ * num_pairs = 0; either pool's size in bytes must fit in int64 (else KVPAGER_STATUS_INVALID_ARGUMENT); a run whose
+ * source and destination are the same memory copies nothing.
  */
 KVPAGER_C_API int32_t kvpager_cpu_swap_blocks(void* dst, int32_t dst_blocks, const void* src, int32_t src_blocks,
                                               int64_t block_bytes, const int64_t* pairs, int32_t num_pairs);
@@ -99,8 +123,12 @@ KVPAGER_C_API int32_t kvpager_cpu_swap_blocks(void* dst, int32_t dst_blocks, con
  * Same semantics on device memory, launched on `stream` (a cudaStream_t, NULL = default stream). Host-visible
  * arguments are checked before launch; block ids and slots live in device memory, so the kernels check them
  * themselves: an out-of-range id is never dereferenced, the affected output is written as zeros, and
- * *error_flag (device int32, may be NULL) is set to KVPAGER_STATUS_INVALID_BLOCK. No allocation and no host
- * synchronization inside these calls. Without a CUDA build or device they return KVPAGER_STATUS_NO_DEVICE.
+ * *error_flag (device int32, may be NULL) is set to KVPAGER_STATUS_INVALID_BLOCK (KVPAGER_STATUS_SEQ_TOO_LONG for
+ * a decode sequence longer than its page table row, KVPAGER_STATUS_INVALID_ARGUMENT for a NULL layer pointer in
+ * copy_blocks). The host-side checks are the CPU functions' (same codes, same order). Grid rows are capped at 65535;
+ * the kernels walk any further KV heads, query heads or layers themselves, so no count is limited by the grid. No
+ * allocation and no host synchronization inside these calls. Without a CUDA build or device they return
+ * KVPAGER_STATUS_NO_DEVICE.
  */
 /** Decode attention without splits (one CTA per sequence and KV head); arguments as the CPU function. */
 KVPAGER_C_API int32_t kvpager_cuda_paged_attention_decode(void* out, const void* query, const void* kv_cache,
@@ -128,6 +156,7 @@ KVPAGER_C_API int32_t kvpager_cuda_paged_attention_decode_split(
 /**
  * Bytes of device workspace kvpager_cuda_paged_attention_decode_split needs, in *bytes: num_seqs x num_q_heads x
  * num_splits x (head_dim + 2) x 4, or 0 for num_splits = 1. Pure arithmetic (works without a GPU).
+ * KVPAGER_STATUS_INVALID_ARGUMENT when the size overflows int64.
  */
 KVPAGER_C_API int32_t kvpager_cuda_decode_workspace_size(int32_t num_seqs, int32_t num_q_heads, int32_t head_dim,
                                                          int32_t num_splits, int64_t* bytes);
@@ -144,7 +173,11 @@ KVPAGER_C_API int32_t kvpager_cuda_kv_append(void* kv_cache, const void* key, co
                                              const int64_t* slot_mapping, int32_t num_tokens, int32_t num_kv_heads,
                                              int32_t head_dim, int32_t block_size, int32_t num_blocks, int32_t dtype,
                                              int32_t* error_flag, void* stream);
-/** kv_caches: device array of num_layers (at most 65535) device pointers; block_mapping: device [num_pairs, 2] int64. */
+/**
+ * kv_caches: device array of num_layers device pointers; block_mapping: device [num_pairs, 2] int64. Host checks as
+ * kvpager_cpu_copy_blocks (the ids, in device memory, are checked by the kernel, also when num_layers = 0 if
+ * error_flag is given).
+ */
 KVPAGER_C_API int32_t kvpager_cuda_copy_blocks(void* const* kv_caches, int32_t num_layers, const int64_t* block_mapping,
                                                int32_t num_pairs, int32_t num_blocks, int64_t block_bytes,
                                                int32_t* error_flag, void* stream);

@@ -16,7 +16,8 @@
 KVPAGER_NAMESPACE_BEGIN
 
 /// A paged KV pool: element (block, kv, head, token, dim) of K (kv = 0) or V (kv = 1) is at
-/// data[block * stride_block + kv * stride_kv + head * stride_head + token * stride_token + dim].
+/// data[block * stride_block + kv * stride_kv + head * stride_head + token * stride_token + dim] (64-bit offsets; a
+/// view whose largest offset in bytes overflows int64, or with a negative stride, is KVPAGER_STATUS_INVALID_ARGUMENT).
 struct paged_kv_view {
   const void* data = nullptr;
   std::int32_t dtype = KVPAGER_DTYPE_FP16;
@@ -27,19 +28,20 @@ struct paged_kv_view {
   static constexpr paged_kv_view hnd(const void* data, std::int32_t dtype, std::int32_t num_blocks, std::int32_t kv_heads,
                                      std::int32_t block_size, std::int32_t head_dim) noexcept {
     const std::int64_t head = std::int64_t{block_size} * head_dim;
-    return {data, dtype, num_blocks, kv_heads, block_size, head_dim, 2 * kv_heads * head, kv_heads * head, head, head_dim};
+    return {data, dtype, num_blocks, kv_heads, block_size, head_dim, 2 * head * kv_heads, head * kv_heads, head, head_dim};
   }
   /// NHD with K and V interleaved per block: [num_blocks, 2, block_size, num_kv_heads, head_dim].
   static constexpr paged_kv_view nhd(const void* data, std::int32_t dtype, std::int32_t num_blocks, std::int32_t kv_heads,
                                      std::int32_t block_size, std::int32_t head_dim) noexcept {
     const std::int64_t tok = std::int64_t{kv_heads} * head_dim;
-    return {data, dtype, num_blocks, kv_heads, block_size, head_dim, 2 * block_size * tok, block_size * tok, head_dim, tok};
+    return {data, dtype, num_blocks, kv_heads, block_size, head_dim, 2 * tok * block_size, tok * block_size, head_dim, tok};
   }
 };
 
 /// Which blocks each sequence reads: dense (block_table != nullptr: row s at block_table + s * row_stride, length
 /// seq_lens[s]) or CSR (indptr/indices/last_page_len: the blocks of s are indices[indptr[s] .. indptr[s+1]),
-/// length (pages - 1) * block_size + last_page_len[s]).
+/// length (pages - 1) * block_size + last_page_len[s], computed in 64 bits: a CSR sequence longer than INT32_MAX
+/// tokens is KVPAGER_STATUS_SEQ_TOO_LONG, a decreasing or negative indptr KVPAGER_STATUS_INVALID_ARGUMENT).
 struct page_table_view {
   const std::int32_t* block_table = nullptr;
   std::int64_t row_stride = 0;
