@@ -391,7 +391,7 @@ chunk_kernel pick_chunk(std::int32_t group, std::int64_t D, std::int32_t bs) {
       return {&avx512_path::decode_chunk, &avx512_path::store_row, avx512_path::scratch_floats(group, D)};
     case cpu_path::avx2: return {&avx2_path::decode_chunk, &avx2_path::store_row, avx2_path::scratch_floats(group, D)};
 #endif
-    default: return {&chunk_scalar, &store_scalar, (2 * bs + group) * D + group * bs};
+    default: return {&chunk_scalar, &store_scalar, (2 * std::int64_t{bs} + group) * D + std::int64_t{group} * bs};
   }
 }
 

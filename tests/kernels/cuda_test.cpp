@@ -9,6 +9,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstring>
+#include <limits>
 #include <numeric>
 #include <random>
 #include <vector>
@@ -88,6 +89,61 @@ TEST(CudaDecodeArguments, WorkspaceQueryAndHostChecks) {
   EXPECT_EQ(kvpager_cuda_paged_attention_decode_split(dummy, nullptr, dummy, dummy, table, lens, 2, 8, 3, 128, 16, 4, 8, 0.1F,
                                                       KVPAGER_DTYPE_FP16, 1, nullptr, 0, nullptr, nullptr),
             kvpager_built_with_cuda() != 0 ? KVPAGER_STATUS_BAD_HEADS : KVPAGER_STATUS_NO_DEVICE);
+}
+
+// Issue 9, item 3 and the geometry rule: the CUDA entry points' host checks are the CPU ones (kernels/common/checks.hpp).
+// Every case below is answered on the host before anything is launched or dereferenced, so it needs no GPU, and the
+// CPU function answers it with the same code. Empty calls are OK without a device.
+TEST(CudaArguments, HostChecksAnswerLikeTheCpu) {
+  const int32_t i32 = std::numeric_limits<int32_t>::max();
+  char buf[4096] = {};
+  void* layers[1] = {buf};
+  const int64_t pair[2] = {0, 1};
+  const int32_t table[1] = {0}, lens[1] = {1};
+  auto same = [](int32_t cpu, int32_t cuda, int32_t expect, const char* what) {
+    EXPECT_EQ(cpu, expect) << "cpu: " << what;
+    EXPECT_EQ(cuda, expect) << "cuda: " << what;
+  };
+  // copy_blocks: nothing to copy, null pointers only with a zero count, pool size within int64.
+  same(kvpager_cpu_copy_blocks(nullptr, 3, pair, 0, 4, 64), kvpager_cuda_copy_blocks(nullptr, 3, pair, 0, 4, 64, nullptr, nullptr),
+       KVPAGER_STATUS_OK, "no pairs, kv_caches NULL");
+  same(kvpager_cpu_copy_blocks(layers, 0, nullptr, 1, 4, 64), kvpager_cuda_copy_blocks(layers, 0, nullptr, 1, 4, 64, nullptr, nullptr),
+       KVPAGER_STATUS_INVALID_ARGUMENT, "no layers, a pair, mapping NULL");
+  same(kvpager_cpu_copy_blocks(nullptr, 1, pair, 1, 4, 64), kvpager_cuda_copy_blocks(nullptr, 1, pair, 1, 4, 64, nullptr, nullptr),
+       KVPAGER_STATUS_INVALID_ARGUMENT, "a layer, a pair, kv_caches NULL");
+  same(kvpager_cpu_copy_blocks(layers, 1, pair, 1, i32, int64_t{1} << 33),
+       kvpager_cuda_copy_blocks(layers, 1, pair, 1, i32, int64_t{1} << 33, nullptr, nullptr), KVPAGER_STATUS_INVALID_ARGUMENT,
+       "pool bytes beyond int64");
+  same(kvpager_cpu_copy_blocks(layers, -1, pair, 1, 4, 64), kvpager_cuda_copy_blocks(layers, -1, pair, 1, 4, 64, nullptr, nullptr),
+       KVPAGER_STATUS_INVALID_ARGUMENT, "num_layers -1");
+  // kv_append: the decode geometry check, then sizes.
+  const int64_t slot[1] = {0};
+  auto append = [&](int32_t hkv, int32_t d, int32_t bs, int32_t nb, int32_t dtype, int32_t tokens, int32_t expect, const char* what) {
+    same(kvpager_cpu_kv_append(buf, buf, buf, slot, tokens, hkv, d, bs, nb, dtype),
+         kvpager_cuda_kv_append(buf, buf, buf, slot, tokens, hkv, d, bs, nb, dtype, nullptr, nullptr), expect, what);
+  };
+  append(0, 64, 16, 4, KVPAGER_DTYPE_FP16, 1, KVPAGER_STATUS_BAD_HEADS, "KV heads 0");
+  append(1, 72, 16, 4, KVPAGER_DTYPE_FP16, 1, KVPAGER_STATUS_UNSUPPORTED_HEAD_DIM, "head dim 72");
+  append(1, 64, 12, 4, KVPAGER_DTYPE_FP16, 1, KVPAGER_STATUS_UNSUPPORTED_BLOCK_SIZE, "block size 12");
+  append(1, 64, 16, 4, 3, 1, KVPAGER_STATUS_UNSUPPORTED_DTYPE, "dtype 3");
+  append(i32, 64, 16, i32, KVPAGER_DTYPE_FP16, 1, KVPAGER_STATUS_INVALID_ARGUMENT, "pool bytes beyond int64");
+  append(1 << 30, 64, 16, 1, KVPAGER_DTYPE_FP16, i32, KVPAGER_STATUS_INVALID_ARGUMENT, "key bytes beyond int64");
+  append(1, 64, 16, 4, KVPAGER_DTYPE_FP16, 0, KVPAGER_STATUS_OK, "no tokens");
+  // decode: the same scalar checks, in the same order.
+  auto decode = [&](int32_t seqs, int32_t hq, int32_t hkv, int32_t maxb, int32_t nb, float scale, int32_t expect, const char* what) {
+    same(kvpager_cpu_paged_attention_decode(buf, buf, buf, table, lens, seqs, hq, hkv, 64, 16, maxb, nb, scale, KVPAGER_DTYPE_FP32, 1),
+         kvpager_cuda_paged_attention_decode(buf, buf, buf, table, lens, seqs, hq, hkv, 64, 16, maxb, nb, scale, KVPAGER_DTYPE_FP32,
+                                             nullptr, nullptr),
+         expect, what);
+  };
+  decode(1, i32, 2, 4, 4, 0.1F, KVPAGER_STATUS_BAD_HEADS, "INT32_MAX query heads on 2 KV heads");
+  decode(1, i32, i32, 4, i32, 0.1F, KVPAGER_STATUS_INVALID_ARGUMENT, "pool bytes beyond int64");
+  decode(i32, i32, i32, 4, 1, 0.1F, KVPAGER_STATUS_INVALID_ARGUMENT, "query bytes beyond int64");
+  decode(1, 2, 1, 0, 4, 0.1F, KVPAGER_STATUS_INVALID_ARGUMENT, "max_blocks_per_seq 0");
+  decode(1, 2, 1, 4, 4, std::numeric_limits<float>::infinity(), KVPAGER_STATUS_INVALID_ARGUMENT, "scale inf");
+  decode(0, 2, 1, 4, 4, 0.1F, KVPAGER_STATUS_OK, "no sequences");
+  int64_t bytes = 0;
+  EXPECT_EQ(kvpager_cuda_decode_workspace_size(i32, i32, 256, 256, &bytes), KVPAGER_STATUS_INVALID_ARGUMENT);
 }
 
 TEST(CudaBlocks, AppendCopySwapMatchCpu) {
