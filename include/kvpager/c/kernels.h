@@ -14,7 +14,8 @@
  *    output; key and value; the split workspace) is KVPAGER_STATUS_INVALID_ARGUMENT.
  *  - A pointer may be NULL only when nothing is read or written through it (its count is zero); a call with nothing
  *    to do is OK, though the ids it carries are still checked.
- *  - On any error nothing has been written (for the CPU functions, nothing has been read from the KV cache).
+ *  - A CPU function that returns an error has written nothing and read nothing from the KV cache; a CUDA function
+ *    that returns an error has launched nothing (what its kernels check on the device is described below).
  */
 
 #include <stdint.h>
