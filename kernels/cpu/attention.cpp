@@ -408,7 +408,6 @@ std::int64_t view_extent_bytes(const kvpager::paged_kv_view& kv) noexcept {
   return checked_product({last, kvpager_kernels::elem_bytes(kv.dtype)});
 }
 
-/// Every argument, page tables included, before any KV memory is read; every size and length in 64 bits.
 /// A thread's buffers of decode work items, reused across calls.
 struct item_buffers {
   std::vector<float> scratch, m, l, acc;
@@ -428,6 +427,7 @@ item_buffers& buffers_or(item_buffers& own) noexcept {
   return destroyed ? own : buffers.b;
 }
 
+/// Every argument, page tables included, before any KV memory is read; every size and length in 64 bits.
 std::int32_t validate(const kvpager::decode_params& p) noexcept {
   const auto& kv = p.kv;
   if (p.num_threads < 0 || p.num_splits < 0) return KVPAGER_STATUS_INVALID_ARGUMENT;
