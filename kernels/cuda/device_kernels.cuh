@@ -122,12 +122,13 @@ __global__ void __launch_bounds__(kWarps * 32)
           valid[u] = t < t1;
           const T* krow = nullptr;
           if (valid[u]) {
-            const int blk = table[static_cast<int64_t>(seq) * max_blocks + t / bs];
+            const int ti = static_cast<int>(t);  // t < t1 <= INT32_MAX here: 32-bit division on the hot path
+            const int blk = table[static_cast<int64_t>(seq) * max_blocks + ti / bs];
             if (blk < 0 || blk >= num_blocks) {  // never dereferenced
               if (error != nullptr && sub == 0) atomicExch(error, KVPAGER_STATUS_INVALID_BLOCK);
               valid[u] = false;
             } else {
-              krow = kv + static_cast<int64_t>(blk) * 2 * half_stride + h * head_stride + (t % bs) * D;
+              krow = kv + static_cast<int64_t>(blk) * 2 * half_stride + h * head_stride + static_cast<int64_t>(ti % bs) * D;
             }
           }
           KVPAGER_UNROLL
