@@ -3,8 +3,11 @@
 
 #include <cuda_runtime.h>
 
+#include <algorithm>
 #include <cstring>
 #include <vector>
+
+#include "../common/checks.hpp"
 
 KVPAGER_NAMESPACE_BEGIN
 
@@ -14,6 +17,12 @@ result<std::unique_ptr<cuda_executor>> cuda_executor::create(const cuda_executor
   if (cfg.device_pool == nullptr || cfg.layout.num_blocks <= 0 || cfg.max_copies <= 0 || cfg.max_tokens <= 0 ||
       (cfg.num_host_blocks > 0 && cfg.host_pool == nullptr))
     return status{errc::invalid_argument, "cuda_executor: bad configuration"};
+  // The geometry every kernel checks (kv_append would refuse each step otherwise), and element bytes to match dtype.
+  if (kvpager_kernels::check_kv_geometry(cfg.layout.num_kv_heads, cfg.layout.head_dim, cfg.layout.block_size, cfg.dtype,
+                                         cfg.layout.num_blocks) != KVPAGER_STATUS_OK ||
+      cfg.layout.elem_bytes != kvpager_kernels::elem_bytes(cfg.dtype) || cfg.num_host_blocks < 0 ||
+      !kvpager_kernels::valid_pool(std::max(cfg.num_host_blocks, 1), cfg.layout.block_bytes()))
+    return status{errc::invalid_argument, "cuda_executor: KV geometry the kernels do not support"};
   std::unique_ptr<cuda_executor> e(new cuda_executor(cfg));
   const auto pairs_bytes = static_cast<size_t>(cfg.max_copies) * 2 * sizeof(int64_t);
   const auto slot_bytes = static_cast<size_t>(cfg.max_tokens) * sizeof(int64_t);

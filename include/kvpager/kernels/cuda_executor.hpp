@@ -32,7 +32,8 @@ struct cuda_executor_config {
 
 class cuda_executor {
  public:
-  /// errc::unsupported without CUDA or a device; errc::invalid_argument for a bad configuration.
+  /// errc::unsupported without CUDA or a device; errc::invalid_argument for a bad configuration, including a
+  /// geometry the kernels reject (the C ABI's geometry check) or layout.elem_bytes that does not match dtype.
   KVPAGER_C_API static result<std::unique_ptr<cuda_executor>> create(const cuda_executor_config& cfg);
   KVPAGER_C_API ~cuda_executor();
   cuda_executor(const cuda_executor&) = delete;
