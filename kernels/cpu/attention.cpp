@@ -10,6 +10,8 @@
 #include <cstdlib>
 #include <cstring>
 #include <limits>
+#include <memory>
+#include <new>
 #include <thread>
 #include <type_traits>
 #include <vector>
@@ -596,9 +598,17 @@ std::int32_t paged_attention_decode_cpu(const decode_params& p) noexcept {
   const chunk_kernel kernel = pick_chunk(group, D, kv.block_size);
   const auto scratch_floats = static_cast<std::size_t>(kernel.scratch_floats);
   // Partial states [seq][q head][split]: m, l, acc[D], merged below; without splits each item stores its output.
-  std::vector<float> part(splits > 1 ? static_cast<std::size_t>(std::int64_t{p.num_seqs} * p.num_q_heads * splits * (D + 2)) : 0);
+  // Allocated without throwing: a workspace the machine cannot hold is OUT_OF_MEMORY, never an abort.
+  std::unique_ptr<float[]> part;
+  if (splits > 1) {
+    const std::int64_t bytes = kvpager_kernels::decode_workspace_bytes(p.num_seqs, p.num_q_heads, kv.head_dim, splits);
+    if (bytes < 0 || static_cast<std::uint64_t>(bytes) > std::numeric_limits<std::size_t>::max())
+      return KVPAGER_STATUS_OUT_OF_MEMORY;
+    part.reset(new (std::nothrow) float[static_cast<std::size_t>(bytes) / sizeof(float)]);
+    if (!part) return KVPAGER_STATUS_OUT_OF_MEMORY;
+  }
   auto state = [&](std::int64_t seq, std::int64_t qh, std::int64_t split) {
-    return part.data() + ((seq * p.num_q_heads + qh) * splits + split) * (D + 2);
+    return part.get() + ((seq * p.num_q_heads + qh) * splits + split) * (D + 2);
   };
   parallel_for(std::int64_t{p.num_seqs} * hkv * splits, threads, [&](std::int64_t item) {
     item_buffers own;

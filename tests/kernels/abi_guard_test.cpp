@@ -151,3 +151,33 @@ TEST(KernelSizes, CheckedProductsRejectInt64Overflow) {
   EXPECT_EQ(kvpager_cuda_decode_workspace_size(kI32Max, 64, 128, 2, &bytes), KVPAGER_STATUS_OK);
   EXPECT_EQ(bytes, int64_t{kI32Max} * 64 * 2 * 130 * 4);
 }
+
+// A split workspace the machine cannot hold (here beyond the 47-bit address space) is KVPAGER_STATUS_OUT_OF_MEMORY
+// with the output untouched, never an abort: the workspace is allocated without throwing, before anything is written.
+TEST(CpuDecodeAttention, SplitWorkspaceThatCannotBeAllocatedIsOutOfMemory) {
+#if defined(__SANITIZE_ADDRESS__)
+  GTEST_SKIP() << "ASan's allocator aborts on a request this large instead of returning null";
+#else
+  constexpr int32_t heads = 1024, seqs = 1 << 22, splits = 256;
+  const std::int64_t need = kvpager_kernels::decode_workspace_bytes(seqs, heads, kD, splits);
+  ASSERT_GT(need, std::int64_t{1} << 47);
+  const auto qbytes = static_cast<std::size_t>(seqs) * heads * kD * 4;  // 1 TiB, reserved but never touched
+  guarded_buffer q(qbytes), out(qbytes), lens(static_cast<std::size_t>(seqs) * 4), table(4);
+  guarded_buffer kv(static_cast<std::size_t>(kNb) * 2 * heads * kBs * kD * 4);
+  kvpager::decode_params p;
+  p.out = out.as();
+  p.query = q.as();
+  p.kv = kvpager::paged_kv_view::hnd(kv.as(), kF32, kNb, heads, kBs, kD);
+  p.pages.block_table = table.as<int32_t>();
+  p.pages.row_stride = 1;  // every sequence is empty: no row is read
+  p.pages.seq_lens = lens.as<int32_t>();
+  p.num_seqs = seqs;
+  p.num_q_heads = heads;
+  p.num_splits = splits;
+  out.as<float>()[0] = 42.0F;
+  out.as<float>()[qbytes / 4 - 1] = 43.0F;
+  EXPECT_EQ(kvpager::paged_attention_decode_cpu(p), KVPAGER_STATUS_OUT_OF_MEMORY);
+  EXPECT_EQ(out.as<float>()[0], 42.0F);
+  EXPECT_EQ(out.as<float>()[qbytes / 4 - 1], 43.0F);
+#endif
+}

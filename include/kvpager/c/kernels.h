@@ -41,6 +41,7 @@ enum {
   KVPAGER_STATUS_UNSUPPORTED_HEAD_DIM = 6, /**< head_dim is not 64, 80, 96, 112, 128 or 256 */
   KVPAGER_STATUS_UNSUPPORTED_DTYPE = 7,    /**< dtype is not 0 (fp32), 1 (fp16) or 2 (bf16) */
   KVPAGER_STATUS_UNSUPPORTED_BLOCK_SIZE = 8, /**< block_size is not 8, 16 or 32 */
+  KVPAGER_STATUS_OUT_OF_MEMORY = 9,   /**< a CPU decode's split workspace could not be allocated (nothing written) */
 };
 
 /** Element types: KV cache, query and output share one. */
