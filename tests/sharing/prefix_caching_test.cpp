@@ -439,3 +439,40 @@ TEST(PrefixCaching, KeptWritesParkTheBlockUntilTheStepRuns) {
   EXPECT_TRUE(c.sharing().is_cached(a));
   EXPECT_EQ(c.match_prefix(concat(iota_tokens(4, 0), {7}))->blocks, 1);
 }
+
+// ------------------------------------------------------------------------------------------ content entries
+
+namespace {
+/// Round r: a prompt of `blocks` full blocks (+1 token) at priority `head_priority` and the same prompt extended by
+/// one block at `tail_priority`, which hits the prompt's blocks; the extension is freed first, so the prompt's
+/// blocks are released last, with the prompt's priority. With the head cheaper to keep than the tail, the eviction
+/// drops a chain's head before its tail and leaves orphan chains: cached tails whose ancestors are gone.
+template <class Cache>
+void orphan_chain_rounds(Cache& c, int rounds, std::int32_t blocks, std::int32_t head_priority,
+                         std::int32_t tail_priority) {
+  const std::int32_t bs = c.block_size();
+  for (int r = 0; r < rounds; ++r) {
+    const auto head = iota_tokens(blocks * bs, 100000 * (r + 1));
+    const auto ext = concat(concat(head, iota_tokens(bs, 7)), {1});
+    ASSERT_TRUE(c.add_sequence(1, concat(head, {1}), {.priority = head_priority}));
+    prefix_match m;
+    ASSERT_TRUE(c.add_sequence(2, ext, {.priority = tail_priority}, &m));
+    ASSERT_EQ(m.blocks, blocks);
+    c.begin_step();
+    ASSERT_TRUE(c.free_sequence(2));
+    ASSERT_TRUE(c.free_sequence(1));
+    const auto& s = c.sharing();
+    ASSERT_LE(s.num_entries(), s.max_entries()) << "round " << r;
+    ASSERT_LE(s.num_entries() - s.num_orphan_entries(), s.num_cached()) << "round " << r;
+  }
+}
+}  // namespace
+
+// The case: priority_lru on a 24-block pool aborted on the fifth round ("content entries exhausted"),
+// and wrote past the entry array with NDEBUG.
+TEST(PrefixCaching, ContentEntriesNeverRunOutWithHeadsEvictedFirst) {
+  using cache_t = paged_kv_cache<free_list_allocator, priority_lru, prefix_caching>;
+  auto c = make<cache_t>(24, 4, 1);
+  orphan_chain_rounds(c, 200, 6, 0, 100);
+  EXPECT_GT(c.sharing().num_orphan_entries(), 0) << "the scenario must leave orphan chains";
+}

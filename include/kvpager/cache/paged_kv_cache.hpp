@@ -18,7 +18,9 @@
 #include <algorithm>
 #include <bit>
 #include <cstdint>
+#include <new>
 #include <span>
+#include <stdexcept>
 #include <utility>
 #include <vector>
 
@@ -129,19 +131,40 @@ class paged_kv_cache {
   using sharing_policy_type = S;
   using swap_policy_type = W;
 
-  /// Validates `cfg` and builds an empty cache. Errors: errc::invalid_block_size (not a positive power of two),
-  /// errc::invalid_pool_size (no usable block), errc::invalid_argument (negative max_blocks_per_seq).
+  /// Validates `cfg` and builds an empty cache; never throws. Errors: errc::invalid_block_size (not a positive power
+  /// of two), errc::invalid_pool_size (no usable block), errc::invalid_argument (negative max_blocks_per_seq),
+  /// errc::out_of_memory (the bookkeeping below could not be allocated; everything allocated so far is freed again.
+  /// Built without exceptions, a failed allocation ends the program instead, as every allocation does there).
+  ///
+  /// Host memory allocated here, per device block: 4 bytes of reference count plus the allocator's links (8 bytes
+  /// for free_list_allocator), 5 bytes of step bookkeeping, and each policy's per-block state: 0 for lru_eviction
+  /// and no_eviction, about 36 bytes for the heap-ordered indexed policies, 12 bytes for prefix_caching (its
+  /// content entries, with block_size token ids each for hit verification, are allocated later, as blocks are
+  /// cached: see prefix_caching.hpp); plus 9 bytes per host block of the swap policy's pool (and that policy's
+  /// own state). Per sequence, its block table and (content caches) the token ids of its last, partial block.
   [[nodiscard]] static result<paged_kv_cache> create(cache_config cfg, A allocator = A{}, E eviction = E{},
-                                                     S sharing = S{}, W swap = W{}) {
+                                                     S sharing = S{}, W swap = W{}) noexcept {
     if (cfg.block_size <= 0 || !std::has_single_bit(static_cast<std::uint32_t>(cfg.block_size)))
       return status{errc::invalid_block_size, "paged_kv_cache::create: block_size must be a positive power of two",
                     cfg.block_size};
     if (cfg.max_blocks_per_seq < 0)
       return status{errc::invalid_argument, "paged_kv_cache::create: max_blocks_per_seq must be >= 0",
                     cfg.max_blocks_per_seq};
-    auto pool = block_pool<A>::create({cfg.num_blocks, cfg.reserved_blocks}, std::move(allocator));
-    if (!pool) return pool.error();
-    return paged_kv_cache(cfg, std::move(*pool), std::move(eviction), std::move(sharing), std::move(swap));
+#if KVPAGER_HAS_EXCEPTIONS
+    try {
+#endif
+      auto pool = block_pool<A>::create({cfg.num_blocks, cfg.reserved_blocks}, std::move(allocator));
+      if (!pool) return pool.error();
+      return paged_kv_cache(cfg, std::move(*pool), std::move(eviction), std::move(sharing), std::move(swap));
+#if KVPAGER_HAS_EXCEPTIONS
+    } catch (const std::bad_alloc&) {
+      return status{errc::out_of_memory, "paged_kv_cache::create: not enough host memory for the cache's bookkeeping",
+                    cfg.num_blocks};
+    } catch (const std::length_error&) {
+      return status{errc::out_of_memory, "paged_kv_cache::create: the cache's bookkeeping exceeds max_size",
+                    cfg.num_blocks};
+    }
+#endif
   }
 
   // ------------------------------------------------------------------------------------------------ sequences
@@ -889,9 +912,19 @@ class paged_kv_cache {
     }
   }
 
+  /// Reuses cached block `b` for other content (counted in stats().evictions).
   void evict(block_id b) noexcept {
-    share_.uncache(b);
+    drop_content(b);
     ++evictions_;
+  }
+
+  /// Every discard of a block's cached content goes through here (eviction, a write into an owned cached block,
+  /// an append cancelled before its bytes were written, a release without retention): the sharing policy forgets
+  /// the content and the eviction policy the per-content state it keeps (hits, first-use stamp), so the block's
+  /// next content starts afresh. `b` is not in the eviction index.
+  void drop_content(block_id b) noexcept {
+    share_.uncache(b);
+    if constexpr (detail::forgets_content<E>) evict_.forget(b);
   }
 
   /// Drops one reference; at zero the block is parked while a planned copy uses it, else settled.
@@ -920,7 +953,7 @@ class paged_kv_cache {
         evict_.insert(b, hint);
         return;
       } else if constexpr (E::retention == retention_mode::none) {
-        share_.uncache(b);
+        drop_content(b);
       }
     }
     pool_.recycle(b);
@@ -1000,7 +1033,7 @@ class paged_kv_cache {
           any_shared = true;
           mark_busy(b);  // its kept writes are pending: if the sharers let go too, park it until the step ran
         } else if (share_.is_cached(b)) {
-          share_.uncache(b);  // its content will never be written
+          drop_content(b);  // its content will never be written
         }
       }
       if (!any_shared) continue;  // frozen_offset_ stays -1: every slot exports as -1

@@ -31,6 +31,12 @@
 /// | `e.on_hit(b)`       | `void`         | yes      | O(1)                    | `b` was hit (frequency-aware policies count it) |
 /// | `ce.contains(b)`    | `bool`         | yes      | O(1)                    | `b` is in the index                         |
 /// | `ce.size()`         | `std::int32_t` | yes      | O(1)                    | number of indexed blocks                    |
+///
+/// Optional, any retention mode (the cache detects it with `detail::forgets_content`):
+///
+/// | expression    | result | noexcept | complexity | semantics                                                        |
+/// |---------------|--------|----------|------------|------------------------------------------------------------------|
+/// | `e.forget(b)` | `void` | yes      | O(1)       | `b`'s cached content was discarded (evicted, overwritten, never written, released without retention); `b` is not indexed. A policy that keeps per-content state (hit counts, first-use stamps) resets it here, so the next content starts afresh. Called for every discard, and only then. |
 
 #include <concepts>
 #include <cstdint>
@@ -61,6 +67,11 @@ concept indexed_eviction_ops = requires(E& e, const E& ce, block_id b, retention
   { e.on_hit(b) } noexcept -> std::same_as<void>;
   { ce.contains(b) } noexcept -> std::same_as<bool>;
   { ce.size() } noexcept -> std::same_as<std::int32_t>;
+};
+/// The optional `forget` of the eviction_policy concept.
+template <class E>
+concept forgets_content = requires(E& e, block_id b) {
+  { e.forget(b) } noexcept -> std::same_as<void>;
 };
 }  // namespace detail
 

@@ -30,6 +30,7 @@ enum class errc : std::int32_t {
   unsupported,         ///< the composed policies do not provide this operation
   host_pool_full,      ///< not enough free host (swap) blocks; nothing was swapped
   sequence_swapped,    ///< the sequence is swapped out to host memory (or, for swap_in, is not)
+  out_of_memory,       ///< host memory for the library's own bookkeeping could not be allocated; nothing changed
 };
 
 /// Stable, human-readable name of an error code.
@@ -49,6 +50,7 @@ enum class errc : std::int32_t {
     case errc::unsupported: return "unsupported";
     case errc::host_pool_full: return "host_pool_full";
     case errc::sequence_swapped: return "sequence_swapped";
+    case errc::out_of_memory: return "out_of_memory";
   }
   return "unknown_error";
 }

@@ -18,6 +18,7 @@
 #include <vector>
 
 #include "kvpager/concepts/eviction_policy.hpp"
+#include "kvpager/core/assert.hpp"
 #include "kvpager/core/config.hpp"
 #include "kvpager/core/index_list.hpp"
 #include "kvpager/core/indexed_heap.hpp"
@@ -42,7 +43,7 @@ class lru_index_eviction {
 
 namespace detail {
 /// Shared machinery: an indexed heap keyed by (Order::primary, release clock), with per-block counters that
-/// live as long as the block's content is cached (reset when it is evicted).
+/// live as long as the block's content is cached (reset by forget, which the cache calls on every discard).
 template <class Order>
 class heap_eviction {
  public:
@@ -60,11 +61,12 @@ class heap_eviction {
     heap_.push(b, indexed_heap::key{Order::primary(hits_[i], first_[i], hint), clock_});
   }
   void erase(block_id b) noexcept { heap_.erase(b); }
-  block_id pop_victim() noexcept {
-    const block_id b = heap_.pop();
-    hits_[static_cast<std::size_t>(b)] = 0;  // its content is gone: the next content starts afresh
+  block_id pop_victim() noexcept { return heap_.pop(); }  // the cache then discards its content: forget(b)
+  /// `b`'s content was discarded (by eviction or any other way, see the concept): its counters restart.
+  void forget(block_id b) noexcept {
+    KVPAGER_ASSERT(!heap_.contains(b), "forget of a block that is still evictable");
+    hits_[static_cast<std::size_t>(b)] = 0;
     first_[static_cast<std::size_t>(b)] = 0;
-    return b;
   }
   void on_hit(block_id b) noexcept {
     std::uint32_t& h = hits_[static_cast<std::size_t>(b)];

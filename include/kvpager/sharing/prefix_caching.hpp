@@ -8,18 +8,38 @@
 ///
 /// Collision safety (default): a hit is accepted only if the cached block's token ids, extra key and parent content
 /// equal the request's, so two different prompts never share a block even if their hashes collide. Content is
-/// tracked by *entries*: one per distinct (parent entry, extra key, tokens); duplicate blocks share an entry, and an
-/// entry outlives its blocks while a cached child names it as parent. `prefix_caching_config{.verify_tokens =
-/// false}` trusts the 64-bit hash alone (no token copy is kept, no compare per hit).
+/// tracked by *entries*: one per distinct (parent entry, extra key, tokens); duplicate blocks share an entry.
+/// `prefix_caching_config{.verify_tokens = false}` trusts the 64-bit hash alone (no token copy is kept, no compare
+/// per hit, and an entry lives exactly as long as a block holds it).
+///
+/// Orphans and the entry bound. An entry is *held* while a cached block has its content, and an *orphan* while no
+/// block has it but entries name it as parent. Orphans keep vLLM's behaviour when a chain's head is evicted before
+/// its tail: once the head is computed again it rejoins its old, still cached children. Eviction orders that drop
+/// heads first (priorities rising along a chain, LFU with a rarely hit head) leave such orphan chains, and a
+/// chain of any length hangs off one cached tail, so orphans are not bounded by the cached blocks. Instead:
+///   - each cached block holds one entry, so held entries <= cached blocks <= num_blocks;
+///   - live entries (held + orphans) never exceed max_entries() = 2 x num_blocks + 1: a new entry that finds
+///     none free reclaims the orphan that lost its last holder longest ago (its descendants can then no longer be
+///     reached from the root; they stay cached until evicted). When all max_entries() are live, at least
+///     max_entries() - (num_blocks - 1) >= 1 of them are orphans (the block being committed is not cached yet), so
+///     a commit always finds an entry.
+/// The cache's results never depend on an orphan being reclaimed except for that lost rejoin.
 ///
 /// Cost: hashing and lookup are O(block_size) per block (plus the length of a hash's duplicate list, 1 without
 /// collisions), independent of how long the prefix already hashed is. Index: an open-addressing map from hash to
-/// the first block cached under it; blocks with equal hashes (duplicates: block tables are append-only, identical
-/// content is not merged) form an insertion-ordered list, and lookup returns the earliest still present (vLLM's
-/// order). Memory: at most 2 entries per block, about 2 x (40 + 4 x block_size) + 12 bytes per block.
+/// the first entry with it; blocks with equal content (duplicates: block tables are append-only, identical content
+/// is not merged) form an insertion-ordered list, and lookup returns the earliest still present (vLLM's order).
+/// Memory, allocated as it is used: 12 bytes per block from reset(); per live entry sizeof(entry) (64 bytes) plus,
+/// when verifying, its block_size token ids (4 x block_size bytes), in chunks of entries_per_chunk() entries that are
+/// allocated when the number of entries ever live at once grows (never more than max_entries() entries); and the
+/// hash index (at most 32 bytes per entry). A chunk that cannot be allocated leaves the block uncached (commit's
+/// cursor becomes invalid), it never throws.
 
 #include <algorithm>
+#include <bit>
 #include <cstdint>
+#include <memory>
+#include <new>
 #include <span>
 #include <utility>
 #include <vector>
@@ -39,6 +59,58 @@ struct prefix_caching_config {
   bool verify_tokens = true;
 };
 
+namespace detail {
+/// Fixed-length arrays ("chunks") of T allocated one at a time without throwing; the table of chunks is reserved up
+/// front, so growing never reallocates it. Copies are deep.
+template <class T>
+class chunk_array {
+ public:
+  chunk_array() = default;
+  chunk_array(const chunk_array& o) : chunk_len_(o.chunk_len_), max_chunks_(o.max_chunks_) {
+    chunks_.reserve(max_chunks_);
+    for (const auto& c : o.chunks_) {
+      chunks_.push_back(std::make_unique_for_overwrite<T[]>(chunk_len_));
+      std::copy_n(c.get(), chunk_len_, chunks_.back().get());
+    }
+  }
+  chunk_array(chunk_array&&) noexcept = default;
+  chunk_array& operator=(const chunk_array& o) {
+    if (this != &o) *this = chunk_array(o);
+    return *this;
+  }
+  chunk_array& operator=(chunk_array&&) noexcept = default;
+  ~chunk_array() = default;
+
+  /// Frees every chunk; later chunks hold `chunk_len` elements, at most `max_chunks` of them. Allocates the table.
+  void reset(std::size_t chunk_len, std::size_t max_chunks) {
+    chunks_.clear();
+    chunks_.shrink_to_fit();
+    chunks_.reserve(max_chunks);
+    chunk_len_ = chunk_len;
+    max_chunks_ = max_chunks;
+  }
+  /// Appends one chunk (default-initialized elements); false if the limit is reached or memory is short.
+  [[nodiscard]] bool grow() noexcept {
+    if (chunks_.size() >= max_chunks_) return false;
+    T* p = new (std::nothrow) T[chunk_len_];
+    if (p == nullptr) return false;
+    chunks_.emplace_back(p);  // capacity reserved: does not allocate
+    return true;
+  }
+  [[nodiscard]] std::size_t num_chunks() const noexcept { return chunks_.size(); }
+  [[nodiscard]] T* chunk(std::size_t i) const noexcept { return chunks_[i].get(); }
+  /// Bytes held: the chunks and the table.
+  [[nodiscard]] std::size_t bytes() const noexcept {
+    return chunks_.size() * chunk_len_ * sizeof(T) + chunks_.capacity() * sizeof(std::unique_ptr<T[]>);
+  }
+
+ private:
+  std::vector<std::unique_ptr<T[]>> chunks_;
+  std::size_t chunk_len_ = 0;
+  std::size_t max_chunks_ = 0;
+};
+}  // namespace detail
+
 template <class Hasher = xxh3_hasher>
 class basic_prefix_caching {
  public:
@@ -47,7 +119,8 @@ class basic_prefix_caching {
   /// A position in a hash chain: the hash and content entry of the last block, and the chain's extra key.
   struct cursor {
     std::uint64_t hash = 0;
-    std::int32_t entry = -1;  ///< content entry of the last block; -1 = chain root
+    std::int32_t entry = -1;   ///< content entry of the last block; -1 = chain root
+    std::uint64_t serial = 0;  ///< that entry's serial (0 at the root): a reused entry slot never matches
     std::uint64_t extra = 0;
     bool valid = false;
     friend bool operator==(const cursor&, const cursor&) = default;
@@ -57,15 +130,27 @@ class basic_prefix_caching {
   explicit basic_prefix_caching(prefix_caching_config cfg, Hasher hasher = Hasher{})
       : cfg_(cfg), hasher_(std::move(hasher)) {}
 
+  /// Empty cache for pool geometry `g`. Allocates the per-block links and the chunk tables only; entries and
+  /// their token ids are allocated as they are first needed.
   void reset(const pool_geometry& g) {
     block_size_ = g.block_size;
     const auto n = static_cast<std::size_t>(g.num_blocks);
     blocks_.assign(n, block_link{});
-    // Live entries <= 2 x cached blocks: each has a holder, or a cached child that names it as parent.
-    entries_.assign(2 * n + 1, entry{});
-    tokens_.assign(cfg_.verify_tokens ? entries_.size() * static_cast<std::size_t>(g.block_size) : 0, 0);
-    free_entries_.clear();
-    for (std::size_t e = entries_.size(); e-- > 0;) free_entries_.push_back(static_cast<std::int32_t>(e));
+    // 2n + 1, capped at the int32 entry ids (still >= n: see the bound in the file comment).
+    capacity_ = static_cast<std::int32_t>(std::min<std::int64_t>(2 * std::int64_t{g.num_blocks} + 1, INT32_MAX));
+    const std::size_t per_chunk = chunk_entries(g.block_size, capacity_);
+    chunk_shift_ = std::countr_zero(per_chunk);
+    const std::size_t max_chunks = (static_cast<std::size_t>(capacity_) + per_chunk - 1) / per_chunk;
+    entries_.reset(per_chunk, max_chunks);
+    tokens_.reset(cfg_.verify_tokens ? per_chunk * static_cast<std::size_t>(g.block_size) : 0,
+                  cfg_.verify_tokens ? max_chunks : 0);
+    fresh_ = 0;
+    free_head_ = -1;
+    live_ = 0;
+    orphan_head_ = orphan_tail_ = -1;
+    num_orphans_ = 0;
+    serial_ = 0;
+    reclaimed_ = 0;
     index_ = id_map{};
     num_cached_ = 0;
   }
@@ -73,7 +158,7 @@ class basic_prefix_caching {
   [[nodiscard]] const prefix_caching_config& config() const noexcept { return cfg_; }
 
   [[nodiscard]] cursor first_cursor(std::uint64_t extra_key) const noexcept {
-    return cursor{root_seed(extra_key), -1, extra_key, true};
+    return cursor{root_seed(extra_key), -1, 0, extra_key, true};
   }
   [[nodiscard]] bool valid(const cursor& c) const noexcept { return c.valid; }
 
@@ -81,20 +166,35 @@ class basic_prefix_caching {
     if (!c.valid) return no_block;
     const std::uint64_t h = hasher_(c.hash, tokens);
     const std::int32_t e = find_entry(h, c, tokens);
-    if (e < 0 || entries_[static_cast<std::size_t>(e)].first_block < 0) return no_block;  // unknown, or no holder left
-    const block_id b = entries_[static_cast<std::size_t>(e)].first_block;
+    if (e < 0 || at(e).first_block < 0) return no_block;  // unknown, or no holder left
+    const block_id b = at(e).first_block;
     c = cursor_after(b);
     return b;
   }
 
+  /// Caches block `b` (full, not cached) as holding `tokens` after `c`, and advances `c` past it. If no entry can
+  /// be had (memory for a new chunk is short), `b` stays uncached and `c` becomes invalid: the rest of that chain
+  /// is not cached, nothing else changes.
   void commit(block_id b, cursor& c, std::span<const token_id> tokens) noexcept {
     KVPAGER_ASSERT(!is_cached(b), "prefix_caching::commit of a block that is already cached");
     KVPAGER_ASSERT(static_cast<std::int32_t>(tokens.size()) == block_size_, "prefix_caching::commit of a partial block");
     if (!c.valid) return;
+    // A valid cursor names a held entry (the chain's last block is cached and referenced by its sequence).
+    KVPAGER_ASSERT(c.entry < 0 || (live(c.entry, c.serial) && at(c.entry).holders > 0),
+                   "prefix_caching::commit after a cursor whose block is no longer cached");
+    if (c.entry >= 0 && !live(c.entry, c.serial)) {
+      c = cursor{};
+      return;
+    }
     const std::uint64_t h = hasher_(c.hash, tokens);
     std::int32_t e = find_entry(h, c, tokens);
     if (e < 0) e = new_entry(h, c, tokens);
-    entry& en = entries_[static_cast<std::size_t>(e)];
+    if (e < 0) {
+      c = cursor{};
+      return;
+    }
+    entry& en = at(e);
+    if (en.orphan) unlink_orphan(e);  // an orphan gets its content back
     // Append b to the entry's holders, in insertion order (circular prev: first.prev is the last).
     block_link& link = blocks_[static_cast<std::size_t>(b)];
     link.entry = e;
@@ -116,8 +216,8 @@ class basic_prefix_caching {
   [[nodiscard]] cursor cursor_after(block_id b) const noexcept {
     const std::int32_t e = blocks_[static_cast<std::size_t>(b)].entry;
     if (e < 0) return cursor{};
-    const entry& en = entries_[static_cast<std::size_t>(e)];
-    return cursor{en.hash, e, en.extra, true};
+    const entry& en = at(e);
+    return cursor{en.hash, e, en.serial, en.extra, true};
   }
 
   [[nodiscard]] bool is_cached(block_id b) const noexcept {
@@ -128,7 +228,7 @@ class basic_prefix_caching {
     KVPAGER_ASSERT(is_cached(b), "prefix_caching::uncache of a block that is not cached");
     block_link& link = blocks_[static_cast<std::size_t>(b)];
     const std::int32_t e = link.entry;
-    entry& en = entries_[static_cast<std::size_t>(e)];
+    entry& en = at(e);
     if (en.first_block == b) {
       en.first_block = link.next;
       if (link.next >= 0) blocks_[static_cast<std::size_t>(link.next)].prev = link.prev;
@@ -147,27 +247,53 @@ class basic_prefix_caching {
   /// The chained hash of cached block `b` (for inspection and tests).
   [[nodiscard]] std::uint64_t block_hash(block_id b) const noexcept {
     const std::int32_t e = blocks_[static_cast<std::size_t>(b)].entry;
-    return e < 0 ? 0 : entries_[static_cast<std::size_t>(e)].hash;
+    return e < 0 ? 0 : at(e).hash;
+  }
+
+  /// Live content entries: held ones (<= num_cached()) plus orphans. Never above max_entries().
+  [[nodiscard]] std::int32_t num_entries() const noexcept { return live_; }
+  /// Live entries no cached block holds, kept because entries name them as parent (verifying only).
+  [[nodiscard]] std::int32_t num_orphan_entries() const noexcept { return num_orphans_; }
+  /// The most entries ever live at once: 2 x num_blocks + 1 (capped at 2^31 - 1).
+  [[nodiscard]] std::int32_t max_entries() const noexcept { return capacity_; }
+  /// Orphans reclaimed so far to make room for new entries (each cut its cached descendants off the root).
+  [[nodiscard]] std::int64_t reclaimed_orphans() const noexcept { return reclaimed_; }
+  /// Entries allocated per chunk (a power of two).
+  [[nodiscard]] std::size_t entries_per_chunk() const noexcept { return std::size_t{1} << chunk_shift_; }
+  /// Bytes this policy holds now, excluding the hash index.
+  [[nodiscard]] std::size_t memory_bytes() const noexcept {
+    return blocks_.capacity() * sizeof(block_link) + entries_.bytes() + tokens_.bytes();
   }
 
  private:
   /// One distinct content: tokens after a given parent content, under an extra key. Its holders are the cached
-  /// blocks with that content (duplicates); it outlives them while a cached block names it as parent, so a
-  /// recomputed parent rejoins its old children exactly as vLLM's hash chain does.
+  /// blocks with that content (duplicates); without holders it lives on as an orphan while entries name it as
+  /// parent (verifying only), so a recomputed parent rejoins its old children exactly as vLLM's hash chain does.
   struct entry {
     std::uint64_t hash = 0;
     std::uint64_t extra = 0;
-    std::int32_t parent = -1;        ///< parent entry, -1 = root
-    std::int32_t next_same_hash = -1;
-    std::int32_t first_block = -1;   ///< earliest cached holder
+    std::uint64_t serial = 0;         ///< unique per entry created (from 1); 0 while the slot is free
+    std::uint64_t parent_serial = 0;  ///< the parent's serial when this entry was created; 0 = root
+    std::int32_t parent = -1;         ///< parent entry, -1 = root (stale once that slot's serial changed)
+    std::int32_t next_same_hash = -1; ///< next entry with this hash; while free, the next free slot
+    std::int32_t first_block = -1;    ///< earliest cached holder
     std::int32_t holders = 0;
-    std::int32_t children = 0;       ///< entries naming this one as parent
+    std::int32_t children = 0;        ///< live entries naming this one as parent
+    std::int32_t orphan_prev = -1;    ///< orphan list links (orphan == true)
+    std::int32_t orphan_next = -1;
+    bool orphan = false;
   };
   struct block_link {
     std::int32_t entry = -1;
     block_id next = no_block;  ///< next holder of the same entry
     block_id prev = no_block;  ///< previous holder; for the first, the last
   };
+
+  /// Entries per chunk: about 2^16 token ids (at least 64 entries), no more than the capacity needs.
+  [[nodiscard]] static std::size_t chunk_entries(std::int32_t block_size, std::int32_t capacity) noexcept {
+    const std::size_t by_tokens = std::max<std::size_t>(64, (std::size_t{1} << 16) / static_cast<std::size_t>(block_size));
+    return std::min(std::bit_ceil(by_tokens), std::bit_ceil(static_cast<std::size_t>(capacity)));
+  }
 
   [[nodiscard]] static std::uint64_t root_seed(std::uint64_t extra) noexcept {
     // splitmix64 finalizer: distinct extra keys give unrelated root seeds.
@@ -176,72 +302,168 @@ class basic_prefix_caching {
     z = (z ^ (z >> 27)) * 0x94D049BB133111EBULL;
     return z ^ (z >> 31);
   }
-  [[nodiscard]] std::ptrdiff_t offset(std::int32_t e) const noexcept {
-    return static_cast<std::ptrdiff_t>(e) * block_size_;
+
+  [[nodiscard]] entry& at(std::int32_t e) noexcept {
+    const auto u = static_cast<std::size_t>(e);
+    return entries_.chunk(u >> chunk_shift_)[u & (entries_per_chunk() - 1)];
+  }
+  [[nodiscard]] const entry& at(std::int32_t e) const noexcept {
+    const auto u = static_cast<std::size_t>(e);
+    return entries_.chunk(u >> chunk_shift_)[u & (entries_per_chunk() - 1)];
+  }
+  [[nodiscard]] token_id* tokens_of(std::int32_t e) const noexcept {
+    const auto u = static_cast<std::size_t>(e);
+    return tokens_.chunk(u >> chunk_shift_) + (u & (entries_per_chunk() - 1)) * static_cast<std::size_t>(block_size_);
+  }
+  /// Whether slot `e` still holds the entry created with `serial`.
+  [[nodiscard]] bool live(std::int32_t e, std::uint64_t serial) const noexcept {
+    return e >= 0 && e < fresh_ && serial != 0 && at(e).serial == serial;
   }
 
   /// The entry for `tokens` after cursor `c` under hash h, or -1. Without verification the hash alone decides.
   [[nodiscard]] std::int32_t find_entry(std::uint64_t h, const cursor& c, std::span<const token_id> tokens) const noexcept {
-    for (std::int32_t e = index_.find(h); e >= 0; e = entries_[static_cast<std::size_t>(e)].next_same_hash) {
+    for (std::int32_t e = index_.find(h); e >= 0; e = at(e).next_same_hash) {
       if (!cfg_.verify_tokens) return e;
-      const entry& en = entries_[static_cast<std::size_t>(e)];
-      if (en.parent == c.entry && en.extra == c.extra &&
-          std::equal(tokens.begin(), tokens.end(), tokens_.begin() + offset(e)))
+      const entry& en = at(e);
+      if (en.parent == c.entry && en.parent_serial == c.serial && en.extra == c.extra &&
+          std::equal(tokens.begin(), tokens.end(), tokens_of(e)))
         return e;
     }
     return -1;
   }
 
+  /// A free entry slot: a released one, a never used one (allocating its chunk if needed), or the oldest orphan's.
+  /// -1 only if memory for a chunk is short and there is no orphan, or if the bound were broken.
+  std::int32_t acquire_entry() noexcept {
+    if (free_head_ < 0 && fresh_ < capacity_ && storage_for(fresh_)) return fresh_++;
+    if (free_head_ < 0 && orphan_head_ >= 0) {
+      ++reclaimed_;
+      release_entry(free_entry(orphan_head_));
+    }
+    if (free_head_ < 0) {
+      KVPAGER_ASSERT(fresh_ < capacity_, "prefix_caching: content entries exhausted (live entries above the bound)");
+      return -1;
+    }
+    const std::int32_t e = free_head_;
+    free_head_ = at(e).next_same_hash;
+    return e;
+  }
+  /// Whether slot `e` (at most one chunk past the allocated ones) has storage, allocating its chunks if needed.
+  bool storage_for(std::int32_t e) noexcept {
+    const std::size_t need = (static_cast<std::size_t>(e) >> chunk_shift_) + 1;
+    if (entries_.num_chunks() < need && !entries_.grow()) return false;
+    return !cfg_.verify_tokens || tokens_.num_chunks() >= need || tokens_.grow();
+  }
+
   std::int32_t new_entry(std::uint64_t h, const cursor& c, std::span<const token_id> tokens) noexcept {
-    KVPAGER_ASSERT(!free_entries_.empty(), "prefix_caching: content entries exhausted");
-    const std::int32_t e = free_entries_.back();
-    free_entries_.pop_back();
-    entry& en = entries_[static_cast<std::size_t>(e)];
-    en = entry{h, c.extra, c.entry, -1, -1, 0, 0};
-    if (cfg_.verify_tokens) std::copy(tokens.begin(), tokens.end(), tokens_.begin() + offset(e));
-    if (c.entry >= 0) ++entries_[static_cast<std::size_t>(c.entry)].children;
+    const std::int32_t e = acquire_entry();
+    if (e < 0) return -1;
+    entry& en = at(e);
+    en = entry{};
+    en.hash = h;
+    en.extra = c.extra;
+    en.serial = ++serial_;
+    en.parent = c.entry;
+    en.parent_serial = c.serial;
+    if (cfg_.verify_tokens) std::copy(tokens.begin(), tokens.end(), tokens_of(e));
+    if (c.entry >= 0) ++at(c.entry).children;
+    ++live_;
     // Append to the hash's entry list (collisions only; a later entry never precedes an earlier one).
     const std::int32_t head = index_.find(h);
     if (head < 0) {
       index_.insert(h, e);
     } else {
       std::int32_t t = head;
-      while (entries_[static_cast<std::size_t>(t)].next_same_hash >= 0) t = entries_[static_cast<std::size_t>(t)].next_same_hash;
-      entries_[static_cast<std::size_t>(t)].next_same_hash = e;
+      while (at(t).next_same_hash >= 0) t = at(t).next_same_hash;
+      at(t).next_same_hash = e;
     }
     return e;
   }
 
-  /// Frees entry `e` and then its ancestors while nothing holds or names them.
+  /// Frees entry `e` and then its ancestors while nothing holds them and (verifying) no entry names them; an
+  /// entry still named becomes an orphan.
   void release_entry(std::int32_t e) noexcept {
     while (e >= 0) {
-      entry& en = entries_[static_cast<std::size_t>(e)];
-      if (en.holders > 0 || en.children > 0) return;
-      const std::int32_t head = index_.find(en.hash);
-      if (head == e) {
-        index_.erase(en.hash);
-        if (en.next_same_hash >= 0) index_.insert(en.hash, en.next_same_hash);
-      } else {
-        std::int32_t p = head;
-        while (entries_[static_cast<std::size_t>(p)].next_same_hash != e) p = entries_[static_cast<std::size_t>(p)].next_same_hash;
-        entries_[static_cast<std::size_t>(p)].next_same_hash = en.next_same_hash;
+      const entry& en = at(e);
+      if (en.holders > 0) return;
+      if (cfg_.verify_tokens && en.children > 0) {
+        if (!en.orphan) link_orphan(e);
+        return;
       }
-      const std::int32_t parent = en.parent;
-      en = entry{};
-      free_entries_.push_back(e);
-      if (parent >= 0) --entries_[static_cast<std::size_t>(parent)].children;
-      e = parent;
+      e = free_entry(e);
     }
+  }
+
+  /// Frees entry `e` whatever names it (entries naming it go stale: their parent's serial no longer matches);
+  /// returns its parent if that is still live (its child count dropped), else -1.
+  std::int32_t free_entry(std::int32_t e) noexcept {
+    entry& en = at(e);
+    if (en.orphan) unlink_orphan(e);
+    const std::int32_t head = index_.find(en.hash);
+    if (head == e) {
+      index_.erase(en.hash);
+      if (en.next_same_hash >= 0) index_.insert(en.hash, en.next_same_hash);
+    } else {
+      std::int32_t p = head;
+      while (at(p).next_same_hash != e) p = at(p).next_same_hash;
+      at(p).next_same_hash = en.next_same_hash;
+    }
+    std::int32_t parent = live(en.parent, en.parent_serial) ? en.parent : -1;
+    en = entry{};
+    en.next_same_hash = free_head_;
+    free_head_ = e;
+    --live_;
+    if (parent >= 0) --at(parent).children;
+    return parent;
+  }
+
+  void link_orphan(std::int32_t e) noexcept {
+    entry& en = at(e);
+    en.orphan = true;
+    en.orphan_prev = orphan_tail_;
+    en.orphan_next = -1;
+    if (orphan_tail_ >= 0) {
+      at(orphan_tail_).orphan_next = e;
+    } else {
+      orphan_head_ = e;
+    }
+    orphan_tail_ = e;
+    ++num_orphans_;
+  }
+  void unlink_orphan(std::int32_t e) noexcept {
+    entry& en = at(e);
+    if (en.orphan_prev >= 0) {
+      at(en.orphan_prev).orphan_next = en.orphan_next;
+    } else {
+      orphan_head_ = en.orphan_next;
+    }
+    if (en.orphan_next >= 0) {
+      at(en.orphan_next).orphan_prev = en.orphan_prev;
+    } else {
+      orphan_tail_ = en.orphan_prev;
+    }
+    en.orphan = false;
+    en.orphan_prev = en.orphan_next = -1;
+    --num_orphans_;
   }
 
   prefix_caching_config cfg_{};
   [[no_unique_address]] Hasher hasher_{};
   std::int32_t block_size_ = 0;
   std::vector<block_link> blocks_;
-  std::vector<entry> entries_;
-  std::vector<std::int32_t> free_entries_;
-  std::vector<token_id> tokens_;  ///< block_size token ids per entry, when verifying
-  id_map index_;                  ///< hash -> first entry with that hash
+  detail::chunk_array<entry> entries_;
+  detail::chunk_array<token_id> tokens_;  ///< block_size token ids per entry, when verifying
+  int chunk_shift_ = 0;                   ///< log2 of entries per chunk
+  std::int32_t capacity_ = 0;             ///< max_entries()
+  std::int32_t fresh_ = 0;                ///< slots [0, fresh_) have been used; the rest never
+  std::int32_t free_head_ = -1;           ///< released slots, linked through next_same_hash
+  std::int32_t live_ = 0;
+  std::int32_t orphan_head_ = -1;         ///< orphans, oldest (lost its last holder longest ago) first
+  std::int32_t orphan_tail_ = -1;
+  std::int32_t num_orphans_ = 0;
+  std::uint64_t serial_ = 0;
+  std::int64_t reclaimed_ = 0;
+  id_map index_;                          ///< hash -> first entry with that hash
   std::int32_t num_cached_ = 0;
 };
 
