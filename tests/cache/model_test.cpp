@@ -13,6 +13,7 @@
 #include <unordered_map>
 #include <random>
 #include <set>
+#include <span>
 #include <vector>
 
 #include "support/cache_types.hpp"
@@ -68,6 +69,10 @@ class model_runner {
     if constexpr (TokenMode) {
       EXPECT_GT(end.prefix_hit_tokens, 0) << "token mode should hit the prefix cache";
     }
+    if constexpr (requires { cache_.sharing().reclaimed_orphans(); }) {
+      std::printf("       content entries: %d orphans at most, %lld reclaimed\n", max_orphans_,
+                  static_cast<long long>(cache_.sharing().reclaimed_orphans()));
+    }
     // Drain: everything back, nothing leaked.
     for (auto& [id, s] : model_) ASSERT_TRUE(cache_.free_sequence(id));
     model_.clear();
@@ -112,9 +117,12 @@ class model_runner {
   model_seq random_prompt() {
     model_seq s;
     s.extra = rng_() % 4 == 0 ? 1 : 0;
-    const std::uint32_t family = static_cast<std::uint32_t>(rng_() % 3);
-    const auto cut = static_cast<std::int32_t>(rng_() % (3 * static_cast<std::uint32_t>(bs_) + 1));
-    for (std::int32_t i = 0; i < cut; ++i) push_token(s, static_cast<token_id>(100 * (family + 1) + i));
+    // With priorities rising along chains: many longer families, so many chains lose their heads first.
+    const std::uint32_t families = priority_by_length_ ? 64 : 3;
+    const std::uint32_t max_blocks = priority_by_length_ ? 6 : 3;
+    const std::uint32_t family = static_cast<std::uint32_t>(rng_() % families);
+    const auto cut = static_cast<std::int32_t>(rng_() % (max_blocks * static_cast<std::uint32_t>(bs_) + 1));
+    for (std::int32_t i = 0; i < cut; ++i) push_token(s, static_cast<token_id>(1000 * (family + 1) + i));
     const auto suffix = static_cast<std::int32_t>(rng_() % static_cast<std::uint32_t>(bs_ + 1));
     for (std::int32_t i = 0; i < suffix || s.tokens.empty(); ++i) push_token(s, static_cast<token_id>(rng_() % 3));
     return s;
@@ -126,14 +134,18 @@ class model_runner {
       return;
     }
     auto r = rng_() % 100;
-    if (live_.size() > 24 && r >= 8 && r < 28) r = 90;  // keep the population small: free instead of add
+    // Keep the population small: free instead of add. Chain mode keeps it smaller, so more blocks stay cached.
+    if (priority_by_length_ && r >= 28 && r < 70 && rng_() % 4 != 0) r = 20;  // chain mode: mostly admissions
+    if (live_.size() > (priority_by_length_ ? 3u : 24u) && r >= 8 && r < 28) r = 90;
     if (r < 8) {
       execute_and_verify();
     } else if (r < 28 || model_.empty()) {
       const seq_id id = fresh_id();
       if constexpr (TokenMode) {
         model_seq s = random_prompt();
-        expect([&] { return cache_.add_sequence(id, s.tokens, {.extra_key = s.extra, .priority = static_cast<std::int32_t>(rng_() % 3)}); },
+        const auto priority = priority_by_length_ ? static_cast<std::int32_t>(s.tokens.size()) / bs_
+                                                  : static_cast<std::int32_t>(rng_() % 3);
+        expect([&] { return cache_.add_sequence(id, s.tokens, {.extra_key = s.extra, .priority = priority}); },
                [&] {
                  s.appended_this_step = true;
                  add_live(id, std::move(s));
@@ -405,6 +417,26 @@ class model_runner {
     if constexpr (!kvtest::shares_on_fork<Cache>) {
       ASSERT_EQ(shared, 0);
     }
+    check_content_state();
+  }
+
+  /// Prefix caching's content entries stay within their bound (held entries <= cached blocks, live entries <=
+  /// max_entries), and a block whose content is not cached carries no per-content eviction state.
+  void check_content_state() {
+    const auto& share = cache_.sharing();
+    if constexpr (requires { share.num_entries(); }) {
+      ASSERT_LE(share.num_entries(), share.max_entries());
+      ASSERT_EQ(share.max_entries(), 2 * cache_.pool().num_blocks() + 1);
+      ASSERT_LE(share.num_entries() - share.num_orphan_entries(), share.num_cached());
+      ASSERT_EQ(cache_.stats().cached, share.num_cached());
+      max_orphans_ = std::max(max_orphans_, share.num_orphan_entries());
+    }
+    const auto& ev = cache_.eviction();
+    if constexpr (requires { ev.hits(block_id{0}); ev.first_evictable(block_id{0}); }) {
+      for (block_id b = 0; b < cache_.pool().num_blocks(); ++b)
+        if (!share.is_cached(b) && (ev.hits(b) != 0 || ev.first_evictable(b) != 0))
+          FAIL() << "block " << b << " keeps eviction state of content it no longer has";
+    }
   }
 
   Cache cache_;
@@ -421,6 +453,13 @@ class model_runner {
   std::int64_t successes_ = 0;
   std::int64_t out_of_blocks_ = 0;
   std::int64_t steps_ = 0;
+  std::int32_t max_orphans_ = 0;
+  bool priority_by_length_ = false;
+
+ public:
+  /// Admissions get a priority rising with the prompt's length in blocks, so a chain's head (shared with shorter
+  /// prompts) is often released at a lower priority than its tail: priority_lru evicts heads first.
+  void priority_by_length() { priority_by_length_ = true; }
 };
 
 }  // namespace
@@ -467,4 +506,27 @@ TEST(ModelTest, PrefixCachingUnverified) {
   using cache_t = paged_kv_cache<free_list_allocator, lru_eviction, prefix_caching>;
   model_runner<cache_t, true> runner(40, 4, 27, prefix_caching(prefix_caching_config{false}));
   runner.run(150'000);
+}
+
+// Orders that evict a chain's head before its tail (priority rising along the chain), with content verification
+// under orphan reclaiming; and the same where every block hash collides, so only the entries' parent links and
+// serials keep different prefixes apart.
+TEST(ModelTest, PrefixCachingPriorityRisingAlongChains) {
+  model_runner<paged_kv_cache<free_list_allocator, priority_lru, prefix_caching>, true> runner(24, 4, 28);
+  runner.priority_by_length();
+  runner.run(200'000);
+}
+namespace {
+struct colliding_hasher {
+  std::uint64_t operator()(std::uint64_t /*seed*/, std::span<const token_id> /*tokens*/) const noexcept { return 7; }
+};
+}  // namespace
+TEST(ModelTest, PrefixCachingCollidingHashesHeadsFirst) {
+  using cache_t = paged_kv_cache<free_list_allocator, priority_lru, basic_prefix_caching<colliding_hasher>>;
+  model_runner<cache_t, true> runner(24, 4, 29);
+  runner.priority_by_length();
+  runner.run(100'000);
+}
+TEST(ModelTest, PrefixCachingLfuSmallPool) {
+  model_runner<paged_kv_cache<free_list_allocator, lfu_eviction, prefix_caching>, true>(16, 4, 30).run(100'000);
 }

@@ -5,7 +5,11 @@
 
 #include <gtest/gtest.h>
 
+#include <algorithm>
+#include <cstdio>
+#include <map>
 #include <numeric>
+#include <random>
 #include <vector>
 
 #include "support/cache_snapshot.hpp"
@@ -475,4 +479,287 @@ TEST(PrefixCaching, ContentEntriesNeverRunOutWithHeadsEvictedFirst) {
   auto c = make<cache_t>(24, 4, 1);
   orphan_chain_rounds(c, 200, 6, 0, 100);
   EXPECT_GT(c.sharing().num_orphan_entries(), 0) << "the scenario must leave orphan chains";
+  EXPECT_GT(c.sharing().reclaimed_orphans(), 0) << "more orphans than the bound allows: some were reclaimed";
+}
+
+namespace {
+/// Directly on the policy: chains of 2-token blocks committed into given blocks. `first` is the chain's first
+/// token; block i of the chain holds {first + 2i, first + 2i + 1}.
+template <class P>
+struct chain_driver {
+  P& p;
+  std::vector<token_id> block(token_id first, int i) const {
+    return {static_cast<token_id>(first + 2 * i), static_cast<token_id>(first + 2 * i + 1)};
+  }
+  /// Commits the chain's blocks 0.. into `blocks`, reusing cached entries as a recompute would.
+  void commit(token_id first, std::vector<block_id> blocks) {
+    auto c = p.first_cursor(0);
+    for (std::size_t i = 0; i < blocks.size(); ++i) {
+      const auto t = block(first, static_cast<int>(i));
+      p.commit(blocks[i], c, t);
+      ASSERT_TRUE(p.valid(c));
+    }
+  }
+  /// Walks the chain as a lookup would, after recomputing its first `recomputed` blocks into `blocks`; returns the
+  /// block that block `recomputed` of the chain hits, or no_block.
+  block_id hit_after(token_id first, std::vector<block_id> blocks) {
+    auto c = p.first_cursor(0);
+    for (std::size_t i = 0; i < blocks.size(); ++i) {
+      auto probe = c;
+      EXPECT_EQ(p.lookup(probe, block(first, static_cast<int>(i))), no_block) << "block " << i << " is not cached";
+      p.commit(blocks[i], c, block(first, static_cast<int>(i)));
+    }
+    return p.lookup(c, block(first, static_cast<int>(blocks.size())));
+  }
+  void check_bound() const {
+    ASSERT_LE(p.num_entries(), p.max_entries());
+    ASSERT_LE(p.num_entries() - p.num_orphan_entries(), p.num_cached());
+  }
+};
+
+template <class P>
+void reclaim_cuts_off_only_the_oldest_chain(P p) {
+  p.reset(pool_geometry{6, 2, 0});
+  ASSERT_EQ(p.max_entries(), 13);
+  chain_driver<P> d{p};
+  const token_id x = 100, y = 200, z = 300, w = 400, v = 500, q = 600;
+  // Four 3-block chains whose heads are dropped before their tails: 8 orphans, 4 cached tails (blocks 2..5).
+  d.commit(x, {0, 1, 2});
+  p.uncache(0);
+  p.uncache(1);
+  d.commit(y, {0, 1, 3});
+  p.uncache(0);
+  p.uncache(1);
+  d.commit(z, {0, 1, 4});
+  p.uncache(0);
+  p.uncache(1);
+  d.commit(w, {0, 1, 5});
+  p.uncache(0);
+  p.uncache(1);
+  EXPECT_EQ(p.num_entries(), 12);
+  EXPECT_EQ(p.num_orphan_entries(), 8);
+  d.check_bound();
+  // Two more entries: the 13th is the last free one, the 14th reclaims the oldest orphan (x's head).
+  d.commit(v, {0, 1});
+  EXPECT_EQ(p.num_entries(), 13);
+  EXPECT_EQ(p.reclaimed_orphans(), 1);
+  d.check_bound();
+  p.uncache(1);  // v's second entry goes: its slot, x's head's, is the next one handed out
+  // Another head q takes that slot. x's second block, still an orphan naming that slot as parent, must not be
+  // taken for q's second block (its parent is x's head, not q's): a new entry, and x's tail stays out of reach.
+  auto cq = p.first_cursor(0);
+  p.commit(1, cq, d.block(q, 0));
+  p.uncache(0);
+  p.commit(0, cq, d.block(x, 1));
+  EXPECT_EQ(p.lookup(cq, d.block(x, 2)), no_block) << "x's tail reached behind another head";
+  d.check_bound();
+  p.uncache(0);
+  p.uncache(1);
+  // x's tail is still cached, but its chain is cut: recomputing x's head does not reach it.
+  EXPECT_TRUE(p.is_cached(2));
+  EXPECT_EQ(d.hit_after(x, {0, 1}), no_block);
+  d.check_bound();
+  p.uncache(1);
+  p.uncache(0);
+  // y's orphans were kept: once its head is recomputed, its old tail is hit again.
+  EXPECT_EQ(d.hit_after(y, {0, 1}), 3);
+  d.check_bound();
+}
+}  // namespace
+
+// An orphan reclaimed to make room cuts off its own descendants only (its slot is reused: the serials keep its old
+// children from matching the new occupant, even when every hash collides); other orphan chains still rejoin.
+TEST(PrefixCaching, ReclaimingTheOldestOrphanCutsOffOnlyItsChain) {
+  reclaim_cuts_off_only_the_oldest_chain(prefix_caching{});
+}
+TEST(PrefixCaching, ReclaimingTheOldestOrphanCutsOffOnlyItsChainWhenHashesCollide) {
+  reclaim_cuts_off_only_the_oldest_chain(basic_prefix_caching<colliding_hasher>{});
+}
+
+// Without token verification an entry is the hash alone: it lives exactly while a block holds it (no orphans),
+// and a recomputed head reaches its old children through the hash, as vLLM does.
+TEST(PrefixCaching, UnverifiedEntriesLiveOnlyWhileHeld) {
+  prefix_caching p(prefix_caching_config{false});
+  p.reset(pool_geometry{4, 2, 0});
+  chain_driver<prefix_caching> d{p};
+  d.commit(100, {0, 1, 2});
+  p.uncache(0);
+  p.uncache(1);
+  EXPECT_EQ(p.num_entries(), 1);
+  EXPECT_EQ(p.num_orphan_entries(), 0);
+  EXPECT_EQ(d.hit_after(100, {0, 1}), 2);
+}
+
+namespace {
+/// Drives a cache with token ids, remembering for every cached block the whole prefix it ends (recorded when the
+/// block is committed), and checks every prefix hit against it: a hit must be a block holding exactly the request's
+/// prefix, whatever orphans were reclaimed and whatever hashes collide.
+template <class Cache>
+struct content_checker {
+  Cache& c;
+  std::map<seq_id, std::vector<token_id>> tokens;
+  std::map<block_id, std::vector<token_id>> prefix_of;
+
+  /// Records the blocks of `id` in [from, to) that are cached now.
+  void record(seq_id id, std::int32_t from, std::int32_t to) {
+    const auto t = *c.block_table(id);
+    const auto& toks = tokens[id];
+    const std::int32_t bs = c.block_size();
+    for (std::int32_t i = from; i < to; ++i) {
+      const block_id b = t[static_cast<std::size_t>(i)];
+      if (c.sharing().is_cached(b))
+        prefix_of[b].assign(toks.begin(), toks.begin() + static_cast<std::ptrdiff_t>(i + 1) * bs);
+    }
+  }
+  bool add(seq_id id, const std::vector<token_id>& prompt, std::int32_t priority) {
+    prefix_match m;
+    if (!c.add_sequence(id, prompt, {.priority = priority}, &m)) return false;
+    tokens[id] = prompt;
+    const auto t = *c.block_table(id);
+    const std::int32_t bs = c.block_size();
+    for (std::int32_t i = 0; i < m.blocks; ++i) {
+      const auto it = prefix_of.find(t[static_cast<std::size_t>(i)]);
+      EXPECT_TRUE(it != prefix_of.end() &&
+                  std::equal(it->second.begin(), it->second.end(), prompt.begin(), prompt.begin() + (i + 1) * bs) &&
+                  static_cast<std::int32_t>(it->second.size()) == (i + 1) * bs)
+          << "a hit on block " << t[static_cast<std::size_t>(i)] << " at position " << i << " holds another prefix";
+    }
+    record(id, m.blocks, static_cast<std::int32_t>(prompt.size()) / bs);
+    return true;
+  }
+  bool append(seq_id id, const std::vector<token_id>& more) {
+    if (!c.append_tokens(id, more)) return false;
+    auto& toks = tokens[id];
+    const std::int32_t bs = c.block_size();
+    const auto before = static_cast<std::int32_t>(toks.size());
+    toks.insert(toks.end(), more.begin(), more.end());
+    record(id, before / bs, static_cast<std::int32_t>(toks.size()) / bs);
+    return true;
+  }
+  bool fork(seq_id parent, seq_id child, std::int32_t n) {
+    if (!c.fork(parent, child, n)) return false;
+    const auto& p = tokens[parent];
+    tokens[child].assign(p.begin(), p.begin() + n);
+    return true;
+  }
+  void free(seq_id id) {
+    ASSERT_TRUE(c.free_sequence(id));
+    tokens.erase(id);
+  }
+};
+
+/// Head-first eviction driven through the cache, for any eviction policy: chains whose head block is overwritten
+/// in place (a fork ending inside it writes into it), chains recomputed after their heads went (LFU: the
+/// recomputed head has fewer hits than the old tail), fresh chains whose heads are released before their tails or
+/// at a lower priority, and random frees, steps, hits and appends. After every call the entries stay within the
+/// bound and the counts agree; every hit is checked against the content its block was committed with.
+template <class Eviction, class Sharing = prefix_caching>
+void entries_stay_bounded(std::uint32_t seed, int ops, bool keeps_orphans = true, bool must_reclaim = false) {
+  using cache_t = paged_kv_cache<free_list_allocator, Eviction, Sharing>;
+  auto c = make<cache_t>(24, 4, 1);
+  content_checker<cache_t> k{c, {}, {}};
+  std::mt19937 rng(seed);
+  std::vector<seq_id> live;
+  seq_id next = 1;
+  std::int32_t next_family = 40;
+  std::int32_t max_orphans = 0;
+  const auto check = [&] {
+    const auto& s = c.sharing();
+    ASSERT_LE(s.num_entries(), s.max_entries());
+    ASSERT_EQ(s.max_entries(), 2 * 24 + 1);
+    ASSERT_LE(s.num_entries() - s.num_orphan_entries(), s.num_cached());
+    ASSERT_EQ(c.stats().cached, s.num_cached());
+    max_orphans = std::max(max_orphans, s.num_orphan_entries());
+  };
+  for (int op = 0; op < ops && !::testing::Test::HasFatalFailure(); ++op) {
+    const auto r = rng() % 100;
+    if ((r < 10 && !live.empty()) || live.size() > 6) {
+      const auto i = rng() % live.size();
+      k.free(live[i]);
+      live[i] = live.back();
+      live.pop_back();
+    } else if (r < 20) {
+      c.begin_step();
+    } else if (r < 45) {
+      // A fresh chain and a prefix of it, in the two orders that evict heads first: the prefix cached and freed
+      // before the chain hits it (FIFO: the head became evictable first), or the chain freed before the prefix
+      // (the head is released last, at the prefix's lower priority; the chain's tail is kept longest).
+      const auto family = static_cast<token_id>(next_family++);
+      const auto cut = static_cast<std::int32_t>(1 + rng() % 5);
+      const auto blocks = cut + 1;  // a one-block extension: the most orphans per cached tail
+      const auto chain = concat(iota_tokens(4 * blocks, 1000 * family), {1});
+      const auto prefix = concat(iota_tokens(4 * cut, 1000 * family), {1});
+      const seq_id a = next++, b = next++;
+      if (rng() % 2 == 0) {
+        if (k.add(a, prefix, 0)) {
+          c.begin_step();
+          k.free(a);
+        }
+        if (k.add(b, chain, 100)) {
+          c.begin_step();
+          k.free(b);
+        }
+      } else if (k.add(b, chain, 100)) {
+        if (k.add(a, prefix, 0)) {
+          c.begin_step();
+          k.free(b);
+          k.free(a);
+        } else {
+          k.free(b);
+        }
+      }
+    } else if (r < 70) {
+      // A chain from one of 40 families, cut at a random length; priority rising with the length (or random).
+      const auto family = static_cast<token_id>(rng() % 40);
+      const auto blocks = static_cast<std::int32_t>(1 + rng() % 6);
+      const auto prompt = concat(iota_tokens(4 * blocks, 1000 * family), {1});
+      const std::int32_t priority = rng() % 4 == 0 ? static_cast<std::int32_t>(rng() % 8) : blocks;
+      if (k.add(next, prompt, priority)) live.push_back(next);
+      ++next;
+    } else if (r < 85 && !live.empty()) {
+      // Overwrite a head: fork inside the first block, drop the parent, write.
+      const seq_id parent = live[rng() % live.size()];
+      c.begin_step();
+      if (k.fork(parent, next, 2)) {
+        k.free(parent);
+        live.erase(std::find(live.begin(), live.end(), parent));
+        live.push_back(next);
+        ASSERT_TRUE(k.append(next, std::vector<token_id>{static_cast<token_id>(rng() % 1000)}) ||
+                    c.stats().available() == 0);
+      }
+      ++next;
+    } else if (!live.empty()) {
+      const seq_id id = live[rng() % live.size()];
+      (void)k.append(id, std::vector<token_id>(1 + rng() % 6, static_cast<token_id>(rng() % 3)));
+    }
+    check();
+  }
+  if (keeps_orphans) {
+    EXPECT_GT(max_orphans, 0) << "the mix should leave orphan chains";
+  } else {
+    EXPECT_EQ(max_orphans, 0) << "nothing unreferenced is kept, so no chain loses its head while its tail stays";
+  }
+  if (must_reclaim) {
+    EXPECT_GT(c.sharing().reclaimed_orphans(), 0) << "the mix should reach the bound";
+  }
+  EXPECT_GT(c.stats().prefix_hit_tokens, 0);
+  std::printf("orphans at most %d, reclaimed %lld, hit tokens %lld\n", max_orphans,
+              static_cast<long long>(c.sharing().reclaimed_orphans()),
+              static_cast<long long>(c.stats().prefix_hit_tokens));
+}
+}  // namespace
+
+// Entries never run out, nor exceed the bound, whichever policy orders the evictions.
+TEST(PrefixCaching, ContentEntriesStayBoundedWithLru) { entries_stay_bounded<lru_eviction>(1, 50000); }
+TEST(PrefixCaching, ContentEntriesStayBoundedWithLruIndex) { entries_stay_bounded<lru_index_eviction>(2, 50000); }
+TEST(PrefixCaching, ContentEntriesStayBoundedWithLfu) { entries_stay_bounded<lfu_eviction>(3, 50000); }
+TEST(PrefixCaching, ContentEntriesStayBoundedWithPriority) { entries_stay_bounded<priority_lru>(4, 50000, true, true); }
+TEST(PrefixCaching, ContentEntriesStayBoundedWithFifo) { entries_stay_bounded<fifo_eviction>(5, 50000); }
+TEST(PrefixCaching, ContentEntriesStayBoundedWithNoRetention) {
+  entries_stay_bounded<no_eviction>(6, 50000, false);
+}
+// Every hash collides: only the entries' parent links, serials and token compares keep prefixes apart, while
+// orphans are reclaimed and their slots reused.
+TEST(PrefixCaching, ContentEntriesStayBoundedWithPriorityAndCollidingHashes) {
+  entries_stay_bounded<priority_lru, basic_prefix_caching<colliding_hasher>>(4, 50000, true, true);
 }

@@ -76,6 +76,8 @@ class heap_eviction {
   [[nodiscard]] std::int32_t size() const noexcept { return heap_.size(); }
   /// Hits counted for `b` since its content was cached.
   [[nodiscard]] std::uint32_t hits(block_id b) const noexcept { return hits_[static_cast<std::size_t>(b)]; }
+  /// Release clock when `b`'s current content first became evictable (fifo_eviction's key); 0 = not yet.
+  [[nodiscard]] std::uint64_t first_evictable(block_id b) const noexcept { return first_[static_cast<std::size_t>(b)]; }
 
  private:
   indexed_heap heap_;
