@@ -10,8 +10,9 @@
 #include <cstdint>
 #include <cstdlib>
 #include <new>
-#include <numeric>
 #include <vector>
+
+#include "sharing/tokens.hpp"
 
 #if defined(__SANITIZE_ADDRESS__)
 // A real allocation failure (a request larger than the address space) must come back as nullptr / bad_alloc here,
@@ -87,11 +88,7 @@ struct greedy_eviction {
 };
 static_assert(eviction_policy<greedy_eviction>);
 
-std::vector<token_id> iota_tokens(std::int32_t n, token_id first) {
-  std::vector<token_id> v(static_cast<std::size_t>(n));
-  std::iota(v.begin(), v.end(), first);
-  return v;
-}
+using kvtest::iota_tokens;
 
 }  // namespace
 

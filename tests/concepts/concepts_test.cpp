@@ -94,6 +94,19 @@ struct eviction_reset_by_count {  // reset must take the pool geometry
   static constexpr retention_mode retention = retention_mode::in_free_list;
   void reset(std::int32_t);
 };
+struct forget_may_throw {  // the optional forget must be noexcept, or it is not the concept's forget
+  static constexpr retention_mode retention = retention_mode::in_free_list;
+  void reset(const pool_geometry&);
+  void forget(block_id);
+};
+struct forgets {
+  static constexpr retention_mode retention = retention_mode::none;
+  void reset(const pool_geometry&);
+  void forget(block_id) noexcept;
+};
+static_assert(!eviction_policy<forget_may_throw>);
+static_assert(eviction_policy<forgets> && detail::forgets_content<forgets>);
+static_assert(!detail::forgets_content<lazy_only>);
 static_assert(!eviction_policy<indexed_without_victim>);
 static_assert(!eviction_policy<no_retention_constant>);
 static_assert(eviction_policy<lazy_only>);

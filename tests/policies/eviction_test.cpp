@@ -8,23 +8,18 @@
 
 #include <algorithm>
 #include <cstdint>
-#include <numeric>
 #include <random>
+#include <utility>
 #include <vector>
+
+#include "sharing/tokens.hpp"
 
 using namespace kvpager;
 
 namespace {
 
-std::vector<token_id> iota_tokens(std::int32_t n, token_id first) {
-  std::vector<token_id> v(static_cast<std::size_t>(n));
-  std::iota(v.begin(), v.end(), first);
-  return v;
-}
-std::vector<token_id> with(std::vector<token_id> a, token_id t) {
-  a.push_back(t);
-  return a;
-}
+using kvtest::iota_tokens;
+std::vector<token_id> with(std::vector<token_id> a, token_id t) { return kvtest::concat(std::move(a), {t}); }
 template <class Cache>
 Cache make(std::int32_t num_blocks, std::int32_t block_size = 4) {
   auto r = Cache::create({block_size, num_blocks, 1, 0});
@@ -82,23 +77,31 @@ static_assert(detail::forgets_content<priority_lru>);
 static_assert(!detail::forgets_content<lru_index_eviction>);  // stateless per block: nothing to forget
 static_assert(!detail::forgets_content<eviction_policy_archetype>);
 
+namespace {
+/// Block B of a cached chain carries per-content state `read(policy, B)` (== `expected` when given); after a write
+/// into B drops its content, the state must be reset.
+template <class Eviction, class Read>
+void overwrite_resets_state(int hits, Read read, std::uint64_t expected = 0) {
+  auto c = make<paged_kv_cache<free_list_allocator, Eviction, prefix_caching>>(16);
+  cache_and_hit(c, hits);
+  const block_id b = block_of(c, 1, 1);
+  ASSERT_GT(read(c.eviction(), b), 0u);
+  if (expected != 0) {
+    ASSERT_EQ(read(c.eviction(), b), expected);
+  }
+  overwrite_second_block(c);
+  EXPECT_EQ(read(c.eviction(), b), 0u) << "the block's new content inherited its old content's state";
+}
+}  // namespace
+
 // Regression: a block whose content grow() dropped kept its five hits, and its next content inherited them.
 TEST(EvictionState, LfuForgetsHitsWhenAWriteDropsTheContent) {
-  auto c = make<paged_kv_cache<free_list_allocator, lfu_eviction, prefix_caching>>(16);
-  cache_and_hit(c, 4);
-  const block_id b = block_of(c, 1, 1);
-  ASSERT_EQ(c.eviction().hits(b), 5u);
-  overwrite_second_block(c);
-  EXPECT_EQ(c.eviction().hits(b), 0u) << "the block's new content has never been hit";
+  overwrite_resets_state<lfu_eviction>(4, [](const auto& e, block_id b) -> std::uint64_t { return e.hits(b); }, 5);
 }
 
+// Regression: the same for FIFO's first-use stamp (the block would be evicted as if cached long ago).
 TEST(EvictionState, FifoForgetsFirstUseWhenAWriteDropsTheContent) {
-  auto c = make<paged_kv_cache<free_list_allocator, fifo_eviction, prefix_caching>>(16);
-  cache_and_hit(c, 2);
-  const block_id b = block_of(c, 1, 1);
-  ASSERT_GT(c.eviction().first_evictable(b), 0u);
-  overwrite_second_block(c);
-  EXPECT_EQ(c.eviction().first_evictable(b), 0u) << "the block's new content was never evictable";
+  overwrite_resets_state<fifo_eviction>(2, [](const auto& e, block_id b) { return e.first_evictable(b); });
 }
 
 // Regression: sequence 1 commits [A B] and sequence 2 hits them in the same step; both are freed before the step

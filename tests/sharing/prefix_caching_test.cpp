@@ -12,21 +12,15 @@
 #include <random>
 #include <vector>
 
+#include "sharing/tokens.hpp"
 #include "support/cache_snapshot.hpp"
 
 using namespace kvpager;
 
 namespace {
 
-std::vector<token_id> iota_tokens(std::int32_t n, token_id first) {
-  std::vector<token_id> v(static_cast<std::size_t>(n));
-  std::iota(v.begin(), v.end(), first);
-  return v;
-}
-std::vector<token_id> concat(std::vector<token_id> a, const std::vector<token_id>& b) {
-  a.insert(a.end(), b.begin(), b.end());
-  return a;
-}
+using kvtest::concat;
+using kvtest::iota_tokens;
 template <class Cache>
 Cache make(std::int32_t num_blocks, std::int32_t block_size = 4, std::int32_t reserved = 1,
            typename Cache::sharing_policy_type sharing = {}) {
@@ -524,18 +518,12 @@ void reclaim_cuts_off_only_the_oldest_chain(P p) {
   chain_driver<P> d{p};
   const token_id x = 100, y = 200, z = 300, w = 400, v = 500, q = 600;
   // Four 3-block chains whose heads are dropped before their tails: 8 orphans, 4 cached tails (blocks 2..5).
-  d.commit(x, {0, 1, 2});
-  p.uncache(0);
-  p.uncache(1);
-  d.commit(y, {0, 1, 3});
-  p.uncache(0);
-  p.uncache(1);
-  d.commit(z, {0, 1, 4});
-  p.uncache(0);
-  p.uncache(1);
-  d.commit(w, {0, 1, 5});
-  p.uncache(0);
-  p.uncache(1);
+  const std::pair<token_id, block_id> chains[] = {{x, 2}, {y, 3}, {z, 4}, {w, 5}};
+  for (const auto& [first, tail] : chains) {
+    d.commit(first, {0, 1, tail});
+    p.uncache(0);
+    p.uncache(1);
+  }
   EXPECT_EQ(p.num_entries(), 12);
   EXPECT_EQ(p.num_orphan_entries(), 8);
   d.check_bound();

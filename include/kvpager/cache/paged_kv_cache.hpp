@@ -131,10 +131,12 @@ class paged_kv_cache {
   using sharing_policy_type = S;
   using swap_policy_type = W;
 
-  /// Validates `cfg` and builds an empty cache; never throws. Errors: errc::invalid_block_size (not a positive power
-  /// of two), errc::invalid_pool_size (no usable block), errc::invalid_argument (negative max_blocks_per_seq),
-  /// errc::out_of_memory (the bookkeeping below could not be allocated; everything allocated so far is freed again.
-  /// Built without exceptions, a failed allocation ends the program instead, as every allocation does there).
+  /// Validates `cfg` and builds an empty cache; never throws (an exception other than an allocation failure that a
+  /// user-written policy's reset throws passes through). Errors: errc::invalid_block_size (not a positive power of
+  /// two), errc::invalid_pool_size (no usable block), errc::invalid_argument (negative max_blocks_per_seq),
+  /// errc::out_of_memory (the bookkeeping below could not be allocated, std::bad_alloc or std::length_error;
+  /// everything allocated so far is freed again, detail = num_blocks. Built without exceptions, a failed allocation
+  /// ends the program instead, as every allocation does there). All sizes are computed in 64 bits.
   ///
   /// Host memory allocated here, per device block: 4 bytes of reference count plus the allocator's links (8 bytes
   /// for free_list_allocator), 5 bytes of step bookkeeping, and each policy's per-block state: 0 for lru_eviction
@@ -143,7 +145,7 @@ class paged_kv_cache {
   /// cached: see prefix_caching.hpp); plus 9 bytes per host block of the swap policy's pool (and that policy's
   /// own state). Per sequence, its block table and (content caches) the token ids of its last, partial block.
   [[nodiscard]] static result<paged_kv_cache> create(cache_config cfg, A allocator = A{}, E eviction = E{},
-                                                     S sharing = S{}, W swap = W{}) noexcept {
+                                                     S sharing = S{}, W swap = W{}) {
     if (cfg.block_size <= 0 || !std::has_single_bit(static_cast<std::uint32_t>(cfg.block_size)))
       return status{errc::invalid_block_size, "paged_kv_cache::create: block_size must be a positive power of two",
                     cfg.block_size};

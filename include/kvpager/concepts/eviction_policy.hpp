@@ -32,7 +32,8 @@
 /// | `ce.contains(b)`    | `bool`         | yes      | O(1)                    | `b` is in the index                         |
 /// | `ce.size()`         | `std::int32_t` | yes      | O(1)                    | number of indexed blocks                    |
 ///
-/// Optional, any retention mode (the cache detects it with `detail::forgets_content`):
+/// Optional, any retention mode (the cache detects it with `detail::forgets_content`; a `forget` callable with
+/// another signature, e.g. not noexcept, makes the type fail the concept rather than be skipped silently):
 ///
 /// | expression    | result | noexcept | complexity | semantics                                                        |
 /// |---------------|--------|----------|------------|------------------------------------------------------------------|
@@ -73,11 +74,14 @@ template <class E>
 concept forgets_content = requires(E& e, block_id b) {
   { e.forget(b) } noexcept -> std::same_as<void>;
 };
+/// A `forget` the cache could call: it must then be the one above (a throwing one would be skipped silently).
+template <class E>
+concept forget_fits = !requires(E& e, block_id b) { e.forget(b); } || forgets_content<E>;
 }  // namespace detail
 
 template <class E>
 concept eviction_policy =
-    std::default_initializable<E> && std::movable<E> && detail::has_retention<E> &&
+    std::default_initializable<E> && std::movable<E> && detail::has_retention<E> && detail::forget_fits<E> &&
     requires(E& e, const pool_geometry& g) {
       { e.reset(g) } -> std::same_as<void>;
     } && (E::retention != retention_mode::indexed || detail::indexed_eviction_ops<E>);

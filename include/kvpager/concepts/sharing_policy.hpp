@@ -53,7 +53,7 @@ concept sharing_policy = std::default_initializable<S> && std::movable<S> &&
 /// | `S::cursor`             | type           | -        | -                 | regular value type                          |
 /// | `cs.first_cursor(k)`    | `S::cursor`    | yes      | O(1)              | the empty chain under extra key `k` (tenant salt, adapter id) |
 /// | `cs.lookup(c, t)`       | `block_id`     | yes      | O(block_size)     | a cached block holding tokens `t` after `c` (advancing `c`), or `no_block` |
-/// | `s.commit(b, c, t)`     | `void`         | yes      | O(block_size)     | block `b` (full, not cached) now holds `t` after `c`; advances `c` |
+/// | `s.commit(b, c, t)`     | `void`         | yes      | O(block_size)     | block `b` (full, not cached) now holds `t` after `c`; advances `c`. A policy that cannot take more content (memory) may leave `b` uncached and `c` invalid instead |
 /// | `cs.cursor_after(b)`    | `S::cursor`    | yes      | O(1)              | the chain ending with cached block `b` (invalid if not cached) |
 /// | `cs.valid(c)`           | `bool`         | yes      | O(1)              | whether `c` can still be extended (false after an uncached block) |
 /// | `cs.num_cached()`       | `std::int32_t` | yes      | O(1)              | blocks whose content is cached              |

@@ -23,7 +23,10 @@
 ///     reached from the root; they stay cached until evicted). When all max_entries() are live, at least
 ///     max_entries() - (num_blocks - 1) >= 1 of them are orphans (the block being committed is not cached yet), so
 ///     a commit always finds an entry.
-/// The cache's results never depend on an orphan being reclaimed except for that lost rejoin.
+/// Reclaiming changes nothing else: hits stay exact (entry serials keep a reused slot from matching the children of
+/// its previous occupant), and until max_entries() entries are live the behaviour is exactly vLLM's.
+/// Invariant, checked by the tests after every call: num_entries() - num_orphan_entries() <= num_cached() and
+/// num_entries() <= max_entries().
 ///
 /// Cost: hashing and lookup are O(block_size) per block (plus the length of a hash's duplicate list, 1 without
 /// collisions), independent of how long the prefix already hashed is. Index: an open-addressing map from hash to
@@ -32,8 +35,9 @@
 /// Memory, allocated as it is used: 12 bytes per block from reset(); per live entry sizeof(entry) (64 bytes) plus,
 /// when verifying, its block_size token ids (4 x block_size bytes), in chunks of entries_per_chunk() entries that are
 /// allocated when the number of entries ever live at once grows (never more than max_entries() entries); and the
-/// hash index (at most 32 bytes per entry). A chunk that cannot be allocated leaves the block uncached (commit's
-/// cursor becomes invalid), it never throws.
+/// hash index (16-byte slots, at most half full: up to 64 bytes per entry ever live at once). A chunk that cannot
+/// be allocated leaves the block uncached (commit's cursor becomes invalid). (The hash index grows as a std::vector
+/// does; a failure there, inside these noexcept calls, ends the program.)
 
 #include <algorithm>
 #include <bit>
