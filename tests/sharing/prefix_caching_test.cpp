@@ -751,3 +751,44 @@ TEST(PrefixCaching, ContentEntriesStayBoundedWithNoRetention) {
 TEST(PrefixCaching, ContentEntriesStayBoundedWithPriorityAndCollidingHashes) {
   entries_stay_bounded<priority_lru, basic_prefix_caching<colliding_hasher>>(4, 50000, true, true);
 }
+
+// LFU evicting a head first: a chain's head is overwritten in place (its tail, hit three times, stays cached), the
+// chain is recomputed (a fresh head with no hits, the tail hit through the old entry), and LFU then evicts the
+// fresh head before the old tail. The head's entry lives on as an orphan and the tail is hit again once the head
+// is computed once more.
+TEST(PrefixCaching, LfuEvictsARecomputedHeadBeforeItsHitTail) {
+  using cache_t = paged_kv_cache<free_list_allocator, lfu_eviction, prefix_caching>;
+  auto c = make<cache_t>(16, 4, 1);
+  const auto prompt = concat(iota_tokens(8, 0), {1});  // head [0..3], tail [4..7]
+  ASSERT_TRUE(c.add_sequence(1, prompt));
+  c.begin_step();
+  for (seq_id k = 10; k < 13; ++k) {
+    ASSERT_TRUE(c.add_sequence(k, prompt));
+    c.begin_step();
+    ASSERT_TRUE(c.free_sequence(k));
+  }
+  const block_id tail = table(c, 1)[1];
+  ASSERT_TRUE(c.fork(1, 2, 2));  // ends inside the head
+  ASSERT_TRUE(c.free_sequence(1));
+  c.begin_step();
+  ASSERT_TRUE(c.append_tokens(2, std::vector<token_id>{55}));  // overwrites the head in place
+  EXPECT_EQ(c.sharing().num_orphan_entries(), 1);
+  ASSERT_TRUE(c.add_sequence(3, prompt));  // recomputes the head (and the tail, as a duplicate)
+  c.begin_step();
+  ASSERT_TRUE(c.free_sequence(3));
+  EXPECT_EQ(c.sharing().num_orphan_entries(), 0) << "the recomputed head holds the entry again";
+  EXPECT_EQ(c.match_prefix(prompt)->blocks, 2);
+  // Take every clean block and two more: LFU's victims are the never-hit duplicate tail and fresh head.
+  ASSERT_TRUE(c.add_sequence(4, 4 * (c.stats().free + 2)));
+  EXPECT_TRUE(c.sharing().is_cached(tail));
+  EXPECT_EQ(c.eviction().hits(tail), 3u);
+  EXPECT_EQ(c.sharing().num_orphan_entries(), 1);
+  EXPECT_EQ(c.match_prefix(prompt)->blocks, 0) << "the head is gone";
+  ASSERT_TRUE(c.free_sequence(4));
+  c.begin_step();
+  ASSERT_TRUE(c.add_sequence(5, concat(iota_tokens(4, 0), {9})));  // the head once more
+  prefix_match m;
+  ASSERT_TRUE(c.add_sequence(6, prompt, {}, &m));
+  EXPECT_EQ(m.blocks, 2);
+  EXPECT_EQ(table(c, 6)[1], tail) << "the old tail is hit again";
+}

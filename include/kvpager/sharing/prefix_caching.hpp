@@ -183,10 +183,11 @@ class basic_prefix_caching {
     KVPAGER_ASSERT(!is_cached(b), "prefix_caching::commit of a block that is already cached");
     KVPAGER_ASSERT(static_cast<std::int32_t>(tokens.size()) == block_size_, "prefix_caching::commit of a partial block");
     if (!c.valid) return;
-    // A valid cursor names a held entry (the chain's last block is cached and referenced by its sequence).
-    KVPAGER_ASSERT(c.entry < 0 || (live(c.entry, c.serial) && at(c.entry).holders > 0),
-                   "prefix_caching::commit after a cursor whose block is no longer cached");
-    if (c.entry >= 0 && !live(c.entry, c.serial)) {
+    // A valid cursor names a held entry (the chain's last block is cached and referenced by its sequence). Were it
+    // not so, the parent could be reclaimed under the new entry: stop caching this chain instead.
+    const bool parent_held = c.entry < 0 || (live(c.entry, c.serial) && at(c.entry).holders > 0);
+    KVPAGER_ASSERT(parent_held, "prefix_caching::commit after a cursor whose block is no longer cached");
+    if (!parent_held) {
       c = cursor{};
       return;
     }
