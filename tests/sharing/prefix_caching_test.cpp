@@ -792,3 +792,29 @@ TEST(PrefixCaching, LfuEvictsARecomputedHeadBeforeItsHitTail) {
   EXPECT_EQ(m.blocks, 2);
   EXPECT_EQ(table(c, 6)[1], tail) << "the old tail is hit again";
 }
+
+// A copy of the policy (entries and token ids live in separately allocated chunks) is deep: it answers the same
+// lookups, and changing one leaves the other as it was.
+TEST(PrefixCaching, CopiesAreDeepAndIndependent) {
+  prefix_caching p;
+  p.reset(pool_geometry{8, 2, 0});
+  chain_driver<prefix_caching> d{p};
+  d.commit(100, {0, 1, 2});
+  prefix_caching copy = p;
+  chain_driver<prefix_caching> dc{copy};
+  p.uncache(2);
+  p.uncache(1);
+  p.uncache(0);
+  EXPECT_EQ(p.num_entries(), 0);
+  EXPECT_EQ(copy.num_entries(), 3);
+  EXPECT_EQ(copy.memory_bytes(), prefix_caching(copy).memory_bytes());
+  auto c = copy.first_cursor(0);
+  EXPECT_EQ(copy.lookup(c, dc.block(100, 0)), 0);
+  EXPECT_EQ(copy.lookup(c, dc.block(100, 1)), 1);
+  EXPECT_EQ(copy.lookup(c, dc.block(100, 2)), 2);
+  auto pc = p.first_cursor(0);
+  EXPECT_EQ(p.lookup(pc, d.block(100, 0)), no_block);
+  p = copy;  // copy assignment
+  pc = p.first_cursor(0);
+  EXPECT_EQ(p.lookup(pc, d.block(100, 0)), 0);
+}
