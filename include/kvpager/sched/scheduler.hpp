@@ -2,15 +2,24 @@
 /// \file
 /// scheduler: a continuous-batching helper an engine drives step by step, on top of a paged_kv_cache. It keeps the
 /// waiting, running and swapped queues, admits requests against a watermark (OK / LATER / NEVER, so a request that
-/// can never fit is rejected at once instead of blocking the queue, vLLM issue #39734), grows running sequences by
-/// one token per step, preempts under shortage (by the cache's swap policy: swap or recompute), swaps sequences back
-/// in before admitting new ones, admits nothing in a step that preempted, and ages waiting requests so none starves.
+/// can never run is rejected at once instead of blocking the queue, vLLM issue #39734), computes prompts in chunks
+/// within the token budget (chunked prefill, as vLLM v1: running decodes first, then partially computed prompts,
+/// then new admissions), preempts under shortage (by swap or by recompute, which works over any cache: the
+/// scheduler frees the victim itself), swaps sequences back in before admitting new ones, admits nothing in a step
+/// that preempted, and ages waiting requests so none starves.
+///
+/// No request is left stuck: each one is finished (by the engine, or by the scheduler with a finish_reason in
+/// step_output::finished when it reaches cache_config::max_blocks_per_seq or can no longer be computed at all) or
+/// rejected with admission::never. A swapped request comes back at the latest when nothing else runs (the watermark
+/// is not kept then), and so does a recompute victim.
 ///
 /// One step:
 /// \code
 ///   const kvpager::step_output& out = sched.schedule();   // plan: swaps, copies, slot mapping, scheduled sequences
 ///   executor.execute(cache.plan(), out.slot_mapping, ...);  // the engine runs the model on out.scheduled
-///   for (auto& s : out.scheduled) sched.complete(s.id, sampled_token, finished);
+///   for (auto& s : out.scheduled)
+///     if (s.last_chunk) sched.complete(s.id, sampled_token, finished);   // no token for a partial prefill chunk
+///   for (auto& f : out.finished) ...;                       // finished by the scheduler (length cap, ...)
 /// \endcode
 /// Sequences carry their token ids (prompt, then every sampled token), so prefix caching works and a request
 /// preempted by recompute is re-admitted with all its tokens.
@@ -18,6 +27,7 @@
 #include <algorithm>
 #include <cstdint>
 #include <deque>
+#include <optional>
 #include <span>
 #include <unordered_map>
 #include <utility>
@@ -34,7 +44,7 @@ KVPAGER_NAMESPACE_BEGIN
 enum class admission {
   ok,     ///< fits now, watermark kept
   later,  ///< does not fit now; may once other requests finish
-  never,  ///< cannot fit even in an empty cache: rejected
+  never,  ///< can never run (cache, max_blocks_per_seq, token budget without chunked prefill): rejected
 };
 
 /// Which running request is preempted first when blocks run out.
@@ -43,31 +53,83 @@ enum class preemption_order {
   lowest_priority  ///< the lowest (aged) priority, newest among equals (vLLM's PRIORITY policy)
 };
 
+/// How a preempted request gives its device blocks back. Whatever the mode, a victim the cache cannot swap (no
+/// host pool, host pool full, a policy that does not preempt) is preempted by recompute: the scheduler frees it
+/// and re-queues it, so preemption works over every cache composition.
+enum class preemption_mode {
+  cache_policy,  ///< as the cache's swap policy decides (cache.preempt: host_swap swaps, hybrid_swap while room)
+  recompute,     ///< always recompute (vLLM v1): free the blocks, compute the request's tokens again on resume
+  swap,          ///< swap out to the host pool whatever the policy's choice, where the cache has one
+};
+
+/// Why the scheduler finished a request itself (step_output::finished). Its blocks are back in the cache.
+enum class finish_reason {
+  length_cap,   ///< its tokens need more than cache_config::max_blocks_per_seq blocks (vLLM's max_model_len)
+  too_long,     ///< its tokens can no longer be computed: more blocks than the cache's usable blocks, more than
+                ///< 2^31-1 tokens, or (chunked prefill off) more tokens to recompute than max_num_batched_tokens
+  cache_error,  ///< the cache refused a call it cannot refuse for a sequence the scheduler owns (the sequence was
+                ///< changed behind the scheduler's back); step_output::error holds the cache's status
+};
+
+/// Stable name of a finish reason.
+[[nodiscard]] constexpr const char* to_string(finish_reason r) noexcept {
+  switch (r) {
+    case finish_reason::length_cap: return "length_cap";
+    case finish_reason::too_long: return "too_long";
+    case finish_reason::cache_error: return "cache_error";
+  }
+  return "unknown_reason";
+}
+
 struct scheduler_config {
-  std::int32_t max_num_seqs = 256;             ///< running requests at most
-  std::int64_t max_num_batched_tokens = 8192;  ///< tokens computed per step at most
+  std::int32_t max_num_seqs = 256;             ///< running requests at most (< 1: every request is NEVER)
+  std::int64_t max_num_batched_tokens = 8192;  ///< tokens computed per step at most (< 1: every request is NEVER)
   /// Blocks kept free when admitting or swapping in, in permille of the usable blocks (10 = 1%, vLLM V0's
-  /// default; the seed's example keeps 100 = 10%).
+  /// default; the seed's example keeps 100 = 10%). Not kept when nothing is running, so no request waits forever.
   std::int32_t watermark_permille = 10;
   preemption_order victim = preemption_order::newest_first;
-  /// A waiting request gains one priority level per `aging_steps` steps it waits (0 = no aging).
+  /// A waiting request gains one priority level per `aging_steps` steps it waits (0 = no aging). Priority plus
+  /// aging saturates at INT32_MAX.
   std::int32_t aging_steps = 0;
+  /// Chunked prefill (vLLM v1's default): a prompt longer than the step's remaining token budget is computed over
+  /// several steps. Off: a prompt is computed in one step, and one longer than max_num_batched_tokens is NEVER.
+  bool chunked_prefill = true;
+  preemption_mode preemption = preemption_mode::cache_policy;
 };
 
-/// A sequence scheduled in a step and how many tokens it computes.
+/// A sequence scheduled in a step: it computes tokens [start, start + num_tokens) of scheduler::tokens(id).
 struct scheduled_sequence {
   seq_id id = 0;
-  std::int32_t num_tokens = 0;  ///< 1 for a decode; the uncached part of the prompt for a (re-)admission
-  bool prefill = false;
+  std::int32_t num_tokens = 0;  ///< 1 for a decode; a chunk of the uncached prompt for a (re-)admission
+  bool prefill = false;         ///< the tokens are (part of) a prompt, or of a recompute victim's tokens
+  /// The request's last pending token is computed: the engine samples its next token and calls complete().
+  /// False for a prefill chunk that is not the prompt's last one: no token is sampled for it.
+  bool last_chunk = true;
+  std::int32_t start = 0;  ///< position of the first token computed
 };
 
-/// What one schedule() call decided. Byte movement is in the cache's plan(); its slot mapping is copied here.
+/// A request the scheduler finished itself, and why.
+struct finished_request {
+  seq_id id = 0;
+  finish_reason reason = finish_reason::length_cap;
+  friend bool operator==(const finished_request&, const finished_request&) = default;
+};
+
+/// What one schedule() call decided. Byte movement is in the cache's plan(); its slot mapping is copied here. A step
+/// is always complete: a cache error the scheduler cannot absorb ends only the request it concerns (in `finished`,
+/// reason cache_error) and is reported in `error`.
 struct step_output {
   std::vector<scheduled_sequence> scheduled;  ///< in slot-mapping order
   std::vector<seq_id> preempted_recompute;    ///< freed; back at the front of the waiting queue
   std::vector<seq_id> swapped_out;            ///< now in the swapped queue
-  std::vector<seq_id> swapped_in;             ///< back to running (and scheduled)
-  std::vector<seq_id> rejected;               ///< admission::never: dropped from the waiting queue
+  std::vector<seq_id> swapped_in;             ///< back to running (and scheduled when the budget and blocks allow)
+  /// Always empty: a request that can never run is answered admission::never by add_request and never queued.
+  /// (Kept for source compatibility; a queued request that can no longer run is in `finished`.)
+  std::vector<seq_id> rejected;
+  std::vector<finished_request> finished;     ///< finished by the scheduler in this step, with the reason; freed
+  std::vector<seq_id> dropped_forks;          ///< fork children not created: the parent stopped running (or the
+                                              ///< cache refused the fork, e.g. out of blocks to copy into)
+  status error;                               ///< ok, or the first cache error that ended a request in this step
   std::vector<std::int64_t> slot_mapping;     ///< cache.export_slot_mapping() of this step
   const step_plan* plan = nullptr;            ///< the cache's plan: swap-outs, swap-ins, copies, appends
 };
@@ -76,11 +138,13 @@ struct step_output {
 struct scheduler_stats {
   std::int64_t steps = 0;
   std::int64_t admitted = 0;
-  std::int64_t finished = 0;
+  std::int64_t finished = 0;              ///< by the engine (finish, complete) or by the scheduler
+  std::int64_t finished_with_reason = 0;  ///< of those, by the scheduler (step_output::finished)
   std::int64_t rejected = 0;
   std::int64_t preempted_recompute = 0;
   std::int64_t preempted_swap = 0;
   std::int64_t swapped_in = 0;
+  std::int64_t dropped_forks = 0;
   std::int32_t waiting = 0;
   std::int32_t running = 0;
   std::int32_t swapped = 0;
@@ -91,21 +155,23 @@ class scheduler {
  public:
   scheduler(Cache& cache, scheduler_config cfg = {}) : cache_(cache), cfg_(cfg) {}
 
-  /// Queues a request. Returns admission::never (and does not queue it) if its prompt cannot fit even in an empty
-  /// cache with the watermark kept; otherwise whether it would fit now. Errors: errc::duplicate_sequence,
+  /// Queues a request. Returns admission::never (and does not queue it) if it can never run: its prompt cannot fit
+  /// even in an empty cache with the watermark kept, needs more than max_blocks_per_seq blocks, or (chunked prefill
+  /// off) is longer than max_num_batched_tokens; otherwise whether it would fit now. Errors (nothing changed):
+  /// errc::duplicate_sequence (a known request, a pending fork child, or a sequence in the cache),
   /// errc::invalid_argument (empty prompt).
   result<admission> add_request(seq_id id, std::span<const token_id> prompt, std::int32_t priority = 0) {
     if (prompt.empty()) return status{errc::invalid_argument, "add_request: empty prompt"};
-    if (reqs_.count(id) != 0 || cache_.contains(id))
+    if (known(id) || cache_.contains(id))
       return status{errc::duplicate_sequence, "add_request: request id is already known"};
-    request r;
-    r.tokens.assign(prompt.begin(), prompt.end());
-    r.priority = priority;
-    const admission a = check(r);
+    const admission a = check_tokens(static_cast<std::int64_t>(prompt.size()));
     if (a == admission::never) {
       ++stats_.rejected;
       return a;
     }
+    request r;
+    r.tokens.assign(prompt.begin(), prompt.end());
+    r.priority = priority;
     reqs_.emplace(id, std::move(r));
     waiting_.push_back(id);
     return a;
@@ -113,80 +179,29 @@ class scheduler {
 
   /// The admission answer for a prompt of `num_tokens` tokens right now (without prefix hits).
   [[nodiscard]] admission check_tokens(std::int64_t num_tokens) const noexcept {
+    if (num_tokens < 1 || cfg_.max_num_seqs < 1 || cfg_.max_num_batched_tokens < 1 || limit_reached(num_tokens, true))
+      return admission::never;
     const std::int64_t need = cache_.blocks_needed(num_tokens);
-    const std::int64_t usable = cache_.stats().total;
-    if (need + watermark_blocks() > usable) return admission::never;
+    if (need + watermark_blocks() > cache_.stats().total) return admission::never;
     return cache_.available_blocks() - need >= watermark_blocks() ? admission::ok : admission::later;
   }
 
-  /// One scheduling step; the previous step's plan must have been executed.
+  /// One scheduling step; the previous step's plan must have been executed. In order: pending forks, running
+  /// decodes, partially computed prompts, swap-ins, admissions (the last two not in a step that preempted).
   const step_output& schedule() {
     cache_.begin_step();
-    out_ = step_output{};
+    clear_output();
     out_.plan = &cache_.plan();
-    ++stats_.steps;
-    for (const auto& [parent, child] : forks_) {  // requested since the last step; its bytes are in place now
-      const auto it = reqs_.find(parent);
-      if (it == reqs_.end() || std::find(running_.begin(), running_.end(), parent) == running_.end()) continue;
-      if (!cache_.fork(parent, child, it->second.computed)) continue;
-      request copy = it->second;
-      reqs_.emplace(child, std::move(copy));
-      running_.push_back(child);
-    }
-    forks_.clear();
-    std::int64_t budget = cfg_.max_num_batched_tokens;
-    bool preempted = false;
-
-    // 1. Grow running requests by their pending token; preempt on shortage.
-    for (std::size_t i = 0; i < running_.size() && budget > 0;) {
-      const seq_id id = running_[i];
-      request& r = reqs_.at(id);
-      const auto pending = static_cast<std::int32_t>(r.tokens.size()) - r.computed;
-      const std::int32_t n = static_cast<std::int32_t>(std::min<std::int64_t>(pending, budget));
-      bool self = false;
-      for (;;) {
-        const auto span = std::span<const token_id>(r.tokens).subspan(static_cast<std::size_t>(r.computed),
-                                                                      static_cast<std::size_t>(n));
-        const status st = cache_.append_tokens(id, span);
-        if (st.ok()) break;
-        if (st.code() != errc::out_of_blocks) return out_;  // cannot happen for a running sequence
-        const seq_id victim = pick_victim(i);
-        preempted = true;
-        if (!preempt(victim)) return out_;
-        if (victim == id) {
-          self = true;
-          break;
-        }
-      }
-      if (self) break;  // running_ shrank by the victim at index >= i
-      r.computed += n;
-      out_.scheduled.push_back({id, n, false});
-      budget -= n;
-      ++i;
-    }
-
-    if (!preempted) {
-      // 2. Swap in before admitting anything new (oldest first), watermark kept.
-      while (!swapped_.empty() && static_cast<std::int32_t>(running_.size()) < cfg_.max_num_seqs && budget > 0) {
-        const seq_id id = swapped_.front();
-        request& r = reqs_.at(id);
-        if (cache_.available_blocks() - static_cast<std::int64_t>(r.host_blocks) < watermark_blocks()) break;
-        if (!cache_.swap_in(id)) break;
-        swapped_.pop_front();
-        running_.push_back(id);
-        out_.swapped_in.push_back(id);
-        ++stats_.swapped_in;
-        // Its pending token is computed in this step too.
-        const auto pending = static_cast<std::int32_t>(r.tokens.size()) - r.computed;
-        if (pending > 0 && budget >= pending &&
-            cache_.append_tokens(id, std::span<const token_id>(r.tokens).subspan(static_cast<std::size_t>(r.computed)))) {
-          r.computed += pending;
-          out_.scheduled.push_back({id, pending, false});
-          budget -= pending;
-        }
-      }
-      // 3. Admit waiting requests in (aged) priority order, FCFS among equals.
-      if (swapped_.empty()) admit(budget);
+    step_ = static_cast<std::uint64_t>(++stats_.steps);
+    start_forks();
+    budget_ = cfg_.max_num_batched_tokens;
+    preempted_ = false;
+    stop_running_ = false;
+    run_running(false);  // decodes first
+    run_running(true);   // then prompts computed in chunks
+    if (!preempted_) {
+      swap_in();
+      if (swapped_.empty()) admit();  // swapped requests come back before anything new
     }
     age_waiting();
     out_.slot_mapping.resize(static_cast<std::size_t>(cache_.slot_mapping_size()));
@@ -196,36 +211,60 @@ class scheduler {
 
   /// Parallel sampling: at the start of the next step (once this step's bytes are written), request `child` starts
   /// as a copy of running request `parent` (same tokens, sharing its blocks by reference count; the first write
-  /// into a shared partial block copies it). Errors: errc::unknown_sequence (parent not running),
-  /// errc::duplicate_sequence (child known).
+  /// into a shared partial block copies it). If the parent no longer runs then (finished, preempted) or the cache
+  /// refuses the fork, the child is not created and is listed in step_output::dropped_forks. Errors (nothing
+  /// changed): errc::unknown_sequence (parent not running), errc::duplicate_sequence (child known or pending).
   status fork(seq_id parent, seq_id child) {
-    if (std::find(running_.begin(), running_.end(), parent) == running_.end())
+    const auto it = reqs_.find(parent);
+    if (it == reqs_.end() || it->second.where != place::running)
       return status{errc::unknown_sequence, "fork: the parent is not running"};
-    if (reqs_.count(child) != 0 || cache_.contains(child))
+    if (known(child) || cache_.contains(child))
       return status{errc::duplicate_sequence, "fork: the child id is already known"};
-    for (const auto& f : forks_)
-      if (f.second == child) return status{errc::duplicate_sequence, "fork: the child id is already pending"};
     forks_.emplace_back(parent, child);
     return ok_status();
   }
 
-  /// After the step ran: request `id` sampled `next`; if `finished`, it is freed (its last token not kept).
+  /// After the step ran: request `id` sampled `next`; if `finished`, it is freed wherever it is (its last token not
+  /// kept; this also cancels a request mid-prefill, or a pending fork child). Without `finished`, the request must
+  /// be running with every token computed (a scheduled sequence with last_chunk): a token for a prefill chunk that
+  /// is not the prompt's last, for a waiting or swapped request, or a second token for one step is refused with
+  /// errc::invalid_argument and changes nothing. errc::unknown_sequence for an unknown id.
   status complete(seq_id id, token_id next, bool finished = false) {
+    if (finished) return finish(id);
     const auto it = reqs_.find(id);
     if (it == reqs_.end()) return status{errc::unknown_sequence, "complete: unknown request id"};
-    if (finished) return finish(id);
-    it->second.tokens.push_back(next);
+    request& r = it->second;
+    if (r.where != place::running || r.computed != num_tokens(r))
+      return status{errc::invalid_argument,
+                    "complete: the request is not waiting for a token (a prefill chunk that is not the last, a "
+                    "waiting or swapped request, or a token already given)"};
+    r.tokens.push_back(next);
     return ok_status();
   }
 
-  /// Frees request `id` wherever it is (running, swapped or waiting).
+  /// Frees request `id` wherever it is (running, swapped, waiting, or a fork child still pending).
   status finish(seq_id id) {
     const auto it = reqs_.find(id);
-    if (it == reqs_.end()) return status{errc::unknown_sequence, "finish: unknown request id"};
-    if (cache_.contains(id)) (void)cache_.free_sequence(id);
-    erase_from(running_, id);
-    erase_from(swapped_, id);
-    erase_from(waiting_, id);
+    if (it == reqs_.end()) {
+      const auto f = std::find_if(forks_.begin(), forks_.end(), [&](const auto& p) { return p.second == id; });
+      if (f == forks_.end()) return status{errc::unknown_sequence, "finish: unknown request id"};
+      forks_.erase(f);
+      ++stats_.finished;
+      return ok_status();
+    }
+    switch (it->second.where) {
+      case place::running:
+        erase_from(running_, id);
+        break;
+      case place::swapped:
+        erase_from(swapped_, id);
+        break;
+      case place::waiting:
+        erase_from(waiting_, id);
+        break;
+    }
+    // A waiting request holds nothing in the cache (a live sequence of that id is not the scheduler's).
+    if (it->second.where != place::waiting && cache_.contains(id)) (void)cache_.free_sequence(id);
     reqs_.erase(it);
     ++stats_.finished;
     return ok_status();
@@ -241,106 +280,284 @@ class scheduler {
   [[nodiscard]] std::span<const seq_id> running() const noexcept { return running_; }
   [[nodiscard]] const std::deque<seq_id>& waiting() const noexcept { return waiting_; }
   [[nodiscard]] const std::deque<seq_id>& swapped() const noexcept { return swapped_; }
+  /// Fork children requested and not yet created (parent, child), in request order.
+  [[nodiscard]] std::span<const std::pair<seq_id, seq_id>> pending_forks() const noexcept { return forks_; }
   /// Token ids of request `id` (prompt, then sampled tokens), or an empty span.
   [[nodiscard]] std::span<const token_id> tokens(seq_id id) const noexcept {
     const auto it = reqs_.find(id);
     return it == reqs_.end() ? std::span<const token_id>{} : std::span<const token_id>(it->second.tokens);
   }
-  /// Effective priority of request `id` (its priority plus aging).
+  /// Tokens of request `id` whose KV is in the cache (running or swapped; equal to the cache's num_tokens), 0 for
+  /// a waiting or unknown request.
+  [[nodiscard]] std::int32_t num_computed_tokens(seq_id id) const noexcept {
+    const auto it = reqs_.find(id);
+    return it == reqs_.end() ? 0 : it->second.computed;
+  }
+  /// Effective priority of request `id`: its priority plus aging, saturated to the int32 range (0 if unknown).
   [[nodiscard]] std::int32_t priority(seq_id id) const noexcept {
     const auto it = reqs_.find(id);
-    return it == reqs_.end() ? 0 : it->second.priority + it->second.aged;
+    if (it == reqs_.end()) return 0;
+    return static_cast<std::int32_t>(std::min<std::int64_t>(effective_priority(it->second), INT32_MAX));
   }
   [[nodiscard]] const scheduler_config& config() const noexcept { return cfg_; }
 
  private:
+  enum class place : std::uint8_t { waiting, running, swapped };
+
   struct request {
     std::vector<token_id> tokens;
     std::int32_t computed = 0;  ///< tokens with KV in the cache
     std::int32_t priority = 0;
-    std::int32_t aged = 0;      ///< priority gained while waiting
+    std::int64_t aged = 0;      ///< priority gained while waiting (64 bits: priority + aged never overflows)
     std::int32_t waited = 0;    ///< steps waited since the last aging increment
-    std::int32_t host_blocks = 0;
+    place where = place::waiting;
+    bool prefilling = false;    ///< its tokens up to tokens.size() are a prompt (or a recompute) being computed
+    std::uint64_t step = 0;     ///< last step in which it was scheduled
   };
 
+  static std::int64_t num_tokens(const request& r) noexcept { return static_cast<std::int64_t>(r.tokens.size()); }
+  static std::int64_t effective_priority(const request& r) noexcept { return std::int64_t{r.priority} + r.aged; }
+
+  [[nodiscard]] bool known(seq_id id) const noexcept {
+    return reqs_.count(id) != 0 ||
+           std::any_of(forks_.begin(), forks_.end(), [&](const auto& f) { return f.second == id; });
+  }
+
   [[nodiscard]] std::int64_t watermark_blocks() const noexcept {
-    return std::int64_t{cache_.stats().total} * cfg_.watermark_permille / 1000;
-  }
-  [[nodiscard]] admission check(const request& r) const noexcept {
-    return check_tokens(static_cast<std::int64_t>(r.tokens.size()));
+    const std::int64_t permille = std::clamp<std::int64_t>(cfg_.watermark_permille, 0, 1000);
+    return std::int64_t{cache_.stats().total} * permille / 1000;
   }
 
-  /// The victim among running_[from..]: requests already scheduled in this step are kept.
-  seq_id pick_victim(std::size_t from) const {
-    if (cfg_.victim == preemption_order::newest_first) return running_.back();
-    // Lowest effective priority; the newest among equals.
-    std::size_t best = running_.size() - 1;
-    for (std::size_t i = running_.size(); i-- > from;) {
-      const request& r = reqs_.at(running_[i]);
-      const request& b = reqs_.at(running_[best]);
-      if (r.priority + r.aged < b.priority + b.aged) best = i;
+  /// Why a request of `n` tokens can never be computed (again), whatever else runs; none if it can.
+  /// `whole`: its uncached tokens must fit one step (a (re-)admission with chunked prefill off).
+  [[nodiscard]] std::optional<finish_reason> limit_reached(std::int64_t n, bool whole) const noexcept {
+    if (n > INT32_MAX) return finish_reason::too_long;
+    const std::int64_t need = cache_.blocks_needed(n);
+    const std::int32_t cap = cache_.config().max_blocks_per_seq;
+    if (cap > 0 && need > cap) return finish_reason::length_cap;
+    if (need > cache_.stats().total) return finish_reason::too_long;
+    if (whole && !cfg_.chunked_prefill && n > cfg_.max_num_batched_tokens) return finish_reason::too_long;
+    return std::nullopt;
+  }
+
+  /// Blocks to keep free for an admission or swap-in: the watermark, unless nothing runs (then the request is
+  /// let in if it fits at all: nothing else could ever free blocks for it).
+  [[nodiscard]] std::int64_t blocks_to_keep() const noexcept { return running_.empty() ? 0 : watermark_blocks(); }
+
+  void clear_output() noexcept {
+    out_.scheduled.clear();
+    out_.preempted_recompute.clear();
+    out_.swapped_out.clear();
+    out_.swapped_in.clear();
+    out_.rejected.clear();
+    out_.finished.clear();
+    out_.dropped_forks.clear();
+    out_.error = ok_status();
+    out_.slot_mapping.clear();
+  }
+
+  /// Forks requested since the last step; their parents' bytes are in place now.
+  void start_forks() {
+    for (const auto& [parent, child] : forks_) {
+      const auto it = reqs_.find(parent);
+      if (it == reqs_.end() || it->second.where != place::running ||
+          !cache_.fork(parent, child, it->second.computed)) {
+        out_.dropped_forks.push_back(child);
+        ++stats_.dropped_forks;
+        continue;
+      }
+      request copy = it->second;
+      copy.step = 0;
+      reqs_.emplace(child, std::move(copy));
+      running_.push_back(child);
     }
-    return running_[best];
+    forks_.clear();
   }
 
-  bool preempt(seq_id victim) {
+  /// One pass over the running queue: the requests computing a prompt (`prefilling`) or the others (decodes).
+  void run_running(bool prefilling) {
+    ids_.assign(running_.begin(), running_.end());
+    for (const seq_id id : ids_) {
+      if (budget_ <= 0 || stop_running_) return;
+      const auto it = reqs_.find(id);
+      if (it == reqs_.end() || it->second.where != place::running || it->second.step == step_ ||
+          it->second.prefilling != prefilling)
+        continue;
+      compute(id, it->second, true);
+    }
+  }
+
+  /// Schedules the pending tokens of running request `id` within the budget (a chunk of them with chunked prefill;
+  /// all or none without). On shortage, with `may_preempt`, preempts victims until they fit or `id` itself is the
+  /// victim; without, leaves them pending. A request past its limits is finished with the reason.
+  void compute(seq_id id, request& r, bool may_preempt) {
+    if (const auto why = limit_reached(num_tokens(r), false)) {
+      finish_with(id, *why);
+      return;
+    }
+    const std::int64_t pending = num_tokens(r) - r.computed;
+    if (pending <= 0) return;  // its sampled token has not been given yet
+    const std::int64_t n = std::min(pending, budget_);
+    if (!cfg_.chunked_prefill && n < pending) return;
+    const auto span = std::span<const token_id>(r.tokens).subspan(static_cast<std::size_t>(r.computed),
+                                                                  static_cast<std::size_t>(n));
+    for (;;) {
+      const status st = cache_.append_tokens(id, span);
+      if (st.ok()) break;
+      if (st.code() != errc::out_of_blocks) {
+        fail(id, st);
+        return;
+      }
+      if (!may_preempt) return;
+      const seq_id victim = pick_victim(id);
+      preempt(victim);
+      if (victim == id) {
+        stop_running_ = true;  // as vLLM: a request that preempted itself ends the pass over the running queue
+        return;
+      }
+    }
+    record(id, r, r.computed, static_cast<std::int32_t>(n));
+  }
+
+  /// `n` tokens of `r` from position `start` were appended in the cache: its entry in the step.
+  void record(seq_id id, request& r, std::int32_t start, std::int32_t n) {
+    r.computed = start + n;
+    const bool last = r.computed == num_tokens(r);
+    out_.scheduled.push_back({id, n, r.prefilling, last, start});
+    if (last) r.prefilling = false;
+    r.step = step_;
+    budget_ -= n;
+  }
+
+  /// The victim for a shortage of running request `self`: among the running requests not scheduled in this step,
+  /// and `self`, the newest, or the lowest effective priority (newest among equals).
+  [[nodiscard]] seq_id pick_victim(seq_id self) const {
+    seq_id best = self;
+    bool found = false;
+    std::int64_t best_priority = 0;
+    for (auto it = running_.rbegin(); it != running_.rend(); ++it) {  // newest first
+      const request& c = reqs_.at(*it);
+      if (*it != self && c.step == step_) continue;
+      if (cfg_.victim == preemption_order::newest_first) return *it;
+      if (!found || effective_priority(c) < best_priority) {
+        best = *it;
+        best_priority = effective_priority(c);
+        found = true;
+      }
+    }
+    return best;
+  }
+
+  /// Takes running request `victim` off the device by the configured mode, by recompute where a swap is refused.
+  void preempt(seq_id victim) {
     request& r = reqs_.at(victim);
-    const std::int32_t blocks = static_cast<std::int32_t>(cache_.blocks_needed(r.computed));
-    const auto a = cache_.preempt(victim);
-    preempt_action action = preempt_action::recompute;
-    if (a.ok()) {
-      action = *a;
-    } else if (a.code() == errc::host_pool_full) {
-      if (!cache_.free_sequence(victim)) return false;  // no host room: recompute (counted as such)
-    } else {
-      return false;
+    bool swapped = false;
+    bool freed = false;
+    if (cfg_.preemption == preemption_mode::cache_policy) {
+      if (const auto a = cache_.preempt(victim)) {
+        swapped = *a == preempt_action::swap;
+        freed = true;
+      }
+    } else if (cfg_.preemption == preemption_mode::swap) {
+      swapped = freed = cache_.swap_out(victim).ok();
     }
+    if (!freed) {
+      if (const status st = cache_.free_sequence(victim); !st) {
+        fail(victim, st);  // gone from the cache behind the scheduler's back
+        return;
+      }
+    }
+    preempted_ = true;
     erase_from(running_, victim);
-    if (action == preempt_action::swap) {
-      r.host_blocks = blocks;
+    if (swapped) {
+      r.where = place::swapped;
       swapped_.push_back(victim);
       out_.swapped_out.push_back(victim);
       ++stats_.preempted_swap;
     } else {
+      r.where = place::waiting;
       r.computed = 0;
+      r.prefilling = false;
       waiting_.push_front(victim);
       out_.preempted_recompute.push_back(victim);
       ++stats_.preempted_recompute;
     }
-    return true;
   }
 
-  void admit(std::int64_t& budget) {
-    // Highest effective priority first; stable, so FCFS among equals (recompute victims were pushed in front).
-    std::stable_sort(waiting_.begin(), waiting_.end(), [&](seq_id a, seq_id b) {
-      const request& ra = reqs_.at(a);
-      const request& rb = reqs_.at(b);
-      return ra.priority + ra.aged > rb.priority + rb.aged;
-    });
-    while (!waiting_.empty() && budget > 0 && static_cast<std::int32_t>(running_.size()) < cfg_.max_num_seqs) {
-      const seq_id id = waiting_.front();
+  /// Swapped requests back in, oldest first, the watermark kept unless nothing runs; each computes its pending
+  /// tokens in this step where the budget and blocks allow.
+  void swap_in() {
+    while (!swapped_.empty() && static_cast<std::int64_t>(running_.size()) < cfg_.max_num_seqs && budget_ > 0) {
+      const seq_id id = swapped_.front();
       request& r = reqs_.at(id);
-      const auto m = cache_.match_prefix(r.tokens);
-      const std::int64_t n = static_cast<std::int64_t>(r.tokens.size()) - m->tokens;
-      if (n > budget) break;
-      const std::int64_t need = m->blocks_to_allocate;
-      if (need + watermark_blocks() > cache_.stats().total) {  // can never fit: reject instead of blocking
-        waiting_.pop_front();
-        out_.rejected.push_back(id);
-        reqs_.erase(id);
-        ++stats_.rejected;
+      if (const auto why = limit_reached(num_tokens(r), false)) {
+        finish_with(id, *why);
         continue;
       }
-      if (cache_.available_blocks() - need < watermark_blocks()) break;  // LATER
-      if (!cache_.add_sequence(id, r.tokens, {.priority = r.priority})) break;
+      const auto host = cache_.host_block_table(id);
+      if (!host) {
+        fail(id, host.error());
+        continue;
+      }
+      if (cache_.available_blocks() - static_cast<std::int64_t>(host->size()) < blocks_to_keep()) break;
+      if (const status st = cache_.swap_in(id); !st) {
+        if (st.code() == errc::out_of_blocks) break;
+        fail(id, st);
+        continue;
+      }
+      swapped_.pop_front();
+      running_.push_back(id);
+      r.where = place::running;
+      out_.swapped_in.push_back(id);
+      ++stats_.swapped_in;
+      compute(id, r, false);
+    }
+  }
+
+  /// Admits waiting requests in (aged) priority order, FCFS among equals, each with its prefix hit and a first
+  /// chunk of its uncached tokens within the budget.
+  void admit() {
+    // Stable, so FCFS among equals (recompute victims were pushed in front).
+    std::stable_sort(waiting_.begin(), waiting_.end(), [&](seq_id a, seq_id b) {
+      return effective_priority(reqs_.at(a)) > effective_priority(reqs_.at(b));
+    });
+    while (!waiting_.empty() && budget_ > 0 && static_cast<std::int64_t>(running_.size()) < cfg_.max_num_seqs) {
+      const seq_id id = waiting_.front();
+      request& r = reqs_.at(id);
+      const std::int64_t n = num_tokens(r);
+      if (const auto why = limit_reached(n, true)) {  // a recompute victim that grew past what can ever run
+        finish_with(id, *why);
+        continue;
+      }
+      const sequence_options options{.priority = r.priority};
+      const auto m = cache_.match_prefix(r.tokens, options);
+      if (!m) {
+        fail(id, m.error());
+        continue;
+      }
+      const std::int64_t uncached = n - m->tokens;
+      const std::int64_t chunk = std::min(uncached, budget_);
+      if (!cfg_.chunked_prefill && chunk < uncached) break;  // whole, in a later step
+      // The first chunk ends at `end`: it takes the hit's blocks that consume capacity and blocks up to `end`.
+      const std::int64_t end = m->tokens + chunk;
+      const std::int64_t need = m->blocks_to_allocate - cache_.blocks_needed(n) + cache_.blocks_needed(end);
+      if (cache_.available_blocks() - need < blocks_to_keep()) break;  // LATER
+      prefix_match hit;
+      const status st = cache_.add_sequence(
+          id, std::span<const token_id>(r.tokens).first(static_cast<std::size_t>(end)), options, &hit);
+      if (!st) {
+        if (st.code() == errc::out_of_blocks) break;
+        fail(id, st);
+        continue;
+      }
       waiting_.pop_front();
       running_.push_back(id);
-      r.computed = static_cast<std::int32_t>(r.tokens.size());
+      r.where = place::running;
+      r.prefilling = true;
       r.aged = 0;
       r.waited = 0;
-      out_.scheduled.push_back({id, static_cast<std::int32_t>(n), true});
-      budget -= n;
       ++stats_.admitted;
+      record(id, r, hit.tokens, static_cast<std::int32_t>(end) - hit.tokens);
     }
   }
 
@@ -350,9 +567,23 @@ class scheduler {
       request& r = reqs_.at(id);
       if (++r.waited >= cfg_.aging_steps) {
         r.waited = 0;
-        ++r.aged;
+        if (r.aged < INT64_MAX) ++r.aged;
       }
     }
+  }
+
+  /// The scheduler ends request `id` itself (`why`), reported in step_output::finished.
+  void finish_with(seq_id id, finish_reason why) {
+    out_.finished.push_back({id, why});
+    ++stats_.finished_with_reason;
+    (void)finish(id);
+  }
+
+  /// The cache refused a call it cannot refuse for a sequence the scheduler owns: the request ends (its cache
+  /// sequence, if any, is freed), so the scheduler's queues stay consistent with the cache.
+  void fail(seq_id id, status st) {
+    if (out_.error.ok()) out_.error = st;
+    finish_with(id, finish_reason::cache_error);
   }
 
   template <class Queue>
@@ -370,6 +601,11 @@ class scheduler {
   step_output out_;
   scheduler_stats stats_;
   std::vector<std::pair<seq_id, seq_id>> forks_;
+  std::vector<seq_id> ids_;  ///< scratch: the running queue at the start of a pass
+  std::uint64_t step_ = 0;
+  std::int64_t budget_ = 0;  ///< tokens left in this step
+  bool preempted_ = false;   ///< this step preempted: no swap-in, no admission
+  bool stop_running_ = false;
 };
 
 KVPAGER_NAMESPACE_END
