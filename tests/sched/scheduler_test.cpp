@@ -133,3 +133,371 @@ TEST(Scheduler, AgingOffStarves) {
     }
   }
 }
+
+// ------------------------------------------------------------------------------------------------ regressions
+namespace {
+/// Checks the step's scheduled sequences against the cache: their tokens are the slot mapping's entries, in order,
+/// each on the sequence's block table, and the cache holds what the scheduler counts as computed.
+template <class Cache, class S>
+void expect_complete_step(const Cache& cache, const S& s, const step_output& out) {
+  std::size_t slot = 0;
+  for (const auto& x : out.scheduled) {
+    ASSERT_TRUE(cache.contains(x.id));
+    const auto table = *cache.block_table(x.id);
+    for (std::int32_t p = x.start; p < x.start + x.num_tokens; ++p, ++slot) {
+      ASSERT_LT(slot, out.slot_mapping.size());
+      const std::int64_t bs = cache.block_size();
+      EXPECT_EQ(out.slot_mapping[slot], std::int64_t{table[static_cast<std::size_t>(p / bs)]} * bs + p % bs);
+    }
+    EXPECT_EQ(*cache.num_tokens(x.id), s.num_computed_tokens(x.id));
+    EXPECT_EQ(x.start + x.num_tokens, s.num_computed_tokens(x.id));
+  }
+  EXPECT_EQ(slot, out.slot_mapping.size());
+}
+template <class S>
+void sample_last_chunks(S& s, const step_output& out) {
+  for (const auto& x : out.scheduled)
+    if (x.last_chunk) {
+      ASSERT_TRUE(s.complete(x.id, 1));
+    }
+}
+bool finished_with(const step_output& out, seq_id id, finish_reason why) {
+  return std::find(out.finished.begin(), out.finished.end(), finished_request{id, why}) != out.finished.end();
+}
+}  // namespace
+
+// Issue 9 item 5: a prompt longer than max_num_batched_tokens was answered OK and then blocked the queue forever.
+TEST(Scheduler, PromptLongerThanTheTokenBudgetIsPrefilledInChunks) {
+  auto cache = *recompute_cache::create({4, 64, 0, 0});
+  scheduler_config cfg;
+  cfg.max_num_batched_tokens = 8;
+  scheduler<recompute_cache> s(cache, cfg);
+  EXPECT_EQ(*s.add_request(1, prompt(30)), admission::ok);
+  ASSERT_TRUE(s.add_request(2, prompt(3)));
+  const std::int32_t chunks[] = {8, 8, 8, 6};
+  for (std::int32_t i = 0; i < 4; ++i) {
+    const auto& out = s.schedule();
+    expect_complete_step(cache, s, out);
+    ASSERT_GE(out.scheduled.size(), 1U);
+    EXPECT_EQ(out.scheduled[0].id, 1U);
+    EXPECT_EQ(out.scheduled[0].start, 8 * i);
+    EXPECT_EQ(out.scheduled[0].num_tokens, chunks[i]);
+    EXPECT_TRUE(out.scheduled[0].prefill);
+    EXPECT_EQ(out.scheduled[0].last_chunk, i == 3);
+    if (i < 3) {
+      EXPECT_EQ(out.scheduled.size(), 1U) << "the budget is spent on the long prompt";
+    }
+  }
+  ASSERT_TRUE(s.complete(1, 1));
+  const auto& out = s.schedule();  // the decode of 1, then request 2 (no longer blocked)
+  expect_complete_step(cache, s, out);
+  ASSERT_EQ(out.scheduled.size(), 2U);
+  EXPECT_EQ(out.scheduled[0].id, 1U);
+  EXPECT_FALSE(out.scheduled[0].prefill);
+  EXPECT_EQ(out.scheduled[1].id, 2U);
+  EXPECT_TRUE(out.scheduled[1].last_chunk);
+}
+
+TEST(Scheduler, ChunkedPrefillRunsDecodesFirstThenThePartialPromptThenNewRequests) {
+  auto cache = *recompute_cache::create({4, 64, 0, 0});
+  scheduler_config cfg;
+  cfg.max_num_batched_tokens = 10;
+  scheduler<recompute_cache> s(cache, cfg);
+  ASSERT_TRUE(s.add_request(1, prompt(4)));
+  ASSERT_TRUE(s.add_request(2, prompt(20)));
+  auto out = s.schedule();  // 1 whole (4), 2 a first chunk (6)
+  ASSERT_EQ(out.scheduled.size(), 2U);
+  EXPECT_EQ(out.scheduled[1].num_tokens, 6);
+  EXPECT_FALSE(out.scheduled[1].last_chunk);
+  sample_last_chunks(s, out);
+  ASSERT_TRUE(s.add_request(3, prompt(3)));
+  out = s.schedule();  // decode of 1, then 9 more of 2; no room for 3
+  ASSERT_EQ(out.scheduled.size(), 2U);
+  EXPECT_EQ(out.scheduled[0].id, 1U);
+  EXPECT_EQ(out.scheduled[1].id, 2U);
+  EXPECT_EQ(out.scheduled[1].num_tokens, 9);
+  sample_last_chunks(s, out);
+  out = s.schedule();  // decode of 1, the last 5 of 2, then 3
+  expect_complete_step(cache, s, out);
+  ASSERT_EQ(out.scheduled.size(), 3U);
+  EXPECT_EQ(out.scheduled[0].id, 1U);
+  EXPECT_EQ(out.scheduled[1].id, 2U);
+  EXPECT_EQ(out.scheduled[1].num_tokens, 5);
+  EXPECT_TRUE(out.scheduled[1].last_chunk);
+  EXPECT_EQ(out.scheduled[2].id, 3U);
+  EXPECT_EQ(out.scheduled[2].num_tokens, 3);
+}
+
+TEST(Scheduler, ChunkedPrefillOffMakesAPromptOverTheBudgetNever) {
+  auto cache = *recompute_cache::create({4, 64, 0, 0});
+  scheduler_config cfg;
+  cfg.max_num_batched_tokens = 8;
+  cfg.chunked_prefill = false;
+  scheduler<recompute_cache> s(cache, cfg);
+  EXPECT_EQ(*s.add_request(1, prompt(9)), admission::never);
+  EXPECT_EQ(s.stats().waiting, 0);
+  EXPECT_EQ(s.stats().rejected, 1);
+  EXPECT_EQ(s.check_tokens(9), admission::never);
+  EXPECT_EQ(*s.add_request(2, prompt(8)), admission::ok);
+  ASSERT_TRUE(s.add_request(3, prompt(4)));
+  const auto& out = s.schedule();  // 2 whole; 3 does not fit the rest of the budget and is not chunked
+  ASSERT_EQ(out.scheduled.size(), 1U);
+  EXPECT_EQ(out.scheduled[0].num_tokens, 8);
+  EXPECT_TRUE(out.scheduled[0].last_chunk);
+}
+
+TEST(Scheduler, ChunkedPrefillHitsThePrefixCacheOnTheFirstChunkAndCachesEveryBlock) {
+  auto cache = *vllm_v1_cache::create({4, 32, 0, 0});
+  scheduler_config cfg;
+  cfg.max_num_batched_tokens = 6;
+  scheduler<vllm_v1_cache> s(cache, cfg);
+  ASSERT_TRUE(s.add_request(1, prompt(20)));
+  for (int i = 0; i < 4; ++i) {
+    const auto& out = s.schedule();
+    expect_complete_step(cache, s, out);
+  }
+  ASSERT_EQ(s.num_computed_tokens(1), 20);
+  (void)s.schedule();  // the last chunk's bytes are written (freed before, its last block would not be cached)
+  ASSERT_TRUE(s.finish(1));
+  std::vector<token_id> p = prompt(20);
+  p.push_back(99);
+  ASSERT_TRUE(s.add_request(2, p));
+  const auto& out = s.schedule();
+  expect_complete_step(cache, s, out);
+  ASSERT_EQ(out.scheduled.size(), 1U);
+  EXPECT_EQ(out.scheduled[0].start, 20) << "all five blocks written chunk by chunk were cached";
+  EXPECT_EQ(out.scheduled[0].num_tokens, 1);
+  EXPECT_EQ(cache.stats().prefix_hit_tokens, 20);
+}
+
+TEST(Scheduler, CompleteOfAMidPrefillChunkIsRefusedAndChangesNothing) {
+  auto cache = *recompute_cache::create({4, 64, 0, 0});
+  scheduler_config cfg;
+  cfg.max_num_batched_tokens = 8;
+  scheduler<recompute_cache> s(cache, cfg);
+  ASSERT_TRUE(s.add_request(1, prompt(20)));
+  ASSERT_TRUE(s.add_request(2, prompt(4)));
+  (void)s.schedule();
+  EXPECT_EQ(s.complete(1, 7).code(), errc::invalid_argument) << "no token is sampled for a partial chunk";
+  EXPECT_EQ(s.tokens(1).size(), 20U);
+  EXPECT_EQ(s.complete(2, 7).code(), errc::invalid_argument) << "a waiting request has no token to take";
+  EXPECT_EQ(s.tokens(2).size(), 4U);
+  EXPECT_TRUE(s.complete(1, 7, /*finished=*/true)) << "a request mid-prefill can still be cancelled";
+  EXPECT_FALSE(cache.contains(1));
+  EXPECT_EQ(cache.stats().used, 0);
+}
+
+// Issue 9 item 6: max_blocks_per_seq was ignored: an over-long prompt blocked the queue, and a request reaching
+// the limit made every later step schedule it with an empty slot mapping.
+TEST(Scheduler, PromptOverMaxBlocksPerSeqIsNever) {
+  auto cache = *recompute_cache::create({4, 64, 0, 3});
+  scheduler<recompute_cache> s(cache);
+  EXPECT_EQ(*s.add_request(1, prompt(13)), admission::never);
+  EXPECT_EQ(s.stats().waiting, 0);
+  EXPECT_EQ(*s.add_request(2, prompt(12)), admission::ok);
+}
+
+TEST(Scheduler, RunningRequestReachingMaxBlocksPerSeqFinishesWithLengthCap) {
+  auto cache = *recompute_cache::create({4, 64, 0, 3});  // 12 tokens at most
+  scheduler<recompute_cache> s(cache);
+  ASSERT_TRUE(s.add_request(1, prompt(10)));
+  ASSERT_TRUE(s.add_request(2, prompt(2)));
+  bool capped = false;
+  for (int step = 0; step < 8 && !capped; ++step) {
+    const auto& out = s.schedule();
+    expect_complete_step(cache, s, out);
+    EXPECT_TRUE(out.error.ok());
+    if (finished_with(out, 1, finish_reason::length_cap)) {
+      capped = true;
+      EXPECT_EQ(step, 3) << "12 tokens computed, the 13th sampled: finished at the next step";
+      EXPECT_FALSE(cache.contains(1));
+      EXPECT_TRUE(s.tokens(1).empty());
+      for (const auto& x : out.scheduled) EXPECT_NE(x.id, 1U);
+      EXPECT_EQ(cache.stats().used, 2) << "its blocks are back; request 2 holds 2";
+    }
+    sample_last_chunks(s, out);
+  }
+  EXPECT_TRUE(capped);
+  EXPECT_EQ(s.stats().finished_with_reason, 1);
+}
+
+// Issue 9 item 7: over a cache whose swap policy does not preempt (no_swap), schedule() stalled with a partial
+// step forever. Recompute preemption is the scheduler's own: free the victim and re-queue it.
+template <class Cache>
+void recompute_over(Cache cache, scheduler_config cfg) {
+  cfg.watermark_permille = 0;
+  scheduler<Cache> s(cache, cfg);
+  ASSERT_TRUE(s.add_request(1, prompt(12)));
+  ASSERT_TRUE(s.add_request(2, prompt(12, 100)));
+  bool preempted = false;
+  std::int64_t steps = 0;
+  while (s.stats().finished < 2 && steps++ < 200) {
+    const auto& out = s.schedule();
+    expect_complete_step(cache, s, out);
+    if (!out.preempted_recompute.empty()) {
+      preempted = true;
+      EXPECT_EQ(out.preempted_recompute[0], 2U);
+      EXPECT_FALSE(cache.contains(2));
+    }
+    for (const auto& x : out.scheduled)
+      if (x.last_chunk) {
+        ASSERT_TRUE(s.complete(x.id, 1, s.tokens(x.id).size() >= 24));
+      }
+  }
+  EXPECT_TRUE(preempted);
+  EXPECT_EQ(s.stats().finished, 2) << "both requests ran to the end";
+  EXPECT_EQ(cache.stats().used, 0);
+}
+TEST(Scheduler, RecomputePreemptionWorksOverACacheThatCannotPreempt) {
+  recompute_over(*vllm_v1_cache::create({4, 8, 0, 0}), {});
+  recompute_over(*paged_kv_cache<>::create({4, 8, 0, 0}), {});
+}
+TEST(Scheduler, PreemptionModesOverEveryCache) {
+  scheduler_config cfg;
+  cfg.preemption = preemption_mode::recompute;  // over a swap cache: recompute anyway
+  recompute_over(*swap_cache::create({4, 8, 0, 0}, {}, {}, {}, host_swap(host_pool_config{16})), cfg);
+  cfg.preemption = preemption_mode::swap;  // over a cache without a host pool: recompute
+  recompute_over(*recompute_cache::create({4, 8, 0, 0}), cfg);
+  recompute_over(*vllm_v1_cache::create({4, 8, 0, 0}), cfg);
+  // Swap mode over a host pool swaps, whatever the policy would do (recompute would be hybrid's answer for a
+  // pool too small: here it has room).
+  using hybrid_cache = paged_kv_cache<free_list_allocator, no_eviction, refcount_sharing, hybrid_swap>;
+  auto cache = *hybrid_cache::create({4, 8, 0, 0}, {}, {}, {}, hybrid_swap(host_pool_config{16}));
+  scheduler<hybrid_cache> s(cache, cfg);
+  ASSERT_TRUE(s.add_request(1, prompt(12)));
+  ASSERT_TRUE(s.add_request(2, prompt(12, 100)));
+  bool swapped = false;
+  for (int i = 0; i < 10 && !swapped; ++i) {
+    const auto& out = s.schedule();
+    swapped = !out.swapped_out.empty();
+    EXPECT_TRUE(out.preempted_recompute.empty());
+    sample_last_chunks(s, out);
+  }
+  EXPECT_TRUE(swapped);
+  EXPECT_TRUE(cache.is_swapped(2));
+}
+
+// Issue 9 item 8: a swapped request with more than usable - watermark blocks never came back (and, since admission
+// waits for an empty swapped queue, nothing else was admitted again).
+TEST(Scheduler, SwappedRequestLargerThanUsableMinusWatermarkComesBack) {
+  auto cache = *swap_cache::create({4, 10, 0, 0}, {}, {}, {}, host_swap(host_pool_config{16}));
+  scheduler_config cfg;
+  cfg.watermark_permille = 200;  // 2 blocks
+  scheduler<swap_cache> s(cache, cfg);
+  ASSERT_TRUE(s.add_request(1, prompt(4)));
+  ASSERT_TRUE(s.add_request(2, prompt(4, 100)));
+  (void)s.schedule();
+  ASSERT_TRUE(s.complete(2, 1));  // 1 idles (no token given): only 2 grows
+  bool out_once = false;
+  for (int i = 0; i < 40 && !out_once; ++i) {
+    const auto& out = s.schedule();
+    out_once = !out.swapped_out.empty();
+    for (const auto& x : out.scheduled) ASSERT_TRUE(s.complete(x.id, 1));
+  }
+  ASSERT_TRUE(out_once);
+  ASSERT_TRUE(cache.is_swapped(2));
+  ASSERT_EQ(cache.host_block_table(2)->size(), 9U) << "more than 10 - 2 watermark blocks";
+  ASSERT_TRUE(s.finish(1));
+  ASSERT_TRUE(s.add_request(3, prompt(4, 200)));
+  const auto& out = s.schedule();
+  ASSERT_TRUE(contains(out.swapped_in, 2)) << "nothing else runs: the watermark is not kept";
+  expect_complete_step(cache, s, out);
+  ASSERT_EQ(out.scheduled.size(), 1U);
+  EXPECT_EQ(out.scheduled[0].id, 2U);
+  ASSERT_TRUE(s.finish(2));
+  EXPECT_TRUE(contains(std::vector<seq_id>{s.schedule().scheduled[0].id}, 3)) << "admission resumes";
+}
+
+// Issue 9 item 9: add_request took the id of a pending fork child: the request then sat in two queues.
+TEST(Scheduler, AddRequestRefusesThePendingForkChildId) {
+  auto cache = *recompute_cache::create({4, 64, 0, 0});
+  scheduler<recompute_cache> s(cache);
+  ASSERT_TRUE(s.add_request(1, prompt(10)));
+  sample_all(s, s.schedule());
+  ASSERT_TRUE(s.fork(1, 5));
+  EXPECT_EQ(s.add_request(5, prompt(3)).code(), errc::duplicate_sequence);
+  EXPECT_EQ(s.stats().waiting, 0);
+  EXPECT_EQ(s.fork(1, 5).code(), errc::duplicate_sequence);
+  const auto& out = s.schedule();
+  expect_complete_step(cache, s, out);
+  EXPECT_EQ(s.stats().running, 2);
+  EXPECT_EQ(s.stats().waiting, 0);
+  EXPECT_EQ(*cache.num_tokens(5), 11);
+  EXPECT_EQ(s.num_computed_tokens(5), 11);
+}
+
+// Issue 9 item 13: priority + aging overflowed int32 (the highest priority became the lowest).
+TEST(Scheduler, PriorityAgingSaturatesInsteadOfOverflowing) {
+  auto cache = *recompute_cache::create({4, 4, 0, 0});
+  scheduler_config cfg;
+  cfg.watermark_permille = 0;
+  cfg.aging_steps = 1;
+  scheduler<recompute_cache> s(cache, cfg);
+  ASSERT_TRUE(s.add_request(1, prompt(16)));  // takes the whole cache
+  (void)s.schedule();
+  ASSERT_TRUE(s.add_request(2, prompt(4), INT32_MAX - 1));
+  ASSERT_TRUE(s.add_request(3, prompt(4), INT32_MAX));
+  ASSERT_TRUE(s.add_request(4, prompt(4), INT32_MIN));
+  for (int i = 0; i < 3; ++i) (void)s.schedule();
+  EXPECT_EQ(s.priority(3), INT32_MAX);
+  EXPECT_EQ(s.priority(2), INT32_MAX);
+  EXPECT_EQ(s.priority(4), INT32_MIN + 3);
+  ASSERT_TRUE(s.finish(1));
+  const auto& out = s.schedule();
+  ASSERT_GE(out.scheduled.size(), 1U);
+  EXPECT_EQ(out.scheduled[0].id, 3U) << "the highest priority stays the highest while aging";
+}
+
+// Issue 9 item 14: a fork whose parent stopped running before the next step was dropped silently.
+TEST(Scheduler, ForkDroppedBecauseTheParentStoppedIsReported) {
+  auto cache = *recompute_cache::create({4, 64, 0, 0});
+  scheduler<recompute_cache> s(cache);
+  ASSERT_TRUE(s.add_request(1, prompt(10)));
+  ASSERT_TRUE(s.add_request(2, prompt(10, 50)));
+  sample_all(s, s.schedule());
+  ASSERT_TRUE(s.fork(1, 7));
+  ASSERT_TRUE(s.fork(2, 8));
+  EXPECT_EQ(s.pending_forks().size(), 2U);
+  ASSERT_TRUE(s.finish(1));
+  const auto& out = s.schedule();
+  ASSERT_EQ(out.dropped_forks, std::vector<seq_id>{7});
+  EXPECT_EQ(s.stats().dropped_forks, 1);
+  EXPECT_FALSE(cache.contains(7));
+  EXPECT_EQ(s.complete(7, 1).code(), errc::unknown_sequence);
+  EXPECT_TRUE(cache.contains(8));
+  EXPECT_TRUE(s.pending_forks().empty());
+}
+
+TEST(Scheduler, FinishOfAPendingForkChildCancelsIt) {
+  auto cache = *recompute_cache::create({4, 64, 0, 0});
+  scheduler<recompute_cache> s(cache);
+  ASSERT_TRUE(s.add_request(1, prompt(10)));
+  sample_all(s, s.schedule());
+  ASSERT_TRUE(s.fork(1, 7));
+  ASSERT_TRUE(s.finish(7));
+  const auto& out = s.schedule();
+  EXPECT_TRUE(out.dropped_forks.empty());
+  EXPECT_FALSE(cache.contains(7));
+  EXPECT_EQ(s.stats().running, 1);
+}
+
+// General: schedule() returned a partial step (`return out_;` mid-loop) on a cache error. Now the request concerned
+// ends with a reason, the error is reported, and the rest of the step is complete.
+TEST(Scheduler, CacheErrorEndsOnlyThatRequestAndTheStepIsComplete) {
+  auto cache = *recompute_cache::create({4, 64, 0, 0});
+  scheduler<recompute_cache> s(cache);
+  ASSERT_TRUE(s.add_request(1, prompt(10)));
+  ASSERT_TRUE(s.add_request(2, prompt(10, 50)));
+  ASSERT_TRUE(s.add_request(3, prompt(10, 80)));
+  sample_all(s, s.schedule());
+  ASSERT_TRUE(cache.free_sequence(1));  // behind the scheduler's back
+  const auto& out = s.schedule();
+  EXPECT_EQ(out.error.code(), errc::unknown_sequence);
+  EXPECT_TRUE(finished_with(out, 1, finish_reason::cache_error));
+  expect_complete_step(cache, s, out);
+  ASSERT_EQ(out.scheduled.size(), 2U);
+  EXPECT_EQ(s.stats().running, 2);
+  EXPECT_TRUE(s.tokens(1).empty());
+  const auto& next = s.schedule();
+  EXPECT_TRUE(next.error.ok()) << "the error is reported once, with the step it happened in";
+}
