@@ -127,6 +127,7 @@ struct step_output {
   /// (Kept for source compatibility; a queued request that can no longer run is in `finished`.)
   std::vector<seq_id> rejected;
   std::vector<finished_request> finished;     ///< finished by the scheduler in this step, with the reason; freed
+  std::vector<seq_id> forked;                 ///< fork children created at the start of this step (running)
   std::vector<seq_id> dropped_forks;          ///< fork children not created: the parent stopped running (or the
                                               ///< cache refused the fork, e.g. out of blocks to copy into)
   status error;                               ///< ok, or the first cache error that ended a request in this step
@@ -211,9 +212,11 @@ class scheduler {
 
   /// Parallel sampling: at the start of the next step (once this step's bytes are written), request `child` starts
   /// as a copy of running request `parent` (same tokens, sharing its blocks by reference count; the first write
-  /// into a shared partial block copies it). If the parent no longer runs then (finished, preempted) or the cache
-  /// refuses the fork, the child is not created and is listed in step_output::dropped_forks. Errors (nothing
-  /// changed): errc::unknown_sequence (parent not running), errc::duplicate_sequence (child known or pending).
+  /// into a shared partial block copies it); it is listed in step_output::forked. A child of a parent still waiting
+  /// for its sampled token (complete not called yet) waits for its own: give it with complete(child, ...). If the
+  /// parent no longer runs then (finished) or the cache refuses the fork, the child is not created and is listed in
+  /// step_output::dropped_forks. Errors (nothing changed): errc::unknown_sequence (parent not running),
+  /// errc::duplicate_sequence (child known or pending).
   status fork(seq_id parent, seq_id child) {
     const auto it = reqs_.find(parent);
     if (it == reqs_.end() || it->second.where != place::running)
@@ -351,6 +354,7 @@ class scheduler {
     out_.swapped_in.clear();
     out_.rejected.clear();
     out_.finished.clear();
+    out_.forked.clear();
     out_.dropped_forks.clear();
     out_.error = ok_status();
     out_.slot_mapping.clear();
@@ -370,6 +374,7 @@ class scheduler {
       copy.step = 0;
       reqs_.emplace(child, std::move(copy));
       running_.push_back(child);
+      out_.forked.push_back(child);
     }
     forks_.clear();
   }
