@@ -31,7 +31,7 @@ using namespace kvpager;
 namespace {
 
 #if defined(KVPAGER_TEST_SANITIZED)
-constexpr int runs_per_composition = 40;  // ASan/UBSan: smaller, same shapes
+constexpr int runs_per_composition = 80;  // ASan/UBSan: smaller, same shapes
 #else
 constexpr int runs_per_composition = 500;
 #endif

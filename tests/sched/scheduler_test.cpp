@@ -161,6 +161,13 @@ void sample_last_chunks(S& s, const step_output& out) {
       ASSERT_TRUE(s.complete(x.id, 1));
     }
 }
+/// Default options but at most `tokens` tokens computed per step.
+scheduler_config budget(std::int64_t tokens, bool chunked = true) {
+  scheduler_config cfg;
+  cfg.max_num_batched_tokens = tokens;
+  cfg.chunked_prefill = chunked;
+  return cfg;
+}
 bool finished_with(const step_output& out, seq_id id, finish_reason why) {
   return std::find(out.finished.begin(), out.finished.end(), finished_request{id, why}) != out.finished.end();
 }
@@ -169,9 +176,7 @@ bool finished_with(const step_output& out, seq_id id, finish_reason why) {
 // Issue 9 item 5: a prompt longer than max_num_batched_tokens was answered OK and then blocked the queue forever.
 TEST(Scheduler, PromptLongerThanTheTokenBudgetIsPrefilledInChunks) {
   auto cache = *recompute_cache::create({4, 64, 0, 0});
-  scheduler_config cfg;
-  cfg.max_num_batched_tokens = 8;
-  scheduler<recompute_cache> s(cache, cfg);
+  scheduler<recompute_cache> s(cache, budget(8));
   EXPECT_EQ(*s.add_request(1, prompt(30)), admission::ok);
   ASSERT_TRUE(s.add_request(2, prompt(3)));
   const std::int32_t chunks[] = {8, 8, 8, 6};
@@ -200,9 +205,7 @@ TEST(Scheduler, PromptLongerThanTheTokenBudgetIsPrefilledInChunks) {
 
 TEST(Scheduler, ChunkedPrefillRunsDecodesFirstThenThePartialPromptThenNewRequests) {
   auto cache = *recompute_cache::create({4, 64, 0, 0});
-  scheduler_config cfg;
-  cfg.max_num_batched_tokens = 10;
-  scheduler<recompute_cache> s(cache, cfg);
+  scheduler<recompute_cache> s(cache, budget(10));
   ASSERT_TRUE(s.add_request(1, prompt(4)));
   ASSERT_TRUE(s.add_request(2, prompt(20)));
   auto out = s.schedule();  // 1 whole (4), 2 a first chunk (6)
@@ -230,10 +233,7 @@ TEST(Scheduler, ChunkedPrefillRunsDecodesFirstThenThePartialPromptThenNewRequest
 
 TEST(Scheduler, ChunkedPrefillOffMakesAPromptOverTheBudgetNever) {
   auto cache = *recompute_cache::create({4, 64, 0, 0});
-  scheduler_config cfg;
-  cfg.max_num_batched_tokens = 8;
-  cfg.chunked_prefill = false;
-  scheduler<recompute_cache> s(cache, cfg);
+  scheduler<recompute_cache> s(cache, budget(8, /*chunked=*/false));
   EXPECT_EQ(*s.add_request(1, prompt(9)), admission::never);
   EXPECT_EQ(s.stats().waiting, 0);
   EXPECT_EQ(s.stats().rejected, 1);
@@ -248,9 +248,7 @@ TEST(Scheduler, ChunkedPrefillOffMakesAPromptOverTheBudgetNever) {
 
 TEST(Scheduler, ChunkedPrefillHitsThePrefixCacheOnTheFirstChunkAndCachesEveryBlock) {
   auto cache = *vllm_v1_cache::create({4, 32, 0, 0});
-  scheduler_config cfg;
-  cfg.max_num_batched_tokens = 6;
-  scheduler<vllm_v1_cache> s(cache, cfg);
+  scheduler<vllm_v1_cache> s(cache, budget(6));
   ASSERT_TRUE(s.add_request(1, prompt(20)));
   for (int i = 0; i < 4; ++i) {
     const auto& out = s.schedule();
@@ -272,9 +270,7 @@ TEST(Scheduler, ChunkedPrefillHitsThePrefixCacheOnTheFirstChunkAndCachesEveryBlo
 
 TEST(Scheduler, CompleteOfAMidPrefillChunkIsRefusedAndChangesNothing) {
   auto cache = *recompute_cache::create({4, 64, 0, 0});
-  scheduler_config cfg;
-  cfg.max_num_batched_tokens = 8;
-  scheduler<recompute_cache> s(cache, cfg);
+  scheduler<recompute_cache> s(cache, budget(8));
   ASSERT_TRUE(s.add_request(1, prompt(20)));
   ASSERT_TRUE(s.add_request(2, prompt(4)));
   (void)s.schedule();

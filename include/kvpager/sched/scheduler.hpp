@@ -510,9 +510,7 @@ class scheduler {
         fail(id, st);
         continue;
       }
-      swapped_.pop_front();
-      running_.push_back(id);
-      r.where = place::running;
+      start_running(swapped_, id, r);
       out_.swapped_in.push_back(id);
       ++stats_.swapped_in;
       compute(id, r, false);
@@ -555,15 +553,20 @@ class scheduler {
         fail(id, st);
         continue;
       }
-      waiting_.pop_front();
-      running_.push_back(id);
-      r.where = place::running;
+      start_running(waiting_, id, r);
       r.prefilling = true;
       r.aged = 0;
       r.waited = 0;
       ++stats_.admitted;
       record(id, r, hit.tokens, static_cast<std::int32_t>(end) - hit.tokens);
     }
+  }
+
+  /// Request `id`, the front of `from` (waiting or swapped), joins the running queue.
+  void start_running(std::deque<seq_id>& from, seq_id id, request& r) {
+    from.pop_front();
+    running_.push_back(id);
+    r.where = place::running;
   }
 
   void age_waiting() {
