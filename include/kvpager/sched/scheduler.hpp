@@ -158,7 +158,8 @@ class scheduler {
 
   /// Queues a request. Returns admission::never (and does not queue it) if it can never run: its prompt cannot fit
   /// even in an empty cache with the watermark kept, needs more than max_blocks_per_seq blocks, or (chunked prefill
-  /// off) is longer than max_num_batched_tokens; otherwise whether it would fit now. Errors (nothing changed):
+  /// off) is longer than max_num_batched_tokens (or the configuration runs nothing: max_num_seqs or
+  /// max_num_batched_tokens below 1); otherwise whether it would fit now. Errors (nothing changed):
   /// errc::duplicate_sequence (a known request, a pending fork child, or a sequence in the cache),
   /// errc::invalid_argument (empty prompt).
   result<admission> add_request(seq_id id, std::span<const token_id> prompt, std::int32_t priority = 0) {
@@ -198,8 +199,7 @@ class scheduler {
     budget_ = cfg_.max_num_batched_tokens;
     preempted_ = false;
     stop_running_ = false;
-    run_running(false);  // decodes first
-    run_running(true);   // then prompts computed in chunks
+    run_running();
     if (!preempted_) {
       swap_in();
       if (swapped_.empty()) admit();  // swapped requests come back before anything new
@@ -379,17 +379,32 @@ class scheduler {
     forks_.clear();
   }
 
-  /// One pass over the running queue: the requests computing a prompt (`prefilling`) or the others (decodes).
-  void run_running(bool prefilling) {
+  /// The running queue in order: decodes first; the requests computing a prompt in chunks are set aside and
+  /// continue after them.
+  void run_running() {
     ids_.assign(running_.begin(), running_.end());
+    partial_.clear();
     for (const seq_id id : ids_) {
       if (budget_ <= 0 || stop_running_) return;
-      const auto it = reqs_.find(id);
-      if (it == reqs_.end() || it->second.where != place::running || it->second.step == step_ ||
-          it->second.prefilling != prefilling)
-        continue;
-      compute(id, it->second, true);
+      request* r = unscheduled_running(id);
+      if (r == nullptr) continue;
+      if (r->prefilling) {
+        partial_.push_back(id);
+      } else {
+        compute(id, *r, true);
+      }
     }
+    for (const seq_id id : partial_) {
+      if (budget_ <= 0 || stop_running_) return;
+      if (request* r = unscheduled_running(id)) compute(id, *r, true);
+    }
+  }
+
+  /// Request `id` if it is (still) running and not scheduled in this step (a victim leaves the running queue).
+  [[nodiscard]] request* unscheduled_running(seq_id id) noexcept {
+    const auto it = reqs_.find(id);
+    if (it == reqs_.end() || it->second.where != place::running || it->second.step == step_) return nullptr;
+    return &it->second;
   }
 
   /// Schedules the pending tokens of running request `id` within the budget (a chunk of them with chunked prefill;
@@ -609,7 +624,8 @@ class scheduler {
   step_output out_;
   scheduler_stats stats_;
   std::vector<std::pair<seq_id, seq_id>> forks_;
-  std::vector<seq_id> ids_;  ///< scratch: the running queue at the start of a pass
+  std::vector<seq_id> ids_;      ///< scratch: the running queue at the start of the step's pass over it
+  std::vector<seq_id> partial_;  ///< scratch: running requests computing a prompt in chunks, in running order
   std::uint64_t step_ = 0;
   std::int64_t budget_ = 0;  ///< tokens left in this step
   bool preempted_ = false;   ///< this step preempted: no swap-in, no admission
