@@ -5,6 +5,7 @@
 #include <gtest/gtest.h>
 
 #include <algorithm>
+#include <string>
 #include <vector>
 
 using namespace kvpager;
@@ -315,6 +316,26 @@ TEST(Scheduler, RunningRequestReachingMaxBlocksPerSeqFinishesWithLengthCap) {
   }
   EXPECT_TRUE(capped);
   EXPECT_EQ(s.stats().finished_with_reason, 1);
+}
+
+TEST(Scheduler, RunningRequestOutgrowingTheWholeCacheFinishesTooLong) {
+  auto cache = *recompute_cache::create({4, 4, 0, 0});  // 16 tokens in all, no max_blocks_per_seq
+  scheduler_config cfg;
+  cfg.watermark_permille = 0;
+  scheduler<recompute_cache> s(cache, cfg);
+  ASSERT_TRUE(s.add_request(1, prompt(14)));
+  for (int step = 0; step < 3; ++step) {
+    const auto& out = s.schedule();
+    EXPECT_TRUE(out.finished.empty());
+    EXPECT_TRUE(out.preempted_recompute.empty());
+    sample_all(s, out);
+  }
+  const auto& out = s.schedule();  // its 17th token cannot be held by the whole cache
+  EXPECT_TRUE(finished_with(out, 1, finish_reason::too_long));
+  EXPECT_TRUE(out.scheduled.empty());
+  EXPECT_TRUE(out.preempted_recompute.empty()) << "not preempted and re-queued forever";
+  EXPECT_EQ(cache.stats().used, 0);
+  EXPECT_EQ(std::string(to_string(finish_reason::too_long)), "too_long");
 }
 
 // Issue 9 item 7: over a cache whose swap policy does not preempt (no_swap), schedule() stalled with a partial
