@@ -104,3 +104,47 @@ TEST(AssertDeathTest, DefaultHandlerAborts) {
 TEST(Version, MacrosAgree) {
   EXPECT_EQ(KVPAGER_VERSION, KVPAGER_VERSION_MAJOR * 10000 + KVPAGER_VERSION_MINOR * 100 + KVPAGER_VERSION_PATCH);
 }
+
+// Rvalue access returns the value, not a reference into the temporary result: `*make()` and `make().value()` are
+// prvalues, so a range-for over them extends their lifetime instead of iterating freed memory.
+static_assert(std::is_same_v<decltype(*std::declval<result<std::vector<int>>>()), std::vector<int>>);
+static_assert(std::is_same_v<decltype(std::declval<result<std::vector<int>>>().value()), std::vector<int>>);
+static_assert(std::is_same_v<decltype(*std::declval<const result<std::vector<int>>>()), std::vector<int>>);
+static_assert(std::is_same_v<decltype(std::declval<const result<std::vector<int>>>().value()), std::vector<int>>);
+// Lvalue access still refers into the named result.
+static_assert(std::is_same_v<decltype(*std::declval<result<std::vector<int>>&>()), std::vector<int>&>);
+static_assert(std::is_same_v<decltype(*std::declval<const result<std::vector<int>>&>()), const std::vector<int>&>);
+static_assert(std::is_same_v<decltype(std::declval<result<std::vector<int>>&>().value()), std::vector<int>&>);
+static_assert(noexcept(*std::declval<result<std::vector<int>>>()));
+
+namespace {
+result<std::vector<int>> make_numbers(int n) {
+  std::vector<int> v;
+  for (int i = 0; i < n; ++i) v.push_back(i * 10);
+  return v;
+}
+}  // namespace
+
+TEST(Result, RvalueAccessReturnsByValue) {
+  // Before the fix this read a destroyed vector's heap buffer (an ASan heap-use-after-free in the sanitizer build).
+  int sum = 0;
+  int count = 0;
+  for (int x : *make_numbers(64)) {
+    sum += x;
+    ++count;
+  }
+  EXPECT_EQ(count, 64);
+  EXPECT_EQ(sum, 10 * 63 * 64 / 2);
+  for (int x : make_numbers(3).value()) EXPECT_EQ(x % 10, 0);
+  auto&& held = *make_numbers(5);  // a prvalue bound to a reference: extended to the reference's scope
+  ASSERT_EQ(held.size(), 5U);
+  EXPECT_EQ(held[4], 40);
+}
+
+TEST(Result, RvalueAccessMovesTheValueOut) {
+  result<std::unique_ptr<int>> r = std::make_unique<int>(7);
+  std::unique_ptr<int> p = *std::move(r);  // move-only types come out by value too
+  ASSERT_NE(p, nullptr);
+  EXPECT_EQ(*p, 7);
+  EXPECT_EQ(*r, nullptr);  // moved from: the result still holds a (moved-from) value
+}

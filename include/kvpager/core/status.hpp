@@ -112,12 +112,25 @@ class [[nodiscard]] result {
     KVPAGER_ASSERT(ok(), "result::value() on a failed result");
     return *value_;
   }
-  [[nodiscard]] T&& value() && noexcept {
+  /// On an rvalue (a result returned by a call) the value is moved out and returned by value, so
+  /// `for (auto b : *cache.block_table(id))` and `auto&& v = make().value()` never refer into the destroyed
+  /// temporary.
+  [[nodiscard]] T value() && noexcept(std::is_nothrow_move_constructible_v<T>) {
     KVPAGER_ASSERT(ok(), "result::value() on a failed result");
     return std::move(*value_);
   }
+  /// A const rvalue cannot be moved from: the value is copied out.
+  [[nodiscard]] T value() const&& noexcept(std::is_nothrow_copy_constructible_v<T>) {
+    KVPAGER_ASSERT(ok(), "result::value() on a failed result");
+    return *value_;
+  }
   T& operator*() & noexcept { return value(); }
   const T& operator*() const& noexcept { return value(); }
+  /// By value on rvalues, as value() &&.
+  T operator*() && noexcept(std::is_nothrow_move_constructible_v<T>) { return std::move(*this).value(); }
+  T operator*() const&& noexcept(std::is_nothrow_copy_constructible_v<T>) { return std::move(*this).value(); }
+  /// Member access. On an rvalue the pointer is valid until the end of the full expression, as for any
+  /// temporary: `make()->size()` is fine; keep a reference to a member only of a named result.
   T* operator->() noexcept { return &value(); }
   const T* operator->() const noexcept { return &value(); }
 
