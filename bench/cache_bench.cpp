@@ -89,7 +89,7 @@ BENCHMARK(BM_AllocateFree<lowest_id_allocator>)->Name("allocate_free/lowest_id")
 
 // The checked public API (range and double-free checks on release).
 void BM_AllocateFreeChecked(benchmark::State& state) {
-  auto pool = must(block_pool<>::create({65536, 0}));
+  auto pool = must(block_pool<free_list_allocator>::create({65536, 0}));
   std::vector<block_id> held(32768);
   must(pool.allocate(held));
   for (auto _ : state) {

@@ -13,8 +13,6 @@
 #include <utility>
 #include <vector>
 
-#include "kvpager/allocator/free_list_allocator.hpp"
-#include "kvpager/concepts/block_allocator.hpp"
 #include "kvpager/core/assert.hpp"
 #include "kvpager/core/config.hpp"
 #include "kvpager/core/status.hpp"
@@ -41,7 +39,11 @@ struct pool_stats {
   friend bool operator==(const pool_stats&, const pool_stats&) = default;
 };
 
-template <block_allocator A = free_list_allocator>
+/// The pool over allocator `A`, which must model `block_allocator` (concepts/block_allocator.hpp): core sits below
+/// the concepts and the policies, so the requirement is checked where a pool is composed (paged_kv_cache, or
+/// `static_assert(block_allocator<A>)` in your code), and there is no default allocator here. Pick one explicitly,
+/// e.g. `block_pool<free_list_allocator>` (vLLM's FIFO free queue).
+template <class A>
 class block_pool {
  public:
   using allocator_type = A;
