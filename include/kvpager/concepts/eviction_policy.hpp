@@ -41,6 +41,7 @@
 
 #include <concepts>
 #include <cstdint>
+#include <type_traits>
 
 #include "kvpager/core/config.hpp"
 #include "kvpager/core/types.hpp"
@@ -55,37 +56,6 @@ struct retention_hint {
   std::int32_t priority = 0;  ///< larger = keep longer (TensorRT-LLM style retention priority)
 };
 
-namespace detail {
-template <class E>
-concept has_retention = requires {
-  { E::retention } -> std::convertible_to<retention_mode>;
-};
-template <class E>
-concept indexed_eviction_ops = requires(E& e, const E& ce, block_id b, retention_hint h) {
-  { e.insert(b, h) } noexcept -> std::same_as<void>;
-  { e.erase(b) } noexcept -> std::same_as<void>;
-  { e.pop_victim() } noexcept -> std::same_as<block_id>;
-  { e.on_hit(b) } noexcept -> std::same_as<void>;
-  { ce.contains(b) } noexcept -> std::same_as<bool>;
-  { ce.size() } noexcept -> std::same_as<std::int32_t>;
-};
-/// The optional `forget` of the eviction_policy concept.
-template <class E>
-concept forgets_content = requires(E& e, block_id b) {
-  { e.forget(b) } noexcept -> std::same_as<void>;
-};
-/// A `forget` the cache could call: it must then be the one above (a throwing one would be skipped silently).
-template <class E>
-concept forget_fits = !requires(E& e, block_id b) { e.forget(b); } || forgets_content<E>;
-}  // namespace detail
-
-template <class E>
-concept eviction_policy =
-    std::default_initializable<E> && std::movable<E> && detail::has_retention<E> && detail::forget_fits<E> &&
-    requires(E& e, const pool_geometry& g) {
-      { e.reset(g) } -> std::same_as<void>;
-    } && (E::retention != retention_mode::indexed || detail::indexed_eviction_ops<E>);
-
 /// The smallest indexed eviction policy: declarations only, for concept tests and as a template to copy.
 struct eviction_policy_archetype {
   static constexpr retention_mode retention = retention_mode::indexed;
@@ -97,5 +67,74 @@ struct eviction_policy_archetype {
   [[nodiscard]] bool contains(block_id b) const noexcept;
   [[nodiscard]] std::int32_t size() const noexcept;
 };
+
+namespace detail {
+template <class E>
+concept has_retention = requires {
+  { E::retention } -> std::convertible_to<retention_mode>;
+};
+template <class E>
+concept eviction_reset = requires(E& e, const pool_geometry& g) {
+  { e.reset(g) } -> std::same_as<void>;
+};
+
+// One concept per member of the indexed refinement, joined by conjunctions only: a policy missing one gets a
+// diagnostic naming that member's expression (a disjunction would only report "no operand is satisfied").
+template <class E>
+concept eviction_insert = requires(E& e, block_id b, retention_hint h) {
+  { e.insert(b, h) } noexcept -> std::same_as<void>;
+};
+template <class E>
+concept eviction_erase = requires(E& e, block_id b) {
+  { e.erase(b) } noexcept -> std::same_as<void>;
+};
+template <class E>
+concept eviction_pop_victim = requires(E& e) {
+  { e.pop_victim() } noexcept -> std::same_as<block_id>;
+};
+template <class E>
+concept eviction_on_hit = requires(E& e, block_id b) {
+  { e.on_hit(b) } noexcept -> std::same_as<void>;
+};
+template <class E>
+concept eviction_contains = requires(const E& ce, block_id b) {
+  { ce.contains(b) } noexcept -> std::same_as<bool>;
+};
+template <class E>
+concept eviction_size = requires(const E& ce) {
+  { ce.size() } noexcept -> std::same_as<std::int32_t>;
+};
+template <class E>
+concept indexed_eviction_ops = eviction_insert<E> && eviction_erase<E> && eviction_pop_victim<E> &&
+                               eviction_on_hit<E> && eviction_contains<E> && eviction_size<E>;
+
+/// The type whose indexed operations eviction_policy checks: `E` when it declares retention_mode::indexed, the
+/// archetype (which has them all) otherwise. This keeps the concept a plain conjunction.
+template <class E>
+using indexed_subject =
+    std::conditional_t<static_cast<retention_mode>(E::retention) == retention_mode::indexed, E,
+                       eviction_policy_archetype>;
+
+/// The optional `forget` of the eviction_policy concept.
+template <class E>
+concept forgets_content = requires(E& e, block_id b) {
+  { e.forget(b) } noexcept -> std::same_as<void>;
+};
+/// Whether `E` declares some `forget(b)`, whatever its signature.
+template <class E>
+concept declares_forget = requires(E& e, block_id b) { e.forget(b); };
+/// The type whose `forget` eviction_policy checks: `E` when it declares one (which must then be the one above, as a
+/// throwing one would be skipped silently), a type with the right one otherwise.
+struct forget_archetype {
+  void forget(block_id b) noexcept;
+};
+template <class E>
+using forget_subject = std::conditional_t<declares_forget<E>, E, forget_archetype>;
+}  // namespace detail
+
+template <class E>
+concept eviction_policy = std::default_initializable<E> && std::movable<E> && detail::has_retention<E> &&
+                          detail::eviction_reset<E> && detail::forgets_content<detail::forget_subject<E>> &&
+                          detail::indexed_eviction_ops<detail::indexed_subject<E>>;
 
 KVPAGER_NAMESPACE_END
