@@ -136,6 +136,129 @@ struct swap_allocate_returns_void {
 };
 static_assert(!swap_policy<swap_allocate_returns_void>);
 
+// An indexed eviction policy missing any one member is rejected; each member is its own concept (see
+// eviction_member_diagnostic below for the compiler's message).
+enum class eviction_member { none, insert, erase, pop_victim, on_hit, contains, size };
+template <eviction_member M>
+struct indexed_without {
+  static constexpr retention_mode retention = retention_mode::indexed;
+  void reset(const pool_geometry&);
+  void insert(block_id, retention_hint) noexcept
+    requires(M != eviction_member::insert);
+  void erase(block_id) noexcept
+    requires(M != eviction_member::erase);
+  block_id pop_victim() noexcept
+    requires(M != eviction_member::pop_victim);
+  void on_hit(block_id) noexcept
+    requires(M != eviction_member::on_hit);
+  bool contains(block_id) const noexcept
+    requires(M != eviction_member::contains);
+  std::int32_t size() const noexcept
+    requires(M != eviction_member::size);
+};
+static_assert(eviction_policy<indexed_without<eviction_member::none>>);
+static_assert(!eviction_policy<indexed_without<eviction_member::insert>>);
+static_assert(!eviction_policy<indexed_without<eviction_member::erase>>);
+static_assert(!eviction_policy<indexed_without<eviction_member::pop_victim>>);
+static_assert(!eviction_policy<indexed_without<eviction_member::on_hit>>);
+static_assert(!detail::eviction_on_hit<indexed_without<eviction_member::on_hit>>);  // the member, by name
+static_assert(!eviction_policy<indexed_without<eviction_member::contains>>);
+static_assert(!eviction_policy<indexed_without<eviction_member::size>>);
+// The same members are not required of a policy that keeps nothing indexed.
+static_assert(eviction_policy<lazy_only> && !detail::eviction_on_hit<lazy_only>);
+
+// A sharing policy declares what it is: `caches_content = true` makes every member of the content_cache refinement
+// required, and a declared content cache missing one is rejected (not accepted with prefix caching silently off).
+enum class content_member { none, first_cursor, lookup, commit, cursor_after, valid, num_cached };
+template <content_member M, bool Declared = true>
+struct declared_content_cache {
+  static constexpr fork_mode fork = fork_mode::share;
+  static constexpr bool caches_content = Declared;
+  struct cursor {
+    friend bool operator==(const cursor&, const cursor&) = default;
+  };
+  void reset(const pool_geometry&);
+  bool is_cached(block_id) const noexcept;
+  void uncache(block_id) noexcept;
+  cursor first_cursor(std::uint64_t) const noexcept
+    requires(M != content_member::first_cursor);
+  block_id lookup(cursor&, std::span<const token_id>) const noexcept
+    requires(M != content_member::lookup);
+  void commit(block_id, cursor&, std::span<const token_id>) noexcept
+    requires(M != content_member::commit);
+  cursor cursor_after(block_id) const noexcept
+    requires(M != content_member::cursor_after);
+  bool valid(const cursor&) const noexcept
+    requires(M != content_member::valid);
+  std::int32_t num_cached() const noexcept
+    requires(M != content_member::num_cached);
+};
+static_assert(content_cache<declared_content_cache<content_member::none>>);
+static_assert(!sharing_policy<declared_content_cache<content_member::first_cursor>>);
+static_assert(!sharing_policy<declared_content_cache<content_member::lookup>>);
+static_assert(!sharing_policy<declared_content_cache<content_member::commit>>);
+static_assert(!detail::content_commit<declared_content_cache<content_member::commit>>);  // the member, by name
+static_assert(!sharing_policy<declared_content_cache<content_member::cursor_after>>);
+static_assert(!sharing_policy<declared_content_cache<content_member::valid>>);
+static_assert(!sharing_policy<declared_content_cache<content_member::num_cached>>);
+static_assert(!content_cache<declared_content_cache<content_member::num_cached>>);
+// Declared `false`: a plain sharing policy whatever members it has; the cache does not cache content.
+static_assert(sharing_policy<declared_content_cache<content_member::none, false>> &&
+              !content_cache<declared_content_cache<content_member::none, false>>);
+static_assert(sharing_policy<declared_content_cache<content_member::commit, false>>);
+
+struct cursor_without_equality {
+  static constexpr fork_mode fork = fork_mode::share;
+  static constexpr bool caches_content = true;
+  struct cursor {};
+  void reset(const pool_geometry&);
+  bool is_cached(block_id) const noexcept;
+  void uncache(block_id) noexcept;
+  cursor first_cursor(std::uint64_t) const noexcept;
+  block_id lookup(cursor&, std::span<const token_id>) const noexcept;
+  void commit(block_id, cursor&, std::span<const token_id>) noexcept;
+  cursor cursor_after(block_id) const noexcept;
+  bool valid(const cursor&) const noexcept;
+  std::int32_t num_cached() const noexcept;
+};
+static_assert(!sharing_policy<cursor_without_equality>);
+
+// A type that looks like a content cache (a cursor, a lookup or a commit) but declares nothing is rejected: it
+// must say which it is.
+struct undeclared_with_cursor {
+  static constexpr fork_mode fork = fork_mode::share;
+  struct cursor {};
+  void reset(const pool_geometry&);
+  bool is_cached(block_id) const noexcept;
+  void uncache(block_id) noexcept;
+};
+struct undeclared_with_commit {
+  static constexpr fork_mode fork = fork_mode::share;
+  void reset(const pool_geometry&);
+  bool is_cached(block_id) const noexcept;
+  void uncache(block_id) noexcept;
+  void commit(block_id, int, std::span<const token_id>) noexcept;
+};
+static_assert(!sharing_policy<undeclared_with_cursor>);
+static_assert(!sharing_policy<undeclared_with_commit>);
+static_assert(!detail::declares_whether_it_caches_content<undeclared_with_commit>);
+struct caches_content_not_constant {
+  static constexpr fork_mode fork = fork_mode::share;
+  static bool caches_content;  // not a constant expression: not a declaration
+  struct cursor {};
+  void reset(const pool_geometry&);
+  bool is_cached(block_id) const noexcept;
+  void uncache(block_id) noexcept;
+};
+static_assert(!sharing_policy<caches_content_not_constant>);
+
+// The shipped and archetype policies declare what they are.
+static_assert(content_cache<content_cache_archetype> && !content_cache<sharing_policy_archetype>);
+static_assert(!content_cache<refcount_sharing> && !content_cache<no_sharing> && !content_cache<kvtest::user_sharing>);
+#if __has_include(<xxhash.h>)
+static_assert(content_cache<prefix_caching>);
+#endif
+
 // paged_kv_cache is constrained: a non-conforming policy does not name a valid specialization.
 template <class A>
 concept cache_accepts_allocator = requires { typename paged_kv_cache<A>; };

@@ -15,12 +15,21 @@
 /// | `cs.is_cached(b)`| `bool`               | yes      | O(1)       | `b` holds content the policy can hand out again (keep it when unreferenced, subject to the eviction policy) |
 /// | `s.uncache(b)`   | `void`               | yes      | O(1)       | `b`'s content is discarded (evicted or reused): forget it; precondition `is_cached(b)` |
 ///
-/// Content caches (prefix caching) model the refinement `content_cache` below; the cache detects it, so policies
-/// without it keep working unchanged.
+/// Content caches (prefix caching) model the refinement `content_cache` below. A policy says which it is with
+/// `static constexpr bool caches_content = true;` (or `false`): a policy that declares `true` must provide every
+/// member of the refinement, and one that is missing is rejected by `sharing_policy` with a diagnostic naming the
+/// member's expression, never accepted with prefix caching silently off. The declaration is optional for a plain
+/// sharing policy, but a type with a nested `cursor` or a `first_cursor`, `lookup` or `commit` member (it looks
+/// like a content cache) must declare either way.
+///
+/// | expression           | result          | semantics                                                          |
+/// |----------------------|-----------------|--------------------------------------------------------------------|
+/// | `S::caches_content`  | `bool` constant | optional; `true`: S is a content cache (`content_cache<S>` must hold) |
 
 #include <concepts>
 #include <cstdint>
 #include <span>
+#include <type_traits>
 
 #include "kvpager/core/config.hpp"
 #include "kvpager/core/types.hpp"
@@ -33,44 +42,6 @@ enum class fork_mode {
   copy,   ///< the child gets its own blocks and the plan copies the parent's content into them
 };
 
-template <class S>
-concept sharing_policy = std::default_initializable<S> && std::movable<S> &&
-                         requires {
-                           { S::fork } -> std::convertible_to<fork_mode>;
-                         } && requires(S& s, const S& cs, block_id b, const pool_geometry& g) {
-                           { s.reset(g) } -> std::same_as<void>;
-                           { cs.is_cached(b) } noexcept -> std::same_as<bool>;
-                           { s.uncache(b) } noexcept -> std::same_as<void>;
-                         };
-
-/// content_cache: a sharing policy that remembers the content of full blocks so later sequences can reuse them
-/// (prefix caching). Content is addressed by a chain: a `cursor` stands for "the blocks so far"; looking up or
-/// committing one block's tokens from a cursor gives the cursor after that block. The cache calls `commit` for
-/// every block that becomes full, and `lookup` block by block at admission; eviction is the eviction policy's.
-///
-/// | expression              | result         | noexcept | complexity        | semantics                                   |
-/// |-------------------------|----------------|----------|-------------------|---------------------------------------------|
-/// | `S::cursor`             | type           | -        | -                 | regular value type                          |
-/// | `cs.first_cursor(k)`    | `S::cursor`    | yes      | O(1)              | the empty chain under extra key `k` (tenant salt, adapter id) |
-/// | `cs.lookup(c, t)`       | `block_id`     | yes      | O(block_size)     | a cached block holding tokens `t` after `c` (advancing `c`), or `no_block` |
-/// | `s.commit(b, c, t)`     | `void`         | yes      | O(block_size)     | block `b` (full, not cached) now holds `t` after `c`; advances `c`. A policy that cannot take more content (memory) may leave `b` uncached and `c` invalid instead |
-/// | `cs.cursor_after(b)`    | `S::cursor`    | yes      | O(1)              | the chain ending with cached block `b` (invalid if not cached) |
-/// | `cs.valid(c)`           | `bool`         | yes      | O(1)              | whether `c` can still be extended (false after an uncached block) |
-/// | `cs.num_cached()`       | `std::int32_t` | yes      | O(1)              | blocks whose content is cached              |
-///
-/// `t` is a `std::span<const token_id>` of exactly block_size tokens. Complexities exclude hash collisions.
-template <class S>
-concept content_cache = sharing_policy<S> && std::regular<typename S::cursor> &&
-                        requires(S& s, const S& cs, typename S::cursor& c, const typename S::cursor& cc, block_id b,
-                                 std::span<const token_id> t, std::uint64_t k) {
-                          { cs.first_cursor(k) } noexcept -> std::same_as<typename S::cursor>;
-                          { cs.lookup(c, t) } noexcept -> std::same_as<block_id>;
-                          { s.commit(b, c, t) } noexcept -> std::same_as<void>;
-                          { cs.cursor_after(b) } noexcept -> std::same_as<typename S::cursor>;
-                          { cs.valid(cc) } noexcept -> std::same_as<bool>;
-                          { cs.num_cached() } noexcept -> std::same_as<std::int32_t>;
-                        };
-
 /// The smallest sharing policy: declarations only, for concept tests and as a template to copy.
 struct sharing_policy_archetype {
   static constexpr fork_mode fork = fork_mode::share;
@@ -79,12 +50,9 @@ struct sharing_policy_archetype {
   void uncache(block_id b) noexcept;
 };
 
-KVPAGER_NAMESPACE_END
-
-KVPAGER_NAMESPACE_BEGIN
-
 /// The smallest content cache: declarations only, for concept tests and as a template to copy.
 struct content_cache_archetype : sharing_policy_archetype {
+  static constexpr bool caches_content = true;
   struct cursor {
     friend bool operator==(const cursor&, const cursor&) = default;
   };
@@ -95,5 +63,112 @@ struct content_cache_archetype : sharing_policy_archetype {
   [[nodiscard]] bool valid(const cursor& c) const noexcept;
   [[nodiscard]] std::int32_t num_cached() const noexcept;
 };
+
+namespace detail {
+template <class S>
+concept sharing_fork_mode = requires {
+  { S::fork } -> std::convertible_to<fork_mode>;
+};
+template <class S>
+concept sharing_reset = requires(S& s, const pool_geometry& g) {
+  { s.reset(g) } -> std::same_as<void>;
+};
+template <class S>
+concept sharing_is_cached = requires(const S& cs, block_id b) {
+  { cs.is_cached(b) } noexcept -> std::same_as<bool>;
+};
+template <class S>
+concept sharing_uncache = requires(S& s, block_id b) {
+  { s.uncache(b) } noexcept -> std::same_as<void>;
+};
+
+/// `S::caches_content`, a bool constant, is present.
+template <class S>
+concept has_content_declaration = requires {
+  { S::caches_content } -> std::convertible_to<bool>;
+  typename std::bool_constant<static_cast<bool>(S::caches_content)>;
+};
+/// What `S` declares itself to be: a content cache (true) or not (false, also when it declares nothing).
+template <class S>
+inline constexpr bool declares_content_cache = [] {
+  if constexpr (has_content_declaration<S>) {
+    return static_cast<bool>(S::caches_content);
+  } else {
+    return false;
+  }
+}();
+/// `S` has a member of the content_cache refinement (a nested cursor, first_cursor, lookup or commit).
+template <class S>
+concept looks_like_content_cache =
+    requires { typename S::cursor; } || requires { &S::first_cursor; } || requires { &S::lookup; } ||
+    requires { &S::commit; };
+/// A type that looks like a content cache says whether it is one (a partial one would be a plain sharing policy,
+/// with prefix caching silently off).
+template <class S>
+concept declares_whether_it_caches_content = has_content_declaration<S> || !looks_like_content_cache<S>;
+
+// One concept per member of the content_cache refinement, joined by conjunctions only, so a declared content
+// cache missing a member gets a diagnostic naming that member's expression.
+template <class S>
+concept content_cursor = std::regular<typename S::cursor>;
+template <class S>
+concept content_first_cursor = requires(const S& cs, std::uint64_t k) {
+  { cs.first_cursor(k) } noexcept -> std::same_as<typename S::cursor>;
+};
+template <class S>
+concept content_lookup = requires(const S& cs, typename S::cursor& c, std::span<const token_id> t) {
+  { cs.lookup(c, t) } noexcept -> std::same_as<block_id>;
+};
+template <class S>
+concept content_commit = requires(S& s, block_id b, typename S::cursor& c, std::span<const token_id> t) {
+  { s.commit(b, c, t) } noexcept -> std::same_as<void>;
+};
+template <class S>
+concept content_cursor_after = requires(const S& cs, block_id b) {
+  { cs.cursor_after(b) } noexcept -> std::same_as<typename S::cursor>;
+};
+template <class S>
+concept content_valid = requires(const S& cs, const typename S::cursor& cc) {
+  { cs.valid(cc) } noexcept -> std::same_as<bool>;
+};
+template <class S>
+concept content_num_cached = requires(const S& cs) {
+  { cs.num_cached() } noexcept -> std::same_as<std::int32_t>;
+};
+template <class S>
+concept content_cache_ops = content_cursor<S> && content_first_cursor<S> && content_lookup<S> && content_commit<S> &&
+                            content_cursor_after<S> && content_valid<S> && content_num_cached<S>;
+
+/// The type whose content-cache members sharing_policy checks: `S` when it declares `caches_content = true`, the
+/// archetype (which has them all) otherwise. This keeps the concept a plain conjunction.
+template <class S>
+using content_subject = std::conditional_t<declares_content_cache<S>, S, content_cache_archetype>;
+}  // namespace detail
+
+template <class S>
+concept sharing_policy = std::default_initializable<S> && std::movable<S> && detail::sharing_fork_mode<S> &&
+                         detail::sharing_reset<S> && detail::sharing_is_cached<S> && detail::sharing_uncache<S> &&
+                         detail::declares_whether_it_caches_content<S> &&
+                         detail::content_cache_ops<detail::content_subject<S>>;
+
+/// content_cache: a sharing policy that remembers the content of full blocks so later sequences can reuse them
+/// (prefix caching). Content is addressed by a chain: a `cursor` stands for "the blocks so far"; looking up or
+/// committing one block's tokens from a cursor gives the cursor after that block. The cache calls `commit` for
+/// every block that becomes full, and `lookup` block by block at admission; eviction is the eviction policy's.
+///
+/// | expression              | result         | noexcept | complexity        | semantics                                   |
+/// |-------------------------|----------------|----------|-------------------|---------------------------------------------|
+/// | `S::caches_content`     | `true`         | -        | -                 | the declaration                             |
+/// | `S::cursor`             | type           | -        | -                 | regular value type                          |
+/// | `cs.first_cursor(k)`    | `S::cursor`    | yes      | O(1)              | the empty chain under extra key `k` (tenant salt, adapter id) |
+/// | `cs.lookup(c, t)`       | `block_id`     | yes      | O(block_size)     | a cached block holding tokens `t` after `c` (advancing `c`), or `no_block` |
+/// | `s.commit(b, c, t)`     | `void`         | yes      | O(block_size)     | block `b` (full, not cached) now holds `t` after `c`; advances `c`. A policy that cannot take more content (memory) may leave `b` uncached and `c` invalid instead |
+/// | `cs.cursor_after(b)`    | `S::cursor`    | yes      | O(1)              | the chain ending with cached block `b` (invalid if not cached) |
+/// | `cs.valid(c)`           | `bool`         | yes      | O(1)              | whether `c` can still be extended (false after an uncached block) |
+/// | `cs.num_cached()`       | `std::int32_t` | yes      | O(1)              | blocks whose content is cached              |
+///
+/// `t` is a `std::span<const token_id>` of exactly block_size tokens. Complexities exclude hash collisions.
+template <class S>
+concept content_cache = sharing_policy<S> && detail::declares_content_cache<S>;
 
 KVPAGER_NAMESPACE_END

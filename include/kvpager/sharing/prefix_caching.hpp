@@ -119,6 +119,8 @@ template <class Hasher = xxh3_hasher>
 class basic_prefix_caching {
  public:
   static constexpr fork_mode fork = fork_mode::share;
+  /// A content cache (concepts/sharing_policy.hpp): the compiler checks every member of the refinement.
+  static constexpr bool caches_content = true;
 
   /// A position in a hash chain: the hash and content entry of the last block, and the chain's extra key.
   struct cursor {
