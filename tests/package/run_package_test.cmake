@@ -34,6 +34,12 @@ run(${CMAKE_COMMAND} ${common} -S ${consumer} -B ${WORK_DIR}/find_package -DKVPA
     -DCMAKE_PREFIX_PATH=${WORK_DIR}/prefix)
 run(${CMAKE_COMMAND} --build ${WORK_DIR}/find_package)
 
+# The examples are a project of their own too: built and run in a binary directory of their own against the
+# installed package (what `cmake -S examples -B <dir> -DCMAKE_PREFIX_PATH=<prefix>` does for a user).
+run(${CMAKE_COMMAND} ${common} -S ${KVPAGER_SOURCE_DIR}/examples -B ${WORK_DIR}/examples
+    -DCMAKE_PREFIX_PATH=${WORK_DIR}/prefix)
+run(${CMAKE_COMMAND} --build ${WORK_DIR}/examples --target run_examples)
+
 # 2. add_subdirectory and 3. FetchContent from the source tree.
 foreach(mode subdirectory fetchcontent)
   run(${CMAKE_COMMAND} ${common} -S ${consumer} -B ${WORK_DIR}/${mode} -DKVPAGER_CONSUME=${mode}
@@ -48,4 +54,4 @@ execute_process(COMMAND ${CMAKE_COMMAND} ${common} -S ${consumer} -B ${WORK_DIR}
 if(rc EQUAL 0 OR NOT err MATCHES "version")
   message(FATAL_ERROR "find_package(kvpager 9.0) against 0.1 did not fail on the version:\n${err}")
 endif()
-message(STATUS "package test: find_package, add_subdirectory and FetchContent consumers built and ran")
+message(STATUS "package test: find_package, add_subdirectory and FetchContent consumers and the standalone examples built and ran")
