@@ -26,7 +26,7 @@ status runtime_status(cudaError_t err) noexcept { return kernel_status(kernels::
 
 result<std::unique_ptr<cuda_executor>> cuda_executor::create(const cuda_executor_config& cfg) {
   int32_t n = 0;
-  if (kvpager_cuda_device_count(&n) != KVPAGER_STATUS_OK) return status{errc::unsupported, "cuda_executor: no CUDA device"};
+  if (const int32_t rc = kvpager_cuda_device_count(&n); rc != KVPAGER_STATUS_OK) return kernel_status(rc);  // unsupported
   // The geometry every kernel checks (kv_append would refuse each step otherwise).
   if (const status g = can_implement(cfg.geometry); !g.ok()) return g;
   const kv_layout layout = kv_layout::of(cfg.geometry);

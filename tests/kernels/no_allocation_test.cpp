@@ -2,6 +2,7 @@
 // grown the calling thread's row buffers) and cpu_executor::execute. This executable replaces the global operator new
 // and counts every allocation; a workspace too small or misaligned is rejected before anything is written.
 #include <kvpager/c/kernels.h>
+#include <kvpager/core/config.hpp>
 #include <kvpager/core/step_plan.hpp>
 #include <kvpager/kernels/attention.hpp>
 #include <kvpager/kernels/cpu_executor.hpp>
@@ -34,7 +35,11 @@ void release(void* p) noexcept { std::free(p); }
 
 void* operator new(std::size_t n) {
   if (void* p = allocate(n)) return p;
+#if KVPAGER_HAS_EXCEPTIONS
   throw std::bad_alloc();
+#else
+  std::abort();
+#endif
 }
 void* operator new[](std::size_t n) { return operator new(n); }
 void* operator new(std::size_t n, const std::nothrow_t&) noexcept { return allocate(n); }
@@ -43,6 +48,8 @@ void operator delete(void* p) noexcept { release(p); }
 void operator delete[](void* p) noexcept { release(p); }
 void operator delete(void* p, std::size_t) noexcept { release(p); }
 void operator delete[](void* p, std::size_t) noexcept { release(p); }
+void operator delete(void* p, const std::nothrow_t&) noexcept { release(p); }
+void operator delete[](void* p, const std::nothrow_t&) noexcept { release(p); }
 
 using namespace kvpager;
 using kvpager_gpu_check::decode_problem;

@@ -17,7 +17,9 @@
  *  - A pointer may be NULL only when nothing is read or written through it (its count is zero); a call with nothing
  *    to do is OK, though the ids it carries are still checked.
  *  - A CPU function that returns an error has written nothing and read nothing from the KV cache; a CUDA function
- *    that returns an error has launched nothing (what its kernels check on the device is described below).
+ *    that returns an argument error has launched nothing (what its kernels check on the device is described below);
+ *    KVPAGER_STATUS_DEVICE_ERROR means the CUDA runtime refused a launch or copy, possibly after earlier ones of the
+ *    same call were queued.
  */
 
 #include <stdint.h>
