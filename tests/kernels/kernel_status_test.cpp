@@ -3,6 +3,7 @@
 // status of the code the C call returns for the same bad input.
 #include <kvpager/c/kernels.h>
 #include <kvpager/kernels/attention.hpp>
+#include <kvpager/kernels/cuda_executor.hpp>
 #include <kvpager/kernels/kernel_status.hpp>
 
 #include <gtest/gtest.h>
@@ -120,4 +121,16 @@ TEST(KernelStatus, CxxDecodeReturnsTheMappedStatusForBadInput) {
     EXPECT_STREQ(s.message(), kvpager_status_string(rc)) << c.what;
     for (const float x : out) ASSERT_EQ(x, -7.0F) << c.what << ": a rejected call wrote its output";
   }
+}
+
+// No device (or no CUDA build): the executor says "unsupported" through the same mapping (NO_DEVICE), not a device
+// error; with a device this is covered by cuda_test.
+TEST(KernelStatus, CudaExecutorWithoutADeviceIsUnsupported) {
+  std::int32_t n = 0;
+  if (kvpager_cuda_device_count(&n) == KVPAGER_STATUS_OK) GTEST_SKIP() << "a CUDA device is present";
+  cuda_executor_config cfg;
+  cfg.geometry = {16, 16, 2, 64, kv_dtype::f16};
+  const auto e = cuda_executor::create(cfg);
+  EXPECT_EQ(e.code(), errc::unsupported);
+  EXPECT_NE(e.code(), errc::device_error);
 }
