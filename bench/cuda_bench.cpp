@@ -11,7 +11,7 @@
 #include <random>
 #include <vector>
 
-#include "../tools/gpu_check/cuda_compare.hpp"
+#include "kvpager_testing/cuda_compare.hpp"
 
 namespace {
 

@@ -8,10 +8,12 @@
 #include "kvpager/core/assert.hpp"
 #include "kvpager/core/block_pool.hpp"
 #include "kvpager/core/config.hpp"
+#include "kvpager/core/geometry.hpp"
 #include "kvpager/core/id_map.hpp"
 #include "kvpager/core/index_list.hpp"
 #include "kvpager/core/indexed_heap.hpp"
 #include "kvpager/core/status.hpp"
+#include "kvpager/core/step_plan.hpp"
 #include "kvpager/core/types.hpp"
 
 #include "kvpager/concepts/block_allocator.hpp"
@@ -37,7 +39,6 @@
 #include "kvpager/kernels/cpu_executor.hpp"
 #include "kvpager/kernels/kv_layout.hpp"
 #include "kvpager/sched/scheduler.hpp"
-#include "kvpager/cache/step_plan.hpp"
 
 #if __has_include(<xxhash.h>)
 #include "kvpager/cache/compositions.hpp"

@@ -12,7 +12,7 @@
 
 #include "kvpager/c/kernels.h"
 
-namespace kvpager_kernels {
+namespace kvpager::kernels::detail {
 
 inline bool supported_head_dim(int32_t d) { return d == 64 || d == 80 || d == 96 || d == 112 || d == 128 || d == 256; }
 inline bool supported_block_size(int32_t b) { return b == 8 || b == 16 || b == 32; }
@@ -52,6 +52,15 @@ inline int32_t check_kv_geometry(int32_t num_kv_heads, int32_t head_dim, int32_t
 
 /// The most KV splits a decode call takes (CPU and CUDA).
 constexpr int32_t max_decode_splits = 256;
+
+/// kvpager_cuda_plan_decode's arguments (checked the same with and without CUDA): a non-null output, non-negative
+/// counts, positive KV heads.
+inline int32_t check_plan_args(int32_t num_seqs, int32_t num_kv_heads, int32_t max_seq_len, int32_t device,
+                               const int32_t* num_splits) {
+  return num_splits == nullptr || num_seqs < 0 || num_kv_heads <= 0 || max_seq_len < 0 || device < 0
+             ? KVPAGER_STATUS_INVALID_ARGUMENT
+             : KVPAGER_STATUS_OK;
+}
 
 /// Workspace of a split decode: an fp32 state (m, l, acc[head_dim]) per (sequence, query head, split); none
 /// without splits. -1 for arguments out of range or a size that overflows int64.
@@ -173,4 +182,4 @@ int32_t for_each_run(const int64_t* pairs, int32_t num_pairs, Copy copy) {
   return KVPAGER_STATUS_OK;
 }
 
-}  // namespace kvpager_kernels
+}  // namespace kvpager::kernels::detail

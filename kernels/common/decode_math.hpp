@@ -10,7 +10,7 @@
 #define KVPAGER_HOST_DEVICE
 #endif
 
-namespace kvpager_kernels {
+namespace kvpager::kernels::detail {
 
 /// The tokens [t0, t1) that split `split` of `splits` reads from a sequence of `len` tokens: equal chunks of whole
 /// blocks of `bs` tokens (trailing splits may be empty). Computed in 64 bits: len may be close to INT32_MAX.
@@ -27,4 +27,4 @@ KVPAGER_HOST_DEVICE inline void split_range(int32_t len, int32_t bs, int32_t spl
 /// -inf for an empty sequence (l = 0).
 KVPAGER_HOST_DEVICE inline float lse_of(float m, float l) { return l > 0.0F ? m + logf(l) : -INFINITY; }
 
-}  // namespace kvpager_kernels
+}  // namespace kvpager::kernels::detail

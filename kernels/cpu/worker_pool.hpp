@@ -15,7 +15,7 @@
 
 #include <unistd.h>
 
-namespace kvpager_kernels {
+namespace kvpager::kernels::detail {
 
 class worker_pool {
  public:
@@ -139,4 +139,4 @@ void parallel_for(std::int64_t n, std::int32_t threads, Fn fn) {
   }
 }
 
-}  // namespace kvpager_kernels
+}  // namespace kvpager::kernels::detail

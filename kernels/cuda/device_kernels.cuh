@@ -11,7 +11,7 @@
 #include <cstdint>
 
 #include "kvpager/c/kernels.h"
-#include "../common/decode_math.hpp"
+#include "kernels/common/decode_math.hpp"
 
 #if defined(__CUDACC__)
 #define KVPAGER_UNROLL _Pragma("unroll")
@@ -19,7 +19,7 @@
 #define KVPAGER_UNROLL
 #endif
 
-namespace kvpager_cuda_kernels {
+namespace kvpager::kernels::detail {
 
 __device__ __forceinline__ float to_f(float x) { return x; }
 __device__ __forceinline__ float to_f(__half x) { return __half2float(x); }
@@ -88,7 +88,7 @@ __global__ void __launch_bounds__(kWarps * 32)
   // KV heads beyond the grid's 65535 rows are walked by the same CTAs.
   for (int h = blockIdx.y; h < hkv; h += gridDim.y) {
     int t0 = 0, t1 = 0;
-    kvpager_kernels::split_range(len, bs, splits, split, t0, t1);
+    kvpager::kernels::detail::split_range(len, bs, splits, split, t0, t1);
     const int64_t head_stride = static_cast<int64_t>(bs) * D, half_stride = static_cast<int64_t>(hkv) * head_stride;
     constexpr int kStep = kWarps * map::kRows * U;  // tokens the CTA covers per step
     for (int g0 = 0; g0 < group; g0 += G) {
@@ -231,7 +231,7 @@ __global__ void __launch_bounds__(kWarps * 32)
         const int64_t row = static_cast<int64_t>(seq) * hq + h * group + g0 + g;
         if (splits == 1) {
           out[row * D + d] = from_f<T>(L > 0.0F ? o / L : 0.0F);
-          if (lse != nullptr && d == 0) lse[row] = kvpager_kernels::lse_of(M, L);
+          if (lse != nullptr && d == 0) lse[row] = kvpager::kernels::detail::lse_of(M, L);
         } else {
           float* st = part + (row * splits + split) * (D + 2);
           if (d == 0) {
@@ -268,7 +268,7 @@ __global__ void merge_kernel(T* __restrict__ out, float* __restrict__ lse, const
           if (st[i * (D + 2) + 1] > 0.0F) o += st[i * (D + 2) + 2 + d] * __expf(st[i * (D + 2)] - M);
       out[row * D + d] = from_f<T>(L > 0.0F ? o / L : 0.0F);
     }
-    if (lse != nullptr && threadIdx.x == 0) lse[row] = kvpager_kernels::lse_of(M, L);
+    if (lse != nullptr && threadIdx.x == 0) lse[row] = kvpager::kernels::detail::lse_of(M, L);
   }
 }
 
@@ -331,4 +331,4 @@ __global__ void copy_kernel(void* const* caches, int num_layers, const int64_t* 
   }
 }
 
-}  // namespace kvpager_cuda_kernels
+}  // namespace kvpager::kernels::detail

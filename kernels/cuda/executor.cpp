@@ -1,42 +1,55 @@
-// cuda_executor: step plans on a CUDA stream (include/kvpager/kernels/cuda_executor.hpp).
+// cuda_executor: step plans on a CUDA stream (include/kvpager/kernels/cuda_executor.hpp). Every C entry point's code
+// and every CUDA runtime error go through the one mapping (kernel_status, cuda_status): a device fault is
+// errc::device_error, never errc::unsupported.
 #include "kvpager/kernels/cuda_executor.hpp"
 
 #include <cuda_runtime.h>
 
 #include <algorithm>
 #include <cstring>
-#include <vector>
+#include <new>
 
-#include "../common/checks.hpp"
+#include "kvpager/c/kernels.h"
+#include "kvpager/kernels/can_implement.hpp"
+#include "kvpager/kernels/kernel_status.hpp"
+#include "kernels/common/checks.hpp"
+#include "kernels/cuda/cuda_status.hpp"
 
 KVPAGER_NAMESPACE_BEGIN
 
+namespace {
+
+/// The status of a CUDA runtime call, through the one C-code mapping.
+status runtime_status(cudaError_t err) noexcept { return kernel_status(kernels::detail::cuda_status(err)); }
+
+}  // namespace
+
 result<std::unique_ptr<cuda_executor>> cuda_executor::create(const cuda_executor_config& cfg) {
   int32_t n = 0;
-  if (kvpager_cuda_device_count(&n) != KVPAGER_STATUS_OK) return status{errc::unsupported, "cuda_executor: no CUDA device"};
-  if (cfg.device_pool == nullptr || cfg.layout.num_blocks <= 0 || cfg.max_copies <= 0 || cfg.max_tokens <= 0 ||
-      (cfg.num_host_blocks > 0 && cfg.host_pool == nullptr))
+  if (const int32_t rc = kvpager_cuda_device_count(&n); rc != KVPAGER_STATUS_OK) return kernel_status(rc);  // unsupported
+  // The geometry every kernel checks (kv_append would refuse each step otherwise).
+  if (const status g = can_implement(cfg.geometry); !g.ok()) return g;
+  const kv_layout layout = kv_layout::of(cfg.geometry);
+  if (cfg.device_pool == nullptr || cfg.max_copies <= 0 || cfg.max_tokens <= 0 || cfg.max_swaps <= 0 ||
+      cfg.num_host_blocks < 0 || (cfg.num_host_blocks > 0 && cfg.host_pool == nullptr) ||
+      !kernels::detail::valid_pool(std::max(cfg.num_host_blocks, 1), layout.block_bytes()))
     return status{errc::invalid_argument, "cuda_executor: bad configuration"};
-  // The geometry every kernel checks (kv_append would refuse each step otherwise), and element bytes to match dtype.
-  if (kvpager_kernels::check_kv_geometry(cfg.layout.num_kv_heads, cfg.layout.head_dim, cfg.layout.block_size, cfg.dtype,
-                                         cfg.layout.num_blocks) != KVPAGER_STATUS_OK ||
-      cfg.layout.elem_bytes != kvpager_kernels::elem_bytes(cfg.dtype) || cfg.num_host_blocks < 0 ||
-      !kvpager_kernels::valid_pool(std::max(cfg.num_host_blocks, 1), cfg.layout.block_bytes()))
-    return status{errc::invalid_argument, "cuda_executor: KV geometry the kernels do not support"};
-  std::unique_ptr<cuda_executor> e(new cuda_executor(cfg));
+  std::unique_ptr<cuda_executor> e(new (std::nothrow) cuda_executor(cfg));
+  if (!e) return status{errc::out_of_memory, "cuda_executor: out of host memory"};
+  e->swap_pairs_.reset(new (std::nothrow) std::int64_t[2 * static_cast<std::size_t>(cfg.max_swaps)]);
+  if (!e->swap_pairs_) return status{errc::out_of_memory, "cuda_executor: out of host memory"};
   const auto pairs_bytes = static_cast<size_t>(cfg.max_copies) * 2 * sizeof(int64_t);
   const auto slot_bytes = static_cast<size_t>(cfg.max_tokens) * sizeof(int64_t);
-  if (cudaMalloc(&e->dev_pairs_, pairs_bytes) != cudaSuccess || cudaMalloc(&e->dev_slots_, slot_bytes) != cudaSuccess ||
-      cudaMalloc(&e->dev_caches_, sizeof(void*)) != cudaSuccess ||
-      cudaMallocHost(&e->host_stage_, pairs_bytes + slot_bytes + sizeof(void*)) != cudaSuccess)
-    return status{errc::unsupported, "cuda_executor: CUDA allocation failed"};
+  cudaError_t err = cudaMalloc(&e->dev_pairs_, pairs_bytes);
+  if (err == cudaSuccess) err = cudaMalloc(&e->dev_slots_, slot_bytes);
+  if (err == cudaSuccess) err = cudaMalloc(&e->dev_caches_, sizeof(void*));
+  if (err == cudaSuccess) err = cudaMallocHost(&e->host_stage_, pairs_bytes + slot_bytes + sizeof(void*));
   cudaEvent_t ev = nullptr;
-  if (cudaEventCreateWithFlags(&ev, cudaEventDisableTiming) != cudaSuccess)
-    return status{errc::unsupported, "cuda_executor: CUDA event creation failed"};
+  if (err == cudaSuccess) err = cudaEventCreateWithFlags(&ev, cudaEventDisableTiming);
   e->staged_ = ev;
   void* pool = cfg.device_pool;
-  if (cudaMemcpy(e->dev_caches_, &pool, sizeof(void*), cudaMemcpyHostToDevice) != cudaSuccess)
-    return status{errc::unsupported, "cuda_executor: CUDA copy failed"};
+  if (err == cudaSuccess) err = cudaMemcpy(e->dev_caches_, &pool, sizeof(void*), cudaMemcpyHostToDevice);
+  if (err != cudaSuccess) return runtime_status(err);
   return e;
 }
 
@@ -49,8 +62,11 @@ cuda_executor::~cuda_executor() {
 }
 
 status cuda_executor::execute(const step_plan& plan, std::span<const std::int64_t> slots, const void* k, const void* v) {
-  const kv_layout& L = cfg_.layout;
+  const kv_layout& L = layout_;
+  const std::int32_t dtype = static_cast<std::int32_t>(cfg_.geometry.dtype);
   if (static_cast<std::int64_t>(plan.copies().size()) > cfg_.max_copies ||
+      static_cast<std::int64_t>(plan.swap_outs().size()) > cfg_.max_swaps ||
+      static_cast<std::int64_t>(plan.swap_ins().size()) > cfg_.max_swaps ||
       static_cast<std::int64_t>(slots.size()) > cfg_.max_tokens)
     return status{errc::buffer_too_small, "cuda_executor::execute: plan larger than the configured capacity"};
   for (const block_swap& w : plan.swap_outs())
@@ -64,28 +80,37 @@ status cuda_executor::execute(const step_plan& plan, std::span<const std::int64_
       return status{errc::invalid_block, "cuda_executor::execute: copy block out of range"};
   const auto stream = static_cast<cudaStream_t>(cfg_.stream);
   const std::int64_t bb = L.block_bytes();
-  // (1) swap-outs and (2) swap-ins, consecutive runs merged by kvpager_cuda_swap_blocks.
-  std::vector<std::int64_t> pairs;
-  pairs.reserve(2 * std::max(plan.swap_outs().size(), plan.swap_ins().size()));
+  // (1) swap-outs and (2) swap-ins, consecutive runs merged by kvpager_cuda_swap_blocks; the pair list is the buffer
+  // allocated at creation (kvpager_cuda_swap_blocks reads it on the host before returning).
+  std::int64_t* pairs = swap_pairs_.get();
+  std::size_t n = 0;
   for (const block_swap& w : plan.swap_outs()) {
-    pairs.push_back(w.device);
-    pairs.push_back(w.host);
+    pairs[n++] = w.device;
+    pairs[n++] = w.host;
   }
-  if (!pairs.empty() && kvpager_cuda_swap_blocks(cfg_.host_pool, cfg_.num_host_blocks, cfg_.device_pool, L.num_blocks, bb,
-                                                 pairs.data(), static_cast<int32_t>(pairs.size() / 2), cfg_.stream) != 0)
-    return status{errc::unsupported, "cuda_executor::execute: swap-out failed"};
-  pairs.clear();
+  if (n > 0) {
+    if (const status s = kernel_status(kvpager_cuda_swap_blocks(cfg_.host_pool, cfg_.num_host_blocks, cfg_.device_pool,
+                                                                L.num_blocks, bb, pairs, static_cast<int32_t>(n / 2),
+                                                                cfg_.stream));
+        !s.ok())
+      return s;
+  }
+  n = 0;
   for (const block_swap& w : plan.swap_ins()) {
-    pairs.push_back(w.host);
-    pairs.push_back(w.device);
+    pairs[n++] = w.host;
+    pairs[n++] = w.device;
   }
-  if (!pairs.empty() && kvpager_cuda_swap_blocks(cfg_.device_pool, L.num_blocks, cfg_.host_pool, cfg_.num_host_blocks, bb,
-                                                 pairs.data(), static_cast<int32_t>(pairs.size() / 2), cfg_.stream) != 0)
-    return status{errc::unsupported, "cuda_executor::execute: swap-in failed"};
+  if (n > 0) {
+    if (const status s = kernel_status(kvpager_cuda_swap_blocks(cfg_.device_pool, L.num_blocks, cfg_.host_pool,
+                                                                cfg_.num_host_blocks, bb, pairs,
+                                                                static_cast<int32_t>(n / 2), cfg_.stream));
+        !s.ok())
+      return s;
+  }
   // (3) copies and (4) slot writes: staged through pinned memory, copied to the device on the stream. The previous
   // step's staging copies must have left the buffer before it is rewritten.
-  if (cudaEventSynchronize(static_cast<cudaEvent_t>(staged_)) != cudaSuccess)
-    return status{errc::unsupported, "cuda_executor::execute: waiting for the previous step failed"};
+  if (const cudaError_t err = cudaEventSynchronize(static_cast<cudaEvent_t>(staged_)); err != cudaSuccess)
+    return runtime_status(err);
   auto* stage = static_cast<std::int64_t*>(host_stage_);
   const std::size_t ncopy = plan.copies().size();
   for (std::size_t i = 0; i < ncopy; ++i) {
@@ -93,22 +118,33 @@ status cuda_executor::execute(const step_plan& plan, std::span<const std::int64_
     stage[2 * i + 1] = plan.copies()[i].dst;
   }
   std::int64_t* slot_stage = stage + 2 * static_cast<std::size_t>(cfg_.max_copies);
-  std::memcpy(slot_stage, slots.data(), slots.size() * sizeof(std::int64_t));
+  if (!slots.empty()) std::memcpy(slot_stage, slots.data(), slots.size() * sizeof(std::int64_t));
   if (ncopy > 0) {
-    if (cudaMemcpyAsync(dev_pairs_, stage, ncopy * 2 * sizeof(std::int64_t), cudaMemcpyHostToDevice, stream) != cudaSuccess ||
-        kvpager_cuda_copy_blocks(static_cast<void* const*>(dev_caches_), 1, static_cast<const int64_t*>(dev_pairs_),
-                                 static_cast<int32_t>(ncopy), L.num_blocks, bb, nullptr, cfg_.stream) != 0)
-      return status{errc::unsupported, "cuda_executor::execute: copy failed"};
+    if (const cudaError_t err =
+            cudaMemcpyAsync(dev_pairs_, stage, ncopy * 2 * sizeof(std::int64_t), cudaMemcpyHostToDevice, stream);
+        err != cudaSuccess)
+      return runtime_status(err);
+    if (const status s = kernel_status(kvpager_cuda_copy_blocks(static_cast<void* const*>(dev_caches_), 1,
+                                                                static_cast<const int64_t*>(dev_pairs_),
+                                                                static_cast<int32_t>(ncopy), L.num_blocks, bb, nullptr,
+                                                                cfg_.stream));
+        !s.ok())
+      return s;
   }
   if (!slots.empty()) {
-    if (cudaMemcpyAsync(dev_slots_, slot_stage, slots.size() * sizeof(std::int64_t), cudaMemcpyHostToDevice, stream) != cudaSuccess ||
-        kvpager_cuda_kv_append(cfg_.device_pool, k, v, static_cast<const int64_t*>(dev_slots_),
-                               static_cast<int32_t>(slots.size()), L.num_kv_heads, L.head_dim, L.block_size, L.num_blocks,
-                               cfg_.dtype, nullptr, cfg_.stream) != 0)
-      return status{errc::unsupported, "cuda_executor::execute: kv_append failed"};
+    if (const cudaError_t err = cudaMemcpyAsync(dev_slots_, slot_stage, slots.size() * sizeof(std::int64_t),
+                                                cudaMemcpyHostToDevice, stream);
+        err != cudaSuccess)
+      return runtime_status(err);
+    if (const status s = kernel_status(kvpager_cuda_kv_append(cfg_.device_pool, k, v, static_cast<const int64_t*>(dev_slots_),
+                                                              static_cast<int32_t>(slots.size()), L.num_kv_heads,
+                                                              L.head_dim, L.block_size, L.num_blocks, dtype, nullptr,
+                                                              cfg_.stream));
+        !s.ok())
+      return s;
   }
-  if (cudaEventRecord(static_cast<cudaEvent_t>(staged_), stream) != cudaSuccess)
-    return status{errc::unsupported, "cuda_executor::execute: event record failed"};
+  if (const cudaError_t err = cudaEventRecord(static_cast<cudaEvent_t>(staged_), stream); err != cudaSuccess)
+    return runtime_status(err);
   return ok_status();
 }
 

@@ -1,6 +1,7 @@
 // CUDA entry points of the C ABI: paged decode attention (split-KV with a merge kernel), kv_append, copy_blocks,
-// swap_blocks. Host-side checks and launches; the kernels are in device_kernels.cuh. Same semantics as the CPU backend
-// (kernels/cpu/attention.cpp): tests/kernels/cuda_test.cpp compares them on a GPU, tests/kernels/cuda_emulation_test.cpp
+// swap_blocks. Host-side checks and launches; the kernels are in device_kernels.cuh. A launch or copy the runtime
+// refuses is KVPAGER_STATUS_DEVICE_ERROR (cuda_status.hpp). Same semantics as the CPU backend
+// (kernels/cpu/decode.cpp, kernels/cpu/block_moves.cpp): tests/kernels/cuda_test.cpp compares them on a GPU, tests/kernels/cuda_emulation_test.cpp
 // runs the device code on CPU threads everywhere.
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
@@ -9,12 +10,13 @@
 #include <cstdint>
 
 #include "kvpager/c/kernels.h"
-#include "../common/checks.hpp"
-#include "device_kernels.cuh"
+#include "kernels/common/checks.hpp"
+#include "kernels/cuda/cuda_status.hpp"
+#include "kernels/cuda/device_kernels.cuh"
 
 namespace {
 
-using namespace kvpager_cuda_kernels;
+using namespace kvpager::kernels::detail;
 
 struct decode_args {
   void* out;
@@ -56,7 +58,7 @@ int32_t launch_decode(const decode_args& a) {
     const dim3 grid(static_cast<unsigned>(a.seqs), grid_rows(a.hq));
     merge_kernel<T><<<grid, 128, 0, a.stream>>>(static_cast<T*>(a.out), a.lse, a.part, a.hq, a.dim, a.splits);
   }
-  return cudaGetLastError() == cudaSuccess ? KVPAGER_STATUS_OK : KVPAGER_STATUS_NO_DEVICE;
+  return launch_status();
 }
 
 }  // namespace
@@ -70,12 +72,12 @@ int32_t kvpager_cuda_paged_attention_decode_split(void* out, float* lse, const v
                                                   float scale, int32_t dtype, int32_t num_splits, void* workspace,
                                                   int64_t workspace_bytes, int32_t* error_flag, void* stream) {
   if (num_splits < 1 || workspace_bytes < 0) return KVPAGER_STATUS_INVALID_ARGUMENT;
-  if (const int32_t rc = kvpager_kernels::check_dense_decode(out, query, kv_cache, block_table, seq_lens, num_seqs,
+  if (const int32_t rc = kvpager::kernels::detail::check_dense_decode(out, query, kv_cache, block_table, seq_lens, num_seqs,
                                                              num_q_heads, num_kv_heads, head_dim, block_size,
                                                              max_blocks_per_seq, num_blocks, scale, dtype, num_splits);
       rc != KVPAGER_STATUS_OK)
     return rc;
-  const int64_t need = kvpager_kernels::decode_workspace_bytes(num_seqs, num_q_heads, head_dim, num_splits);
+  const int64_t need = kvpager::kernels::detail::decode_workspace_bytes(num_seqs, num_q_heads, head_dim, num_splits);
   if (workspace_bytes < need || (need > 0 && workspace == nullptr)) return KVPAGER_STATUS_INVALID_ARGUMENT;
   if (num_seqs == 0) return KVPAGER_STATUS_OK;
   const decode_args a{out, lse, query, kv_cache, block_table, seq_lens, num_seqs, num_q_heads, num_kv_heads, head_dim,
@@ -101,7 +103,7 @@ int32_t kvpager_cuda_paged_attention_decode(void* out, const void* query, const 
 int32_t kvpager_cuda_kv_append(void* kv_cache, const void* key, const void* value, const int64_t* slot_mapping,
                                int32_t num_tokens, int32_t num_kv_heads, int32_t head_dim, int32_t block_size,
                                int32_t num_blocks, int32_t dtype, int32_t* error_flag, void* stream) {
-  if (const int32_t rc = kvpager_kernels::check_append(kv_cache, key, value, slot_mapping, num_tokens, num_kv_heads,
+  if (const int32_t rc = kvpager::kernels::detail::check_append(kv_cache, key, value, slot_mapping, num_tokens, num_kv_heads,
                                                        head_dim, block_size, num_blocks, dtype);
       rc != KVPAGER_STATUS_OK)
     return rc;
@@ -126,14 +128,14 @@ int32_t kvpager_cuda_kv_append(void* kv_cache, const void* key, const void* valu
                                                         static_cast<const __nv_bfloat16*>(value), slot_mapping,
                                                         num_kv_heads, head_dim, block_size, max_slot, error_flag);
   }
-  return cudaGetLastError() == cudaSuccess ? KVPAGER_STATUS_OK : KVPAGER_STATUS_NO_DEVICE;
+  return launch_status();
 }
 
 int32_t kvpager_cuda_copy_blocks(void* const* kv_caches, int32_t num_layers, const int64_t* block_mapping,
                                  int32_t num_pairs, int32_t num_blocks, int64_t block_bytes, int32_t* error_flag,
                                  void* stream) {
-  if (const int32_t rc = kvpager_kernels::check_copy(kv_caches, num_layers, block_mapping, num_pairs, num_blocks,
-                                                     block_bytes, kvpager_kernels::memory::device);
+  if (const int32_t rc = kvpager::kernels::detail::check_copy(kv_caches, num_layers, block_mapping, num_pairs, num_blocks,
+                                                     block_bytes, kvpager::kernels::detail::memory::device);
       rc != KVPAGER_STATUS_OK)
     return rc;
   // The ids live in device memory: with no layers the kernel still checks them, unless nobody would hear of it.
@@ -141,22 +143,20 @@ int32_t kvpager_cuda_copy_blocks(void* const* kv_caches, int32_t num_layers, con
   const dim3 grid(static_cast<unsigned>(num_pairs), grid_rows(num_layers > 0 ? num_layers : 1));
   copy_kernel<<<grid, 256, 0, static_cast<cudaStream_t>(stream)>>>(kv_caches, num_layers, block_mapping, num_blocks,
                                                                    block_bytes, error_flag);
-  return cudaGetLastError() == cudaSuccess ? KVPAGER_STATUS_OK : KVPAGER_STATUS_NO_DEVICE;
+  return launch_status();
 }
 
 int32_t kvpager_cuda_swap_blocks(void* dst, int32_t dst_blocks, const void* src, int32_t src_blocks, int64_t block_bytes,
                                  const int64_t* pairs, int32_t num_pairs, void* stream) {
-  if (const int32_t rc = kvpager_kernels::check_swap(dst, dst_blocks, src, src_blocks, block_bytes, pairs, num_pairs);
+  if (const int32_t rc = kvpager::kernels::detail::check_swap(dst, dst_blocks, src, src_blocks, block_bytes, pairs, num_pairs);
       rc != KVPAGER_STATUS_OK)
     return rc;
   auto s = static_cast<cudaStream_t>(stream);
-  return kvpager_kernels::for_each_run(pairs, num_pairs, [&](int64_t from, int64_t to, int64_t n) {
+  return kvpager::kernels::detail::for_each_run(pairs, num_pairs, [&](int64_t from, int64_t to, int64_t n) {
     auto* d = static_cast<unsigned char*>(dst) + to * block_bytes;
     const auto* from_ptr = static_cast<const unsigned char*>(src) + from * block_bytes;
-    if (d == from_ptr) return KVPAGER_STATUS_OK;  // a run onto itself copies nothing
-    return cudaMemcpyAsync(d, from_ptr, static_cast<size_t>(n * block_bytes), cudaMemcpyDefault, s) == cudaSuccess
-               ? KVPAGER_STATUS_OK
-               : KVPAGER_STATUS_NO_DEVICE;
+    if (d == from_ptr) return int32_t{KVPAGER_STATUS_OK};  // a run onto itself copies nothing
+    return cuda_status(cudaMemcpyAsync(d, from_ptr, static_cast<size_t>(n * block_bytes), cudaMemcpyDefault, s));
   });
 }
 

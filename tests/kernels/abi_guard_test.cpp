@@ -8,8 +8,8 @@
 
 #include <gtest/gtest.h>
 
-#include "../../kernels/common/checks.hpp"
-#include "../../kernels/common/decode_math.hpp"
+#include "kernels/common/checks.hpp"
+#include "kernels/common/decode_math.hpp"
 
 #include <cstdint>
 #include <limits>
@@ -46,9 +46,9 @@ TEST(CpuDecodeAttention, BlockIdsCheckedForSequencesNearInt32Max) {
               KVPAGER_STATUS_INVALID_BLOCK)
         << bad;
   }
-  EXPECT_EQ(kvpager_kernels::blocks_for(kI32Max, 32), int64_t{1} << 26);
-  EXPECT_EQ(kvpager_kernels::check_seq_len(kI32Max, 32, (int64_t{1} << 26) - 1), KVPAGER_STATUS_SEQ_TOO_LONG);
-  EXPECT_EQ(kvpager_kernels::check_seq_len(kI32Max, 32, int64_t{1} << 26), KVPAGER_STATUS_OK);
+  EXPECT_EQ(kvpager::kernels::detail::blocks_for(kI32Max, 32), int64_t{1} << 26);
+  EXPECT_EQ(kvpager::kernels::detail::check_seq_len(kI32Max, 32, (int64_t{1} << 26) - 1), KVPAGER_STATUS_SEQ_TOO_LONG);
+  EXPECT_EQ(kvpager::kernels::detail::check_seq_len(kI32Max, 32, int64_t{1} << 26), KVPAGER_STATUS_OK);
 }
 
 // Issue 9, item 2, the C++ CSR path: (pages - 1) * block_size overflowed int32, so 2^27 + 1 pages of 32 tokens
@@ -71,19 +71,19 @@ TEST(CpuDecodeAttention, CsrSequenceLongerThanInt32IsSeqTooLong) {
   p.pages.last_page_len = last.as<int32_t>();
   p.num_seqs = 1;
   p.num_q_heads = kHq;
-  EXPECT_EQ(kvpager::paged_attention_decode_cpu(p), KVPAGER_STATUS_SEQ_TOO_LONG);
+  EXPECT_EQ(kvpager::paged_attention_decode_cpu(p).detail(), KVPAGER_STATUS_SEQ_TOO_LONG);
   // INT32_MAX tokens exactly is a length like any other: the (zero, so valid) ids are then read, up to the guard.
   indptr.as<int32_t>()[1] = 1 << 26;
   last.as<int32_t>()[0] = 31;
   indices.as<int32_t>()[0] = kNb;  // ... but the first one is bad
-  EXPECT_EQ(kvpager::paged_attention_decode_cpu(p), KVPAGER_STATUS_INVALID_BLOCK);
+  EXPECT_EQ(kvpager::paged_attention_decode_cpu(p).detail(), KVPAGER_STATUS_INVALID_BLOCK);
   // A decreasing or negative indptr.
   indptr.as<int32_t>()[0] = 2;
   indptr.as<int32_t>()[1] = 1;
-  EXPECT_EQ(kvpager::paged_attention_decode_cpu(p), KVPAGER_STATUS_INVALID_ARGUMENT);
+  EXPECT_EQ(kvpager::paged_attention_decode_cpu(p).detail(), KVPAGER_STATUS_INVALID_ARGUMENT);
   indptr.as<int32_t>()[0] = -1;
   indptr.as<int32_t>()[1] = kI32Max;  // pages would overflow int32
-  EXPECT_EQ(kvpager::paged_attention_decode_cpu(p), KVPAGER_STATUS_INVALID_ARGUMENT);
+  EXPECT_EQ(kvpager::paged_attention_decode_cpu(p).detail(), KVPAGER_STATUS_INVALID_ARGUMENT);
   EXPECT_EQ(out.snapshot(), out_before);
 }
 
@@ -106,17 +106,17 @@ TEST(CpuDecodeAttention, ViewWhoseOffsetsOverflowInt64IsInvalidArgument) {
                                int64_t{-1}}) {
     kvpager::decode_params bad = p;
     bad.kv.stride_block = stride;
-    EXPECT_EQ(kvpager::paged_attention_decode_cpu(bad), KVPAGER_STATUS_INVALID_ARGUMENT) << stride;
+    EXPECT_EQ(kvpager::paged_attention_decode_cpu(bad).detail(), KVPAGER_STATUS_INVALID_ARGUMENT) << stride;
     bad = p;
     bad.kv.stride_token = stride;
-    EXPECT_EQ(kvpager::paged_attention_decode_cpu(bad), KVPAGER_STATUS_INVALID_ARGUMENT) << stride;
+    EXPECT_EQ(kvpager::paged_attention_decode_cpu(bad).detail(), KVPAGER_STATUS_INVALID_ARGUMENT) << stride;
   }
   kvpager::decode_params bad = p;
   bad.pages.row_stride = std::numeric_limits<int64_t>::max();
   bad.num_seqs = 2;  // 2 rows of INT64_MAX entries
-  EXPECT_EQ(kvpager::paged_attention_decode_cpu(bad), KVPAGER_STATUS_INVALID_ARGUMENT);
+  EXPECT_EQ(kvpager::paged_attention_decode_cpu(bad).detail(), KVPAGER_STATUS_INVALID_ARGUMENT);
   EXPECT_EQ(out.snapshot(), out_before);
-  EXPECT_EQ(kvpager::paged_attention_decode_cpu(p), KVPAGER_STATUS_OK);
+  EXPECT_EQ(kvpager::paged_attention_decode_cpu(p).detail(), KVPAGER_STATUS_OK);
 }
 
 // The split of a sequence close to INT32_MAX tokens: contiguous, whole blocks, covering it exactly (the arithmetic
@@ -128,7 +128,7 @@ TEST(DecodeMath, SplitRangeCoversSequencesNearInt32Max) {
         int32_t expect_t0 = 0;
         for (int32_t s = 0; s < splits; ++s) {
           int32_t t0 = -1, t1 = -1;
-          kvpager_kernels::split_range(len, bs, splits, s, t0, t1);
+          kvpager::kernels::detail::split_range(len, bs, splits, s, t0, t1);
           ASSERT_EQ(t0, expect_t0) << len << " " << bs << " " << splits << " " << s;
           ASSERT_LE(t0, t1);
           ASSERT_LE(t1, len);
@@ -142,10 +142,10 @@ TEST(DecodeMath, SplitRangeCoversSequencesNearInt32Max) {
 }
 
 TEST(KernelSizes, CheckedProductsRejectInt64Overflow) {
-  EXPECT_EQ(kvpager_kernels::checked_product({int64_t{1} << 31, int64_t{1} << 31, 2}), -1);
-  EXPECT_EQ(kvpager_kernels::checked_product({int64_t{1} << 31, int64_t{1} << 31}), int64_t{1} << 62);
-  EXPECT_EQ(kvpager_kernels::checked_product({3, -1}), -1);
-  EXPECT_EQ(kvpager_kernels::checked_sum(std::numeric_limits<int64_t>::max(), 1), -1);
+  EXPECT_EQ(kvpager::kernels::detail::checked_product({int64_t{1} << 31, int64_t{1} << 31, 2}), -1);
+  EXPECT_EQ(kvpager::kernels::detail::checked_product({int64_t{1} << 31, int64_t{1} << 31}), int64_t{1} << 62);
+  EXPECT_EQ(kvpager::kernels::detail::checked_product({3, -1}), -1);
+  EXPECT_EQ(kvpager::kernels::detail::checked_sum(std::numeric_limits<int64_t>::max(), 1), -1);
   int64_t bytes = 0;
   EXPECT_EQ(kvpager_cuda_decode_workspace_size(kI32Max, kI32Max, 256, 256, &bytes), KVPAGER_STATUS_INVALID_ARGUMENT);
   EXPECT_EQ(kvpager_cuda_decode_workspace_size(kI32Max, 64, 128, 2, &bytes), KVPAGER_STATUS_OK);
@@ -159,7 +159,7 @@ TEST(CpuDecodeAttention, SplitWorkspaceThatCannotBeAllocatedIsOutOfMemory) {
   GTEST_SKIP() << "ASan's allocator aborts on a request this large instead of returning null";
 #else
   constexpr int32_t heads = 1024, seqs = 1 << 22, splits = 256;
-  const std::int64_t need = kvpager_kernels::decode_workspace_bytes(seqs, heads, kD, splits);
+  const std::int64_t need = kvpager::kernels::detail::decode_workspace_bytes(seqs, heads, kD, splits);
   ASSERT_GT(need, std::int64_t{1} << 47);
   const auto qbytes = static_cast<std::size_t>(seqs) * heads * kD * 4;  // 1 TiB, reserved but never touched
   guarded_buffer q(qbytes), out(qbytes), lens(static_cast<std::size_t>(seqs) * 4), table(4);
@@ -176,7 +176,7 @@ TEST(CpuDecodeAttention, SplitWorkspaceThatCannotBeAllocatedIsOutOfMemory) {
   p.num_splits = splits;
   out.as<float>()[0] = 42.0F;
   out.as<float>()[qbytes / 4 - 1] = 43.0F;
-  EXPECT_EQ(kvpager::paged_attention_decode_cpu(p), KVPAGER_STATUS_OUT_OF_MEMORY);
+  EXPECT_EQ(kvpager::paged_attention_decode_cpu(p).detail(), KVPAGER_STATUS_OUT_OF_MEMORY);
   EXPECT_EQ(out.as<float>()[0], 42.0F);
   EXPECT_EQ(out.as<float>()[qbytes / 4 - 1], 43.0F);
 #endif

@@ -9,7 +9,7 @@
 
 #include <gtest/gtest.h>
 
-#include "../../kernels/common/checks.hpp"  // for_each_run: the run merging both swap_blocks use
+#include "kernels/common/checks.hpp"  // for_each_run: the run merging both swap_blocks use
 
 #include <algorithm>
 #include <array>
@@ -252,7 +252,7 @@ TEST(CpuSwapBlocks, MergesRunsAndCopiesBitExact) {
   // Runs: (0..2 -> 10..12), (5..6 -> 3..4), (9 -> 9), (1 -> 0): four copies for seven pairs.
   const std::vector<std::int64_t> pairs = {0, 10, 1, 11, 2, 12, 5, 3, 6, 4, 9, 9, 1, 0};
   std::vector<std::array<std::int64_t, 3>> runs;
-  kvpager_kernels::for_each_run(pairs.data(), 7, [&](std::int64_t from, std::int64_t to, std::int64_t n) {
+  kvpager::kernels::detail::for_each_run(pairs.data(), 7, [&](std::int64_t from, std::int64_t to, std::int64_t n) {
     runs.push_back({from, to, n});
     return KVPAGER_STATUS_OK;
   });
@@ -350,7 +350,7 @@ TEST(CpuDecodeAttention, SplitsLseCsrAndNhdAgree) {
       lse->assign(static_cast<std::size_t>(S * hq), 0.0F);
       p.lse = lse->data();
     }
-    EXPECT_EQ(paged_attention_decode_cpu(p), KVPAGER_STATUS_OK);
+    EXPECT_EQ(paged_attention_decode_cpu(p).detail(), KVPAGER_STATUS_OK);
     return out;
   };
   const auto view = paged_kv_view::hnd(hnd.data(), KVPAGER_DTYPE_FP32, nb, hkv, bs, D);
@@ -400,7 +400,7 @@ TEST(CpuDecodeAttention, SplitsLseCsrAndNhdAgree) {
   // A bad CSR page is rejected before anything is read.
   indices[3] = nb;
   std::vector<float> out(q.size(), 1.0F);
-  EXPECT_EQ(paged_attention_decode_cpu(params(out, view, csr)), KVPAGER_STATUS_INVALID_BLOCK);
+  EXPECT_EQ(paged_attention_decode_cpu(params(out, view, csr)).detail(), KVPAGER_STATUS_INVALID_BLOCK);
   EXPECT_TRUE(std::all_of(out.begin(), out.end(), [](float x) { return x == 1.0F; }));
 }
 

@@ -1,5 +1,6 @@
 """libkvpager_kernels.so from Python through ctypes (standard library only): the exact C signature of
-kvpager_cpu_paged_attention_decode against a reference computed here, and a bad block id answered with a status."""
+kvpager_cpu_paged_attention_decode against a reference computed here, a bad block id answered with a status,
+kvpager_status_string naming every code (never NULL), and kvpager_can_implement on the kernels' geometries."""
 import ctypes
 import math
 import random
@@ -11,6 +12,12 @@ P = ctypes.c_void_p
 lib.kvpager_cpu_paged_attention_decode.argtypes = [P, P, P, P, P] + [i32] * 7 + [f32, i32, i32]
 lib.kvpager_cpu_paged_attention_decode.restype = i32
 lib.kvpager_cpu_decode_path.restype = ctypes.c_char_p
+lib.kvpager_status_string.argtypes = [i32]
+lib.kvpager_status_string.restype = ctypes.c_char_p
+lib.kvpager_can_implement.argtypes = [i32] * 5
+lib.kvpager_can_implement.restype = i32
+lib.kvpager_cpu_kv_append.argtypes = [P, P, P, P] + [i32] * 6
+lib.kvpager_cpu_kv_append.restype = i32
 
 num_seqs, hq, hkv, dim, bs, num_blocks, max_blocks = 2, 4, 2, 64, 16, 6, 3
 lens = [20, 33]
@@ -53,4 +60,19 @@ bad = (ctypes.c_int32 * (num_seqs * max_blocks))(4, 1, 0, 2, num_blocks, 3)
 rc = call(bad)
 assert rc == 3, f"a block id outside the pool must give KVPAGER_STATUS_INVALID_BLOCK (3), got {rc}"
 assert list(out) == before, "a rejected call must not write the output"
+names = ["OK", "INVALID_ARGUMENT", "NO_DEVICE", "INVALID_BLOCK", "SEQ_TOO_LONG", "BAD_HEADS", "UNSUPPORTED_HEAD_DIM",
+         "UNSUPPORTED_DTYPE", "UNSUPPORTED_BLOCK_SIZE", "OUT_OF_MEMORY", "DEVICE_ERROR"]
+for code, name in enumerate(names):
+    text = lib.kvpager_status_string(code)
+    assert text is not None and text.decode().startswith(f"KVPAGER_STATUS_{name}:"), f"code {code}: {text!r}"
+for code in (-1, len(names), 2**31 - 1, -2**31):
+    assert lib.kvpager_status_string(code) == b"unknown kvpager status code", f"code {code}"
+
+# num_blocks, block_size, num_kv_heads, head_dim, dtype -> the code decode and kv_append give for that pool
+for args, want in (((6, 16, 2, 64, 0), 0), ((6, 64, 2, 64, 0), 8), ((6, 16, 0, 64, 0), 5), ((6, 16, 2, 48, 1), 6),
+                   ((6, 16, 2, 64, 3), 7), ((0, 16, 2, 64, 2), 1)):
+    rc = lib.kvpager_can_implement(*args)
+    assert rc == want, f"kvpager_can_implement{args} = {rc}, expected {want}"
+    assert lib.kvpager_cpu_kv_append(None, None, None, None, 0, args[2], args[3], args[1], args[0], args[4]) == want, args
+
 print(f"ctypes: ok, path {lib.kvpager_cpu_decode_path().decode()}, worst error {worst:.2e}")

@@ -4,9 +4,9 @@
 // (tests/kernels/cuda_test.cpp, .ci/gpu_check.sh) is still what checks the compiled kernels and their speed.
 #include "cuda_emulation.hpp"
 
-#include "../../kernels/cuda/device_kernels.cuh"
-#include "../../tools/gpu_check/decode_problem.hpp"
-#include "../../kernels/common/checks.hpp"
+#include "kernels/cuda/device_kernels.cuh"
+#include "kvpager_testing/decode_problem.hpp"
+#include "kernels/common/checks.hpp"
 #include "abi_cases.hpp"
 
 #include <gtest/gtest.h>
@@ -19,7 +19,7 @@ namespace {
 
 using kvpager_gpu_check::decode_problem;
 using kvpager_gpu_check::gpu_tolerance;
-namespace kk = kvpager_cuda_kernels;
+namespace kk = kvpager::kernels::detail;
 
 struct emulated {
   std::vector<unsigned char> out;
@@ -76,7 +76,7 @@ emulated run(const decode_problem& pr, const std::vector<int32_t>& table, unsign
 int32_t emulated_decode(void* out, const void* q, const void* kv, const int32_t* table, const int32_t* lens,
                         int32_t num_seqs, int32_t hq, int32_t hkv, int32_t d, int32_t bs, int32_t maxb, int32_t nb,
                         float scale, int32_t dtype) {
-  if (const int32_t rc = kvpager_kernels::check_dense_decode(out, q, kv, table, lens, num_seqs, hq, hkv, d, bs, maxb, nb,
+  if (const int32_t rc = kvpager::kernels::detail::check_dense_decode(out, q, kv, table, lens, num_seqs, hq, hkv, d, bs, maxb, nb,
                                                              scale, dtype, 1);
       rc != KVPAGER_STATUS_OK)
     return rc;
@@ -92,7 +92,7 @@ int32_t emulated_decode(void* out, const void* q, const void* kv, const int32_t*
 
 int32_t emulated_append(void* kv, const void* k, const void* v, const int64_t* slots, int32_t num_tokens, int32_t hkv,
                         int32_t d, int32_t bs, int32_t nb, int32_t dtype) {
-  if (const int32_t rc = kvpager_kernels::check_append(kv, k, v, slots, num_tokens, hkv, d, bs, nb, dtype);
+  if (const int32_t rc = kvpager::kernels::detail::check_append(kv, k, v, slots, num_tokens, hkv, d, bs, nb, dtype);
       rc != KVPAGER_STATUS_OK)
     return rc;
   if (num_tokens == 0) return KVPAGER_STATUS_OK;
@@ -106,8 +106,8 @@ int32_t emulated_append(void* kv, const void* k, const void* v, const int64_t* s
 
 int32_t emulated_copy(void* const* caches, int32_t num_layers, const int64_t* mapping, int32_t num_pairs, int32_t nb,
                       int64_t block_bytes) {
-  if (const int32_t rc = kvpager_kernels::check_copy(caches, num_layers, mapping, num_pairs, nb, block_bytes,
-                                                     kvpager_kernels::memory::device);
+  if (const int32_t rc = kvpager::kernels::detail::check_copy(caches, num_layers, mapping, num_pairs, nb, block_bytes,
+                                                     kvpager::kernels::detail::memory::device);
       rc != KVPAGER_STATUS_OK)
     return rc;
   if (num_pairs == 0) return KVPAGER_STATUS_OK;

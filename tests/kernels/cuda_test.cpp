@@ -14,7 +14,7 @@
 #include <random>
 #include <vector>
 
-#include "../../tools/gpu_check/cuda_compare.hpp"
+#include "kvpager_testing/cuda_compare.hpp"
 
 using namespace kvpager_gpu_check;
 
@@ -160,14 +160,15 @@ TEST(CudaExecutor, RefusesWithoutADeviceOrRunsAPlan) {
     EXPECT_EQ(kvpager::cuda_executor::create(cfg).code(), kvpager::errc::unsupported);
     GTEST_SKIP() << "no CUDA device: the executor's plan run is tested where a GPU is present";
   }
-  kvpager::kv_layout layout{16, 2, 16, 64, 2};
+  const kvpager::kv_geometry geometry{16, 16, 2, 64, kvpager::kv_dtype::f16};
+  const auto layout = kvpager::kv_layout::of(geometry);
   void* dev = nullptr;
   void* host = nullptr;
   ASSERT_EQ(cudaMalloc(&dev, static_cast<size_t>(layout.pool_bytes())), cudaSuccess);
   ASSERT_EQ(cudaMallocHost(&host, static_cast<size_t>(layout.block_bytes() * 8)), cudaSuccess);
   cudaMemset(dev, 0, static_cast<size_t>(layout.pool_bytes()));
   kvpager::cuda_executor_config cfg;
-  cfg.layout = layout;
+  cfg.geometry = geometry;
   cfg.device_pool = dev;
   cfg.host_pool = host;
   cfg.num_host_blocks = 8;
@@ -183,7 +184,7 @@ TEST(CudaExecutor, RefusesWithoutADeviceOrRunsAPlan) {
     k[i] = static_cast<uint16_t>(i * 3);
     v[i] = static_cast<uint16_t>(i * 5 + 1);
   }
-  kvpager::cpu_executor cpu(layout, 8);
+  kvpager::cpu_executor cpu(geometry, 8);
   ASSERT_TRUE(cpu.execute(cache.plan(), slots, std::as_bytes(std::span(k)), std::as_bytes(std::span(v))));
   auto* dk = to_device(k);
   auto* dv = to_device(v);

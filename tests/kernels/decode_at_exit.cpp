@@ -9,7 +9,7 @@
 #include <cstdlib>
 #include <cstring>
 
-#include "../../tools/gpu_check/decode_problem.hpp"
+#include "kvpager_testing/decode_problem.hpp"
 
 namespace {
 

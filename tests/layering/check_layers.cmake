@@ -32,10 +32,7 @@ set(std_only_folders core concepts)
 
 # Known exceptions, "<header relative to include/kvpager>=><included header>". Each is a layering debt: delete the
 # entry when the include is gone (the check fails on an exception that no longer occurs, so the table stays true).
-set(exceptions
-  # step_plan is a plain value type that still lives in cache/; it moves to core/ (issue 10, point 4).
-  "kernels/cpu_executor.hpp=>kvpager/cache/step_plan.hpp"
-  "kernels/cuda_executor.hpp=>kvpager/cache/step_plan.hpp")
+set(exceptions "")
 
 get_filename_component(INCLUDE_DIR "${INCLUDE_DIR}" ABSOLUTE)
 set(root ${INCLUDE_DIR}/kvpager)

@@ -8,7 +8,7 @@
 #include <cstring>
 #include <string>
 
-#include "cuda_compare.hpp"
+#include "kvpager_testing/cuda_compare.hpp"
 
 namespace {
 

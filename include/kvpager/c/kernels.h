@@ -3,7 +3,9 @@
 /**
  * \file
  * C ABI of libkvpager_kernels (loadable from Python ctypes). Every function returns 0 on success or a
- * non-zero KVPAGER_STATUS_* code; none throws, none aborts on bad input.
+ * non-zero KVPAGER_STATUS_* code; none throws, none aborts on bad input. kvpager_status_string names every code;
+ * C++ callers get a kvpager::status from the one mapping in kvpager/kernels/kernel_status.hpp. An engine checks its
+ * KV geometry once, when it creates its cache, with kvpager_can_implement (C++: kvpager::can_implement).
  *
  * Rules every entry point follows (CPU and CUDA alike, kernels/common/checks.hpp):
  *  - One geometry check for every kernel that takes a KV pool's shape (decode and kv_append): num_kv_heads positive
@@ -15,7 +17,9 @@
  *  - A pointer may be NULL only when nothing is read or written through it (its count is zero); a call with nothing
  *    to do is OK, though the ids it carries are still checked.
  *  - A CPU function that returns an error has written nothing and read nothing from the KV cache; a CUDA function
- *    that returns an error has launched nothing (what its kernels check on the device is described below).
+ *    that returns an argument error has launched nothing (what its kernels check on the device is described below);
+ *    KVPAGER_STATUS_DEVICE_ERROR means the CUDA runtime refused a launch or copy, possibly after earlier ones of the
+ *    same call were queued.
  */
 
 #include <stdint.h>
@@ -42,7 +46,26 @@ enum {
   KVPAGER_STATUS_UNSUPPORTED_DTYPE = 7,    /**< dtype is not 0 (fp32), 1 (fp16) or 2 (bf16) */
   KVPAGER_STATUS_UNSUPPORTED_BLOCK_SIZE = 8, /**< block_size is not 8, 16 or 32 */
   KVPAGER_STATUS_OUT_OF_MEMORY = 9,   /**< a CPU decode's split workspace could not be allocated (nothing written) */
+  KVPAGER_STATUS_DEVICE_ERROR = 10,   /**< the CUDA runtime or a kernel launch failed on a present device */
 };
+
+/**
+ * Text of a KVPAGER_STATUS_* code ("KVPAGER_STATUS_<NAME>: <what it means>"). Never NULL: a code this library does
+ * not define gets the fixed text "unknown kvpager status code". Static storage; safe from any thread.
+ */
+KVPAGER_C_API const char* kvpager_status_string(int32_t status);
+
+/**
+ * Whether the kernels run a KV pool of this geometry, checked the way every kernel that takes a pool checks it
+ * (decode and kv_append, CPU and CUDA, in this order): num_kv_heads positive (else KVPAGER_STATUS_BAD_HEADS),
+ * head_dim, dtype and block_size supported (UNSUPPORTED_HEAD_DIM, UNSUPPORTED_DTYPE, UNSUPPORTED_BLOCK_SIZE),
+ * num_blocks positive and the pool's size in bytes within int64 (else INVALID_ARGUMENT). A geometry this accepts is
+ * accepted by every decode and kv_append call over it, and one it rejects is rejected by them with the same code.
+ * Call it once when the cache is created (the CUTLASS can_implement pattern): a kernel never has to refuse a pool
+ * shape mid-run. Pure arithmetic (no device needed).
+ */
+KVPAGER_C_API int32_t kvpager_can_implement(int32_t num_blocks, int32_t block_size, int32_t num_kv_heads,
+                                            int32_t head_dim, int32_t dtype);
 
 /** Element types: KV cache, query and output share one. */
 enum { KVPAGER_DTYPE_FP32 = 0, KVPAGER_DTYPE_FP16 = 1, KVPAGER_DTYPE_BF16 = 2 };
@@ -74,7 +97,9 @@ KVPAGER_C_API const char* kvpager_cpu_decode_path(void);
  * [num_blocks, 2, num_kv_heads, block_size, head_dim] (K then V in a block), contiguous; block_table:
  * [num_seqs, max_blocks_per_seq] int32 (entries past a sequence's blocks are not read); seq_lens: [num_seqs].
  * GQA/MQA: query head h reads KV head h / (num_q_heads / num_kv_heads). Softmax in fp32 with the given scale;
- * a sequence of length 0 produces zeros. num_threads 0 = all cores. Returns a KVPAGER_STATUS_* code: every argument,
+ * a sequence of length 0 produces zeros. num_threads 0 = all cores. When the work is split into KV chunks (long
+ * contexts, few sequences) this call allocates its fp32 merge workspace per call (KVPAGER_STATUS_OUT_OF_MEMORY when
+ * that fails); the C++ kvpager::paged_attention_decode_cpu takes a caller's workspace instead (per-step paths). Returns a KVPAGER_STATUS_* code: every argument,
  * then every sequence's length (ceil(seq_len / block_size) <= max_blocks_per_seq, computed in 64 bits, so a seq_len
  * close to INT32_MAX is checked like any other) and every block id it uses, is checked before anything is read from
  * the KV cache or written to out. With num_seqs = 0 every pointer may be NULL. Safe to call at any time, including
@@ -130,7 +155,8 @@ KVPAGER_C_API int32_t kvpager_cpu_swap_blocks(void* dst, int32_t dst_blocks, con
  * copy_blocks). The host-side checks are the CPU functions' (same codes, same order). Grid rows are capped at 65535;
  * the kernels walk any further KV heads, query heads or layers themselves, so no count is limited by the grid. No
  * allocation and no host synchronization inside these calls. Without a CUDA build or device they return
- * KVPAGER_STATUS_NO_DEVICE.
+ * KVPAGER_STATUS_NO_DEVICE; a launch or copy the CUDA runtime refuses on a present device (cudaGetLastError after
+ * the launch, or the copy's own error) is KVPAGER_STATUS_DEVICE_ERROR.
  */
 /** Decode attention without splits (one CTA per sequence and KV head); arguments as the CPU function. */
 KVPAGER_C_API int32_t kvpager_cuda_paged_attention_decode(void* out, const void* query, const void* kv_cache,

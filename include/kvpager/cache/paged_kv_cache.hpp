@@ -25,7 +25,7 @@
 #include <vector>
 
 #include "kvpager/allocator/free_list_allocator.hpp"
-#include "kvpager/cache/step_plan.hpp"
+#include "kvpager/core/step_plan.hpp"
 #include "kvpager/concepts/block_allocator.hpp"
 #include "kvpager/concepts/eviction_policy.hpp"
 #include "kvpager/concepts/sharing_policy.hpp"

@@ -5,13 +5,17 @@
 /// default [blocks, 2, kv_heads, block_size, head_dim] (HND) layout and NHD [blocks, block_size, kv_heads,
 /// head_dim] (K and V in two pools, or interleaved) both work. Long contexts are split into KV chunks whose partial
 /// (max, sum, output) states are merged in fp32; the split is chosen by plan_decode on the host. Optional LSE
-/// output (natural log of the softmax denominator, scaled scores). Implemented in libkvpager_kernels.
+/// output (natural log of the softmax denominator, scaled scores). Implemented in libkvpager_kernels. Errors come back
+/// as kvpager::status through the one mapping of the C codes (kernel_status.hpp).
 
 #include <cstdint>
 
 #include "kvpager/c/kernels.h"
 #include "kvpager/core/config.hpp"
+#include "kvpager/core/geometry.hpp"
+#include "kvpager/core/status.hpp"
 #include "kvpager/core/types.hpp"
+#include "kvpager/kernels/export.hpp"
 
 KVPAGER_NAMESPACE_BEGIN
 
@@ -36,7 +40,24 @@ struct paged_kv_view {
     const std::int64_t tok = std::int64_t{kv_heads} * head_dim;
     return {data, dtype, num_blocks, kv_heads, block_size, head_dim, 2 * tok * block_size, tok * block_size, head_dim, tok};
   }
+  /// The default layout of a pool of geometry `g`.
+  static constexpr paged_kv_view hnd(const void* data, const kv_geometry& g) noexcept {
+    return hnd(data, static_cast<std::int32_t>(g.dtype), g.num_blocks, g.num_kv_heads, g.block_size, g.head_dim);
+  }
+  /// NHD (K and V interleaved per block) of a pool of geometry `g`.
+  static constexpr paged_kv_view nhd(const void* data, const kv_geometry& g) noexcept {
+    return nhd(data, static_cast<std::int32_t>(g.dtype), g.num_blocks, g.num_kv_heads, g.block_size, g.head_dim);
+  }
+  /// The pool's geometry (block count, block size, heads, head dim, dtype); the strides are the view's own.
+  [[nodiscard]] constexpr kv_geometry geometry() const noexcept {
+    return {num_blocks, block_size, num_kv_heads, head_dim, static_cast<kv_dtype>(dtype)};
+  }
 };
+
+static_assert(static_cast<std::int32_t>(kv_dtype::f32) == KVPAGER_DTYPE_FP32 &&
+                  static_cast<std::int32_t>(kv_dtype::f16) == KVPAGER_DTYPE_FP16 &&
+                  static_cast<std::int32_t>(kv_dtype::bf16) == KVPAGER_DTYPE_BF16,
+              "kv_dtype's values are the C ABI's dtype codes");
 
 /// Which blocks each sequence reads: dense (block_table != nullptr: row s at block_table + s * row_stride, length
 /// seq_lens[s]) or CSR (indptr/indices/last_page_len: the blocks of s are indices[indptr[s] .. indptr[s+1]),
@@ -61,14 +82,30 @@ struct decode_params {
   float scale = 1.0F;
   std::int32_t num_splits = 0;   ///< KV chunks per sequence (at most 256); 0 = choose with plan_decode
   std::int32_t num_threads = 0;  ///< 0 = all cores
+  /// fp32 merge workspace of a split decode, decode_workspace_size(p) bytes (suitably aligned for float). With it the
+  /// call allocates nothing (the thread-local row buffers grow once per thread and are then reused). nullptr: a call
+  /// that splits allocates its own per call (KVPAGER_STATUS_OUT_OF_MEMORY when that fails).
+  void* workspace = nullptr;
+  std::int64_t workspace_bytes = 0;  ///< size of `workspace`; smaller than the split needs: invalid_argument
 };
 
-/// Host-side split choice: enough (sequence, KV head, split) work items to keep `threads` busy, chunks of at least
-/// 256 tokens.
-[[nodiscard]] KVPAGER_C_API std::int32_t plan_decode(std::int32_t num_seqs, std::int32_t num_kv_heads,
-                                                     std::int32_t max_seq_len, std::int32_t threads) noexcept;
+/// The most KV splits plan_decode chooses (so the most a decode with num_splits = 0 uses).
+inline constexpr std::int32_t max_planned_splits = 64;
 
-/// Runs decode attention; returns a KVPAGER_STATUS_* code. Validates everything (page tables included) first.
-[[nodiscard]] KVPAGER_C_API std::int32_t paged_attention_decode_cpu(const decode_params& p) noexcept;
+/// Host-side split choice: enough (sequence, KV head, split) work items to keep `threads` busy, chunks of at least
+/// 256 tokens, at most max_planned_splits.
+[[nodiscard]] KVPAGER_KERNELS_EXPORT std::int32_t plan_decode(std::int32_t num_seqs, std::int32_t num_kv_heads,
+                                                              std::int32_t max_seq_len, std::int32_t threads) noexcept;
+
+/// Bytes of workspace paged_attention_decode_cpu needs for `p`: num_seqs x num_q_heads x splits x (head_dim + 2) x 4
+/// for p.num_splits > 1, 0 for p.num_splits = 1, and for p.num_splits = 0 (chosen per call) the size for
+/// max_planned_splits, which covers any choice. Reads only the scalar fields of `p` (not the page tables), so a
+/// workspace sized once for the largest batch serves every step. -1 for fields out of range or a size beyond int64.
+[[nodiscard]] KVPAGER_KERNELS_EXPORT std::int64_t decode_workspace_size(const decode_params& p) noexcept;
+
+/// Runs decode attention. Validates everything (page tables and workspace included) before reading KV or writing
+/// out; on error nothing is written. Returns kernel_status(code) of the C ABI's code for the same input (for example
+/// errc::invalid_block with detail() KVPAGER_STATUS_INVALID_BLOCK).
+[[nodiscard]] KVPAGER_KERNELS_EXPORT status paged_attention_decode_cpu(const decode_params& p) noexcept;
 
 KVPAGER_NAMESPACE_END

@@ -11,8 +11,9 @@
 #include <span>
 #include <vector>
 
-#include "kvpager/cache/step_plan.hpp"
+#include "kvpager/core/step_plan.hpp"
 #include "kvpager/core/config.hpp"
+#include "kvpager/core/geometry.hpp"
 #include "kvpager/core/status.hpp"
 #include "kvpager/kernels/kv_layout.hpp"
 
@@ -20,6 +21,9 @@ KVPAGER_NAMESPACE_BEGIN
 
 class cpu_executor {
  public:
+  /// A device pool of geometry `device` and a host pool of `num_host_blocks` blocks of the same shape, zero-filled.
+  cpu_executor(const kv_geometry& device, std::int32_t num_host_blocks)
+      : cpu_executor(kv_layout::of(device), num_host_blocks) {}
   /// A device pool of `device.num_blocks` blocks and a host pool of `num_host_blocks` blocks, zero-filled.
   cpu_executor(kv_layout device, std::int32_t num_host_blocks)
       : layout_(device),
@@ -33,7 +37,8 @@ class cpu_executor {
 
   /// Runs `plan`. `slots` is the plan's slot mapping; `k` and `v` hold the appended tokens' K and V in slot order,
   /// each [num_tokens, num_kv_heads, head_dim]. Validates every block id and slot before touching a byte:
-  /// errc::invalid_block (out of range) or errc::buffer_too_small (k/v shorter than the mapping needs).
+  /// errc::invalid_block (out of range) or errc::buffer_too_small (k/v shorter than the mapping needs). Allocates
+  /// nothing.
   status execute(const step_plan& plan, std::span<const std::int64_t> slots, std::span<const std::byte> k,
                  std::span<const std::byte> v) {
     const std::int64_t token_bytes = std::int64_t{layout_.num_kv_heads} * layout_.row_bytes();

@@ -1,12 +1,14 @@
 #pragma once
 /// \file
-/// kv_layout: geometry of one layer's paged KV pool in the kernels' default layout
-/// [num_blocks, 2, num_kv_heads, block_size, head_dim] (K then V in a block). Offsets in 64 bits.
+/// kv_layout: byte offsets of one layer's paged KV pool in the kernels' default layout
+/// [num_blocks, 2, num_kv_heads, block_size, head_dim] (K then V in a block), derived from a kv_geometry
+/// (kv_layout::of). Offsets in 64 bits.
 
 #include <cstddef>
 #include <cstdint>
 
 #include "kvpager/core/config.hpp"
+#include "kvpager/core/geometry.hpp"
 #include "kvpager/core/types.hpp"
 
 KVPAGER_NAMESPACE_BEGIN
@@ -17,6 +19,11 @@ struct kv_layout {
   std::int32_t block_size = 16;
   std::int32_t head_dim = 128;
   std::int32_t elem_bytes = 2;  ///< 2 for fp16/bf16, 4 for fp32
+
+  /// The layout of a pool of geometry `g` (element size from its dtype).
+  [[nodiscard]] static constexpr kv_layout of(const kv_geometry& g) noexcept {
+    return {g.num_blocks, g.num_kv_heads, g.block_size, g.head_dim, kvpager::elem_bytes(g.dtype)};
+  }
 
   /// Bytes of one token's K (or V) for one head.
   [[nodiscard]] constexpr std::int64_t row_bytes() const noexcept { return std::int64_t{head_dim} * elem_bytes; }

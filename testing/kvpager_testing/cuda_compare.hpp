@@ -7,7 +7,7 @@
 
 #include <cuda_runtime.h>
 
-#include "decode_problem.hpp"
+#include "kvpager_testing/decode_problem.hpp"
 
 #include <algorithm>
 #include <cmath>

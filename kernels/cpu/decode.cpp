@@ -1,5 +1,6 @@
-// CPU kernels of the C ABI: paged decode attention (GQA/MQA, fp32/fp16/bf16 with fp32 accumulation), kv_append,
-// copy_blocks and swap_blocks. Every argument is validated before any KV memory is touched. Decode work items are
+// CPU paged decode attention of the C ABI and of the C++ interface (GQA/MQA, fp32/fp16/bf16 with fp32 accumulation);
+// the block moves (kv_append, copy_blocks, swap_blocks) are in block_moves.cpp. Every argument is validated before any
+// KV memory is touched. Decode work items are
 // (sequence, KV head, split), handed to the process-wide worker pool (worker_pool.hpp); each item reads a KV head's
 // rows once for its whole query-head group. The vector paths (AVX-512, AVX2) are decode_tiled.inc compiled twice,
 // chosen at run time; the portable path is decode_chunk below.
@@ -28,8 +29,9 @@
 #include "kvpager/c/kernels.h"
 #include "kvpager/kernels/attention.hpp"
 #include "kvpager/kernels/float16.hpp"
-#include "../common/checks.hpp"
-#include "../common/decode_math.hpp"
+#include "kvpager/kernels/kernel_status.hpp"
+#include "kernels/common/checks.hpp"
+#include "kernels/common/decode_math.hpp"
 #include "worker_pool.hpp"
 
 namespace {
@@ -39,9 +41,7 @@ using kvpager::detail::float_to_bf16;
 using kvpager::detail::float_to_half;
 using kvpager::detail::half_to_float;
 
-std::int64_t dtype_bytes(std::int32_t dtype) { return dtype == KVPAGER_DTYPE_FP32 ? 4 : 2; }
-
-using kvpager_kernels::parallel_for;
+using kvpager::kernels::detail::parallel_for;
 
 // ------------------------------------------------------------------------------------------- element ops
 float load_one(const void* base, std::int64_t i, std::int32_t dtype) noexcept {
@@ -303,7 +303,7 @@ inline __attribute__((always_inline)) void decode_chunk(const kvpager::decode_pa
   const auto& kv = p.kv;
   const std::int64_t D = kv.head_dim, bs = kv.block_size;
   const std::int32_t group = p.num_q_heads / kv.num_kv_heads;
-  const std::int64_t esz = dtype_bytes(kv.dtype);
+  const std::int64_t esz = kvpager::kernels::detail::elem_bytes(kv.dtype);
   float* kf = scratch;
   float* vf = kf + bs * D;
   float* qf = vf + bs * D;
@@ -400,14 +400,14 @@ chunk_kernel pick_chunk(std::int32_t group, std::int64_t D, std::int32_t bs) {
 /// Bytes the view spans: its largest element offset plus one, times the element size; -1 when a stride is negative
 /// or the extent overflows int64.
 std::int64_t view_extent_bytes(const kvpager::paged_kv_view& kv) noexcept {
-  using kvpager_kernels::checked_product;
-  using kvpager_kernels::checked_sum;
+  using kvpager::kernels::detail::checked_product;
+  using kvpager::kernels::detail::checked_sum;
   std::int64_t last = kv.head_dim;
   last = checked_sum(last, checked_product({std::int64_t{kv.num_blocks} - 1, kv.stride_block}));
   last = checked_sum(last, checked_product({kv.stride_kv}));
   last = checked_sum(last, checked_product({std::int64_t{kv.num_kv_heads} - 1, kv.stride_head}));
   last = checked_sum(last, checked_product({std::int64_t{kv.block_size} - 1, kv.stride_token}));
-  return checked_product({last, kvpager_kernels::elem_bytes(kv.dtype)});
+  return checked_product({last, kvpager::kernels::detail::elem_bytes(kv.dtype)});
 }
 
 /// A thread's buffers of decode work items, reused across calls.
@@ -432,9 +432,11 @@ item_buffers& buffers_or(item_buffers& own) noexcept {
 /// Every argument, page tables included, before any KV memory is read; every size and length in 64 bits.
 std::int32_t validate(const kvpager::decode_params& p) noexcept {
   const auto& kv = p.kv;
-  if (p.num_threads < 0 || p.num_splits < 0) return KVPAGER_STATUS_INVALID_ARGUMENT;
+  if (p.num_threads < 0 || p.num_splits < 0 || p.workspace_bytes < 0 ||
+      reinterpret_cast<std::uintptr_t>(p.workspace) % alignof(float) != 0)
+    return KVPAGER_STATUS_INVALID_ARGUMENT;
   if (const std::int32_t rc =
-          kvpager_kernels::check_decode_args(p.num_seqs, p.num_q_heads, kv.num_kv_heads, kv.head_dim, kv.block_size,
+          kvpager::kernels::detail::check_decode_args(p.num_seqs, p.num_q_heads, kv.num_kv_heads, kv.head_dim, kv.block_size,
                                              kv.dtype, kv.num_blocks, p.scale, std::max(p.num_splits, 1));
       rc != KVPAGER_STATUS_OK)
     return rc;
@@ -443,17 +445,17 @@ std::int32_t validate(const kvpager::decode_params& p) noexcept {
   const bool dense = p.pages.block_table != nullptr;
   if (p.out == nullptr || p.query == nullptr || kv.data == nullptr ||
       (dense ? p.pages.seq_lens == nullptr || p.pages.row_stride <= 0 ||
-                   kvpager_kernels::checked_product({p.num_seqs, p.pages.row_stride}) < 0
+                   kvpager::kernels::detail::checked_product({p.num_seqs, p.pages.row_stride}) < 0
              : p.pages.indptr == nullptr || p.pages.indices == nullptr || p.pages.last_page_len == nullptr))
     return KVPAGER_STATUS_INVALID_ARGUMENT;
   for (std::int32_t s = 0; s < p.num_seqs; ++s) {
     std::int64_t blocks = 0;
     if (dense) {
       const std::int32_t len = p.pages.seq_lens[s];
-      if (const std::int32_t rc = kvpager_kernels::check_seq_len(len, kv.block_size, p.pages.row_stride);
+      if (const std::int32_t rc = kvpager::kernels::detail::check_seq_len(len, kv.block_size, p.pages.row_stride);
           rc != KVPAGER_STATUS_OK)
         return rc;
-      blocks = kvpager_kernels::blocks_for(len, kv.block_size);
+      blocks = kvpager::kernels::detail::blocks_for(len, kv.block_size);
     } else {
       if (p.pages.indptr[s] < 0 || p.pages.indptr[s + 1] < p.pages.indptr[s]) return KVPAGER_STATUS_INVALID_ARGUMENT;
       blocks = std::int64_t{p.pages.indptr[s + 1]} - p.pages.indptr[s];
@@ -471,115 +473,11 @@ std::int32_t validate(const kvpager::decode_params& p) noexcept {
 
 }  // namespace
 
-extern "C" {
+namespace {
 
-const char* kvpager_cpu_decode_path(void) {
-  switch (pick_path()) {
-    case cpu_path::avx512: return "avx512";
-    case cpu_path::avx2: return "avx2";
-    default: return "portable";
-  }
-}
-
-int32_t kvpager_cpu_paged_attention_decode(void* out, const void* query, const void* kv_cache,
-                                           const int32_t* block_table, const int32_t* seq_lens, int32_t num_seqs,
-                                           int32_t num_q_heads, int32_t num_kv_heads, int32_t head_dim,
-                                           int32_t block_size, int32_t max_blocks_per_seq, int32_t num_blocks,
-                                           float scale, int32_t dtype, int32_t num_threads) {
-  if (const int32_t rc = kvpager_kernels::check_dense_decode(out, query, kv_cache, block_table, seq_lens, num_seqs,
-                                                             num_q_heads, num_kv_heads, head_dim, block_size,
-                                                             max_blocks_per_seq, num_blocks, scale, dtype, 1);
-      rc != KVPAGER_STATUS_OK)
-    return rc;
-  kvpager::decode_params p;
-  p.out = out;
-  p.query = query;
-  p.kv = kvpager::paged_kv_view::hnd(kv_cache, dtype, num_blocks, num_kv_heads, block_size, head_dim);
-  p.pages.block_table = block_table;
-  p.pages.row_stride = max_blocks_per_seq;
-  p.pages.seq_lens = seq_lens;
-  p.num_seqs = num_seqs;
-  p.num_q_heads = num_q_heads;
-  p.scale = scale;
-  p.num_threads = num_threads;
-  return kvpager::paged_attention_decode_cpu(p);
-}
-
-int32_t kvpager_cpu_kv_append(void* kv_cache, const void* key, const void* value, const int64_t* slot_mapping,
-                              int32_t num_tokens, int32_t num_kv_heads, int32_t head_dim, int32_t block_size,
-                              int32_t num_blocks, int32_t dtype) {
-  if (const int32_t rc = kvpager_kernels::check_append(kv_cache, key, value, slot_mapping, num_tokens, num_kv_heads,
-                                                       head_dim, block_size, num_blocks, dtype);
-      rc != KVPAGER_STATUS_OK)
-    return rc;
-  const std::int64_t slots = std::int64_t{num_blocks} * block_size;
-  for (int32_t t = 0; t < num_tokens; ++t)
-    if (slot_mapping[t] >= slots) return KVPAGER_STATUS_INVALID_BLOCK;
-  // Every offset below is inside the pool or the key/value arrays, whose sizes check_append bounded in int64.
-  const std::int64_t row = std::int64_t{head_dim} * dtype_bytes(dtype);  // bytes
-  const std::int64_t head_stride = std::int64_t{block_size} * row, half = std::int64_t{num_kv_heads} * head_stride;
-  auto* cache = static_cast<std::byte*>(kv_cache);
-  const auto* k = static_cast<const std::byte*>(key);
-  const auto* v = static_cast<const std::byte*>(value);
-  for (int32_t t = 0; t < num_tokens; ++t) {
-    const int64_t s = slot_mapping[t];
-    if (s < 0) continue;
-    const std::int64_t b = s / block_size, off = s % block_size;
-    for (int32_t h = 0; h < num_kv_heads; ++h) {
-      const std::int64_t src = (std::int64_t{t} * num_kv_heads + h) * row;
-      const std::int64_t dst = b * 2 * half + h * head_stride + off * row;
-      std::memcpy(cache + dst, k + src, static_cast<std::size_t>(row));
-      std::memcpy(cache + dst + half, v + src, static_cast<std::size_t>(row));
-    }
-  }
-  return KVPAGER_STATUS_OK;
-}
-
-int32_t kvpager_cpu_copy_blocks(void* const* kv_caches, int32_t num_layers, const int64_t* block_mapping,
-                                int32_t num_pairs, int32_t num_blocks, int64_t block_bytes) {
-  if (const int32_t rc = kvpager_kernels::check_copy(kv_caches, num_layers, block_mapping, num_pairs, num_blocks,
-                                                     block_bytes, kvpager_kernels::memory::host);
-      rc != KVPAGER_STATUS_OK)
-    return rc;
-  for (int32_t l = 0; l < num_layers && num_pairs > 0; ++l) {
-    auto* cache = static_cast<std::byte*>(kv_caches[l]);
-    for (int32_t p = 0; p < num_pairs; ++p) {
-      const int64_t src = block_mapping[2 * std::int64_t{p}], dst = block_mapping[2 * std::int64_t{p} + 1];
-      if (src == dst) continue;  // nothing to copy (and memcpy must not be given overlapping regions)
-      std::memcpy(cache + dst * block_bytes, cache + src * block_bytes, static_cast<std::size_t>(block_bytes));
-    }
-  }
-  return KVPAGER_STATUS_OK;
-}
-
-int32_t kvpager_cpu_swap_blocks(void* dst, int32_t dst_blocks, const void* src, int32_t src_blocks, int64_t block_bytes,
-                                const int64_t* pairs, int32_t num_pairs) {
-  if (const int32_t rc = kvpager_kernels::check_swap(dst, dst_blocks, src, src_blocks, block_bytes, pairs, num_pairs);
-      rc != KVPAGER_STATUS_OK)
-    return rc;
-  return kvpager_kernels::for_each_run(pairs, num_pairs, [&](int64_t from, int64_t to, int64_t n) {
-    auto* d = static_cast<std::byte*>(dst) + to * block_bytes;
-    const auto* s = static_cast<const std::byte*>(src) + from * block_bytes;
-    if (d != s) std::memmove(d, s, static_cast<std::size_t>(n * block_bytes));  // a run onto itself copies nothing
-    return KVPAGER_STATUS_OK;
-  });
-}
-
-}  // extern "C"
-
-KVPAGER_NAMESPACE_BEGIN
-
-std::int32_t plan_decode(std::int32_t num_seqs, std::int32_t num_kv_heads, std::int32_t max_seq_len,
-                         std::int32_t threads) noexcept {
-  const std::int64_t t = threads > 0 ? std::int64_t{threads} : std::int64_t{std::max(1U, std::thread::hardware_concurrency())};
-  const std::int64_t items = std::int64_t{std::max(num_seqs, 1)} * std::max(num_kv_heads, 1);
-  if (items >= 2 * t) return 1;
-  const std::int64_t want = (2 * t + items - 1) / items;     // enough work items for every thread, twice
-  const std::int64_t cap = std::max<std::int64_t>(1, max_seq_len / 256);  // chunks of 256+ tokens
-  return static_cast<std::int32_t>(std::clamp<std::int64_t>(want, 1, std::min<std::int64_t>(cap, 64)));
-}
-
-std::int32_t paged_attention_decode_cpu(const decode_params& p) noexcept {
+/// The decode itself, returning a KVPAGER_STATUS_* code (the C function returns it, the C++ one maps it).
+std::int32_t decode_cpu(const kvpager::decode_params& p) noexcept {
+  using namespace kvpager::kernels::detail;
   if (const std::int32_t rc = validate(p); rc != KVPAGER_STATUS_OK) return rc;
   const auto& kv = p.kv;
   const std::int64_t D = kv.head_dim, hkv = kv.num_kv_heads;
@@ -594,21 +492,29 @@ std::int32_t paged_attention_decode_cpu(const decode_params& p) noexcept {
   // With all cores requested, a call this small (a few microseconds of work) runs on the calling thread: waking
   // workers would cost more than they save (bench_kernels decode_..._short).
   const std::int32_t threads = p.num_threads == 0 && total_len < 8192 && total_len * p.num_q_heads < 8192 ? 1 : p.num_threads;
-  const std::int32_t splits = p.num_splits > 0 ? p.num_splits : plan_decode(p.num_seqs, kv.num_kv_heads, max_len, threads);
+  const std::int32_t splits = p.num_splits > 0 ? p.num_splits : kvpager::plan_decode(p.num_seqs, kv.num_kv_heads, max_len, threads);
   const chunk_kernel kernel = pick_chunk(group, D, kv.block_size);
   const auto scratch_floats = static_cast<std::size_t>(kernel.scratch_floats);
-  // Partial states [seq][q head][split]: m, l, acc[D], merged below; without splits each item stores its output.
-  // Allocated without throwing: a workspace the machine cannot hold is OUT_OF_MEMORY, never an abort.
-  std::unique_ptr<float[]> part;
+  // Partial states [seq][q head][split]: m, l, acc[D], merged below; without splits each item stores its output. In
+  // the caller's workspace when given (checked before anything is written), else allocated here without throwing: a
+  // workspace the machine cannot hold is OUT_OF_MEMORY, never an abort.
+  std::unique_ptr<float[]> owned;
+  float* part = nullptr;
   if (splits > 1) {
-    const std::int64_t bytes = kvpager_kernels::decode_workspace_bytes(p.num_seqs, p.num_q_heads, kv.head_dim, splits);
-    if (bytes < 0 || static_cast<std::uint64_t>(bytes) > std::numeric_limits<std::size_t>::max())
-      return KVPAGER_STATUS_OUT_OF_MEMORY;
-    part.reset(new (std::nothrow) float[static_cast<std::size_t>(bytes) / sizeof(float)]);
-    if (!part) return KVPAGER_STATUS_OUT_OF_MEMORY;
+    const std::int64_t bytes = decode_workspace_bytes(p.num_seqs, p.num_q_heads, kv.head_dim, splits);
+    if (p.workspace != nullptr) {
+      if (bytes < 0 || p.workspace_bytes < bytes) return KVPAGER_STATUS_INVALID_ARGUMENT;
+      part = static_cast<float*>(p.workspace);
+    } else {
+      if (bytes < 0 || static_cast<std::uint64_t>(bytes) > std::numeric_limits<std::size_t>::max())
+        return KVPAGER_STATUS_OUT_OF_MEMORY;
+      owned.reset(new (std::nothrow) float[static_cast<std::size_t>(bytes) / sizeof(float)]);
+      if (!owned) return KVPAGER_STATUS_OUT_OF_MEMORY;
+      part = owned.get();
+    }
   }
   auto state = [&](std::int64_t seq, std::int64_t qh, std::int64_t split) {
-    return part.get() + ((seq * p.num_q_heads + qh) * splits + split) * (D + 2);
+    return part + ((seq * p.num_q_heads + qh) * splits + split) * (D + 2);
   };
   parallel_for(std::int64_t{p.num_seqs} * hkv * splits, threads, [&](std::int64_t item) {
     item_buffers own;
@@ -625,14 +531,14 @@ std::int32_t paged_attention_decode_cpu(const decode_params& p) noexcept {
     const auto split = static_cast<std::int32_t>(item % splits);
     const std::int32_t len = length_of(p.pages, seq, kv.block_size);
     std::int32_t t0 = 0, t1 = 0;
-    kvpager_kernels::split_range(len, kv.block_size, splits, split, t0, t1);
+    split_range(len, kv.block_size, splits, split, t0, t1);
     kernel.fn(p, seq, h, t0, t1, b.scratch.data(), m.data(), l.data(), acc.data());
     if (splits == 1) {  // the whole sequence: normalize and store here, no merge pass
       for (std::int32_t g = 0; g < group; ++g) {
         const float lg = l[static_cast<std::size_t>(g)];
         const std::int64_t row = std::int64_t{seq} * p.num_q_heads + h * group + g;
         kernel.store(p.out, row, acc.data() + g * D, lg > 0.0F ? 1.0F / lg : 0.0F, kv.dtype, D);
-        if (p.lse != nullptr) p.lse[row] = kvpager_kernels::lse_of(m[static_cast<std::size_t>(g)], lg);
+        if (p.lse != nullptr) p.lse[row] = lse_of(m[static_cast<std::size_t>(g)], lg);
       }
       return;
     }
@@ -664,9 +570,66 @@ std::int32_t paged_attention_decode_cpu(const decode_params& p) noexcept {
       }
     }
     kernel.store(p.out, row, o.data(), L > 0.0F ? 1.0F / L : 0.0F, kv.dtype, D);
-    if (p.lse != nullptr) p.lse[row] = kvpager_kernels::lse_of(M, L);
+    if (p.lse != nullptr) p.lse[row] = lse_of(M, L);
   });
   return KVPAGER_STATUS_OK;
 }
+
+}  // namespace
+
+extern "C" {
+
+const char* kvpager_cpu_decode_path(void) {
+  switch (pick_path()) {
+    case cpu_path::avx512: return "avx512";
+    case cpu_path::avx2: return "avx2";
+    default: return "portable";
+  }
+}
+
+int32_t kvpager_cpu_paged_attention_decode(void* out, const void* query, const void* kv_cache,
+                                           const int32_t* block_table, const int32_t* seq_lens, int32_t num_seqs,
+                                           int32_t num_q_heads, int32_t num_kv_heads, int32_t head_dim,
+                                           int32_t block_size, int32_t max_blocks_per_seq, int32_t num_blocks,
+                                           float scale, int32_t dtype, int32_t num_threads) {
+  if (const int32_t rc = kvpager::kernels::detail::check_dense_decode(out, query, kv_cache, block_table, seq_lens, num_seqs,
+                                                             num_q_heads, num_kv_heads, head_dim, block_size,
+                                                             max_blocks_per_seq, num_blocks, scale, dtype, 1);
+      rc != KVPAGER_STATUS_OK)
+    return rc;
+  kvpager::decode_params p;
+  p.out = out;
+  p.query = query;
+  p.kv = kvpager::paged_kv_view::hnd(kv_cache, dtype, num_blocks, num_kv_heads, block_size, head_dim);
+  p.pages.block_table = block_table;
+  p.pages.row_stride = max_blocks_per_seq;
+  p.pages.seq_lens = seq_lens;
+  p.num_seqs = num_seqs;
+  p.num_q_heads = num_q_heads;
+  p.scale = scale;
+  p.num_threads = num_threads;
+  return decode_cpu(p);
+}
+
+}  // extern "C"
+
+KVPAGER_NAMESPACE_BEGIN
+
+std::int32_t plan_decode(std::int32_t num_seqs, std::int32_t num_kv_heads, std::int32_t max_seq_len,
+                         std::int32_t threads) noexcept {
+  const std::int64_t t = threads > 0 ? std::int64_t{threads} : std::int64_t{std::max(1U, std::thread::hardware_concurrency())};
+  const std::int64_t items = std::int64_t{std::max(num_seqs, 1)} * std::max(num_kv_heads, 1);
+  if (items >= 2 * t) return 1;
+  const std::int64_t want = (2 * t + items - 1) / items;     // enough work items for every thread, twice
+  const std::int64_t cap = std::max<std::int64_t>(1, max_seq_len / 256);  // chunks of 256+ tokens
+  return static_cast<std::int32_t>(std::clamp<std::int64_t>(want, 1, std::min<std::int64_t>(cap, max_planned_splits)));
+}
+
+std::int64_t decode_workspace_size(const decode_params& p) noexcept {
+  return kernels::detail::decode_workspace_bytes(p.num_seqs, p.num_q_heads, p.kv.head_dim,
+                                                 p.num_splits == 0 ? max_planned_splits : p.num_splits);
+}
+
+status paged_attention_decode_cpu(const decode_params& p) noexcept { return kernel_status(decode_cpu(p)); }
 
 KVPAGER_NAMESPACE_END

@@ -67,10 +67,14 @@ struct decode_problem {
       for (int32_t b = 0; b < (lens[s] + bs - 1) / bs; ++b) table[s * static_cast<size_t>(maxb) + static_cast<size_t>(b)] = ids[next++];
     cpu_out.resize(q.size());
     cpu_lse.resize(static_cast<size_t>(S) * static_cast<size_t>(hq));
+    cpu_ok = kvpager::paged_attention_decode_cpu(params(cpu_out.data(), cpu_lse.data())).ok();
+  }
+  /// The CPU decode of this problem writing `out` (and `lse` unless null), with the problem's split count.
+  [[nodiscard]] kvpager::decode_params params(void* out, float* lse) const {
     kvpager::decode_params p;
-    p.out = cpu_out.data();
+    p.out = out;
     p.query = q.data();
-    p.lse = cpu_lse.data();
+    p.lse = lse;
     p.kv = kvpager::paged_kv_view::hnd(kv.data(), dtype, nb, hkv, bs, d);
     p.pages.block_table = table.data();
     p.pages.row_stride = maxb;
@@ -79,7 +83,7 @@ struct decode_problem {
     p.num_q_heads = hq;
     p.scale = scale;
     p.num_splits = splits;
-    cpu_ok = kvpager::paged_attention_decode_cpu(p) == KVPAGER_STATUS_OK;
+    return p;
   }
   [[nodiscard]] size_t esz() const { return dtype == KVPAGER_DTYPE_FP32 ? 4 : 2; }
   [[nodiscard]] double value(const std::vector<unsigned char>& bytes, size_t i) const {
