@@ -73,10 +73,10 @@ TEST(CopyOnWrite, ASharedPartialLastBlockIsCopiedBeforeTheWrite) {
   s.add_ref(t[1]);  // another sequence shares the last block
   const block_id shared = t[1];
   std::vector<block_id> released;
-  const auto g = grow_for_write(s, ledger, t, 6, 4, 3, [&](block_id b) { released.push_back(b); });
-  ASSERT_TRUE(g);
-  EXPECT_TRUE(g->copied);
-  EXPECT_EQ(g->new_blocks, 1);
+  write_growth g;
+  ASSERT_TRUE(grow_for_write(s, ledger, t, 6, 4, 3, [&](block_id b) { released.push_back(b); }, g));
+  EXPECT_TRUE(g.copied);
+  EXPECT_EQ(g.new_blocks, 1);
   EXPECT_NE(t[1], shared);
   EXPECT_EQ(t.size(), 3U);
   ASSERT_EQ(ledger.plan().copies().size(), 1U);
@@ -92,10 +92,10 @@ TEST(CopyOnWrite, ShortOfBlocksChangesNothing) {
   s.take(t);
   s.add_ref(t[1]);
   const auto before = t;
-  const auto g = grow_for_write(s, ledger, t, 6, 4, 3, [](block_id) { FAIL(); });
-  ASSERT_FALSE(g);
-  EXPECT_EQ(g.code(), errc::out_of_blocks);
-  EXPECT_EQ(g.error().detail(), 2);
+  write_growth g;
+  const status st = grow_for_write(s, ledger, t, 6, 4, 3, [](block_id) { FAIL(); }, g);
+  EXPECT_EQ(st.code(), errc::out_of_blocks);
+  EXPECT_EQ(st.detail(), 2);
   EXPECT_EQ(t, before);
   EXPECT_EQ(s.available(), 1);
   EXPECT_TRUE(ledger.plan().empty());

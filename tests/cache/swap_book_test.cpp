@@ -8,6 +8,7 @@
 #include <kvpager/eviction/no_eviction.hpp>
 #include <kvpager/sharing/refcount_sharing.hpp>
 #include <kvpager/swap/host_swap.hpp>
+#include <kvpager/swap/hybrid_swap.hpp>
 
 #include <gtest/gtest.h>
 
@@ -23,10 +24,10 @@ using store_type = block_store<free_list_allocator, no_eviction, refcount_sharin
 struct rig {
   explicit rig(std::int32_t device_blocks, std::int32_t host_blocks)
       : store(std::move(*block_pool<free_list_allocator>::create({device_blocks, 0})), {}, {}),
-        book(host_swap(host_pool_config{host_blocks})) {
+        book(host_swap{}) {
     const pool_geometry g{device_blocks, 16, 0};
     store.reset(g);
-    book.reset(g);
+    book.reset(g, host_blocks);
     ledger.reset(device_blocks);
   }
   /// Adds sequence `id` with `n` fresh device blocks.
@@ -68,7 +69,10 @@ TEST(SwapBook, SwapOutGivesEachDistinctDeviceBlockOneHostBlock) {
   EXPECT_EQ(r.ledger.plan().swap_outs().size(), 3U);
   EXPECT_EQ(r.book.host_free(), 13);
   EXPECT_EQ(r.book.swapped(), 2);
-  EXPECT_EQ(r.book.swapped_out_blocks(), 3);
+  cache_stats st;
+  r.book.report(st);
+  EXPECT_EQ(st.swapped_out_blocks, 3);
+  EXPECT_EQ(st.host_total, 16);
   const auto& h1 = r.table.at(1).blocks;
   const auto& h2 = r.table.at(2).blocks;
   EXPECT_EQ(h2[0], h1[0]);
@@ -141,4 +145,38 @@ TEST(SwapBook, DroppingASwappedTableReleasesItsHostBlocksAtTheNextStep) {
   EXPECT_EQ(r.book.host_free(), 5);
   r.next_step();
   EXPECT_EQ(r.book.host_free(), 8);
+}
+
+TEST(SwapBook, HostPoolIsABlockPoolWhoseRefcountsAreTableEntries) {
+  rig r(16, 8);
+  r.add(1, 2);
+  auto& s2 = r.table[r.table.insert(2)];
+  s2.blocks = {r.table.at(1).blocks[0]};
+  r.store.add_ref(s2.blocks[0]);
+  ASSERT_TRUE(r.out({1, 2}));
+  const auto* pool = r.book.host_pool();
+  ASSERT_NE(pool, nullptr);
+  const auto& h1 = r.table.at(1).blocks;
+  EXPECT_EQ(pool->refcount(h1[0]), 2);
+  EXPECT_EQ(pool->refcount(h1[1]), 1);
+  EXPECT_EQ(pool->num_used(), 2);
+  EXPECT_EQ(pool->stats().references, 3);
+  r.book.drop_table(r.table.at(2).blocks);
+  EXPECT_EQ(pool->refcount(h1[0]), 1);
+}
+
+TEST(SwapBook, NoHostPoolWithoutHostBlocks) {
+  rig r(8, 0);
+  EXPECT_FALSE(r.book.has_host_pool());
+  EXPECT_EQ(r.book.host_pool(), nullptr);
+  EXPECT_EQ(r.book.host_capacity(), 0);
+  EXPECT_EQ(r.book.host_free(), 0);
+  EXPECT_EQ(r.book.decide(3), preempt_action::swap);  // host_swap decides; the cache then finds no room
+}
+
+TEST(SwapBook, DecisionSeesTheFreeHostBlocks) {
+  swap_book<hybrid_swap> book;
+  book.reset(pool_geometry{8, 16, 0}, 4);
+  EXPECT_EQ(book.decide(4), preempt_action::swap);
+  EXPECT_EQ(book.decide(5), preempt_action::recompute);
 }

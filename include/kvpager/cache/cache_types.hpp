@@ -17,10 +17,12 @@ struct cache_config {
   std::int32_t num_blocks = 0;        ///< blocks in the pool, including reserved ones
   std::int32_t reserved_blocks = 0;   ///< blocks [0, reserved) never handed out (1 = vLLM's null block)
   std::int32_t max_blocks_per_seq = 0;  ///< longest block table allowed; 0 = no limit
+  std::int32_t num_host_blocks = 0;     ///< host (swap) pool blocks for swap_out/swap_in and swapping preemption; 0 = none
 };
 
 /// The checks of paged_kv_cache::create on `cfg` alone (the pool sizes are block_pool::create's):
-/// errc::invalid_block_size (not a positive power of two), errc::invalid_argument (negative max_blocks_per_seq).
+/// errc::invalid_block_size (not a positive power of two), errc::invalid_argument (negative max_blocks_per_seq),
+/// errc::invalid_pool_size (negative num_host_blocks).
 [[nodiscard]] constexpr status validate(const cache_config& cfg) noexcept {
   if (cfg.block_size <= 0 || !std::has_single_bit(static_cast<std::uint32_t>(cfg.block_size)))
     return status{errc::invalid_block_size, "paged_kv_cache::create: block_size must be a positive power of two",
@@ -28,6 +30,9 @@ struct cache_config {
   if (cfg.max_blocks_per_seq < 0)
     return status{errc::invalid_argument, "paged_kv_cache::create: max_blocks_per_seq must be >= 0",
                   cfg.max_blocks_per_seq};
+  if (cfg.num_host_blocks < 0)
+    return status{errc::invalid_pool_size, "paged_kv_cache::create: num_host_blocks must be >= 0",
+                  cfg.num_host_blocks};
   return ok_status();
 }
 
@@ -71,6 +76,25 @@ struct cache_stats {
   [[nodiscard]] double sharing_ratio() const noexcept {
     return logical > 0 ? 1.0 - double(used) / double(logical) : 0.0;
   }
+};
+
+/// A number of tokens, a type of its own so that a token id cannot be passed where a count is meant:
+/// `cache.append_tokens(id, token_count{3})` appends three tokens, `cache.append_token(id, next_token)` one token
+/// with its id, and `cache.append_tokens(id, next_token)` does not compile.
+struct token_count {
+  std::int32_t value = 1;
+  constexpr explicit token_count(std::int32_t n) noexcept : value(n) {}
+  friend constexpr bool operator==(token_count, token_count) = default;
+};
+
+/// The policy objects a paged_kv_cache is created with, by name; each one left out is default-constructed:
+/// `cache_t::create(cfg, {.sharing = prefix_caching(hasher), .swap = hybrid_swap{}})`.
+template <class A, class E, class S, class W>
+struct cache_policies {
+  A allocator{};  ///< the block_allocator (free set order)
+  E eviction{};   ///< the eviction_policy (cached, unreferenced blocks)
+  S sharing{};    ///< the sharing_policy (forks, prefix caching)
+  W swap{};       ///< the swap_policy (preemption: swap or recompute)
 };
 
 /// Per-sequence options for sequences added with their token ids.

@@ -24,24 +24,14 @@ struct write_growth {
   bool copied = false;          ///< the last block was copied (copy-on-write)
 };
 
-/// Makes `blocks` (holding `num_tokens` tokens of `block_size`) ready for writes up to `total_blocks` blocks, over
-/// block_store `store` (take, refcount, is_cached, evict, release) and the step's `ledger`; `release(b)` drops the
-/// table's reference to a replaced block. errc::out_of_blocks (detail = blocks needed) and nothing changed when the
-/// store cannot provide them. O(new blocks).
+namespace detail {
+/// grow_for_write's part that takes blocks: copy-on-write of the last block, new blocks at the end.
 template <class Store, class Release>
-result<write_growth> grow_for_write(Store& store, step_ledger& ledger, std::vector<block_id>& blocks,
-                                    std::int32_t num_tokens, std::int32_t block_size, std::int64_t total_blocks,
-                                    Release&& release) {
-  write_growth g;
-  g.new_blocks = total_blocks - static_cast<std::int64_t>(blocks.size());
-  const bool writes_last = num_tokens % block_size != 0;  // the first new token lands in the last block
-  g.copied = writes_last && store.refcount(blocks.back()) > 1;
+status grow_into_new_blocks(Store& store, step_ledger& ledger, std::vector<block_id>& blocks, Release& release,
+                            write_growth& g, bool stale) {
   const std::int64_t need = g.new_blocks + (g.copied ? 1 : 0);
   if (need > store.available()) return status{errc::out_of_blocks, "append_tokens: not enough free blocks", need};
-  // A full block that is cached but ours alone (a fork that ended inside it) is about to change: its cached
-  // content must not be handed out again.
-  if (writes_last && !g.copied && store.is_cached(blocks.back())) store.evict(blocks.back());
-
+  if (stale) store.evict(blocks.back());
   if (g.copied) {
     const block_id src = blocks.back();
     block_id dst = no_block;
@@ -55,7 +45,28 @@ result<write_growth> grow_for_write(Store& store, step_ledger& ledger, std::vect
     blocks.resize(old + static_cast<std::size_t>(g.new_blocks));
     store.take(std::span<block_id>(blocks).subspan(old));
   }
-  return g;
+  return ok_status();
+}
+}  // namespace detail
+
+/// Makes `blocks` (holding `num_tokens` tokens of `block_size`) ready for writes up to `total_blocks` blocks, over
+/// block_store `store` (take, refcount, is_cached, evict, release) and the step's `ledger`; `release(b)` drops the
+/// table's reference to a replaced block; `g` says what was done. errc::out_of_blocks (detail = blocks needed) and
+/// nothing changed when the store cannot provide them. O(new blocks).
+template <class Store, class Release>
+status grow_for_write(Store& store, step_ledger& ledger, std::vector<block_id>& blocks, std::int32_t num_tokens,
+                      std::int32_t block_size, std::int64_t total_blocks, Release&& release, write_growth& g) {
+  g.new_blocks = total_blocks - static_cast<std::int64_t>(blocks.size());
+  const bool writes_last = num_tokens % block_size != 0;  // the first new token lands in the last block
+  g.copied = writes_last && store.refcount(blocks.back()) > 1;
+  // A full block that is cached but ours alone (a fork that ended inside it) is about to change: its cached
+  // content must not be handed out again.
+  const bool stale = writes_last && !g.copied && store.is_cached(blocks.back());
+  if (g.new_blocks == 0 && !g.copied) {  // the common decode step: room in our own last block (kept inline)
+    if (stale) store.evict(blocks.back());
+    return ok_status();
+  }
+  return detail::grow_into_new_blocks(store, ledger, blocks, release, g, stale);
 }
 
 /// The blocks of a fork: `child` (sized by the caller) gets the first child.size() blocks of `parent`, shared

@@ -9,7 +9,7 @@
 /// \code
 ///   cache.begin_step();                          // the previous plan has been executed
 ///   cache.add_sequence(id, prompt_len);          // prefill: ceil(prompt_len / block_size) blocks in one batch
-///   cache.append_tokens(other_id, 1);            // decode: a new block exactly when the last one is full
+///   cache.append_token(other_id, next_token);    // decode: a new block exactly when the last one is full
 ///   run copies in cache.plan().copies();         // copy_blocks
 ///   cache.export_slot_mapping(slots);            // kv_append
 ///   cache.export_block_table(ids, table, stride, seq_lens);   // paged attention
@@ -52,7 +52,6 @@ KVPAGER_NAMESPACE_BEGIN
 template <block_allocator A = free_list_allocator, eviction_policy E = no_eviction,
           sharing_policy S = refcount_sharing, swap_policy W = no_swap>
 class paged_kv_cache {
-  static constexpr bool caches_content = content_cache<S>;
   static constexpr bool free_order_fits = [] {
     if constexpr (requires { E::required_free_order; }) {
       return allocator_traits<A>::order == static_cast<free_order>(E::required_free_order);
@@ -73,10 +72,14 @@ class paged_kv_cache {
   using eviction_policy_type = E;
   using sharing_policy_type = S;
   using swap_policy_type = W;
+  /// The policy objects create takes, by name (cache_types.hpp).
+  using policies = cache_policies<A, E, S, W>;
 
-  /// Validates `cfg` and builds an empty cache; never throws (an exception other than an allocation failure that a
+  /// Validates `cfg` and builds an empty cache from the policy objects `p` (by name, defaults for those left out:
+  /// `create(cfg, {.sharing = prefix_caching(h)})`); never throws (an exception other than an allocation failure that a
   /// user-written policy's reset throws passes through). Errors: errc::invalid_block_size (not a positive power of
-  /// two), errc::invalid_pool_size (no usable block), errc::invalid_argument (negative max_blocks_per_seq),
+  /// two), errc::invalid_pool_size (no usable block, negative num_host_blocks), errc::invalid_argument (negative
+  /// max_blocks_per_seq),
   /// errc::out_of_memory (the bookkeeping below could not be allocated, std::bad_alloc or std::length_error;
   /// everything allocated so far is freed again, detail = num_blocks. Built without exceptions, a failed allocation
   /// ends the program instead, as every allocation does there). All sizes are computed in 64 bits.
@@ -85,17 +88,16 @@ class paged_kv_cache {
   /// for free_list_allocator), 5 bytes of step bookkeeping, and each policy's per-block state: 0 for lru_eviction
   /// and no_eviction, about 36 bytes for the heap-ordered indexed policies, 12 bytes for prefix_caching (its
   /// content entries, with block_size token ids each for hit verification, are allocated later, as blocks are
-  /// cached: see prefix_caching.hpp); plus 9 bytes per host block of the swap policy's pool (and that policy's
-  /// own state). Per sequence, its block table and (content caches) the token ids of its last, partial block.
-  [[nodiscard]] static result<paged_kv_cache> create(cache_config cfg, A allocator = A{}, E eviction = E{},
-                                                     S sharing = S{}, W swap = W{}) {
+  /// cached: see prefix_caching.hpp); plus 21 bytes per host block (the host block_pool's refcount and links, the
+  /// swap book's maps). Per sequence, its block table and (content caches) the token ids of its last, partial block.
+  [[nodiscard]] static result<paged_kv_cache> create(cache_config cfg, policies p = {}) {
     if (status st = validate(cfg); !st) return st;
 #if KVPAGER_HAS_EXCEPTIONS
     try {
 #endif
-      auto pool = block_pool<A>::create({cfg.num_blocks, cfg.reserved_blocks}, std::move(allocator));
+      auto pool = block_pool<A>::create({cfg.num_blocks, cfg.reserved_blocks}, std::move(p.allocator));
       if (!pool) return pool.error();
-      return paged_kv_cache(cfg, std::move(*pool), std::move(eviction), std::move(sharing), std::move(swap));
+      return paged_kv_cache(cfg, std::move(*pool), std::move(p.eviction), std::move(p.sharing), std::move(p.swap));
 #if KVPAGER_HAS_EXCEPTIONS
     } catch (const std::bad_alloc&) {
       return status{errc::out_of_memory, "paged_kv_cache::create: not enough host memory for the cache's bookkeeping",
@@ -147,16 +149,20 @@ class paged_kv_cache {
   /// Decode by count: appends `n` tokens (default 1) to sequence `id`. Takes a new block exactly when the token
   /// count exceeds blocks x block_size; writing into a shared, partly filled last block first copies it
   /// (copy-on-write: a fresh block and a (src, dst) pair in the plan). All or nothing. The sequence's later blocks
-  /// are no longer content-cached (their token ids are unknown). Errors: errc::invalid_argument (n <= 0, or over
+  /// are no longer content-cached (their token ids are unknown). The count is a token_count, so a token id cannot
+  /// be passed by mistake (see append_token). Errors: errc::invalid_argument (n <= 0, or over
   /// max_blocks_per_seq), errc::unknown_sequence, errc::sequence_swapped, errc::out_of_blocks.
-  status append_tokens(seq_id id, std::int32_t n = 1) {
-    if (n <= 0) return status{errc::invalid_argument, "append_tokens: token count must be positive", n};
+  status append_tokens(seq_id id, token_count n = token_count{1}) {
+    if (n.value <= 0) return status{errc::invalid_argument, "append_tokens: token count must be positive", n.value};
     const auto h = seqs_.template checked<"append_tokens">(id);
     if (!h) return h.error();
-    if (status st = grow(*h, n); !st) return st;
+    if (status st = grow(*h, n.value); !st) return st;
     cursors_.stop(seqs_[*h]);
     return ok_status();
   }
+
+  /// Decode one token with its id: append_tokens(id, {&token, 1}). Same errors.
+  status append_token(seq_id id, token_id token) { return append_tokens(id, std::span<const token_id>(&token, 1)); }
 
   /// Decode with token ids: like the count overload; every block the tokens fill is committed to the content
   /// cache (for sequences added with token ids). Errors as the count overload (an empty span is invalid).
@@ -224,7 +230,13 @@ class paged_kv_cache {
     if (s.swapped) {
       book_.drop_table(s.blocks);
     } else {
-      if (s.append_step == ledger_.step()) cancel_appends(*h, s);
+      if (s.append_step == ledger_.step()) {  // not computed: slots -1, their blocks uncached, unless shared
+        ledger_.cancel_appends(
+            *h, s.blocks, cfg_.block_size, [this](block_id b) { return blocks_.refcount(b) > 1; },
+            [this](block_id b) {
+              if (blocks_.is_cached(b)) blocks_.drop_content(b);  // its content will never be written
+            });
+      }
       const retention_hint hint{s.priority};
       for (auto it = s.blocks.rbegin(); it != s.blocks.rend(); ++it) release(*it, hint);
     }
@@ -243,7 +255,7 @@ class paged_kv_cache {
   /// (bytes of this step not in place yet: swap after begin_step), errc::host_pool_full (detail = blocks needed).
   /// A swapped sequence stops prefix-caching its later blocks.
   status swap_out(std::span<const seq_id> group) {
-    if (!book_.has_host_pool()) return status{errc::unsupported, "swap_out: the swap policy has no host pool"};
+    if (!book_.has_host_pool()) return status{errc::unsupported, "swap_out: the cache has no host pool (num_host_blocks 0)"};
     if (status st = seqs_.template checked_group<"swap_out">(group, residency::device, ledger_.step()); !st) return st;
     if (status st = book_.swap_out(group, seqs_, ledger_, [this](block_id b, retention_hint hint) { release(b, hint); });
         !st)
@@ -361,6 +373,8 @@ class paged_kv_cache {
   [[nodiscard]] const E& eviction() const noexcept { return blocks_.eviction(); }
   [[nodiscard]] const S& sharing() const noexcept { return blocks_.sharing(); }
   [[nodiscard]] const W& swap() const noexcept { return book_.policy(); }
+  /// The host (swap) pool, whose refcounts are the references of swapped-out tables; nullptr without one.
+  [[nodiscard]] const block_pool<lifo_allocator>* host_pool() const noexcept { return book_.host_pool(); }
 
   // ------------------------------------------------------------------------------------------------ exports
 
@@ -402,7 +416,7 @@ class paged_kv_cache {
         cursors_{cfg.block_size} {
     const pool_geometry g{cfg.num_blocks, cfg.block_size, cfg.reserved_blocks};
     blocks_.reset(g);
-    book_.reset(g);
+    book_.reset(g, cfg.num_host_blocks);
     ledger_.reset(cfg.num_blocks);
   }
 
@@ -457,7 +471,7 @@ class paged_kv_cache {
       counts_.prefix_hit_tokens += hit_tokens;
     }
     counts_.tokens += n;
-    record_append(h, s, hit_tokens, n - hit_tokens);
+    s.append_step = ledger_.record_append(h, id, hit_tokens, n - hit_tokens);
     if (hit != nullptr)
       *hit = prefix_match{static_cast<std::int32_t>(hits_.size()), hit_tokens, static_cast<std::int64_t>(needed)};
     return ok_status();
@@ -475,11 +489,13 @@ class paged_kv_cache {
       return status{errc::invalid_argument, "append_tokens: sequence would need more than max_blocks_per_seq blocks",
                     total_blocks};
     const retention_hint hint{s.priority};
-    const auto g = grow_for_write(blocks_, ledger_, s.blocks, s.num_tokens, cfg_.block_size, total_blocks,
-                                  [&](block_id b) { release(b, hint); });
-    if (!g) return g.error();
-    if (g->copied) ++counts_.cow_copies;
-    record_append(h, s, s.num_tokens, n);
+    write_growth g;
+    if (status st = grow_for_write(blocks_, ledger_, s.blocks, s.num_tokens, cfg_.block_size, total_blocks,
+                                   [&](block_id b) { release(b, hint); }, g);
+        !st)
+      return st;
+    if (g.copied) ++counts_.cow_copies;
+    s.append_step = ledger_.record_append(h, s.id, s.num_tokens, n);
     s.num_tokens = static_cast<std::int32_t>(new_total);
     counts_.tokens += n;
     return ok_status();
@@ -488,20 +504,6 @@ class paged_kv_cache {
   /// Drops one reference to device block `b`; at zero it is parked while a planned copy uses it, else settled.
   void release(block_id b, retention_hint hint) {
     blocks_.release(b, hint, [this](block_id x, retention_hint xh) { return ledger_.park(x, xh); });
-  }
-
-  void record_append(std::int32_t h, seq_state& s, std::int32_t first_pos, std::int32_t count) {
-    s.append_step = ledger_.record_append(h, s.id, first_pos, count);
-  }
-
-  /// Before sequence `h` is freed: its appended ranges of this step are cancelled; blocks they would fill are not
-  /// cached, except those another sequence shares (see step_ledger::cancel_appends).
-  void cancel_appends(std::int32_t h, const seq_state& s) {
-    ledger_.cancel_appends(
-        h, s.blocks, cfg_.block_size, [this](block_id b) { return blocks_.refcount(b) > 1; },
-        [this](block_id b) {
-          if (blocks_.is_cached(b)) blocks_.drop_content(b);  // its content will never be written
-        });
   }
 
   cache_config cfg_;

@@ -80,6 +80,27 @@ struct sequence_state {
   }
 };
 
+/// What sequence_table::checked found: a handle, or the error saying why there is none. Two words, so the lookup
+/// on every per-token call costs no more than the handle itself.
+class sequence_lookup {
+ public:
+  constexpr explicit sequence_lookup(std::int32_t handle) noexcept : handle_(handle) {}
+  constexpr sequence_lookup(errc code, const char* message) noexcept : message_(message), code_(code) {}
+  constexpr explicit operator bool() const noexcept { return message_ == nullptr; }
+  /// The handle (precondition: found).
+  [[nodiscard]] constexpr std::int32_t operator*() const noexcept { return handle_; }
+  [[nodiscard]] constexpr errc code() const noexcept { return message_ == nullptr ? errc::ok : code_; }
+  /// The error (an ok status when found).
+  [[nodiscard]] constexpr status error() const noexcept {
+    return message_ == nullptr ? ok_status() : status{code_, message_};
+  }
+
+ private:
+  const char* message_ = nullptr;
+  std::int32_t handle_ = -1;
+  errc code_ = errc::ok;
+};
+
 /// Live sequences by id. Handles are dense int32 indices, stable while the sequence lives.
 template <class Cursor>
 class sequence_table {
@@ -94,18 +115,17 @@ class sequence_table {
   [[nodiscard]] std::int32_t find(seq_id id) const noexcept { return index_.find(id); }
 
   /// The checked lookup: the handle of live sequence `id`, or errc::unknown_sequence ("<Call>: unknown sequence
-  /// id"), or errc::sequence_swapped when the sequence is not where `where` asks. Changes nothing.
+  /// id"), or errc::sequence_swapped when the sequence is not where `where` asks. Changes nothing. O(1) expected.
   template <detail::call_name Call>
-  [[nodiscard]] result<std::int32_t> checked(seq_id id, residency where = residency::device) const noexcept {
+  [[nodiscard]] sequence_lookup checked(seq_id id, residency where = residency::device) const noexcept {
     const std::int32_t h = index_.find(id);
-    if (h < 0) return status{errc::unknown_sequence, detail::joined<Call, ": unknown sequence id">::value.data()};
+    if (h < 0) return {errc::unknown_sequence, detail::joined<Call, ": unknown sequence id">::value.data()};
     const bool swapped = seqs_[static_cast<std::size_t>(h)].swapped;
     if (where == residency::device && swapped)
-      return status{errc::sequence_swapped,
-                    detail::joined<Call, ": the sequence is swapped out; swap it in first">::value.data()};
+      return {errc::sequence_swapped, detail::joined<Call, ": the sequence is swapped out; swap it in first">::value.data()};
     if (where == residency::swapped && !swapped)
-      return status{errc::sequence_swapped, detail::joined<Call, ": the sequence is not swapped out">::value.data()};
-    return h;
+      return {errc::sequence_swapped, detail::joined<Call, ": the sequence is not swapped out">::value.data()};
+    return sequence_lookup{h};
   }
 
   /// checked() for each id of a group moved together (swap_out, swap_in), and each listed once
