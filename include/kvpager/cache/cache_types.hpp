@@ -17,7 +17,7 @@ struct cache_config {
   std::int32_t num_blocks = 0;        ///< blocks in the pool, including reserved ones
   std::int32_t reserved_blocks = 0;   ///< blocks [0, reserved) never handed out (1 = vLLM's null block)
   std::int32_t max_blocks_per_seq = 0;  ///< longest block table allowed; 0 = no limit
-  std::int32_t num_host_blocks = 0;     ///< host (swap) pool blocks for swap_out/swap_in and swapping preemption; 0 = none
+  std::int32_t num_host_blocks = 0;     ///< host (swap) pool blocks, for swap_out/swap_in and preempt; 0 = none
 };
 
 /// The checks of paged_kv_cache::create on `cfg` alone (the pool sizes are block_pool::create's):

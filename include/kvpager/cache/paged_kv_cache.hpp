@@ -209,7 +209,7 @@ class paged_kv_cache {
     const seq_state& ps = seqs_[*ph];
     c.blocks.resize(k);
     counts_.fork_copies += fork_blocks<S::fork>(blocks_, ledger_, ps.blocks, c.blocks);
-    if constexpr (S::fork == fork_mode::copy) c.append_step = ledger_.step();  // its bytes arrive with this step's copies
+    if constexpr (S::fork == fork_mode::copy) c.append_step = ledger_.step();  // bytes arrive with the copies
     c.num_tokens = tokens;
     c.priority = ps.priority;
     cursors_.inherit(blocks_.sharing(), c, ps, tokens);
@@ -255,11 +255,11 @@ class paged_kv_cache {
   /// (bytes of this step not in place yet: swap after begin_step), errc::host_pool_full (detail = blocks needed).
   /// A swapped sequence stops prefix-caching its later blocks.
   status swap_out(std::span<const seq_id> group) {
-    if (!book_.has_host_pool()) return status{errc::unsupported, "swap_out: the cache has no host pool (num_host_blocks 0)"};
+    if (!book_.has_host_pool())
+      return status{errc::unsupported, "swap_out: the cache has no host pool (num_host_blocks 0)"};
     if (status st = seqs_.template checked_group<"swap_out">(group, residency::device, ledger_.step()); !st) return st;
-    if (status st = book_.swap_out(group, seqs_, ledger_, [this](block_id b, retention_hint hint) { release(b, hint); });
-        !st)
-      return st;
+    const auto release_ref = [this](block_id b, retention_hint hint) { release(b, hint); };
+    if (status st = book_.swap_out(group, seqs_, ledger_, release_ref); !st) return st;
     for (const seq_id id : group) cursors_.stop(seqs_.at(id));
     return ok_status();
   }
@@ -423,7 +423,8 @@ class paged_kv_cache {
   template <detail::call_name Call>
   static status check_prompt(std::span<const token_id> tokens) noexcept {
     if (tokens.empty() || tokens.size() > static_cast<std::size_t>(INT32_MAX))
-      return status{errc::invalid_argument, detail::joined<Call, ": the prompt must have 1 to 2^31-1 tokens">::value.data(),
+      return status{errc::invalid_argument,
+                    detail::joined<Call, ": the prompt must have 1 to 2^31-1 tokens">::value.data(),
                     static_cast<std::int64_t>(tokens.size())};
     return ok_status();
   }

@@ -43,7 +43,8 @@ struct prefix_cursors {
   std::int32_t block_size = 16;
 
   /// Tokens of block `i` of `tokens`.
-  [[nodiscard]] std::span<const token_id> block_tokens(std::span<const token_id> tokens, std::int32_t i) const noexcept {
+  [[nodiscard]] std::span<const token_id> block_tokens(std::span<const token_id> tokens,
+                                                       std::int32_t i) const noexcept {
     return tokens.subspan(static_cast<std::size_t>(i) * static_cast<std::size_t>(block_size),
                           static_cast<std::size_t>(block_size));
   }

@@ -122,7 +122,8 @@ class sequence_table {
     if (h < 0) return {errc::unknown_sequence, detail::joined<Call, ": unknown sequence id">::value.data()};
     const bool swapped = seqs_[static_cast<std::size_t>(h)].swapped;
     if (where == residency::device && swapped)
-      return {errc::sequence_swapped, detail::joined<Call, ": the sequence is swapped out; swap it in first">::value.data()};
+      return {errc::sequence_swapped,
+              detail::joined<Call, ": the sequence is swapped out; swap it in first">::value.data()};
     if (where == residency::swapped && !swapped)
       return {errc::sequence_swapped, detail::joined<Call, ": the sequence is not swapped out">::value.data()};
     return sequence_lookup{h};
@@ -132,7 +133,8 @@ class sequence_table {
   /// (errc::invalid_argument); for residency::device also errc::pending_append if a sequence has appends of step
   /// `step` whose bytes are not in place yet. Changes nothing. O(group^2) for the duplicate check: groups are small.
   template <detail::call_name Call>
-  [[nodiscard]] status checked_group(std::span<const seq_id> group, residency where, std::uint64_t step) const noexcept {
+  [[nodiscard]] status checked_group(std::span<const seq_id> group, residency where,
+                                     std::uint64_t step) const noexcept {
     for (std::size_t i = 0; i < group.size(); ++i) {
       const auto h = checked<Call>(group[i], where);
       if (!h) return h.error();

@@ -28,11 +28,7 @@ class step_ledger {
     busy_.assign(static_cast<std::size_t>(num_blocks), 0);
     busy_list_.clear();
     deferred_.clear();
-    pending_ = 0;
-    plan_.clear();
-    append_owner_.clear();
-    frozen_offset_.clear();
-    frozen_slots_.clear();
+    clear_plan();
     step_ = 0;
   }
 
@@ -102,11 +98,7 @@ class step_ledger {
     busy_list_.clear();
     for (const auto& [b, hint] : deferred_) settle(b, hint);
     deferred_.clear();
-    pending_ = 0;
-    plan_.clear();
-    append_owner_.clear();
-    frozen_offset_.clear();
-    frozen_slots_.clear();
+    clear_plan();
     ++step_;
   }
 
@@ -175,6 +167,15 @@ class step_ledger {
   }
 
  private:
+  /// The plan and what follows it (append owners, frozen slots, the pending count) start empty.
+  void clear_plan() noexcept {
+    pending_ = 0;
+    plan_.clear();
+    append_owner_.clear();
+    frozen_offset_.clear();
+    frozen_slots_.clear();
+  }
+
   static constexpr std::uint8_t busy_flag = 1;      ///< source or destination of a copy planned this step
   static constexpr std::uint8_t deferred_flag = 2;  ///< and unreferenced: in deferred_
 
