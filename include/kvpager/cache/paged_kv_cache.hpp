@@ -75,14 +75,13 @@ class paged_kv_cache {
   /// The policy objects create takes, by name (cache_types.hpp).
   using policies = cache_policies<A, E, S, W>;
 
-  /// Validates `cfg` and builds an empty cache from the policy objects `p` (by name, defaults for those left out:
-  /// `create(cfg, {.sharing = prefix_caching(h)})`); never throws (an exception other than an allocation failure that a
-  /// user-written policy's reset throws passes through). Errors: errc::invalid_block_size (not a positive power of
-  /// two), errc::invalid_pool_size (no usable block, negative num_host_blocks), errc::invalid_argument (negative
-  /// max_blocks_per_seq),
-  /// errc::out_of_memory (the bookkeeping below could not be allocated, std::bad_alloc or std::length_error;
-  /// everything allocated so far is freed again, detail = num_blocks. Built without exceptions, a failed allocation
-  /// ends the program instead, as every allocation does there). All sizes are computed in 64 bits.
+  /// Validates `cfg` and builds an empty cache from the policy objects `p`, by name, defaults for those left out
+  /// (`create(cfg, {.sharing = prefix_caching(h)})`); never throws (an exception other than an allocation failure
+  /// that a user-written policy's reset throws passes through). Errors: errc::invalid_block_size (not a positive
+  /// power of two), errc::invalid_pool_size (no usable block, negative num_host_blocks), errc::invalid_argument
+  /// (negative max_blocks_per_seq), errc::out_of_memory (the bookkeeping below could not be allocated,
+  /// std::bad_alloc or std::length_error; everything allocated so far is freed again, detail = num_blocks. Built
+  /// without exceptions, a failed allocation ends the program instead). All sizes are computed in 64 bits.
   ///
   /// Host memory allocated here, per device block: 4 bytes of reference count plus the allocator's links (8 bytes
   /// for free_list_allocator), 5 bytes of step bookkeeping, and each policy's per-block state: 0 for lru_eviction
