@@ -92,7 +92,7 @@ void BM_DecodeStep(benchmark::State& state) {
     cache.begin_step();
     for (seq_id id = 0; id < batch; ++id) {
       if constexpr (Caching) {
-        must(cache.append_tokens(id, std::span<const token_id>(tokens[id]).subspan(static_cast<std::size_t>(pos), 1)));
+        must(cache.append_token(id, tokens[id][static_cast<std::size_t>(pos)]));
       } else {
         must(cache.append_tokens(id));
       }

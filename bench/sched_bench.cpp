@@ -25,7 +25,7 @@ std::vector<token_id> prompt(std::mt19937& rng, std::int32_t n) {
 /// each, and about one step in sixteen preempts (swap while the host pool has room, else recompute) or swaps in.
 void BM_SchedulerStep(benchmark::State& state) {
   constexpr int batch = 256;
-  auto cache = must(cache_t::create({16, batch * 34, 1, 0}, {}, {}, {}, hybrid_swap(host_pool_config{batch * 8})));
+  auto cache = must(cache_t::create({16, batch * 34, 1, 0, batch * 8}));
   scheduler_config cfg;
   cfg.max_num_seqs = batch;
   cfg.max_num_batched_tokens = 1 << 20;
@@ -59,7 +59,7 @@ BENCHMARK(BM_SchedulerStep)->Name("scheduler_step_256/kvpager");
 /// Baseline: the cache work alone for the same step shape (256 token-id appends, prefix caching on).
 void BM_CacheStep(benchmark::State& state) {
   constexpr int batch = 256;
-  auto cache = must(cache_t::create({16, batch * 140, 1, 0}, {}, {}, {}, hybrid_swap(host_pool_config{0})));
+  auto cache = must(cache_t::create({16, batch * 140, 1, 0, 0}));
   std::mt19937 rng(1);
   std::vector<std::vector<token_id>> tokens;
   for (seq_id id = 0; id < batch; ++id) {
@@ -78,7 +78,7 @@ void BM_CacheStep(benchmark::State& state) {
     }
     cache.begin_step();
     for (seq_id id = 0; id < batch; ++id)
-      must(cache.append_tokens(id, std::span<const token_id>(tokens[id]).subspan(static_cast<std::size_t>(pos), 1)));
+      must(cache.append_token(id, tokens[id][static_cast<std::size_t>(pos)]));
     ++pos;
   }
   state.SetItemsProcessed(state.iterations() * batch);
@@ -88,7 +88,7 @@ BENCHMARK(BM_CacheStep)->Name("scheduler_step_256/cache_appends_only_baseline");
 /// Planning a swap-out and a swap-in of a 128-block sequence, per block.
 void BM_SwapPlan(benchmark::State& state) {
   using swap_cache = paged_kv_cache<free_list_allocator, no_eviction, refcount_sharing, host_swap>;
-  auto cache = must(swap_cache::create({16, 4096, 1, 0}, {}, {}, {}, host_swap(host_pool_config{4096})));
+  auto cache = must(swap_cache::create({16, 4096, 1, 0, 4096}));
   must(cache.add_sequence(1, 128 * 16));
   for (auto _ : state) {
     cache.begin_step();

@@ -36,7 +36,7 @@ int main() {
   // Sequence 2 starts from sequence 1's first 80 tokens (5 blocks, shared by reference count) ...
   if (auto st = cache.fork(1, 2, 5 * 16); !st) return fail("fork(1 -> 2)", st);
   // ... and appends 48 tokens of its own: 3 new blocks.
-  if (auto st = cache.append_tokens(2, 3 * 16); !st) return fail("append_tokens(2)", st);
+  if (auto st = cache.append_tokens(2, kvpager::token_count{3 * 16}); !st) return fail("append_tokens(2)", st);
 
   print_table("sequence 1", *cache.block_table(1));
   print_table("sequence 2", *cache.block_table(2));

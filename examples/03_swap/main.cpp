@@ -19,8 +19,7 @@ void show(const char* when, const kvpager::cache_stats& s) {
 int main() {
   using cache_t = kvpager::paged_kv_cache<kvpager::free_list_allocator, kvpager::no_eviction,
                                           kvpager::refcount_sharing, kvpager::host_swap>;
-  auto created = cache_t::create({.block_size = 16, .num_blocks = 100}, {}, {}, {},
-                                 kvpager::host_swap(kvpager::host_pool_config{.num_host_blocks = 200}));
+  auto created = cache_t::create({.block_size = 16, .num_blocks = 100, .num_host_blocks = 200});
   if (!created) return 1;
   auto& cache = *created;
 

@@ -33,7 +33,9 @@
 #include "kvpager/sharing/no_sharing.hpp"
 #include "kvpager/sharing/refcount_sharing.hpp"
 #include "kvpager/swap/host_swap.hpp"
+#include "kvpager/swap/hybrid_swap.hpp"
 #include "kvpager/swap/no_swap.hpp"
+#include "kvpager/swap/recompute.hpp"
 
 #include "kvpager/cache/paged_kv_cache.hpp"
 #include "kvpager/kernels/cpu_executor.hpp"

@@ -99,14 +99,14 @@ TEST(CacheCreate, ReportsOutOfMemoryInsteadOfThrowing) {
   using cache_t = paged_kv_cache<free_list_allocator, greedy_eviction>;
   const std::int64_t before = probe::live_bytes.load();
   {
-    auto r = cache_t::create({16, 1 << 16, 0, 0}, {}, greedy_eviction{std::size_t{1} << 32, {}});
+    auto r = cache_t::create({16, 1 << 16, 0, 0}, {.eviction = greedy_eviction{std::size_t{1} << 32, {}}});
     ASSERT_FALSE(r.ok());
     EXPECT_EQ(r.error().code(), errc::out_of_memory) << r.error().message();
     EXPECT_EQ(r.error().detail(), 1 << 16);
   }
   EXPECT_EQ(probe::live_bytes.load(), before) << "a failed create left memory allocated";
   // The same composition with a sane policy is created normally.
-  EXPECT_TRUE(cache_t::create({16, 1 << 16, 0, 0}, {}, greedy_eviction{1, {}}).ok());
+  EXPECT_TRUE(cache_t::create({16, 1 << 16, 0, 0}, {.eviction = greedy_eviction{1, {}}}).ok());
 }
 
 // Every allocation create makes fails once in turn (prefix caching, an indexed policy and a host pool, so every
@@ -120,9 +120,8 @@ TEST(CacheCreate, OutOfMemoryAtAnyAllocationLeavesNothingAllocated) {
     bool ok = false;
     {
       prefix_caching sharing;  // the arguments are built before failures are injected: only create's count
-      host_swap swap(host_pool_config{64});
       probe::fail_after = k;
-      auto r = cache_t::create({16, 256, 1, 0}, {}, {}, std::move(sharing), std::move(swap));
+      auto r = cache_t::create({16, 256, 1, 0, 64}, {.sharing = std::move(sharing)});
       probe::fail_after = -1;
       ok = r.ok();
       if (!ok) {

@@ -93,7 +93,7 @@ TYPED_TEST(ExportTest, Csr) {
 TYPED_TEST(ExportTest, SlotMappingFollowsTheBlockTables) {
   auto c = make_cache<TypeParam>(64, 8);
   ASSERT_TRUE(c.add_sequence(1, 10));  // blocks a, b
-  ASSERT_TRUE(c.append_tokens(1, 7));  // positions 10..16: b, c
+  ASSERT_TRUE(c.append_tokens(1, token_count{7}));  // positions 10..16: b, c
   ASSERT_TRUE(c.add_sequence(2, 3));
   ASSERT_EQ(c.slot_mapping_size(), 20);
   std::vector<std::int64_t> slots(20, -7);

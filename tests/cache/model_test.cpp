@@ -38,8 +38,8 @@ template <class Cache, bool TokenMode = false>
 class model_runner {
  public:
   model_runner(std::int32_t num_blocks, std::int32_t block_size, std::uint32_t seed,
-               typename Cache::sharing_policy_type sharing = {}, typename Cache::swap_policy_type swap = {})
-      : cache_(std::move(*Cache::create({block_size, num_blocks, 1, 0}, {}, {}, std::move(sharing), std::move(swap)))),
+               typename Cache::sharing_policy_type sharing = {}, std::int32_t host_blocks = 0)
+      : cache_(std::move(*Cache::create({block_size, num_blocks, 1, 0, host_blocks}, {.sharing = std::move(sharing)}))),
         bs_(block_size),
         mem_(static_cast<std::size_t>(num_blocks) * static_cast<std::size_t>(block_size), 0),
         rng_(seed) {
@@ -162,7 +162,7 @@ class model_runner {
     } else if (r < 70) {
       const seq_id id = random_live();
       if (model_[id].swapped) {
-        expect_unchanged([&] { return cache_.append_tokens(id, 1); }, errc::sequence_swapped);
+        expect_unchanged([&] { return cache_.append_tokens(id, token_count{1}); }, errc::sequence_swapped);
         return;
       }
       const auto n = static_cast<std::int32_t>(rng_() % 8 == 0 ? 1 + rng_() % 40 : 1);
@@ -175,7 +175,7 @@ class model_runner {
           s.appended_this_step = true;
         });
       } else {
-        expect([&] { return cache_.append_tokens(id, n); }, [&] {
+        expect([&] { return cache_.append_tokens(id, token_count{n}); }, [&] {
           auto& s = model_[id];
           for (std::int32_t i = 0; i < n; ++i) s.values.push_back(next_value_++);
           s.appended_this_step = true;
@@ -468,21 +468,21 @@ TEST(ModelTest, DefaultCacheMillionOps) { model_runner<kvtest::default_cache>(40
 TEST(ModelTest, LifoSmallBlocks) { model_runner<kvtest::lifo_cache>(80, 4, 7).run(200'000); }
 TEST(ModelTest, LowestIdLargeBlocks) { model_runner<kvtest::lowest_id_cache>(24, 32, 9).run(200'000); }
 TEST(ModelTest, CopyingFork) { model_runner<kvtest::copy_fork_cache>(50, 8, 11).run(200'000); }
-TEST(ModelTest, UserPolicies) { model_runner<kvtest::user_cache>(40, 16, 13).run(200'000); }
+TEST(ModelTest, UserPolicies) { model_runner<kvtest::user_cache>(40, 16, 13, {}, kvtest::user_swap::host_blocks).run(200'000); }
 
 // Swapping: sequences (and groups of two) go out to a small host pool and come back; host_pool_full and
 // out_of_blocks are normal outcomes that must change nothing.
 TEST(ModelTest, SwapRefcountSharing) {
   using cache_t = paged_kv_cache<free_list_allocator, no_eviction, refcount_sharing, host_swap>;
-  model_runner<cache_t>(40, 16, 31, {}, host_swap(host_pool_config{24})).run(300'000);
+  model_runner<cache_t>(40, 16, 31, {}, 24).run(300'000);
 }
 TEST(ModelTest, SwapCopyingFork) {
   using cache_t = paged_kv_cache<lifo_allocator, no_eviction, no_sharing, hybrid_swap>;
-  model_runner<cache_t>(50, 8, 32, {}, hybrid_swap(host_pool_config{16})).run(150'000);
+  model_runner<cache_t>(50, 8, 32, {}, 16).run(150'000);
 }
 TEST(ModelTest, SwapWithPrefixCaching) {
   using cache_t = paged_kv_cache<free_list_allocator, lru_eviction, prefix_caching, host_swap>;
-  model_runner<cache_t, true>(40, 4, 33, {}, host_swap(host_pool_config{30})).run(300'000);
+  model_runner<cache_t, true>(40, 4, 33, {}, 30).run(300'000);
 }
 
 // Token mode: prefix caching under every eviction policy.

@@ -38,6 +38,7 @@ TYPED_TEST(CacheTest, CreateRejectsBadConfig) {
   EXPECT_EQ(TypeParam::create({16, 4, 4, 0}).code(), errc::invalid_pool_size);
   EXPECT_EQ(TypeParam::create({16, 4, -1, 0}).code(), errc::invalid_pool_size);
   EXPECT_EQ(TypeParam::create({16, 4, 0, -1}).code(), errc::invalid_argument);
+  EXPECT_EQ(TypeParam::create({16, 4, 0, 0, -1}).code(), errc::invalid_pool_size);  // num_host_blocks
   for (std::int32_t bs : {1, 8, 16, 32, 256}) EXPECT_TRUE(TypeParam::create({bs, 4, 0, 0}).ok()) << bs;
 }
 
@@ -110,7 +111,7 @@ TYPED_TEST(CacheTest, DecodeAllocatesExactlyWhenTokensExceedCapacity) {
   EXPECT_EQ(table_of(c, 1).size(), 2U);
   ASSERT_TRUE(c.append_tokens(1));  // 33
   EXPECT_EQ(table_of(c, 1).size(), 3U);
-  ASSERT_TRUE(c.append_tokens(1, 40));  // 73 tokens: 5 blocks
+  ASSERT_TRUE(c.append_tokens(1, token_count{40}));  // 73 tokens: 5 blocks
   EXPECT_EQ(table_of(c, 1).size(), 5U);
   EXPECT_EQ(*c.num_tokens(1), 73);
   EXPECT_EQ(c.stats().tokens, 73);
@@ -119,10 +120,10 @@ TYPED_TEST(CacheTest, DecodeAllocatesExactlyWhenTokensExceedCapacity) {
 TYPED_TEST(CacheTest, DecodeErrorsChangeNothing) {
   auto c = make_cache<TypeParam>(3, 16, 0, 2);
   ASSERT_TRUE(c.add_sequence(1, 16));
-  KVTEST_EXPECT_FAILS_UNCHANGED(c, probe_ids, c.append_tokens(1, 0), errc::invalid_argument);
-  KVTEST_EXPECT_FAILS_UNCHANGED(c, probe_ids, c.append_tokens(1, -1), errc::invalid_argument);
+  KVTEST_EXPECT_FAILS_UNCHANGED(c, probe_ids, c.append_tokens(1, token_count{0}), errc::invalid_argument);
+  KVTEST_EXPECT_FAILS_UNCHANGED(c, probe_ids, c.append_tokens(1, token_count{-1}), errc::invalid_argument);
   KVTEST_EXPECT_FAILS_UNCHANGED(c, probe_ids, c.append_tokens(7), errc::unknown_sequence);
-  KVTEST_EXPECT_FAILS_UNCHANGED(c, probe_ids, c.append_tokens(1, 17), errc::invalid_argument);  // > 2 blocks
+  KVTEST_EXPECT_FAILS_UNCHANGED(c, probe_ids, c.append_tokens(1, token_count{17}), errc::invalid_argument);  // > 2 blocks
   ASSERT_TRUE(c.add_sequence(2, 32));
   KVTEST_EXPECT_FAILS_UNCHANGED(c, probe_ids, c.append_tokens(1), errc::out_of_blocks);
   ASSERT_TRUE(c.free_sequence(2));
@@ -322,7 +323,7 @@ TYPED_TEST(CacheTest, SeedBlockAllocatorDemoCounts) {
   c.begin_step();
   ASSERT_TRUE(c.fork(1, 2, 5 * 16));
   c.begin_step();
-  ASSERT_TRUE(c.append_tokens(2, 3 * 16));
+  ASSERT_TRUE(c.append_tokens(2, token_count{3 * 16}));
   const auto t1 = table_of(c, 1);
   const auto t2 = table_of(c, 2);
   ASSERT_EQ(t1.size(), 10U);
@@ -337,4 +338,42 @@ TYPED_TEST(CacheTest, SeedBlockAllocatorDemoCounts) {
   } else {
     EXPECT_EQ(s.used, 18);
   }
+}
+
+// A token id cannot be passed where a count is meant: append_tokens(id, next_token) does not compile (it appended
+// next_token tokens before 0.2.0); the count is a token_count, and append_token takes one token id.
+template <class Cache, class Arg>
+concept appends_with = requires(Cache& c, Arg a) { c.append_tokens(seq_id{1}, a); };
+static_assert(!appends_with<paged_kv_cache<>, token_id>);
+static_assert(!appends_with<paged_kv_cache<>, std::int32_t>);
+static_assert(!appends_with<paged_kv_cache<>, int>);
+static_assert(!std::is_convertible_v<std::int32_t, token_count>);
+static_assert(appends_with<paged_kv_cache<>, token_count>);
+static_assert(appends_with<paged_kv_cache<>, std::span<const token_id>>);
+
+TYPED_TEST(CacheTest, AppendTokenAppendsOneTokenWhateverItsId) {
+  auto c = make_cache<TypeParam>(64);
+  ASSERT_TRUE(c.add_sequence(1, 16));
+  c.begin_step();
+  const token_id next_token = 40;
+  ASSERT_TRUE(c.append_token(1, next_token));
+  EXPECT_EQ(*c.num_tokens(1), 17);
+  ASSERT_EQ(c.plan().appends().size(), 1U);
+  EXPECT_EQ(c.plan().appends()[0], (token_range{1, 16, 1}));
+  ASSERT_TRUE(c.append_tokens(1, token_count{3}));
+  EXPECT_EQ(*c.num_tokens(1), 20);
+  KVTEST_EXPECT_FAILS_UNCHANGED(c, probe_ids, c.append_token(9, next_token), errc::unknown_sequence);
+}
+
+// create takes its policy objects by name; those left out are default-constructed.
+TEST(CachePolicies, ArePassedToCreateByName) {
+  using cache_t = paged_kv_cache<free_list_allocator, no_eviction, refcount_sharing, kvtest::user_swap>;
+  auto r = cache_t::create({16, 8, 0, 0}, {.swap = {.reserve = 7}});
+  ASSERT_TRUE(r.ok());
+  EXPECT_EQ(r->swap().reserve, 7);
+  auto d = cache_t::create({16, 8, 0, 0});
+  ASSERT_TRUE(d.ok());
+  EXPECT_EQ(d->swap().reserve, kvtest::user_swap{}.reserve);
+  static_assert(std::is_same_v<cache_t::policies, cache_policies<free_list_allocator, no_eviction, refcount_sharing,
+                                                                  kvtest::user_swap>>);
 }

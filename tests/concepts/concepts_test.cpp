@@ -28,11 +28,13 @@ static_assert(sharing_policy<kvtest::user_sharing>);
 
 static_assert(swap_policy<no_swap>);
 static_assert(swap_policy<swap_policy_archetype>);
-static_assert(swap_policy<kvtest::user_host_pool>);
+static_assert(swap_policy<kvtest::user_swap>);
+static_assert(swap_policy<host_swap> && swap_policy<recompute> && swap_policy<hybrid_swap>);
 
 // Stateless policies cost nothing inside the cache.
 static_assert(std::is_empty_v<no_eviction> && std::is_empty_v<refcount_sharing> && std::is_empty_v<no_sharing> &&
-              std::is_empty_v<no_swap>);
+              std::is_empty_v<no_swap> && std::is_empty_v<host_swap> && std::is_empty_v<recompute> &&
+              std::is_empty_v<hybrid_swap>);
 
 // ------------------------------------------------------------------------------------------- negative
 namespace neg {
@@ -126,15 +128,25 @@ struct sharing_is_cached_throws {
 static_assert(!sharing_policy<sharing_without_fork_mode>);
 static_assert(!sharing_policy<sharing_is_cached_throws>);
 
-struct swap_allocate_returns_void {
+// A swap policy written for 0.1 (its own host pool, action(n) without the free host blocks) no longer models the
+// concept: the host pool is the cache's since 0.2.0.
+struct swap_policy_of_0_1 {
   void reset(const pool_geometry&);
   preempt_action action(std::int32_t) const noexcept;
   std::int32_t host_capacity() const noexcept;
   std::int32_t host_free() const noexcept;
-  void allocate_host(std::span<block_id>) noexcept;
+  bool allocate_host(std::span<block_id>) noexcept;
   void release_host(block_id) noexcept;
 };
-static_assert(!swap_policy<swap_allocate_returns_void>);
+struct swap_action_may_throw {
+  preempt_action action(std::int32_t, std::int32_t) const;
+};
+struct swap_action_returns_bool {
+  bool action(std::int32_t, std::int32_t) const noexcept;
+};
+static_assert(!swap_policy<swap_policy_of_0_1>);
+static_assert(!swap_policy<swap_action_may_throw>);
+static_assert(!swap_policy<swap_action_returns_bool>);
 
 // An indexed eviction policy missing any one member is rejected; each member is its own concept (see
 // eviction_member_diagnostic below for the compiler's message).
@@ -266,18 +278,35 @@ static_assert(cache_accepts_allocator<lifo_allocator>);
 static_assert(!cache_accepts_allocator<no_erase>);
 }  // namespace neg
 
+using user_cache = paged_kv_cache<kvtest::highest_id_allocator, kvtest::user_lru_index, kvtest::user_sharing,
+                                  kvtest::user_swap>;
+
 // Runtime part: the user-written policies behave inside the cache (the typed behavioural suites in cache_test run
 // them too); here, that their state is really the one the cache uses.
 TEST(Concepts, UserPoliciesAreTheOnesTheCacheUses) {
-  auto r = paged_kv_cache<kvtest::highest_id_allocator, kvtest::user_lru_index, kvtest::user_sharing,
-                          kvtest::user_host_pool>::create({16, 32, 0, 0});
+  auto r = user_cache::create({16, 32, 0, 0, kvtest::user_swap::host_blocks}, {.swap = {.reserve = 3}});
   ASSERT_TRUE(r.ok());
   auto& c = *r;
   ASSERT_TRUE(c.add_sequence(1, 40));
   const auto t = *c.block_table(1);
   EXPECT_EQ(std::vector<block_id>(t.begin(), t.end()), (std::vector<block_id>{31, 30, 29}));  // highest id first
-  EXPECT_EQ(c.swap().host_capacity(), kvtest::user_host_pool::capacity);
-  EXPECT_EQ(c.swap().host_free(), kvtest::user_host_pool::capacity);
+  EXPECT_EQ(c.swap().reserve, 3);
+  EXPECT_EQ(c.stats().host_total, kvtest::user_swap::host_blocks);
+  EXPECT_EQ(c.stats().host_free, kvtest::user_swap::host_blocks);
   EXPECT_EQ(c.eviction().size(), 0);
   EXPECT_EQ(c.stats().evictable, 0);
+}
+
+// The swap policy decides from the free host blocks the cache passes it (the cache's own host pool).
+TEST(Concepts, UserSwapDecisionSeesTheFreeHostBlocks) {
+  auto r = user_cache::create({16, 32, 0, 0, 5}, {.swap = {.reserve = 3}});
+  ASSERT_TRUE(r.ok());
+  auto& c = *r;
+  ASSERT_TRUE(c.add_sequence(1, 16));  // 1 block: 1 + 3 <= 5 free host blocks
+  ASSERT_TRUE(c.add_sequence(2, 48));  // 3 blocks: 3 + 3 > 4 once 1 is out
+  c.begin_step();
+  EXPECT_EQ(*c.preempt(1), preempt_action::swap);
+  EXPECT_EQ(c.stats().host_free, 4);
+  EXPECT_EQ(*c.preempt(2), preempt_action::recompute);
+  EXPECT_FALSE(c.contains(2));
 }

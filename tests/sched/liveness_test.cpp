@@ -42,11 +42,8 @@ enum class fate { pending, finished, finished_with_reason, rejected, dropped_for
 template <class Cache>
 Cache make_cache(cache_config c, std::int32_t host_blocks) {
   using W = typename Cache::swap_policy_type;
-  if constexpr (std::is_constructible_v<W, host_pool_config>) {
-    return std::move(*Cache::create(c, {}, {}, {}, W(host_pool_config{host_blocks})));
-  } else {
-    return std::move(*Cache::create(c));
-  }
+  if constexpr (std::is_same_v<W, host_swap> || std::is_same_v<W, hybrid_swap>) c.num_host_blocks = host_blocks;
+  return std::move(*Cache::create(c));
 }
 
 template <class Cache>

@@ -27,9 +27,8 @@ using kvtest::mix;
 template <class Cache>
 class serving_run {
  public:
-  serving_run(std::int32_t num_blocks, std::int32_t host_blocks, scheduler_config cfg, std::uint32_t seed,
-              typename Cache::swap_policy_type swap)
-      : cache_(std::move(*Cache::create({4, num_blocks, 1, 0}, {}, {}, {}, std::move(swap)))),
+  serving_run(std::int32_t num_blocks, std::int32_t host_blocks, scheduler_config cfg, std::uint32_t seed)
+      : cache_(std::move(*Cache::create({4, num_blocks, 1, 0, host_blocks}))),
         sched_(cache_, cfg),
         exec_(kv_layout{num_blocks, 2, 4, 4, 4}, host_blocks),
         rng_(seed) {}
@@ -214,7 +213,7 @@ TEST(NothingLost, HybridSwapPrefixCachingNewestFirst) {
   cfg.max_num_seqs = 12;
   cfg.max_num_batched_tokens = 64;
   cfg.watermark_permille = 50;
-  serving_run<cache_t>(64, 24, cfg, 1, hybrid_swap(host_pool_config{24})).run(4000);
+  serving_run<cache_t>(64, 24, cfg, 1).run(4000);
 }
 
 TEST(NothingLost, HostSwapLowestPriorityWithAging) {
@@ -224,5 +223,5 @@ TEST(NothingLost, HostSwapLowestPriorityWithAging) {
   cfg.max_num_batched_tokens = 48;
   cfg.victim = preemption_order::lowest_priority;
   cfg.aging_steps = 8;
-  serving_run<cache_t>(56, 16, cfg, 2, host_swap(host_pool_config{16})).run(4000);
+  serving_run<cache_t>(56, 16, cfg, 2).run(4000);
 }

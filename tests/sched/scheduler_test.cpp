@@ -72,7 +72,7 @@ TEST(Scheduler, NewestIsPreemptedAndNothingIsAdmittedInThatStep) {
 }
 
 TEST(Scheduler, SwappedRequestsComeBackBeforeNewOnes) {
-  auto cache = *swap_cache::create({4, 9, 1, 0}, {}, {}, {}, host_swap(host_pool_config{16}));
+  auto cache = *swap_cache::create({4, 9, 1, 0, 16});
   scheduler_config cfg;
   cfg.watermark_permille = 0;
   scheduler<swap_cache> s(cache, cfg);
@@ -372,14 +372,14 @@ TEST(Scheduler, RecomputePreemptionWorksOverACacheThatCannotPreempt) {
 TEST(Scheduler, PreemptionModesOverEveryCache) {
   scheduler_config cfg;
   cfg.preemption = preemption_mode::recompute;  // over a swap cache: recompute anyway
-  recompute_over(*swap_cache::create({4, 8, 0, 0}, {}, {}, {}, host_swap(host_pool_config{16})), cfg);
+  recompute_over(*swap_cache::create({4, 8, 0, 0, 16}), cfg);
   cfg.preemption = preemption_mode::swap;  // over a cache without a host pool: recompute
   recompute_over(*recompute_cache::create({4, 8, 0, 0}), cfg);
   recompute_over(*vllm_v1_cache::create({4, 8, 0, 0}), cfg);
   // Swap mode over a host pool swaps, whatever the policy would do (recompute would be hybrid's answer for a
   // pool too small: here it has room).
   using hybrid_cache = paged_kv_cache<free_list_allocator, no_eviction, refcount_sharing, hybrid_swap>;
-  auto cache = *hybrid_cache::create({4, 8, 0, 0}, {}, {}, {}, hybrid_swap(host_pool_config{16}));
+  auto cache = *hybrid_cache::create({4, 8, 0, 0, 16});
   scheduler<hybrid_cache> s(cache, cfg);
   ASSERT_TRUE(s.add_request(1, prompt(12)));
   ASSERT_TRUE(s.add_request(2, prompt(12, 100)));
@@ -397,7 +397,7 @@ TEST(Scheduler, PreemptionModesOverEveryCache) {
 // Issue 9 item 8: a swapped request with more than usable - watermark blocks never came back (and, since admission
 // waits for an empty swapped queue, nothing else was admitted again).
 TEST(Scheduler, SwappedRequestLargerThanUsableMinusWatermarkComesBack) {
-  auto cache = *swap_cache::create({4, 10, 0, 0}, {}, {}, {}, host_swap(host_pool_config{16}));
+  auto cache = *swap_cache::create({4, 10, 0, 0, 16});
   scheduler_config cfg;
   cfg.watermark_permille = 200;  // 2 blocks
   scheduler<swap_cache> s(cache, cfg);

@@ -24,7 +24,7 @@ using kvtest::iota_tokens;
 template <class Cache>
 Cache make(std::int32_t num_blocks, std::int32_t block_size = 4, std::int32_t reserved = 1,
            typename Cache::sharing_policy_type sharing = {}) {
-  auto r = Cache::create({block_size, num_blocks, reserved, 0}, {}, {}, std::move(sharing));
+  auto r = Cache::create({block_size, num_blocks, reserved, 0}, {.sharing = std::move(sharing)});
   EXPECT_TRUE(r.ok()) << r.error().message();
   return std::move(*r);
 }
@@ -153,7 +153,7 @@ TEST(PrefixCaching, DecodeCommitsBlocksAsTheyFill) {
   ASSERT_TRUE(c.add_sequence(1, iota_tokens(3, 0)));
   EXPECT_EQ(c.stats().cached, 0);
   const std::vector<token_id> more = {3, 4, 5, 6, 7};
-  for (const token_id t : more) ASSERT_TRUE(c.append_tokens(1, std::span<const token_id>(&t, 1)));
+  for (const token_id t : more) ASSERT_TRUE(c.append_token(1, t));
   EXPECT_EQ(c.stats().cached, 2);
   prefix_match m;
   ASSERT_TRUE(c.add_sequence(2, iota_tokens(9, 0), {}, &m));
@@ -164,7 +164,7 @@ TEST(PrefixCaching, DecodeCommitsBlocksAsTheyFill) {
 TEST(PrefixCaching, CountAppendsStopCaching) {
   auto c = make<vllm>(32);
   ASSERT_TRUE(c.add_sequence(1, iota_tokens(3, 0)));
-  ASSERT_TRUE(c.append_tokens(1, 5));  // ids unknown
+  ASSERT_TRUE(c.append_tokens(1, token_count{5}));  // ids unknown
   EXPECT_EQ(c.stats().cached, 0);
 }
 

@@ -16,7 +16,7 @@ using default_cache = kvpager::paged_kv_cache<>;
 using lifo_cache = kvpager::paged_kv_cache<kvpager::lifo_allocator>;
 using lowest_id_cache = kvpager::paged_kv_cache<kvpager::lowest_id_allocator>;
 using copy_fork_cache = kvpager::paged_kv_cache<kvpager::free_list_allocator, kvpager::no_eviction, kvpager::no_sharing>;
-using user_cache = kvpager::paged_kv_cache<highest_id_allocator, user_lru_index, user_sharing, user_host_pool>;
+using user_cache = kvpager::paged_kv_cache<highest_id_allocator, user_lru_index, user_sharing, user_swap>;
 
 using all_caches = ::testing::Types<default_cache, lifo_cache, lowest_id_cache, copy_fork_cache, user_cache>;
 

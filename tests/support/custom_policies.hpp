@@ -69,29 +69,15 @@ struct user_sharing {
   std::int64_t uncached = 0;
 };
 
-/// A swap policy with a fixed host pool (a stack of host block ids) that always chooses swap.
-class user_host_pool {
- public:
-  void reset(const kvpager::pool_geometry& /*device*/) {
-    free_.clear();
-    for (kvpager::block_id b = capacity - 1; b >= 0; --b) free_.push_back(b);
+/// A swap policy written by a user: swaps while the host pool has room for the victim, else asks for recompute,
+/// as hybrid_swap does, but keeps `reserve` host blocks free for others. A decision only (concept 0.2.0): the host
+/// pool is the cache's.
+struct user_swap {
+  [[nodiscard]] kvpager::preempt_action action(std::int32_t n, std::int32_t host_free) const noexcept {
+    return n + reserve <= host_free ? kvpager::preempt_action::swap : kvpager::preempt_action::recompute;
   }
-  [[nodiscard]] kvpager::preempt_action action(std::int32_t /*n*/) const noexcept { return kvpager::preempt_action::swap; }
-  [[nodiscard]] std::int32_t host_capacity() const noexcept { return capacity; }
-  [[nodiscard]] std::int32_t host_free() const noexcept { return static_cast<std::int32_t>(free_.size()); }
-  bool allocate_host(std::span<kvpager::block_id> out) noexcept {
-    if (out.size() > free_.size()) return false;
-    for (auto& b : out) {
-      b = free_.back();
-      free_.pop_back();
-    }
-    return true;
-  }
-  void release_host(kvpager::block_id b) noexcept { free_.push_back(b); }
-  static constexpr std::int32_t capacity = 64;
-
- private:
-  std::vector<kvpager::block_id> free_;
+  std::int32_t reserve = 2;
+  static constexpr std::int32_t host_blocks = 64;  ///< the host pool the tests give caches using it
 };
 
 }  // namespace kvtest

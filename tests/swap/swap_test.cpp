@@ -15,9 +15,9 @@ using swap_cache = paged_kv_cache<free_list_allocator, no_eviction, refcount_sha
 using hybrid_cache = paged_kv_cache<free_list_allocator, no_eviction, refcount_sharing, hybrid_swap>;
 using recompute_cache = paged_kv_cache<free_list_allocator, no_eviction, refcount_sharing, recompute>;
 
-template <class Cache, class W>
-Cache make(std::int32_t num_blocks, W swap, std::int32_t block_size = 16) {
-  auto r = Cache::create({block_size, num_blocks, 0, 0}, {}, {}, {}, std::move(swap));
+template <class Cache>
+Cache make(std::int32_t num_blocks, std::int32_t host_blocks, std::int32_t block_size = 16) {
+  auto r = Cache::create({block_size, num_blocks, 0, 0, host_blocks});
   EXPECT_TRUE(r.ok());
   return std::move(*r);
 }
@@ -29,7 +29,7 @@ static_assert(swap_policy<host_swap> && swap_policy<recompute> && swap_policy<hy
 
 // The seed's SwapManager demo, with the out-of-blocks case its code would crash on.
 TEST(Swap, SeedDemo) {
-  auto c = make<swap_cache>(100, host_swap(host_pool_config{200}));
+  auto c = make<swap_cache>(100, 200);
   ASSERT_TRUE(c.add_sequence(1, 80 * 16));
   ASSERT_TRUE(c.add_sequence(2, 15 * 16));
   c.begin_step();
@@ -56,7 +56,7 @@ TEST(Swap, SeedDemo) {
 }
 
 TEST(Swap, PlanPairsMatchTheTables) {
-  auto c = make<swap_cache>(16, host_swap(host_pool_config{16}));
+  auto c = make<swap_cache>(16, 16);
   ASSERT_TRUE(c.add_sequence(1, 40));
   c.begin_step();
   const auto device = vec(*c.block_table(1));
@@ -75,7 +75,7 @@ TEST(Swap, PlanPairsMatchTheTables) {
 }
 
 TEST(Swap, SharedBlocksAreSwappedOnceAndSharedAgain) {
-  auto c = make<swap_cache>(32, host_swap(host_pool_config{32}));
+  auto c = make<swap_cache>(32, 32);
   ASSERT_TRUE(c.add_sequence(1, 40));  // 3 blocks
   c.begin_step();
   ASSERT_TRUE(c.fork(1, 2));          // shares all 3
@@ -101,7 +101,7 @@ TEST(Swap, SharedBlocksAreSwappedOnceAndSharedAgain) {
 }
 
 TEST(Swap, SwappingOneSharerKeepsTheOthersBlocksOnDevice) {
-  auto c = make<swap_cache>(32, host_swap(host_pool_config{32}));
+  auto c = make<swap_cache>(32, 32);
   ASSERT_TRUE(c.add_sequence(1, 32));
   c.begin_step();
   ASSERT_TRUE(c.fork(1, 2));
@@ -114,7 +114,7 @@ TEST(Swap, SwappingOneSharerKeepsTheOthersBlocksOnDevice) {
 }
 
 TEST(Swap, ErrorsChangeNothing) {
-  auto c = make<swap_cache>(16, host_swap(host_pool_config{4}));
+  auto c = make<swap_cache>(16, 4);
   ASSERT_TRUE(c.add_sequence(1, 80));  // 5 blocks: more than the host pool
   ASSERT_TRUE(c.add_sequence(2, 16));
   KVTEST_EXPECT_FAILS_UNCHANGED(c, probe, c.swap_out(2), errc::pending_append);
@@ -142,16 +142,66 @@ TEST(Swap, ErrorsChangeNothing) {
   EXPECT_EQ(c.stats().host_free, 4);
 }
 
-TEST(Swap, NoSwapCannotSwap) {
+TEST(Swap, NoHostPoolCannotSwap) {
   auto c = kvtest::make_cache<kvtest::default_cache>(8);
   ASSERT_TRUE(c.add_sequence(1, 16));
   c.begin_step();
   KVTEST_EXPECT_FAILS_UNCHANGED(c, probe, c.swap_out(1), errc::unsupported);
   EXPECT_EQ(c.preempt(1).code(), errc::unsupported);
+  auto h = make<hybrid_cache>(8, 0);  // a swapping policy without host blocks: no host pool either
+  ASSERT_TRUE(h.add_sequence(1, 16));
+  h.begin_step();
+  KVTEST_EXPECT_FAILS_UNCHANGED(h, probe, h.swap_out(1), errc::unsupported);
+  EXPECT_EQ(*h.preempt(1), preempt_action::recompute);
+}
+
+// Since 0.2.0 the host pool is the cache's (cache_config::num_host_blocks), whatever the policy: no_swap does not
+// preempt, but the engine can swap explicitly.
+TEST(Swap, TheHostPoolIsTheCachesNotThePolicys) {
+  auto c = *kvtest::default_cache::create({16, 8, 0, 0, 4});
+  ASSERT_TRUE(c.add_sequence(1, 32));
+  c.begin_step();
+  EXPECT_EQ(c.preempt(1).code(), errc::unsupported);
+  ASSERT_TRUE(c.swap_out(1));
+  EXPECT_EQ(c.stats().host_free, 2);
+  c.begin_step();
+  ASSERT_TRUE(c.swap_in(1));
+  EXPECT_EQ(c.stats().swapped_in_blocks, 2);
+}
+
+// The host pool is a block_pool<lifo_allocator>: its refcounts are the swapped tables' references (a block shared
+// within the group is one host block with one reference per table), and it hands out the most recently freed
+// block first.
+TEST(Swap, HostPoolIsABlockPool) {
+  auto c = make<swap_cache>(16, 8);
+  ASSERT_TRUE(c.add_sequence(1, 40));
+  c.begin_step();
+  ASSERT_TRUE(c.fork(1, 2));
+  c.begin_step();
+  const std::vector<seq_id> both = {1, 2};
+  ASSERT_TRUE(c.swap_out(both));
+  const block_pool<lifo_allocator>* pool = c.host_pool();
+  ASSERT_NE(pool, nullptr);
+  const auto h = vec(*c.host_block_table(1));
+  EXPECT_EQ(vec(*c.host_block_table(2)), h);
+  for (const block_id hb : h) EXPECT_EQ(pool->refcount(hb), 2);
+  EXPECT_EQ(pool->num_free(), c.stats().host_free);
+  EXPECT_EQ(pool->stats().references, 6);
+  ASSERT_TRUE(c.free_sequence(2));
+  for (const block_id hb : h) EXPECT_EQ(pool->refcount(hb), 1);
+  ASSERT_TRUE(c.free_sequence(1));
+  EXPECT_EQ(pool->num_free(), 5) << "freed host blocks return at the next step";
+  c.begin_step();
+  EXPECT_EQ(pool->num_free(), 8);
+  ASSERT_TRUE(c.add_sequence(3, 16));
+  c.begin_step();
+  ASSERT_TRUE(c.swap_out(3));
+  EXPECT_EQ(vec(*c.host_block_table(3)).front(), h.back()) << "the most recently freed host block comes first";
+  EXPECT_EQ(kvtest::default_cache::create({16, 8, 0, 0}).value().host_pool(), nullptr);
 }
 
 TEST(Swap, HostBlocksFreedInAStepAreNotReusedInIt) {
-  auto c = make<swap_cache>(16, host_swap(host_pool_config{2}));
+  auto c = make<swap_cache>(16, 2);
   ASSERT_TRUE(c.add_sequence(1, 32));
   ASSERT_TRUE(c.add_sequence(2, 32));
   c.begin_step();
@@ -164,7 +214,7 @@ TEST(Swap, HostBlocksFreedInAStepAreNotReusedInIt) {
 }
 
 TEST(Preempt, PolicyDecides) {
-  auto s = make<swap_cache>(16, host_swap(host_pool_config{8}));
+  auto s = make<swap_cache>(16, 8);
   ASSERT_TRUE(s.add_sequence(1, 48));
   s.begin_step();
   auto a = s.preempt(1);
@@ -173,7 +223,7 @@ TEST(Preempt, PolicyDecides) {
   EXPECT_TRUE(s.is_swapped(1));
   EXPECT_EQ(s.stats().preempted_swap, 1);
 
-  auto r = make<recompute_cache>(16, recompute{});
+  auto r = make<recompute_cache>(16, 0);
   ASSERT_TRUE(r.add_sequence(1, 48));
   a = r.preempt(1);
   ASSERT_TRUE(a.ok());
@@ -182,7 +232,7 @@ TEST(Preempt, PolicyDecides) {
   EXPECT_EQ(r.stats().free, 16);
   EXPECT_EQ(r.stats().preempted_recompute, 1);
 
-  auto h = make<hybrid_cache>(16, hybrid_swap(host_pool_config{3}));
+  auto h = make<hybrid_cache>(16, 3);
   ASSERT_TRUE(h.add_sequence(1, 48));  // 3 blocks: fits the host pool
   ASSERT_TRUE(h.add_sequence(2, 64));  // 4 blocks
   h.begin_step();

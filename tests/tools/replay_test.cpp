@@ -413,9 +413,7 @@ using v1 = kvpager::vllm_v1_cache;
 template <class Derived>
 struct v1_with : v1 {
   explicit v1_with(v1 c) : v1(std::move(c)) {}
-  static kvpager::result<Derived> create(kvpager::cache_config cfg, v1::allocator_policy = {},
-                                         v1::eviction_policy_type = {}, v1::sharing_policy_type = {},
-                                         v1::swap_policy_type = {}) {
+  static kvpager::result<Derived> create(kvpager::cache_config cfg, v1::policies = {}) {
     auto c = v1::create(cfg);
     if (!c) return c.error();
     return Derived(std::move(*c));
@@ -425,9 +423,7 @@ struct v1_with : v1 {
 /// vLLM's cache whose create answers an error, as a cache too large for memory does (errc::out_of_memory).
 struct create_fails : v1_with<create_fails> {
   using v1_with::v1_with;
-  static kvpager::result<create_fails> create(kvpager::cache_config, v1::allocator_policy = {},
-                                              v1::eviction_policy_type = {}, v1::sharing_policy_type = {},
-                                              v1::swap_policy_type = {}) {
+  static kvpager::result<create_fails> create(kvpager::cache_config, v1::policies = {}) {
     return kvpager::status{kvpager::errc::invalid_argument, "create: no memory for this test", 0};
   }
 };
@@ -442,9 +438,7 @@ struct fork_fails : v1_with<fork_fails> {
 /// vLLM's cache whose create throws std::bad_alloc, as paged_kv_cache::create did for 2^24 blocks of 4096 tokens.
 struct create_throws : v1_with<create_throws> {
   using v1_with::v1_with;
-  static kvpager::result<create_throws> create(kvpager::cache_config, v1::allocator_policy = {},
-                                               v1::eviction_policy_type = {}, v1::sharing_policy_type = {},
-                                               v1::swap_policy_type = {}) {
+  static kvpager::result<create_throws> create(kvpager::cache_config, v1::policies = {}) {
     throw std::bad_alloc();
   }
 };

@@ -540,13 +540,12 @@ class manager_replay {
 template <class Cache>
 replay_result replay_manager(const trace& t, const std::string& name, replay_limits limits,
                              std::int64_t* at_line = nullptr) {
-  typename Cache::swap_policy_type swap{};
+  std::int32_t host_blocks = 0;
   if constexpr (!std::is_same_v<typename Cache::swap_policy_type, kvpager::no_swap>)
-    swap = typename Cache::swap_policy_type(
-        kvpager::host_pool_config{static_cast<std::int32_t>(t.param("num_host_blocks", 0))});
+    host_blocks = static_cast<std::int32_t>(t.param("num_host_blocks", 0));
   auto created = Cache::create({static_cast<std::int32_t>(t.param("block_size", 16)),
-                                static_cast<std::int32_t>(t.param("num_blocks", 0)), /*reserved (null block)=*/1, 0},
-                               {}, {}, {}, std::move(swap));
+                                static_cast<std::int32_t>(t.param("num_blocks", 0)), /*reserved (null block)=*/1, 0,
+                                host_blocks});
   if (!created) return replay_result{json::object(), create_error(t, name, created.error().message())};
   return manager_replay<Cache>(t, name, std::move(*created), limits, at_line).run();
 }

@@ -1,26 +1,25 @@
 #pragma once
 /// \file
-/// The swap_policy concept: what happens to a sequence preempted under memory pressure, and the host (CPU) block
-/// pool that swapped-out blocks go to.
+/// The swap_policy concept: the decision taken for a sequence preempted under memory pressure, swap it to host
+/// memory or drop its blocks for recompute. The policy only decides: the host (CPU) block pool swapped-out
+/// blocks go to is the cache's own (a block_pool<lifo_allocator> of cache_config::num_host_blocks blocks, kept by
+/// its swap_book), so a policy is a small, usually stateless type.
 ///
-/// | expression             | result              | noexcept | complexity | semantics                                     |
-/// |------------------------|---------------------|----------|------------|-----------------------------------------------|
-/// | `W{}`                  | `W`                 | -        | O(1)       |                                               |
-/// | `w.reset(g)`           | `void`              | no       | O(capacity)| empty host pool, for device pool geometry `g`; may allocate |
-/// | `cw.action(n)`         | `preempt_action`    | yes      | O(1)       | what to do with a victim holding `n` device blocks now |
-/// | `cw.host_capacity()`   | `std::int32_t`      | yes      | O(1)       | host blocks in all                            |
-/// | `cw.host_free()`       | `std::int32_t`      | yes      | O(1)       | host blocks free now                          |
-/// | `w.allocate_host(out)` | `bool`              | yes      | O(out.size()) | fills `out` with host blocks, all or nothing (false: too few, nothing taken) |
-/// | `w.release_host(b)`    | `void`              | yes      | O(1)       | returns host block `b`                        |
+/// | expression                | result           | noexcept | complexity | semantics                                 |
+/// |---------------------------|------------------|----------|------------|-------------------------------------------|
+/// | `W{}`                     | `W`              | -        | O(1)       |                                           |
+/// | `cw.action(n, host_free)` | `preempt_action` | yes      | O(1)       | what to do with a victim holding `n` device blocks when `host_free` host blocks are free now (0 without a host pool) |
 ///
-/// `out` is a `std::span<block_id>`. The cache plans (device, host) copies; it never moves bytes.
+/// preempt_action::swap with too few free host blocks makes paged_kv_cache::preempt fail with
+/// errc::host_pool_full (nothing changed); the scheduler then preempts by recompute.
+///
+/// Changed in 0.2.0: the host pool left the concept (`reset`, `host_capacity`, `host_free`, `allocate_host`,
+/// `release_host` are gone) and `action` receives the free host blocks.
 
 #include <concepts>
 #include <cstdint>
-#include <span>
 
 #include "kvpager/core/config.hpp"
-#include "kvpager/core/types.hpp"
 
 KVPAGER_NAMESPACE_BEGIN
 
@@ -33,24 +32,13 @@ enum class preempt_action {
 
 template <class W>
 concept swap_policy = std::default_initializable<W> && std::movable<W> &&
-                      requires(W& w, const W& cw, const pool_geometry& g, std::int32_t n, block_id b,
-                               std::span<block_id> out) {
-                        { w.reset(g) } -> std::same_as<void>;
-                        { cw.action(n) } noexcept -> std::same_as<preempt_action>;
-                        { cw.host_capacity() } noexcept -> std::same_as<std::int32_t>;
-                        { cw.host_free() } noexcept -> std::same_as<std::int32_t>;
-                        { w.allocate_host(out) } noexcept -> std::same_as<bool>;
-                        { w.release_host(b) } noexcept -> std::same_as<void>;
+                      requires(const W& cw, std::int32_t n, std::int32_t host_free) {
+                        { cw.action(n, host_free) } noexcept -> std::same_as<preempt_action>;
                       };
 
 /// The smallest swap policy: declarations only, for concept tests and as a template to copy.
 struct swap_policy_archetype {
-  void reset(const pool_geometry& g);
-  [[nodiscard]] preempt_action action(std::int32_t n) const noexcept;
-  [[nodiscard]] std::int32_t host_capacity() const noexcept;
-  [[nodiscard]] std::int32_t host_free() const noexcept;
-  bool allocate_host(std::span<block_id> out) noexcept;
-  void release_host(block_id b) noexcept;
+  [[nodiscard]] preempt_action action(std::int32_t num_blocks, std::int32_t host_free) const noexcept;
 };
 
 KVPAGER_NAMESPACE_END

@@ -1,0 +1,167 @@
+#pragma once
+/// \file
+/// block_store: the device blocks of a paged_kv_cache and their life cycle. It composes the block_pool (refcounts,
+/// the allocator's free set) with the eviction policy (cached, unreferenced blocks kept for reuse) and the sharing
+/// policy (which blocks carry cached content). Handing blocks out, a prefix hit reviving a block wherever it is,
+/// releasing a reference, settling an unreferenced block, and every discard of cached content go through here, so
+/// the three policies always agree on a block's state. Whether a released block must wait for the step (a planned
+/// copy uses it) is the step ledger's call, passed in as `park`.
+
+#include <cstdint>
+#include <span>
+#include <utility>
+
+#include "kvpager/cache/cache_types.hpp"
+#include "kvpager/concepts/block_allocator.hpp"
+#include "kvpager/concepts/eviction_policy.hpp"
+#include "kvpager/concepts/sharing_policy.hpp"
+#include "kvpager/core/assert.hpp"
+#include "kvpager/core/block_pool.hpp"
+#include "kvpager/core/config.hpp"
+#include "kvpager/core/types.hpp"
+
+KVPAGER_NAMESPACE_BEGIN
+
+template <block_allocator A, eviction_policy E, sharing_policy S>
+class block_store {
+ public:
+  static constexpr bool indexed = E::retention == retention_mode::indexed;
+
+  block_store(block_pool<A> pool, E eviction, S sharing)
+      : pool_(std::move(pool)), evict_(std::move(eviction)), share_(std::move(sharing)) {}
+
+  /// Resets both policies for pool geometry `g`.
+  void reset(const pool_geometry& g) {
+    evict_.reset(g);
+    share_.reset(g);
+  }
+
+  [[nodiscard]] const block_pool<A>& pool() const noexcept { return pool_; }
+  [[nodiscard]] const E& eviction() const noexcept { return evict_; }
+  [[nodiscard]] const S& sharing() const noexcept { return share_; }
+  [[nodiscard]] S& sharing() noexcept { return share_; }
+  /// Cached blocks whose content was discarded to reuse the block, cumulative.
+  [[nodiscard]] std::int64_t evictions() const noexcept { return evictions_; }
+  [[nodiscard]] std::int32_t refcount(block_id b) const noexcept { return pool_.refcount(b); }
+  [[nodiscard]] bool is_cached(block_id b) const noexcept { return share_.is_cached(b); }
+  /// Cached, unreferenced blocks the eviction policy holds (0 unless indexed).
+  [[nodiscard]] std::int32_t evictable() const noexcept {
+    if constexpr (indexed) return evict_.size();
+    return 0;
+  }
+  /// Blocks an allocation can use now: free + evictable. O(1).
+  [[nodiscard]] std::int64_t available() const noexcept { return std::int64_t{pool_.num_free()} + evictable(); }
+
+  /// Fills the pool's gauges of `s` (total, free, used, logical, shared), evictable, evictions and cached.
+  void report(cache_stats& s) const noexcept {
+    const pool_stats p = pool_.stats();
+    s.total = p.total;
+    s.free = p.free;
+    s.used = p.used;
+    s.logical = p.references;
+    s.shared = p.shared;
+    s.evictable = evictable();
+    s.evictions = evictions_;
+    if constexpr (content_cache<S>) s.cached = share_.num_cached();
+  }
+
+  /// Whether a hit on `b` takes a block from available() (it is free or evictable, not in use or parked).
+  [[nodiscard]] bool consumes_capacity(block_id b) const noexcept {
+    if (pool_.refcount(b) > 0) return false;
+    if constexpr (indexed) {
+      if (evict_.contains(b)) return true;
+    }
+    return pool_.is_free(b);
+  }
+
+  /// Adds a reference to in-use block `b`.
+  void add_ref(block_id b) noexcept { pool_.add_ref(b); }
+
+  /// A prefix hit takes a reference on `b`, wherever it is: in use, in the free queue, in the eviction index, or
+  /// parked until the next step; returns true in the last case (the caller's ledger no longer counts it pending).
+  bool touch(block_id b) noexcept {
+    bool parked_for_copy = false;
+    if (pool_.refcount(b) > 0) {
+      pool_.add_ref(b);
+    } else if (pool_.is_free(b)) {
+      pool_.take(b);
+    } else {
+      parked_for_copy = true;
+      if constexpr (indexed) {
+        if (evict_.contains(b)) {
+          evict_.erase(b);
+          parked_for_copy = false;
+        }
+      }
+      pool_.adopt(b);
+    }
+    if constexpr (indexed) evict_.on_hit(b);
+    return parked_for_copy;
+  }
+
+  /// Fills `out` with blocks; the caller has checked out.size() <= available(). Clean free blocks first, then
+  /// (indexed retention) victims of the eviction policy. A reused block that still holds cached content is
+  /// evicted here, lazily (vLLM's order with retention_mode::in_free_list).
+  void take(std::span<block_id> out) noexcept {
+    KVPAGER_ASSERT(static_cast<std::int64_t>(out.size()) <= available(), "take_blocks: capacity not checked");
+    for (block_id& b : out) {
+      if (pool_.num_free() > 0) {
+        b = pool_.pop_free();
+        if constexpr (E::retention == retention_mode::in_free_list) {
+          if (share_.is_cached(b)) evict(b);
+        }
+      } else {
+        if constexpr (indexed) {
+          b = evict_.pop_victim();
+          evict(b);
+          pool_.adopt(b);
+        }
+      }
+      KVPAGER_ASSERT(!share_.is_cached(b), "take_blocks: a handed-out block still carries cached content");
+    }
+  }
+
+  /// Reuses cached block `b` for other content (counted in evictions()).
+  void evict(block_id b) noexcept {
+    drop_content(b);
+    ++evictions_;
+  }
+
+  /// Every discard of a block's cached content goes through here (eviction, a write into an owned cached block,
+  /// an append cancelled before its bytes were written, a release without retention): the sharing policy forgets
+  /// the content and the eviction policy the per-content state it keeps (hits, first-use stamp), so the block's
+  /// next content starts afresh. `b` is not in the eviction index.
+  void drop_content(block_id b) noexcept {
+    share_.uncache(b);
+    if constexpr (detail::forgets_content<E>) evict_.forget(b);
+  }
+
+  /// Drops one reference; at zero the block is parked if `park(b, hint)` says a planned copy uses it, else settled.
+  template <class Park>
+  void release(block_id b, retention_hint hint, Park&& park) {
+    if (pool_.drop_ref(b) > 0) return;
+    if (!park(b, hint)) settle(b, hint);
+  }
+
+  /// Where an unreferenced block goes: back to the allocator, or kept cached per the eviction policy.
+  void settle(block_id b, retention_hint hint) noexcept {
+    KVPAGER_ASSERT(pool_.refcount(b) == 0, "settle: block is still referenced");
+    if (share_.is_cached(b)) {
+      if constexpr (indexed) {
+        evict_.insert(b, hint);
+        return;
+      } else if constexpr (E::retention == retention_mode::none) {
+        drop_content(b);
+      }
+    }
+    pool_.recycle(b);
+  }
+
+ private:
+  block_pool<A> pool_;
+  [[no_unique_address]] E evict_;
+  [[no_unique_address]] S share_;
+  std::int64_t evictions_ = 0;
+};
+
+KVPAGER_NAMESPACE_END

@@ -1,0 +1,117 @@
+#pragma once
+/// \file
+/// The plain value types of paged_kv_cache's interface: its configuration, its statistics, per-sequence options,
+/// and what a prefix lookup found.
+
+#include <bit>
+#include <cstdint>
+
+#include "kvpager/core/config.hpp"
+#include "kvpager/core/status.hpp"
+
+KVPAGER_NAMESPACE_BEGIN
+
+/// Run-time configuration of a paged_kv_cache.
+struct cache_config {
+  std::int32_t block_size = 16;       ///< tokens per block; a power of two
+  std::int32_t num_blocks = 0;        ///< blocks in the pool, including reserved ones
+  std::int32_t reserved_blocks = 0;   ///< blocks [0, reserved) never handed out (1 = vLLM's null block)
+  std::int32_t max_blocks_per_seq = 0;  ///< longest block table allowed; 0 = no limit
+  std::int32_t num_host_blocks = 0;     ///< host (swap) pool blocks, for swap_out/swap_in and preempt; 0 = none
+};
+
+/// The checks of paged_kv_cache::create on `cfg` alone (the pool sizes are block_pool::create's):
+/// errc::invalid_block_size (not a positive power of two), errc::invalid_argument (negative max_blocks_per_seq),
+/// errc::invalid_pool_size (negative num_host_blocks).
+[[nodiscard]] constexpr status validate(const cache_config& cfg) noexcept {
+  if (cfg.block_size <= 0 || !std::has_single_bit(static_cast<std::uint32_t>(cfg.block_size)))
+    return status{errc::invalid_block_size, "paged_kv_cache::create: block_size must be a positive power of two",
+                  cfg.block_size};
+  if (cfg.max_blocks_per_seq < 0)
+    return status{errc::invalid_argument, "paged_kv_cache::create: max_blocks_per_seq must be >= 0",
+                  cfg.max_blocks_per_seq};
+  if (cfg.num_host_blocks < 0)
+    return status{errc::invalid_pool_size, "paged_kv_cache::create: num_host_blocks must be >= 0",
+                  cfg.num_host_blocks};
+  return ok_status();
+}
+
+/// A snapshot of the cache's counts. Gauges are O(1) to read; counters are cumulative since creation.
+struct cache_stats {
+  std::int32_t block_size = 0;
+  std::int32_t total = 0;         ///< usable blocks (num_blocks - reserved_blocks)
+  std::int32_t free = 0;          ///< blocks in the allocator's free set
+  std::int32_t used = 0;          ///< physical blocks in use (refcount > 0)
+  std::int64_t logical = 0;       ///< logical block references = sum of block-table lengths
+  std::int32_t shared = 0;        ///< physical blocks referenced by more than one sequence
+  std::int32_t evictable = 0;     ///< cached, unreferenced blocks held by an indexed eviction policy
+  std::int32_t pending_free = 0;  ///< unreferenced blocks a planned copy still uses; free at the next step
+  std::int32_t sequences = 0;     ///< live sequences
+  std::int64_t tokens = 0;        ///< tokens over all live sequences
+  std::int64_t cow_copies = 0;    ///< copy-on-write block copies planned
+  std::int64_t fork_copies = 0;   ///< block copies planned by copying forks (fork_mode::copy)
+  std::int64_t evictions = 0;     ///< cached blocks whose content was discarded to reuse the block
+  std::int32_t cached = 0;              ///< blocks whose content the sharing policy caches (in use or not)
+  std::int64_t prefix_query_tokens = 0; ///< tokens of successful token-id admissions (vLLM prefix_cache_queries)
+  std::int64_t prefix_hit_tokens = 0;   ///< of those, tokens served from the prefix cache (prefix_cache_hits)
+  std::int32_t swapped = 0;             ///< sequences swapped out to host memory (counted in `sequences` too)
+  std::int32_t host_total = 0;          ///< host (swap) blocks in all
+  std::int32_t host_free = 0;           ///< host blocks free (blocks released in this step count from the next)
+  std::int64_t swapped_out_blocks = 0;  ///< device blocks copied to host, cumulative
+  std::int64_t swapped_in_blocks = 0;   ///< host blocks copied back to device, cumulative
+  std::int64_t preempted_swap = 0;      ///< preempt() calls that swapped
+  std::int64_t preempted_recompute = 0; ///< preempt() calls that dropped the blocks for recompute
+
+  friend bool operator==(const cache_stats&, const cache_stats&) = default;
+
+  /// Blocks an allocation can use now: free + evictable.
+  [[nodiscard]] std::int32_t available() const noexcept { return free + evictable; }
+  /// prefix_hit_tokens / prefix_query_tokens (0 before any query).
+  [[nodiscard]] double prefix_hit_rate() const noexcept {
+    return prefix_query_tokens > 0 ? double(prefix_hit_tokens) / double(prefix_query_tokens) : 0.0;
+  }
+  /// used / total.
+  [[nodiscard]] double utilization() const noexcept { return total > 0 ? double(used) / double(total) : 0.0; }
+  /// Fraction of logical references served by sharing: 1 - used / logical (0 when nothing is shared).
+  [[nodiscard]] double sharing_ratio() const noexcept {
+    return logical > 0 ? 1.0 - double(used) / double(logical) : 0.0;
+  }
+};
+
+/// A number of tokens, a type of its own so that a token id cannot be passed where a count is meant:
+/// `cache.append_tokens(id, token_count{3})` appends three tokens, `cache.append_token(id, next_token)` one token
+/// with its id, and `cache.append_tokens(id, next_token)` does not compile.
+struct token_count {
+  std::int32_t value = 1;
+  constexpr explicit token_count(std::int32_t n) noexcept : value(n) {}
+  friend constexpr bool operator==(token_count, token_count) = default;
+};
+
+/// The policy objects a paged_kv_cache is created with, by name; each one left out is default-constructed:
+/// `cache_t::create(cfg, {.sharing = prefix_caching(hasher), .swap = hybrid_swap{}})`.
+template <class A, class E, class S, class W>
+struct cache_policies {
+  A allocator{};  ///< the block_allocator (free set order)
+  E eviction{};   ///< the eviction_policy (cached, unreferenced blocks)
+  S sharing{};    ///< the sharing_policy (forks, prefix caching)
+  W swap{};       ///< the swap_policy (preemption: swap or recompute)
+};
+
+/// Per-sequence options for sequences added with their token ids.
+struct sequence_options {
+  /// Extra key folded into the sequence's block hashes (tenant salt, LoRA adapter id, ...): blocks cached under
+  /// different keys never hit each other.
+  std::uint64_t extra_key = 0;
+  /// Retention priority of its blocks once unreferenced (larger = kept longer), for priority-aware eviction.
+  std::int32_t priority = 0;
+};
+
+/// What a prefix-cache lookup found for a prompt.
+struct prefix_match {
+  std::int32_t blocks = 0;              ///< leading full blocks served from the cache
+  std::int32_t tokens = 0;              ///< blocks x block_size
+  std::int64_t blocks_to_allocate = 0;  ///< what adding the prompt takes from available_blocks()
+  friend bool operator==(const prefix_match&, const prefix_match&) = default;
+};
+
+KVPAGER_NAMESPACE_END

@@ -1,0 +1,93 @@
+#pragma once
+/// \file
+/// Kernel-facing page tables written from a sequence_table into caller-provided buffers: the dense block table
+/// (vLLM layout) and CSR (FlashInfer layout). paged_kv_cache::export_block_table, csr_size and export_csr call
+/// these; engines that keep their own sequence_table can too. Each validates everything before writing anything,
+/// and allocates nothing.
+
+#include <algorithm>
+#include <cstddef>
+#include <cstdint>
+#include <span>
+
+#include "kvpager/cache/sequence_table.hpp"
+#include "kvpager/core/config.hpp"
+#include "kvpager/core/status.hpp"
+#include "kvpager/core/types.hpp"
+
+KVPAGER_NAMESPACE_BEGIN
+
+/// Dense page table: row i of `table` (`row_stride` int32 entries) gets the block ids of `seqs[i]`, padded with
+/// -1; `seq_lens[i]` its token count. Errors: errc::invalid_argument (row_stride <= 0), errc::unknown_sequence,
+/// errc::sequence_swapped, errc::buffer_too_small (a buffer, or a sequence with more than row_stride blocks;
+/// detail = entries needed). O(total entries).
+template <class Cursor>
+status export_block_table(const sequence_table<Cursor>& t, std::span<const seq_id> seqs, std::span<std::int32_t> table,
+                          std::int32_t row_stride, std::span<std::int32_t> seq_lens) noexcept {
+  if (row_stride <= 0)
+    return status{errc::invalid_argument, "export_block_table: row_stride must be positive", row_stride};
+  if (seq_lens.size() < seqs.size())
+    return status{errc::buffer_too_small, "export_block_table: seq_lens is shorter than seqs",
+                  static_cast<std::int64_t>(seqs.size())};
+  const auto need = static_cast<std::int64_t>(seqs.size()) * row_stride;
+  if (static_cast<std::int64_t>(table.size()) < need)
+    return status{errc::buffer_too_small, "export_block_table: table is smaller than seqs x row_stride", need};
+  for (const seq_id id : seqs) {
+    const auto h = t.template checked<"export_block_table">(id);
+    if (!h) return h.error();
+    const auto n = static_cast<std::int64_t>(t[*h].blocks.size());
+    if (n > row_stride)
+      return status{errc::buffer_too_small, "export_block_table: a sequence has more blocks than row_stride", n};
+  }
+  for (std::size_t i = 0; i < seqs.size(); ++i) {
+    const auto& s = t.at(seqs[i]);
+    std::int32_t* row = table.data() + i * static_cast<std::size_t>(row_stride);
+    std::copy(s.blocks.begin(), s.blocks.end(), row);
+    std::fill(row + s.blocks.size(), row + row_stride, no_block);
+    seq_lens[i] = s.num_tokens;
+  }
+  return ok_status();
+}
+
+/// Number of `indices` entries export_csr needs for `seqs`; errc::unknown_sequence, errc::sequence_swapped.
+template <class Cursor>
+[[nodiscard]] result<std::int64_t> csr_size(const sequence_table<Cursor>& t, std::span<const seq_id> seqs) noexcept {
+  std::int64_t n = 0;
+  for (const seq_id id : seqs) {
+    const auto h = t.template checked<"csr_size">(id);
+    if (!h) return h.error();
+    n += static_cast<std::int64_t>(t[*h].blocks.size());
+  }
+  return n;
+}
+
+/// CSR page table: the blocks of seqs[i] are indices[indptr[i] .. indptr[i+1]); last_page_len[i] = tokens in its
+/// last block (in [1, block_size]). Errors: those of csr_size, errc::buffer_too_small (indptr < seqs + 1,
+/// last_page_len < seqs, indices < csr_size, or a total over 2^31-1 entries; detail = entries needed).
+template <class Cursor>
+status export_csr(const sequence_table<Cursor>& t, std::int32_t block_size, std::span<const seq_id> seqs,
+                  std::span<std::int32_t> indptr, std::span<std::int32_t> indices,
+                  std::span<std::int32_t> last_page_len) noexcept {
+  const auto total = csr_size(t, seqs);
+  if (!total) return total.error();
+  if (indptr.size() < seqs.size() + 1)
+    return status{errc::buffer_too_small, "export_csr: indptr needs seqs + 1 entries",
+                  static_cast<std::int64_t>(seqs.size() + 1)};
+  if (last_page_len.size() < seqs.size())
+    return status{errc::buffer_too_small, "export_csr: last_page_len is shorter than seqs",
+                  static_cast<std::int64_t>(seqs.size())};
+  if (static_cast<std::int64_t>(indices.size()) < *total || *total > INT32_MAX)
+    return status{errc::buffer_too_small, "export_csr: indices cannot hold every block", *total};
+  std::int32_t pos = 0;
+  indptr[0] = 0;
+  for (std::size_t i = 0; i < seqs.size(); ++i) {
+    const auto& s = t.at(seqs[i]);
+    std::copy(s.blocks.begin(), s.blocks.end(), indices.begin() + pos);
+    pos += static_cast<std::int32_t>(s.blocks.size());
+    indptr[i + 1] = pos;
+    last_page_len[i] = s.num_tokens - (static_cast<std::int32_t>(s.blocks.size()) - 1) * block_size;
+  }
+  return ok_status();
+}
+
+KVPAGER_NAMESPACE_END

@@ -1,0 +1,206 @@
+#pragma once
+/// \file
+/// swap_book: the host side of swapping for a paged_kv_cache. It owns the host (CPU) block pool, a
+/// block_pool<lifo_allocator> whose reference counts are the references swapped-out block tables hold (a block
+/// shared within a swapped group is one host block), and the swap policy, which only decides (swap or recompute).
+/// A host block whose last reference went returns to the pool at the next step (a swap-in of the step may still
+/// read it). It moves a group's block tables between device and host, each distinct block once, so a block shared
+/// within the group is shared again on the other side. The device side (taking blocks, dropping references) is
+/// the block_store's, the plan the step_ledger's: swap_out and swap_in receive them.
+
+#include <cstdint>
+#include <optional>
+#include <span>
+#include <utility>
+#include <vector>
+
+#include "kvpager/allocator/lifo_allocator.hpp"
+#include "kvpager/cache/cache_types.hpp"
+#include "kvpager/cache/sequence_table.hpp"
+#include "kvpager/cache/step_ledger.hpp"
+#include "kvpager/core/step_plan.hpp"
+#include "kvpager/concepts/eviction_policy.hpp"
+#include "kvpager/concepts/swap_policy.hpp"
+#include "kvpager/core/assert.hpp"
+#include "kvpager/core/block_pool.hpp"
+#include "kvpager/core/config.hpp"
+#include "kvpager/core/status.hpp"
+#include "kvpager/core/types.hpp"
+
+KVPAGER_NAMESPACE_BEGIN
+
+template <swap_policy W>
+class swap_book {
+ public:
+  /// The host pool: most recently freed block first.
+  using host_pool_type = block_pool<lifo_allocator>;
+
+  swap_book() = default;
+  explicit swap_book(W policy) : swap_(std::move(policy)) {}
+
+  /// Empty book for device pool geometry `g` and a host pool of `num_host_blocks` blocks (none when 0): allocates
+  /// the host pool and the per-block maps.
+  void reset(const pool_geometry& g, std::int32_t num_host_blocks) {
+    host_.reset();
+    if (num_host_blocks > 0) host_.emplace(std::move(*host_pool_type::create({num_host_blocks, 0})));
+    dev_map_.assign(static_cast<std::size_t>(g.num_blocks), -1);
+    const auto host = static_cast<std::size_t>(host_capacity());
+    host_map_.assign(host, -1);
+    host_first_use_.assign(host, 0);
+    host_deferred_.clear();
+    host_deferred_.reserve(host);  // release_host_ref never reallocates
+    swapped_ = 0;
+    swapped_out_blocks_ = 0;
+    swapped_in_blocks_ = 0;
+  }
+
+  [[nodiscard]] const W& policy() const noexcept { return swap_; }
+  /// The host pool, or nullptr when the cache has none.
+  [[nodiscard]] const host_pool_type* host_pool() const noexcept { return host_ ? &*host_ : nullptr; }
+  [[nodiscard]] bool has_host_pool() const noexcept { return host_.has_value(); }
+  [[nodiscard]] std::int32_t host_capacity() const noexcept { return host_ ? host_->usable_blocks() : 0; }
+  /// Host blocks free now (those released in this step count from the next).
+  [[nodiscard]] std::int32_t host_free() const noexcept { return host_ ? host_->num_free() : 0; }
+  /// The policy's decision for a victim holding `num_blocks` device blocks.
+  [[nodiscard]] preempt_action decide(std::int32_t num_blocks) const noexcept {
+    return swap_.action(num_blocks, host_free());
+  }
+  /// Sequences swapped out now.
+  [[nodiscard]] std::int32_t swapped() const noexcept { return swapped_; }
+  /// Fills the swap counts of `s` (swapped, host_total, host_free, swapped_out_blocks, swapped_in_blocks).
+  void report(cache_stats& s) const noexcept {
+    s.swapped = swapped_;
+    s.host_total = host_capacity();
+    s.host_free = host_free();
+    s.swapped_out_blocks = swapped_out_blocks_;
+    s.swapped_in_blocks = swapped_in_blocks_;
+  }
+  /// References from swapped-out block tables to host block `hb`.
+  [[nodiscard]] std::int32_t host_refs(block_id hb) const noexcept { return host_ ? host_->refcount(hb) : 0; }
+
+  /// Moves the tables of `group` (validated by the caller: live, on device, listed once) to host blocks: plans the
+  /// (device, host) copies in `ledger`, drops each device reference tail first through `release(b, hint)`, and
+  /// marks the sequences swapped. errc::host_pool_full (detail = host blocks needed) and nothing changed when the
+  /// host pool is short. The caller checked has_host_pool(). O(blocks of the group).
+  template <class Cursor, class Release>
+  status swap_out(std::span<const seq_id> group, sequence_table<Cursor>& table, step_ledger& ledger,
+                  Release&& release) {
+    collect(group, table, dev_map_);
+    const auto need = static_cast<std::int64_t>(from_.size());
+    to_.resize(from_.size());
+    if (!host_->allocate(to_)) {  // all or nothing: refcount 1 each, the first table entry's reference
+      unmark(dev_map_);
+      return status{errc::host_pool_full, "swap_out: not enough free host blocks", need};
+    }
+    for (std::size_t i = 0; i < from_.size(); ++i) {
+      dev_map_[static_cast<std::size_t>(from_[i])] = to_[i];
+      ledger.plan_swap_out(block_swap{from_[i], to_[i]});
+    }
+    for (const seq_id id : group) {
+      auto& s = table.at(id);
+      const retention_hint hint{s.priority};
+      for (auto it = s.blocks.rbegin(); it != s.blocks.rend(); ++it) {  // tail first, as a free
+        const block_id hb = dev_map_[static_cast<std::size_t>(*it)];
+        if (!first_use(hb)) host_->add_ref(hb);  // shared within the group: one host block
+        release(*it, hint);
+        *it = hb;
+      }
+      s.swapped = true;
+      ++swapped_;
+    }
+    for (const block_id hb : to_) host_first_use_[static_cast<std::size_t>(hb)] = 0;
+    unmark(dev_map_);
+    swapped_out_blocks_ += need;
+    return ok_status();
+  }
+
+  /// Moves the tables of `group` (validated by the caller: live, swapped out, listed once) back to device blocks
+  /// taken from `store`, plans the (host, device) copies in `ledger` (whose blocks stay busy for the step), and
+  /// marks the sequences' bytes as arriving in this step. errc::out_of_blocks (detail = device blocks needed) and
+  /// nothing changed when the store is short. O(blocks of the group).
+  template <class Cursor, class Store>
+  status swap_in(std::span<const seq_id> group, sequence_table<Cursor>& table, Store& store, step_ledger& ledger) {
+    collect(group, table, host_map_);
+    const auto need = static_cast<std::int64_t>(from_.size());
+    if (need > store.available()) {
+      unmark(host_map_);
+      return status{errc::out_of_blocks, "swap_in: not enough free device blocks", need};
+    }
+    to_.resize(from_.size());
+    store.take(to_);
+    for (std::size_t i = 0; i < from_.size(); ++i) {
+      host_map_[static_cast<std::size_t>(from_[i])] = to_[i];
+      ledger.plan_swap_in(block_swap{to_[i], from_[i]});
+    }
+    for (const seq_id id : group) {
+      auto& s = table.at(id);
+      for (block_id& b : s.blocks) {
+        const block_id hb = b;
+        b = host_map_[static_cast<std::size_t>(hb)];
+        if (!first_use(hb)) store.add_ref(b);  // shared within the group: one device block again
+        release_host_ref(hb);
+      }
+      s.swapped = false;
+      s.append_step = ledger.step();  // its bytes arrive with this step's swap-ins
+      --swapped_;
+    }
+    for (const block_id hb : from_) host_first_use_[static_cast<std::size_t>(hb)] = 0;
+    unmark(host_map_);
+    swapped_in_blocks_ += need;
+    return ok_status();
+  }
+
+  /// A swapped-out sequence was freed: drops its table's references to host blocks.
+  void drop_table(std::span<const block_id> host_table) {
+    for (const block_id hb : host_table) release_host_ref(hb);
+    --swapped_;
+  }
+
+  /// Host blocks released in the previous step go back to the pool.
+  void begin_step() noexcept {
+    for (const block_id hb : host_deferred_) host_->recycle(hb);
+    host_deferred_.clear();
+  }
+
+ private:
+  /// Fills from_ with the distinct blocks the tables of `group` reference, in first-use order, marking each in
+  /// `map` (which holds -1 for all of them) with -2.
+  template <class Cursor>
+  void collect(std::span<const seq_id> group, const sequence_table<Cursor>& table, std::vector<block_id>& map) {
+    from_.clear();
+    for (const seq_id id : group)
+      for (const block_id b : table.at(id).blocks)
+        if (map[static_cast<std::size_t>(b)] == -1) {
+          map[static_cast<std::size_t>(b)] = -2;
+          from_.push_back(b);
+        }
+  }
+  void unmark(std::vector<block_id>& map) noexcept {
+    for (const block_id b : from_) map[static_cast<std::size_t>(b)] = -1;
+  }
+  /// Whether this is the first table entry of the group mapped to host block `hb` (the caller resets the flags).
+  bool first_use(block_id hb) noexcept {
+    std::uint8_t& f = host_first_use_[static_cast<std::size_t>(hb)];
+    const bool first = f == 0;
+    f = 1;
+    return first;
+  }
+  /// Drops one reference to host block `hb`; at zero it returns to the pool at the next step.
+  void release_host_ref(block_id hb) noexcept {
+    if (host_->drop_ref(hb) == 0) host_deferred_.push_back(hb);  // capacity reserved: never reallocates
+  }
+
+  [[no_unique_address]] W swap_;
+  std::optional<host_pool_type> host_;
+  std::vector<block_id> dev_map_;             ///< swap-out: device block -> host block (-1 unset)
+  std::vector<block_id> host_map_;            ///< swap-in: host block -> device block (-1 unset)
+  std::vector<std::uint8_t> host_first_use_;  ///< host block already mapped once in the group being moved
+  std::vector<block_id> host_deferred_;       ///< host blocks freed in this step, returned at the next
+  std::vector<block_id> from_;                ///< distinct blocks of the group being swapped
+  std::vector<block_id> to_;                  ///< their targets, in the same order
+  std::int32_t swapped_ = 0;
+  std::int64_t swapped_out_blocks_ = 0;
+  std::int64_t swapped_in_blocks_ = 0;
+};
+
+KVPAGER_NAMESPACE_END
