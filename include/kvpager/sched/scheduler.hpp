@@ -26,7 +26,6 @@
 
 #include <algorithm>
 #include <cstdint>
-#include <deque>
 #include <optional>
 #include <span>
 #include <unordered_map>
@@ -37,146 +36,50 @@
 #include "kvpager/core/config.hpp"
 #include "kvpager/core/status.hpp"
 #include "kvpager/core/types.hpp"
+#include "kvpager/sched/request_queue.hpp"
+#include "kvpager/sched/scheduler_config.hpp"
+#include "kvpager/sched/step_output.hpp"
 
 KVPAGER_NAMESPACE_BEGIN
-
-/// Answer of an admission check.
-enum class admission {
-  ok,     ///< fits now, watermark kept
-  later,  ///< does not fit now; may once other requests finish
-  never,  ///< can never run (cache, max_blocks_per_seq, token budget without chunked prefill): rejected
-};
-
-/// Which running request is preempted first when blocks run out.
-enum class preemption_order {
-  newest_first,    ///< the most recently admitted (vLLM's FCFS victim: the tail of the running queue)
-  lowest_priority  ///< the lowest (aged) priority, newest among equals (vLLM's PRIORITY policy)
-};
-
-/// How a preempted request gives its device blocks back. Whatever the mode, a victim the cache cannot swap (no
-/// host pool, host pool full, a policy that does not preempt) is preempted by recompute: the scheduler frees it
-/// and re-queues it, so preemption works over every cache composition.
-enum class preemption_mode {
-  cache_policy,  ///< as the cache's swap policy decides (cache.preempt: host_swap swaps, hybrid_swap while room)
-  recompute,     ///< always recompute (vLLM v1): free the blocks, compute the request's tokens again on resume
-  swap,          ///< swap out to the host pool whatever the policy's choice, where the cache has one
-};
-
-/// Why the scheduler finished a request itself (step_output::finished). Its blocks are back in the cache.
-enum class finish_reason {
-  length_cap,   ///< its tokens need more than cache_config::max_blocks_per_seq blocks (vLLM's max_model_len)
-  too_long,     ///< its tokens can no longer be computed: more blocks than the cache's usable blocks, more than
-                ///< 2^31-1 tokens, or (chunked prefill off) more tokens to recompute than max_num_batched_tokens
-  cache_error,  ///< the cache refused a call it cannot refuse for a sequence the scheduler owns (the sequence was
-                ///< changed behind the scheduler's back); step_output::error holds the cache's status
-};
-
-/// Stable name of a finish reason.
-[[nodiscard]] constexpr const char* to_string(finish_reason r) noexcept {
-  switch (r) {
-    case finish_reason::length_cap: return "length_cap";
-    case finish_reason::too_long: return "too_long";
-    case finish_reason::cache_error: return "cache_error";
-  }
-  return "unknown_reason";
-}
-
-struct scheduler_config {
-  std::int32_t max_num_seqs = 256;             ///< running requests at most (< 1: every request is NEVER)
-  std::int64_t max_num_batched_tokens = 8192;  ///< tokens computed per step at most (< 1: every request is NEVER)
-  /// Blocks kept free when admitting or swapping in, in permille of the usable blocks (10 = 1%, vLLM V0's
-  /// default; the seed's example keeps 100 = 10%). Not kept when nothing is running, so no request waits forever.
-  std::int32_t watermark_permille = 10;
-  preemption_order victim = preemption_order::newest_first;
-  /// A waiting request gains one priority level per `aging_steps` steps it waits (0 = no aging). Priority plus
-  /// aging saturates at INT32_MAX.
-  std::int32_t aging_steps = 0;
-  /// Chunked prefill (vLLM v1's default): a prompt longer than the step's remaining token budget is computed over
-  /// several steps. Off: a prompt is computed in one step, and one longer than max_num_batched_tokens is NEVER.
-  bool chunked_prefill = true;
-  preemption_mode preemption = preemption_mode::cache_policy;
-};
-
-/// A sequence scheduled in a step: it computes tokens [start, start + num_tokens) of scheduler::tokens(id).
-struct scheduled_sequence {
-  seq_id id = 0;
-  std::int32_t num_tokens = 0;  ///< 1 for a decode; a chunk of the uncached prompt for a (re-)admission
-  bool prefill = false;         ///< the tokens are (part of) a prompt, or of a recompute victim's tokens
-  /// The request's last pending token is computed: the engine samples its next token and calls complete().
-  /// False for a prefill chunk that is not the prompt's last one: no token is sampled for it.
-  bool last_chunk = true;
-  std::int32_t start = 0;  ///< position of the first token computed
-};
-
-/// A request the scheduler finished itself, and why.
-struct finished_request {
-  seq_id id = 0;
-  finish_reason reason = finish_reason::length_cap;
-  friend bool operator==(const finished_request&, const finished_request&) = default;
-};
-
-/// What one schedule() call decided. Byte movement is in the cache's plan(); its slot mapping is copied here. A step
-/// is always complete: a cache error the scheduler cannot absorb ends only the request it concerns (in `finished`,
-/// reason cache_error) and is reported in `error`.
-struct step_output {
-  std::vector<scheduled_sequence> scheduled;  ///< in slot-mapping order
-  std::vector<seq_id> preempted_recompute;    ///< freed; back at the front of the waiting queue
-  std::vector<seq_id> swapped_out;            ///< now in the swapped queue
-  std::vector<seq_id> swapped_in;             ///< back to running (and scheduled when the budget and blocks allow)
-  /// Always empty: a request that can never run is answered admission::never by add_request and never queued.
-  /// (Kept for source compatibility; a queued request that can no longer run is in `finished`.)
-  std::vector<seq_id> rejected;
-  std::vector<finished_request> finished;     ///< finished by the scheduler in this step, with the reason; freed
-  std::vector<seq_id> forked;                 ///< fork children created at the start of this step (running)
-  std::vector<seq_id> dropped_forks;          ///< fork children not created: the parent stopped running (or the
-                                              ///< cache refused the fork, e.g. out of blocks to copy into)
-  status error;                               ///< ok, or the first cache error that ended a request in this step
-  std::vector<std::int64_t> slot_mapping;     ///< cache.export_slot_mapping() of this step
-  const step_plan* plan = nullptr;            ///< the cache's plan: swap-outs, swap-ins, copies, appends
-};
-
-/// Counters over the scheduler's life.
-struct scheduler_stats {
-  std::int64_t steps = 0;
-  std::int64_t admitted = 0;
-  std::int64_t finished = 0;              ///< by the engine (finish, complete) or by the scheduler
-  std::int64_t finished_with_reason = 0;  ///< of those, by the scheduler (step_output::finished)
-  std::int64_t rejected = 0;
-  std::int64_t preempted_recompute = 0;
-  std::int64_t preempted_swap = 0;
-  std::int64_t swapped_in = 0;
-  std::int64_t dropped_forks = 0;
-  std::int32_t waiting = 0;
-  std::int32_t running = 0;
-  std::int32_t swapped = 0;
-};
 
 template <class Cache>
 class scheduler {
  public:
   scheduler(Cache& cache, scheduler_config cfg = {}) : cache_(cache), cfg_(cfg) {}
 
-  /// Queues a request. Returns admission::never (and does not queue it) if it can never run: its prompt cannot fit
-  /// even in an empty cache with the watermark kept, needs more than max_blocks_per_seq blocks, or (chunked prefill
-  /// off) is longer than max_num_batched_tokens (or the configuration runs nothing: max_num_seqs or
-  /// max_num_batched_tokens below 1); otherwise whether it would fit now. Errors (nothing changed):
-  /// errc::duplicate_sequence (a known request, a pending fork child, or a sequence in the cache),
-  /// errc::invalid_argument (empty prompt).
-  result<admission> add_request(seq_id id, std::span<const token_id> prompt, std::int32_t priority = 0) {
+  /// Queues a request. `options` reach the cache with every admission of the request: `extra_key` (a tenant's
+  /// salt, a LoRA adapter id: blocks cached under different keys never hit each other) and `priority` (admission
+  /// order with admission_order::priority, victim choice with preemption_order::lowest_priority, and the
+  /// retention priority of its cached blocks). Returns admission::never (and does not queue it) if it can never
+  /// run: its prompt cannot fit even in an empty cache with the watermark kept, needs more than
+  /// max_blocks_per_seq blocks, or (chunked prefill off) is longer than max_num_batched_tokens (or the
+  /// configuration runs nothing: max_num_seqs or max_num_batched_tokens below 1); otherwise whether it would fit
+  /// now. With scheduler_config::reject_impossible off, such a request is queued and answered admission::later
+  /// (a prompt over max_blocks_per_seq is still rejected). Errors (nothing changed): errc::duplicate_sequence (a
+  /// known request, a pending fork child, or a sequence in the cache), errc::invalid_argument (empty prompt).
+  result<admission> add_request(seq_id id, std::span<const token_id> prompt, sequence_options options) {
     if (prompt.empty()) return status{errc::invalid_argument, "add_request: empty prompt"};
     if (known(id) || cache_.contains(id))
       return status{errc::duplicate_sequence, "add_request: request id is already known"};
-    const admission a = check_tokens(static_cast<std::int64_t>(prompt.size()));
+    admission a = check_tokens(static_cast<std::int64_t>(prompt.size()));
     if (a == admission::never) {
-      ++stats_.rejected;
-      return a;
+      if (cfg_.reject_impossible || limit_reached(static_cast<std::int64_t>(prompt.size()), true)) {
+        ++stats_.rejected;
+        return a;
+      }
+      a = admission::later;
     }
     request r;
     r.tokens.assign(prompt.begin(), prompt.end());
-    r.priority = priority;
+    r.options = options;
     reqs_.emplace(id, std::move(r));
     waiting_.push_back(id);
     return a;
+  }
+
+  /// add_request with `priority` and no extra key.
+  result<admission> add_request(seq_id id, std::span<const token_id> prompt, std::int32_t priority = 0) {
+    return add_request(id, prompt, sequence_options{.priority = priority});
   }
 
   /// The admission answer for a prompt of `num_tokens` tokens right now (without prefix hits).
@@ -184,7 +87,7 @@ class scheduler {
     if (num_tokens < 1 || cfg_.max_num_seqs < 1 || cfg_.max_num_batched_tokens < 1 || limit_reached(num_tokens, true))
       return admission::never;
     const std::int64_t need = cache_.blocks_needed(num_tokens);
-    if (need + watermark_blocks() > cache_.stats().total) return admission::never;
+    if (need + watermark_blocks() > usable_blocks()) return admission::never;
     return cache_.available_blocks() - need >= watermark_blocks() ? admission::ok : admission::later;
   }
 
@@ -245,6 +148,27 @@ class scheduler {
     return ok_status();
   }
 
+  /// Computes the pending tokens of running request `id` outside schedule(), for an engine that ran them itself
+  /// (a decode it decided on its own): their slots are appended in the cache, planned in the current step, and
+  /// complete() then takes the request's next token. Never preempts: on a shortage nothing changes. Errors
+  /// (nothing changed): errc::unknown_sequence (not a running request), errc::invalid_argument (no pending
+  /// token), the cache's errors (errc::out_of_blocks).
+  status compute_pending(seq_id id) {
+    const auto it = reqs_.find(id);
+    if (it == reqs_.end() || it->second.where != place::running)
+      return status{errc::unknown_sequence, "compute_pending: not a running request"};
+    request& r = it->second;
+    if (r.computed >= num_tokens(r)) return status{errc::invalid_argument, "compute_pending: no pending token"};
+    if (const status st = cache_.append_tokens(id, std::span<const token_id>(r.tokens).subspan(
+                                                       static_cast<std::size_t>(r.computed)));
+        !st)
+      return st;
+    note_allocation();
+    r.computed = static_cast<std::int32_t>(num_tokens(r));
+    r.prefilling = false;
+    return ok_status();
+  }
+
   /// Frees request `id` wherever it is (running, swapped, waiting, or a fork child still pending).
   status finish(seq_id id) {
     const auto it = reqs_.find(id);
@@ -281,8 +205,20 @@ class scheduler {
     return s;
   }
   [[nodiscard]] std::span<const seq_id> running() const noexcept { return running_; }
-  [[nodiscard]] const std::deque<seq_id>& waiting() const noexcept { return waiting_; }
-  [[nodiscard]] const std::deque<seq_id>& swapped() const noexcept { return swapped_; }
+  [[nodiscard]] const request_queue& waiting() const noexcept { return waiting_; }
+  [[nodiscard]] const request_queue& swapped() const noexcept { return swapped_; }
+  /// Where request `id` is; request_state::unknown for an id that is not a request (a pending fork child is not
+  /// one yet).
+  [[nodiscard]] request_state state(seq_id id) const noexcept {
+    const auto it = reqs_.find(id);
+    if (it == reqs_.end()) return request_state::unknown;
+    switch (it->second.where) {
+      case place::waiting: return request_state::waiting;
+      case place::running: return request_state::running;
+      case place::swapped: return request_state::swapped;
+    }
+    return request_state::unknown;
+  }
   /// Fork children requested and not yet created (parent, child), in request order.
   [[nodiscard]] std::span<const std::pair<seq_id, seq_id>> pending_forks() const noexcept { return forks_; }
   /// Token ids of request `id` (prompt, then sampled tokens), or an empty span.
@@ -310,16 +246,17 @@ class scheduler {
   struct request {
     std::vector<token_id> tokens;
     std::int32_t computed = 0;  ///< tokens with KV in the cache
-    std::int32_t priority = 0;
+    sequence_options options;   ///< extra key and priority, given to the cache at every admission
     std::int64_t aged = 0;      ///< priority gained while waiting (64 bits: priority + aged never overflows)
     std::int32_t waited = 0;    ///< steps waited since the last aging increment
     place where = place::waiting;
     bool prefilling = false;    ///< its tokens up to tokens.size() are a prompt (or a recompute) being computed
+    bool preempted = false;     ///< preempted at least once (its admissions count in resumed_prefix)
     std::uint64_t step = 0;     ///< last step in which it was scheduled
   };
 
   static std::int64_t num_tokens(const request& r) noexcept { return static_cast<std::int64_t>(r.tokens.size()); }
-  static std::int64_t effective_priority(const request& r) noexcept { return std::int64_t{r.priority} + r.aged; }
+  static std::int64_t effective_priority(const request& r) noexcept { return std::int64_t{r.options.priority} + r.aged; }
 
   [[nodiscard]] bool known(seq_id id) const noexcept {
     return reqs_.count(id) != 0 ||
@@ -328,24 +265,38 @@ class scheduler {
 
   [[nodiscard]] std::int64_t watermark_blocks() const noexcept {
     const std::int64_t permille = std::clamp<std::int64_t>(cfg_.watermark_permille, 0, 1000);
-    return std::int64_t{cache_.stats().total} * permille / 1000;
+    return usable_blocks() * permille / 1000;
+  }
+
+  /// The cache's usable blocks (cache_stats::total), without building its stats.
+  [[nodiscard]] std::int64_t usable_blocks() const noexcept {
+    return std::int64_t{cache_.config().num_blocks} - cache_.config().reserved_blocks;
+  }
+
+  /// An allocation the scheduler made succeeded: the peak of blocks in use.
+  void note_allocation() noexcept {
+    stats_.peak_used_blocks = std::max(stats_.peak_used_blocks, usable_blocks() - cache_.available_blocks());
   }
 
   /// Why a request of `n` tokens can never be computed (again), whatever else runs; none if it can.
-  /// `whole`: its uncached tokens must fit one step (a (re-)admission with chunked prefill off).
+  /// `whole`: its uncached tokens must fit one step (a (re-)admission with chunked prefill off). Without
+  /// reject_impossible, only the length cap and the 2^31-1 token limit count.
   [[nodiscard]] std::optional<finish_reason> limit_reached(std::int64_t n, bool whole) const noexcept {
     if (n > INT32_MAX) return finish_reason::too_long;
     const std::int64_t need = cache_.blocks_needed(n);
     const std::int32_t cap = cache_.config().max_blocks_per_seq;
     if (cap > 0 && need > cap) return finish_reason::length_cap;
-    if (need > cache_.stats().total) return finish_reason::too_long;
+    if (!cfg_.reject_impossible) return std::nullopt;
+    if (need > usable_blocks()) return finish_reason::too_long;
     if (whole && !cfg_.chunked_prefill && n > cfg_.max_num_batched_tokens) return finish_reason::too_long;
     return std::nullopt;
   }
 
-  /// Blocks to keep free for an admission or swap-in: the watermark, unless nothing runs (then the request is
-  /// let in if it fits at all: nothing else could ever free blocks for it).
-  [[nodiscard]] std::int64_t blocks_to_keep() const noexcept { return running_.empty() ? 0 : watermark_blocks(); }
+  /// Blocks to keep free for an admission or swap-in: the watermark, unless nothing runs and watermark_when_idle
+  /// is off (then the request is let in if it fits at all: nothing else could ever free blocks for it).
+  [[nodiscard]] std::int64_t blocks_to_keep() const noexcept {
+    return running_.empty() && !cfg_.watermark_when_idle ? 0 : watermark_blocks();
+  }
 
   void clear_output() noexcept {
     out_.scheduled.clear();
@@ -428,6 +379,7 @@ class scheduler {
         fail(id, st);
         return;
       }
+      ++stats_.decode_alloc_fail;
       if (!may_preempt) return;
       const seq_id victim = pick_victim(id);
       preempt(victim);
@@ -436,6 +388,7 @@ class scheduler {
         return;
       }
     }
+    note_allocation();
     record(id, r, r.computed, static_cast<std::int32_t>(n));
   }
 
@@ -456,7 +409,7 @@ class scheduler {
     bool found = false;
     std::int64_t best_priority = 0;
     for (auto it = running_.rbegin(); it != running_.rend(); ++it) {  // newest first
-      const request& c = reqs_.at(*it);
+      const request& c = reqs_.find(*it)->second;
       if (*it != self && c.step == step_) continue;
       if (cfg_.victim == preemption_order::newest_first) return *it;
       if (!found || effective_priority(c) < best_priority) {
@@ -470,24 +423,33 @@ class scheduler {
 
   /// Takes running request `victim` off the device by the configured mode, by recompute where a swap is refused.
   void preempt(seq_id victim) {
-    request& r = reqs_.at(victim);
+    request& r = reqs_.find(victim)->second;
     bool swapped = false;
     bool freed = false;
+    errc refused = errc::unsupported;  // why the cache did not take the victim off the device itself
     if (cfg_.preemption == preemption_mode::cache_policy) {
-      if (const auto a = cache_.preempt(victim)) {
+      const auto a = cache_.preempt(victim);
+      if (a) {
         swapped = *a == preempt_action::swap;
         freed = true;
+      } else {
+        refused = a.error().code();
       }
     } else if (cfg_.preemption == preemption_mode::swap) {
-      swapped = freed = cache_.swap_out(victim).ok();
+      const status st = cache_.swap_out(victim);
+      swapped = freed = st.ok();
+      if (!st) refused = st.code();
     }
     if (!freed) {
+      if (cfg_.preemption != preemption_mode::recompute && refused != errc::unsupported)
+        ++stats_.swap_fallback_recompute;
       if (const status st = cache_.free_sequence(victim); !st) {
         fail(victim, st);  // gone from the cache behind the scheduler's back
         return;
       }
     }
     preempted_ = true;
+    r.preempted = true;
     erase_from(running_, victim);
     if (swapped) {
       r.where = place::swapped;
@@ -509,7 +471,7 @@ class scheduler {
   void swap_in() {
     while (!swapped_.empty() && static_cast<std::int64_t>(running_.size()) < cfg_.max_num_seqs && budget_ > 0) {
       const seq_id id = swapped_.front();
-      request& r = reqs_.at(id);
+      request& r = reqs_.find(id)->second;
       if (const auto why = limit_reached(num_tokens(r), false)) {
         finish_with(id, *why);
         continue;
@@ -525,6 +487,7 @@ class scheduler {
         fail(id, st);
         continue;
       }
+      note_allocation();
       start_running(swapped_, id, r);
       out_.swapped_in.push_back(id);
       ++stats_.swapped_in;
@@ -535,39 +498,50 @@ class scheduler {
   /// Admits waiting requests in (aged) priority order, FCFS among equals, each with its prefix hit and a first
   /// chunk of its uncached tokens within the budget.
   void admit() {
-    // Stable, so FCFS among equals (recompute victims were pushed in front).
-    std::stable_sort(waiting_.begin(), waiting_.end(), [&](seq_id a, seq_id b) {
-      return effective_priority(reqs_.at(a)) > effective_priority(reqs_.at(b));
-    });
+    order_waiting();
     while (!waiting_.empty() && budget_ > 0 && static_cast<std::int64_t>(running_.size()) < cfg_.max_num_seqs) {
       const seq_id id = waiting_.front();
-      request& r = reqs_.at(id);
+      request& r = reqs_.find(id)->second;
       const std::int64_t n = num_tokens(r);
       if (const auto why = limit_reached(n, true)) {  // a recompute victim that grew past what can ever run
         finish_with(id, *why);
         continue;
       }
-      const sequence_options options{.priority = r.priority};
-      const auto m = cache_.match_prefix(r.tokens, options);
+      const auto m = cache_.match_prefix(r.tokens, r.options);
       if (!m) {
         fail(id, m.error());
         continue;
       }
       const std::int64_t uncached = n - m->tokens;
       const std::int64_t chunk = std::min(uncached, budget_);
-      if (!cfg_.chunked_prefill && chunk < uncached) break;  // whole, in a later step
+      if (!cfg_.chunked_prefill && chunk < uncached) {  // whole, in a later step
+        ++stats_.admit_budget_stop;
+        break;
+      }
       // The first chunk ends at `end`: it takes the hit's blocks that consume capacity and blocks up to `end`.
       const std::int64_t end = m->tokens + chunk;
       const std::int64_t need = m->blocks_to_allocate - cache_.blocks_needed(n) + cache_.blocks_needed(end);
-      if (cache_.available_blocks() - need < blocks_to_keep()) break;  // LATER
+      if (cache_.available_blocks() - need < blocks_to_keep()) {  // LATER
+        ++stats_.admit_fail;
+        break;
+      }
       prefix_match hit;
       const status st = cache_.add_sequence(
-          id, std::span<const token_id>(r.tokens).first(static_cast<std::size_t>(end)), options, &hit);
+          id, std::span<const token_id>(r.tokens).first(static_cast<std::size_t>(end)), r.options, &hit);
       if (!st) {
-        if (st.code() == errc::out_of_blocks) break;
+        if (st.code() == errc::out_of_blocks) {
+          ++stats_.admit_fail;
+          break;
+        }
         fail(id, st);
         continue;
       }
+      note_allocation();
+      prefix_counters& c = r.preempted ? stats_.resumed_prefix : stats_.prefix;
+      ++c.admissions;
+      c.query_tokens += n;
+      c.hit_tokens += hit.tokens;
+      c.hit_blocks += hit.blocks;
       start_running(waiting_, id, r);
       r.prefilling = true;
       r.aged = 0;
@@ -577,8 +551,35 @@ class scheduler {
     }
   }
 
+  /// Orders the waiting queue by effective priority (admission_order::priority), stably: FCFS among equals, and
+  /// recompute victims, pushed in front, stay in front of their equals. Allocates nothing once the scratch buffer
+  /// has grown; an already ordered queue (the common case) is only scanned.
+  void order_waiting() {
+    if (cfg_.order == admission_order::fcfs || waiting_.size() < 2) return;
+    std::int64_t prev = INT64_MAX;
+    bool ordered = true;
+    for (const seq_id id : waiting_) {
+      const std::int64_t p = effective_priority(reqs_.find(id)->second);
+      if (p > prev) {
+        ordered = false;
+        break;
+      }
+      prev = p;
+    }
+    if (ordered) return;
+    keyed_.clear();
+    for (const seq_id id : waiting_)
+      keyed_.push_back({effective_priority(reqs_.find(id)->second), static_cast<std::int64_t>(keyed_.size()), id});
+    std::sort(keyed_.begin(), keyed_.end(), [](const keyed_id& a, const keyed_id& b) {
+      return a.priority != b.priority ? a.priority > b.priority : a.position < b.position;
+    });
+    ids_.clear();
+    for (const keyed_id& k : keyed_) ids_.push_back(k.id);
+    waiting_.assign_same_size(ids_);
+  }
+
   /// Request `id`, the front of `from` (waiting or swapped), joins the running queue.
-  void start_running(std::deque<seq_id>& from, seq_id id, request& r) {
+  void start_running(request_queue& from, seq_id id, request& r) {
     from.pop_front();
     running_.push_back(id);
     r.where = place::running;
@@ -587,7 +588,7 @@ class scheduler {
   void age_waiting() {
     if (cfg_.aging_steps <= 0) return;
     for (const seq_id id : waiting_) {
-      request& r = reqs_.at(id);
+      request& r = reqs_.find(id)->second;
       if (++r.waited >= cfg_.aging_steps) {
         r.waited = 0;
         if (r.aged < INT64_MAX) ++r.aged;
@@ -609,23 +610,31 @@ class scheduler {
     finish_with(id, finish_reason::cache_error);
   }
 
-  template <class Queue>
-  static void erase_from(Queue& q, seq_id id) {
+  static void erase_from(std::vector<seq_id>& q, seq_id id) {
     const auto it = std::find(q.begin(), q.end(), id);
     if (it != q.end()) q.erase(it);
   }
+  static void erase_from(request_queue& q, seq_id id) noexcept { (void)q.erase(id); }
+
+  /// A waiting request with its sort key (order_waiting).
+  struct keyed_id {
+    std::int64_t priority;
+    std::int64_t position;
+    seq_id id;
+  };
 
   Cache& cache_;
   scheduler_config cfg_;
   std::unordered_map<seq_id, request> reqs_;
-  std::deque<seq_id> waiting_;
+  request_queue waiting_;
   std::vector<seq_id> running_;
-  std::deque<seq_id> swapped_;
+  request_queue swapped_;
   step_output out_;
   scheduler_stats stats_;
   std::vector<std::pair<seq_id, seq_id>> forks_;
   std::vector<seq_id> ids_;      ///< scratch: the running queue at the start of the step's pass over it
   std::vector<seq_id> partial_;  ///< scratch: running requests computing a prompt in chunks, in running order
+  std::vector<keyed_id> keyed_;  ///< scratch: the waiting queue with its sort keys (order_waiting)
   std::uint64_t step_ = 0;
   std::int64_t budget_ = 0;  ///< tokens left in this step
   bool preempted_ = false;   ///< this step preempted: no swap-in, no admission
