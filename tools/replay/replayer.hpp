@@ -147,6 +147,7 @@ inline replay_result replay_pool(const trace& t, const std::string& name, std::i
   // swap: host_swap swaps while the host pool has room, else the scheduler recomputes (a counted fallback);
   // hybrid: hybrid_swap itself decides to recompute when the pool has no room.
   if (t.preemption != preemption_mode::recompute) c.preemption = kvpager::preemption_mode::cache_policy;
+  c.export_slot_mapping = false;  // no kernel runs
   return c;
 }
 
@@ -227,7 +228,8 @@ class manager_replay {
   /// to the scheduler by 'run' (waiting, running or swapped there until it finishes).
   enum class state { defined, live, scheduled, finished, failed };
   struct request {
-    std::uint64_t id = 0;
+    std::uint64_t id = 0;   // the trace's request id (in messages)
+    kvpager::seq_id seq = 0;  // its id in the cache and the scheduler: its position in reqs_ (no lookup per step)
     std::uint64_t gen_seed = 0;
     std::int64_t max_new = 0;
     std::vector<kvpager::token_id> tokens;  // prompt, then every output token sampled so far (until 'run' takes it)
@@ -266,12 +268,12 @@ class manager_replay {
     return v;
   }
 
-  request& request_of(std::uint64_t id) { return reqs_[index_.find(id)->second]; }
+  request& request_of(std::uint64_t id) { return reqs_[static_cast<std::size_t>(index_.find(id))]; }
 
   /// Prefix lookup + allocation of the whole sequence. Returns false on a failed allocation (nothing changed).
   bool admit(request& r) {
     kvpager::prefix_match m;
-    if (!cache_.add_sequence(r.id, r.tokens, {}, &m)) return false;
+    if (!cache_.add_sequence(r.seq, r.tokens, {}, &m)) return false;
     explicit_.hit_blocks += m.blocks;
     explicit_.hit_tokens += m.tokens;
     explicit_.query_tokens += static_cast<std::int64_t>(r.tokens.size());
@@ -283,7 +285,7 @@ class manager_replay {
   /// allocate_slots(r, 1) for a live request: its pending token gets a slot.
   bool extend(request& r) {
     const auto span = std::span<const kvpager::token_id>(r.tokens).subspan(static_cast<std::size_t>(r.computed), 1);
-    if (!cache_.append_tokens(r.id, span)) return false;
+    if (!cache_.append_tokens(r.seq, span)) return false;
     ++r.computed;
     note_allocation();
     return true;
@@ -294,6 +296,7 @@ class manager_replay {
       case op_kind::req: {
         request r;
         r.id = o.id;
+        r.seq = reqs_.size();
         r.gen_seed = o.gen_seed;
         r.max_new = o.max_new;
         for (const segment& s : o.segments) {
@@ -302,15 +305,15 @@ class manager_replay {
           const auto& v = segment_tokens(s);
           r.tokens.insert(r.tokens.end(), v.begin(), v.begin() + s.len);
         }
-        index_.emplace(r.id, reqs_.size());
+        index_.insert(r.id, static_cast<std::int32_t>(reqs_.size()));
         reqs_.push_back(std::move(r));
         return true;
       }
       case op_kind::admit: {
         request& r = request_of(o.id);
-        if (r.st == state::live || (r.st == state::scheduled && sched_.state(r.id) == kvpager::request_state::running))
+        if (r.st == state::live || (r.st == state::scheduled && sched_.state(r.seq) == kvpager::request_state::running))
           return error(o, "request " + std::to_string(o.id) + " is already live");
-        if (r.st == state::scheduled && sched_.state(r.id) == kvpager::request_state::waiting)
+        if (r.st == state::scheduled && sched_.state(r.seq) == kvpager::request_state::waiting)
           return error(o, "request " + std::to_string(o.id) + " is queued by an earlier 'run'");
         if (r.st != state::defined) return true;  // failed, finished or swapped: a no-op
         if (!admit(r)) {
@@ -324,7 +327,7 @@ class manager_replay {
       }
       case op_kind::decode: {
         request& r = request_of(o.id);
-        if (r.st == state::scheduled && sched_.state(r.id) == kvpager::request_state::running)
+        if (r.st == state::scheduled && sched_.state(r.seq) == kvpager::request_state::running)
           return decode_running(o, r);
         if (r.st != state::live) return true;
         for (std::int64_t i = 0; i < o.n; ++i) {
@@ -340,9 +343,9 @@ class manager_replay {
       case op_kind::finish: {
         request& r = request_of(o.id);
         if (r.st == state::live) {
-          (void)cache_.free_sequence(r.id);
-        } else if (r.st != state::scheduled || sched_.state(r.id) != kvpager::request_state::running ||
-                   !sched_.finish(r.id)) {
+          (void)cache_.free_sequence(r.seq);
+        } else if (r.st != state::scheduled || sched_.state(r.seq) != kvpager::request_state::running ||
+                   !sched_.finish(r.seq)) {
           return true;  // not live: a no-op
         }
         r.st = state::finished;
@@ -355,13 +358,15 @@ class manager_replay {
         if (p.st != state::live) return error(o, "fork: request " + std::to_string(o.id) + " is not live (admit it first)");
         tokens_ += static_cast<std::int64_t>(p.tokens.size());
         if (over_token_limit(o)) return false;
-        const bool forked = cache_.fork(p.id, o.child).ok();
+        const kvpager::seq_id child = reqs_.size();
+        const bool forked = cache_.fork(p.seq, child).ok();
         request c = p;  // same tokens (its pending token too) and the parent's blocks, shared
         c.id = o.child;
+        c.seq = child;
         c.gen_seed = o.gen_seed;
         // A failed fork still defines the child (the parser let later ops name it): failed, so they are no-ops.
         if (!forked) c.st = state::failed;
-        index_.emplace(c.id, reqs_.size());
+        index_.insert(c.id, static_cast<std::int32_t>(reqs_.size()));
         reqs_.push_back(std::move(c));
         ++(forked ? forks_ : fork_fail_);
         return true;
@@ -374,11 +379,11 @@ class manager_replay {
   /// 'decode' on a request the scheduler runs: its pending token is computed now, and it samples the next one.
   bool decode_running(const op& o, request& r) {
     for (std::int64_t i = 0; i < o.n; ++i) {
-      if (!sched_.compute_pending(r.id)) {
+      if (!sched_.compute_pending(r.seq)) {
         ++decode_alloc_fail_;
         break;
       }
-      (void)sched_.complete(r.id, next_token(r));  // every token computed: it takes its next one
+      (void)sched_.complete(r.seq, next_token(r));  // every token computed: it takes its next one
       if (over_token_limit(o)) return false;
     }
     return true;
@@ -393,7 +398,7 @@ class manager_replay {
     // Every request never admitted joins the waiting queue, in definition order; the scheduler keeps its tokens.
     for (request& r : reqs_) {
       if (r.st != state::defined) continue;
-      if (const auto a = sched_.add_request(r.id, r.tokens); !a)
+      if (const auto a = sched_.add_request(r.seq, r.tokens); !a)
         return error(o, "run: the scheduler refused request " + std::to_string(r.id) + ": " + a.error().message());
       r.st = state::scheduled;
       std::vector<kvpager::token_id>().swap(r.tokens);
@@ -429,7 +434,7 @@ class manager_replay {
     cache_.begin_step();  // the engine executes the plan
     for (const kvpager::scheduled_sequence& s : out.scheduled) {
       if (!s.last_chunk) continue;
-      request& r = request_of(s.id);
+      request& r = reqs_[static_cast<std::size_t>(s.id)];
       const kvpager::token_id next = next_token(r);
       const bool done = r.max_new > 0 && r.outputs >= r.max_new;
       (void)sched_.complete(s.id, next, done);  // a scheduled request waits for exactly this token
@@ -438,7 +443,7 @@ class manager_replay {
         ++finished_;
       }
     }
-    for (const kvpager::finished_request& f : out.finished) request_of(f.id).st = state::failed;
+    for (const kvpager::finished_request& f : out.finished) reqs_[static_cast<std::size_t>(f.id)].st = state::failed;
     return !out.scheduled.empty() || !out.preempted_recompute.empty() || !out.swapped_out.empty() ||
            !out.finished.empty();
   }
@@ -451,7 +456,7 @@ class manager_replay {
   std::int64_t* at_line_;
   std::int32_t num_blocks_;
   std::vector<request> reqs_;
-  std::unordered_map<std::uint64_t, std::size_t> index_;
+  kvpager::id_map index_;  ///< request id -> position in reqs_
   std::unordered_map<std::uint64_t, std::vector<kvpager::token_id>> segments_;
   prefix_counters explicit_;  ///< admissions by explicit 'admit' ops ('run' admissions: the scheduler's stats)
   std::int64_t admit_fail_ = 0, decode_alloc_fail_ = 0;  ///< of explicit ops

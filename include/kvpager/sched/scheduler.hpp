@@ -22,13 +22,15 @@
 ///   for (auto& f : out.finished) ...;                       // finished by the scheduler (length cap, ...)
 /// \endcode
 /// Sequences carry their token ids (prompt, then every sampled token), so prefix caching works and a request
-/// preempted by recompute is re-admitted with all its tokens.
+/// preempted by recompute is re-admitted with all its tokens. Engine behaviours are config presets
+/// (scheduler_config::vllm_v1(): FCFS, newest-first victim, recompute; kvpager-replay runs it against vLLM).
+/// In steady state (no new request, no fork, queues within sizes they had before) schedule() allocates nothing:
+/// the step output and every scratch buffer are reused.
 
 #include <algorithm>
 #include <cstdint>
 #include <optional>
 #include <span>
-#include <unordered_map>
 #include <utility>
 #include <vector>
 
@@ -37,6 +39,7 @@
 #include "kvpager/core/status.hpp"
 #include "kvpager/core/types.hpp"
 #include "kvpager/sched/request_queue.hpp"
+#include "kvpager/sched/request_table.hpp"
 #include "kvpager/sched/scheduler_config.hpp"
 #include "kvpager/sched/step_output.hpp"
 
@@ -69,10 +72,9 @@ class scheduler {
       }
       a = admission::later;
     }
-    request r;
+    sched_request& r = reqs_[reqs_.add(id)];
     r.tokens.assign(prompt.begin(), prompt.end());
     r.options = options;
-    reqs_.emplace(id, std::move(r));
     waiting_.push_back(id);
     return a;
   }
@@ -108,8 +110,10 @@ class scheduler {
       if (swapped_.empty()) admit();  // swapped requests come back before anything new
     }
     age_waiting();
-    out_.slot_mapping.resize(static_cast<std::size_t>(cache_.slot_mapping_size()));
-    (void)cache_.export_slot_mapping(out_.slot_mapping);
+    if (cfg_.export_slot_mapping) {
+      out_.slot_mapping.resize(static_cast<std::size_t>(cache_.slot_mapping_size()));
+      (void)cache_.export_slot_mapping(out_.slot_mapping);
+    }
     return out_;
   }
 
@@ -121,8 +125,8 @@ class scheduler {
   /// step_output::dropped_forks. Errors (nothing changed): errc::unknown_sequence (parent not running),
   /// errc::duplicate_sequence (child known or pending).
   status fork(seq_id parent, seq_id child) {
-    const auto it = reqs_.find(parent);
-    if (it == reqs_.end() || it->second.where != place::running)
+    const sched_request* p = reqs_.get(parent);
+    if (p == nullptr || p->where != request_state::running)
       return status{errc::unknown_sequence, "fork: the parent is not running"};
     if (known(child) || cache_.contains(child))
       return status{errc::duplicate_sequence, "fork: the child id is already known"};
@@ -137,14 +141,13 @@ class scheduler {
   /// errc::invalid_argument and changes nothing. errc::unknown_sequence for an unknown id.
   status complete(seq_id id, token_id next, bool finished = false) {
     if (finished) return finish(id);
-    const auto it = reqs_.find(id);
-    if (it == reqs_.end()) return status{errc::unknown_sequence, "complete: unknown request id"};
-    request& r = it->second;
-    if (r.where != place::running || r.computed != num_tokens(r))
+    sched_request* r = reqs_.get(id);
+    if (r == nullptr) return status{errc::unknown_sequence, "complete: unknown request id"};
+    if (r->where != request_state::running || r->computed != r->num_tokens())
       return status{errc::invalid_argument,
                     "complete: the request is not waiting for a token (a prefill chunk that is not the last, a "
                     "waiting or swapped request, or a token already given)"};
-    r.tokens.push_back(next);
+    r->tokens.push_back(next);
     return ok_status();
   }
 
@@ -154,45 +157,44 @@ class scheduler {
   /// (nothing changed): errc::unknown_sequence (not a running request), errc::invalid_argument (no pending
   /// token), the cache's errors (errc::out_of_blocks).
   status compute_pending(seq_id id) {
-    const auto it = reqs_.find(id);
-    if (it == reqs_.end() || it->second.where != place::running)
+    sched_request* r = reqs_.get(id);
+    if (r == nullptr || r->where != request_state::running)
       return status{errc::unknown_sequence, "compute_pending: not a running request"};
-    request& r = it->second;
-    if (r.computed >= num_tokens(r)) return status{errc::invalid_argument, "compute_pending: no pending token"};
-    if (const status st = cache_.append_tokens(id, std::span<const token_id>(r.tokens).subspan(
-                                                       static_cast<std::size_t>(r.computed)));
+    if (r->computed >= r->num_tokens()) return status{errc::invalid_argument, "compute_pending: no pending token"};
+    if (const status st = cache_.append_tokens(
+            id, std::span<const token_id>(r->tokens).subspan(static_cast<std::size_t>(r->computed)));
         !st)
       return st;
     note_allocation();
-    r.computed = static_cast<std::int32_t>(num_tokens(r));
-    r.prefilling = false;
+    r->computed = static_cast<std::int32_t>(r->num_tokens());
+    r->prefilling = false;
     return ok_status();
   }
 
   /// Frees request `id` wherever it is (running, swapped, waiting, or a fork child still pending).
   status finish(seq_id id) {
-    const auto it = reqs_.find(id);
-    if (it == reqs_.end()) {
+    sched_request* r = reqs_.get(id);
+    if (r == nullptr) {
       const auto f = std::find_if(forks_.begin(), forks_.end(), [&](const auto& p) { return p.second == id; });
       if (f == forks_.end()) return status{errc::unknown_sequence, "finish: unknown request id"};
       forks_.erase(f);
       ++stats_.finished;
       return ok_status();
     }
-    switch (it->second.where) {
-      case place::running:
-        erase_from(running_, id);
+    switch (r->where) {
+      case request_state::running:
+        erase_running(id);
         break;
-      case place::swapped:
-        erase_from(swapped_, id);
+      case request_state::swapped:
+        (void)swapped_.erase(id);
         break;
-      case place::waiting:
-        erase_from(waiting_, id);
+      default:
+        (void)waiting_.erase(id);
         break;
     }
     // A waiting request holds nothing in the cache (a live sequence of that id is not the scheduler's).
-    if (it->second.where != place::waiting && cache_.contains(id)) (void)cache_.free_sequence(id);
-    reqs_.erase(it);
+    if (r->where != request_state::waiting && cache_.contains(id)) (void)cache_.free_sequence(id);
+    reqs_.erase(id);
     ++stats_.finished;
     return ok_status();
   }
@@ -210,56 +212,35 @@ class scheduler {
   /// Where request `id` is; request_state::unknown for an id that is not a request (a pending fork child is not
   /// one yet).
   [[nodiscard]] request_state state(seq_id id) const noexcept {
-    const auto it = reqs_.find(id);
-    if (it == reqs_.end()) return request_state::unknown;
-    switch (it->second.where) {
-      case place::waiting: return request_state::waiting;
-      case place::running: return request_state::running;
-      case place::swapped: return request_state::swapped;
-    }
-    return request_state::unknown;
+    const sched_request* r = reqs_.get(id);
+    return r == nullptr ? request_state::unknown : r->where;
   }
   /// Fork children requested and not yet created (parent, child), in request order.
   [[nodiscard]] std::span<const std::pair<seq_id, seq_id>> pending_forks() const noexcept { return forks_; }
   /// Token ids of request `id` (prompt, then sampled tokens), or an empty span.
   [[nodiscard]] std::span<const token_id> tokens(seq_id id) const noexcept {
-    const auto it = reqs_.find(id);
-    return it == reqs_.end() ? std::span<const token_id>{} : std::span<const token_id>(it->second.tokens);
+    const sched_request* r = reqs_.get(id);
+    return r == nullptr ? std::span<const token_id>{} : std::span<const token_id>(r->tokens);
   }
   /// Tokens of request `id` whose KV is in the cache (running or swapped; equal to the cache's num_tokens), 0 for
   /// a waiting or unknown request.
   [[nodiscard]] std::int32_t num_computed_tokens(seq_id id) const noexcept {
-    const auto it = reqs_.find(id);
-    return it == reqs_.end() ? 0 : it->second.computed;
+    const sched_request* r = reqs_.get(id);
+    return r == nullptr ? 0 : r->computed;
   }
   /// Effective priority of request `id`: its priority plus aging, saturated to the int32 range (0 if unknown).
   [[nodiscard]] std::int32_t priority(seq_id id) const noexcept {
-    const auto it = reqs_.find(id);
-    if (it == reqs_.end()) return 0;
-    return static_cast<std::int32_t>(std::min<std::int64_t>(effective_priority(it->second), INT32_MAX));
+    const sched_request* r = reqs_.get(id);
+    if (r == nullptr) return 0;
+    return static_cast<std::int32_t>(std::min<std::int64_t>(r->effective_priority(), INT32_MAX));
   }
   [[nodiscard]] const scheduler_config& config() const noexcept { return cfg_; }
 
  private:
-  enum class place : std::uint8_t { waiting, running, swapped };
-
-  struct request {
-    std::vector<token_id> tokens;
-    std::int32_t computed = 0;  ///< tokens with KV in the cache
-    sequence_options options;   ///< extra key and priority, given to the cache at every admission
-    std::int64_t aged = 0;      ///< priority gained while waiting (64 bits: priority + aged never overflows)
-    std::int32_t waited = 0;    ///< steps waited since the last aging increment
-    place where = place::waiting;
-    bool prefilling = false;    ///< its tokens up to tokens.size() are a prompt (or a recompute) being computed
-    bool preempted = false;     ///< preempted at least once (its admissions count in resumed_prefix)
-    std::uint64_t step = 0;     ///< last step in which it was scheduled
-  };
-
-  static std::int64_t num_tokens(const request& r) noexcept { return static_cast<std::int64_t>(r.tokens.size()); }
-  static std::int64_t effective_priority(const request& r) noexcept { return std::int64_t{r.options.priority} + r.aged; }
+  using slot_type = request_table::slot_type;
 
   [[nodiscard]] bool known(seq_id id) const noexcept {
-    return reqs_.count(id) != 0 ||
+    return reqs_.contains(id) ||
            std::any_of(forks_.begin(), forks_.end(), [&](const auto& f) { return f.second == id; });
   }
 
@@ -314,17 +295,17 @@ class scheduler {
   /// Forks requested since the last step; their parents' bytes are in place now.
   void start_forks() {
     for (const auto& [parent, child] : forks_) {
-      const auto it = reqs_.find(parent);
-      if (it == reqs_.end() || it->second.where != place::running ||
-          !cache_.fork(parent, child, it->second.computed)) {
+      const slot_type p = reqs_.find(parent);
+      if (p < 0 || reqs_[p].where != request_state::running || !cache_.fork(parent, child, reqs_[p].computed)) {
         out_.dropped_forks.push_back(child);
         ++stats_.dropped_forks;
         continue;
       }
-      request copy = it->second;
-      copy.step = 0;
-      reqs_.emplace(child, std::move(copy));
-      running_.push_back(child);
+      const slot_type c = reqs_.add(child);  // may move the table: reach the parent by its slot again
+      reqs_[c] = reqs_[p];
+      reqs_[c].id = child;
+      reqs_[c].step = 0;
+      push_running(child, c);
       out_.forked.push_back(child);
     }
     forks_.clear();
@@ -333,40 +314,40 @@ class scheduler {
   /// The running queue in order: decodes first; the requests computing a prompt in chunks are set aside and
   /// continue after them.
   void run_running() {
-    ids_.assign(running_.begin(), running_.end());
+    pass_.assign(running_slots_.begin(), running_slots_.end());
     partial_.clear();
-    for (const seq_id id : ids_) {
+    for (const slot_type s : pass_) {
       if (budget_ <= 0 || stop_running_) return;
-      request* r = unscheduled_running(id);
-      if (r == nullptr) continue;
-      if (r->prefilling) {
-        partial_.push_back(id);
+      sched_request& r = reqs_[s];
+      if (!unscheduled_running(r)) continue;
+      if (r.prefilling) {
+        partial_.push_back(s);
       } else {
-        compute(id, *r, true);
+        compute(r, true);
       }
     }
-    for (const seq_id id : partial_) {
+    for (const slot_type s : partial_) {
       if (budget_ <= 0 || stop_running_) return;
-      if (request* r = unscheduled_running(id)) compute(id, *r, true);
+      if (sched_request& r = reqs_[s]; unscheduled_running(r)) compute(r, true);
     }
   }
 
-  /// Request `id` if it is (still) running and not scheduled in this step (a victim leaves the running queue).
-  [[nodiscard]] request* unscheduled_running(seq_id id) noexcept {
-    const auto it = reqs_.find(id);
-    if (it == reqs_.end() || it->second.where != place::running || it->second.step == step_) return nullptr;
-    return &it->second;
+  /// Whether `r` is (still) running and not scheduled in this step (a victim leaves the running queue; a finished
+  /// request's slot is free).
+  [[nodiscard]] bool unscheduled_running(const sched_request& r) const noexcept {
+    return r.where == request_state::running && r.step != step_;
   }
 
-  /// Schedules the pending tokens of running request `id` within the budget (a chunk of them with chunked prefill;
-  /// all or none without). On shortage, with `may_preempt`, preempts victims until they fit or `id` itself is the
+  /// Schedules the pending tokens of running request `r` within the budget (a chunk of them with chunked prefill;
+  /// all or none without). On shortage, with `may_preempt`, preempts victims until they fit or `r` itself is the
   /// victim; without, leaves them pending. A request past its limits is finished with the reason.
-  void compute(seq_id id, request& r, bool may_preempt) {
-    if (const auto why = limit_reached(num_tokens(r), false)) {
+  void compute(sched_request& r, bool may_preempt) {
+    const seq_id id = r.id;
+    if (const auto why = limit_reached(r.num_tokens(), false)) {
       finish_with(id, *why);
       return;
     }
-    const std::int64_t pending = num_tokens(r) - r.computed;
+    const std::int64_t pending = r.num_tokens() - r.computed;
     if (pending <= 0) return;  // its sampled token has not been given yet
     const std::int64_t n = std::min(pending, budget_);
     if (!cfg_.chunked_prefill && n < pending) return;
@@ -389,14 +370,19 @@ class scheduler {
       }
     }
     note_allocation();
-    record(id, r, r.computed, static_cast<std::int32_t>(n));
+    record(r, r.computed, static_cast<std::int32_t>(n));
   }
 
   /// `n` tokens of `r` from position `start` were appended in the cache: its entry in the step.
-  void record(seq_id id, request& r, std::int32_t start, std::int32_t n) {
+  void record(sched_request& r, std::int32_t start, std::int32_t n) {
     r.computed = start + n;
-    const bool last = r.computed == num_tokens(r);
-    out_.scheduled.push_back({id, n, r.prefilling, last, start});
+    const bool last = r.computed == r.num_tokens();
+    scheduled_sequence& e = out_.scheduled.emplace_back();  // in place: no temporary to copy
+    e.id = r.id;
+    e.num_tokens = n;
+    e.prefill = r.prefilling;
+    e.last_chunk = last;
+    e.start = start;
     if (last) r.prefilling = false;
     r.step = step_;
     budget_ -= n;
@@ -408,13 +394,13 @@ class scheduler {
     seq_id best = self;
     bool found = false;
     std::int64_t best_priority = 0;
-    for (auto it = running_.rbegin(); it != running_.rend(); ++it) {  // newest first
-      const request& c = reqs_.find(*it)->second;
-      if (*it != self && c.step == step_) continue;
-      if (cfg_.victim == preemption_order::newest_first) return *it;
-      if (!found || effective_priority(c) < best_priority) {
-        best = *it;
-        best_priority = effective_priority(c);
+    for (std::size_t i = running_.size(); i-- > 0;) {  // newest first
+      const sched_request& c = reqs_[running_slots_[i]];
+      if (c.id != self && c.step == step_) continue;
+      if (cfg_.victim == preemption_order::newest_first) return c.id;
+      if (!found || c.effective_priority() < best_priority) {
+        best = c.id;
+        best_priority = c.effective_priority();
         found = true;
       }
     }
@@ -423,7 +409,6 @@ class scheduler {
 
   /// Takes running request `victim` off the device by the configured mode, by recompute where a swap is refused.
   void preempt(seq_id victim) {
-    request& r = reqs_.find(victim)->second;
     bool swapped = false;
     bool freed = false;
     errc refused = errc::unsupported;  // why the cache did not take the victim off the device itself
@@ -449,15 +434,16 @@ class scheduler {
       }
     }
     preempted_ = true;
+    sched_request& r = reqs_.at_id(victim);
     r.preempted = true;
-    erase_from(running_, victim);
+    erase_running(victim);
     if (swapped) {
-      r.where = place::swapped;
+      r.where = request_state::swapped;
       swapped_.push_back(victim);
       out_.swapped_out.push_back(victim);
       ++stats_.preempted_swap;
     } else {
-      r.where = place::waiting;
+      r.where = request_state::waiting;
       r.computed = 0;
       r.prefilling = false;
       waiting_.push_front(victim);
@@ -471,8 +457,8 @@ class scheduler {
   void swap_in() {
     while (!swapped_.empty() && static_cast<std::int64_t>(running_.size()) < cfg_.max_num_seqs && budget_ > 0) {
       const seq_id id = swapped_.front();
-      request& r = reqs_.find(id)->second;
-      if (const auto why = limit_reached(num_tokens(r), false)) {
+      const slot_type s = reqs_.find(id);
+      if (const auto why = limit_reached(reqs_[s].num_tokens(), false)) {
         finish_with(id, *why);
         continue;
       }
@@ -488,10 +474,11 @@ class scheduler {
         continue;
       }
       note_allocation();
-      start_running(swapped_, id, r);
+      swapped_.pop_front();
+      push_running(id, s);
       out_.swapped_in.push_back(id);
       ++stats_.swapped_in;
-      compute(id, r, false);
+      compute(reqs_[s], false);
     }
   }
 
@@ -501,13 +488,17 @@ class scheduler {
     order_waiting();
     while (!waiting_.empty() && budget_ > 0 && static_cast<std::int64_t>(running_.size()) < cfg_.max_num_seqs) {
       const seq_id id = waiting_.front();
-      request& r = reqs_.find(id)->second;
-      const std::int64_t n = num_tokens(r);
+      const slot_type s = reqs_.find(id);
+      sched_request& r = reqs_[s];
+      const std::int64_t n = r.num_tokens();
       if (const auto why = limit_reached(n, true)) {  // a recompute victim that grew past what can ever run
         finish_with(id, *why);
         continue;
       }
-      const auto m = cache_.match_prefix(r.tokens, r.options);
+      // The lookup decides only the budget and watermark tests; where neither can fail (the whole request fits
+      // the budget, no blocks to keep), add_sequence's own lookup is the only one.
+      const bool must_match = n > budget_ || blocks_to_keep() > 0;
+      const auto m = must_match ? cache_.match_prefix(r.tokens, r.options) : result<prefix_match>(prefix_match{});
       if (!m) {
         fail(id, m.error());
         continue;
@@ -521,7 +512,7 @@ class scheduler {
       // The first chunk ends at `end`: it takes the hit's blocks that consume capacity and blocks up to `end`.
       const std::int64_t end = m->tokens + chunk;
       const std::int64_t need = m->blocks_to_allocate - cache_.blocks_needed(n) + cache_.blocks_needed(end);
-      if (cache_.available_blocks() - need < blocks_to_keep()) {  // LATER
+      if (must_match && cache_.available_blocks() - need < blocks_to_keep()) {  // LATER
         ++stats_.admit_fail;
         break;
       }
@@ -542,12 +533,13 @@ class scheduler {
       c.query_tokens += n;
       c.hit_tokens += hit.tokens;
       c.hit_blocks += hit.blocks;
-      start_running(waiting_, id, r);
+      waiting_.pop_front();
+      push_running(id, s);
       r.prefilling = true;
       r.aged = 0;
       r.waited = 0;
       ++stats_.admitted;
-      record(id, r, hit.tokens, static_cast<std::int32_t>(end) - hit.tokens);
+      record(r, hit.tokens, static_cast<std::int32_t>(end) - hit.tokens);
     }
   }
 
@@ -559,7 +551,7 @@ class scheduler {
     std::int64_t prev = INT64_MAX;
     bool ordered = true;
     for (const seq_id id : waiting_) {
-      const std::int64_t p = effective_priority(reqs_.find(id)->second);
+      const std::int64_t p = reqs_.at_id(id).effective_priority();
       if (p > prev) {
         ordered = false;
         break;
@@ -569,7 +561,7 @@ class scheduler {
     if (ordered) return;
     keyed_.clear();
     for (const seq_id id : waiting_)
-      keyed_.push_back({effective_priority(reqs_.find(id)->second), static_cast<std::int64_t>(keyed_.size()), id});
+      keyed_.push_back({reqs_.at_id(id).effective_priority(), static_cast<std::int64_t>(keyed_.size()), id});
     std::sort(keyed_.begin(), keyed_.end(), [](const keyed_id& a, const keyed_id& b) {
       return a.priority != b.priority ? a.priority > b.priority : a.position < b.position;
     });
@@ -578,17 +570,25 @@ class scheduler {
     waiting_.assign_same_size(ids_);
   }
 
-  /// Request `id`, the front of `from` (waiting or swapped), joins the running queue.
-  void start_running(request_queue& from, seq_id id, request& r) {
-    from.pop_front();
+  /// Request `id` (slot `s`) joins the end of the running queue.
+  void push_running(seq_id id, slot_type s) {
     running_.push_back(id);
-    r.where = place::running;
+    running_slots_.push_back(s);
+    reqs_[s].where = request_state::running;
+  }
+
+  /// Removes `id` from the running queue (and its slot beside it).
+  void erase_running(seq_id id) noexcept {
+    const auto it = std::find(running_.begin(), running_.end(), id);
+    if (it == running_.end()) return;
+    running_slots_.erase(running_slots_.begin() + (it - running_.begin()));
+    running_.erase(it);
   }
 
   void age_waiting() {
     if (cfg_.aging_steps <= 0) return;
     for (const seq_id id : waiting_) {
-      request& r = reqs_.find(id)->second;
+      sched_request& r = reqs_.at_id(id);
       if (++r.waited >= cfg_.aging_steps) {
         r.waited = 0;
         if (r.aged < INT64_MAX) ++r.aged;
@@ -610,12 +610,6 @@ class scheduler {
     finish_with(id, finish_reason::cache_error);
   }
 
-  static void erase_from(std::vector<seq_id>& q, seq_id id) {
-    const auto it = std::find(q.begin(), q.end(), id);
-    if (it != q.end()) q.erase(it);
-  }
-  static void erase_from(request_queue& q, seq_id id) noexcept { (void)q.erase(id); }
-
   /// A waiting request with its sort key (order_waiting).
   struct keyed_id {
     std::int64_t priority;
@@ -625,16 +619,18 @@ class scheduler {
 
   Cache& cache_;
   scheduler_config cfg_;
-  std::unordered_map<seq_id, request> reqs_;
+  request_table reqs_;
   request_queue waiting_;
   std::vector<seq_id> running_;
+  std::vector<slot_type> running_slots_;  ///< the slot of running_[i] in reqs_
   request_queue swapped_;
   step_output out_;
   scheduler_stats stats_;
   std::vector<std::pair<seq_id, seq_id>> forks_;
-  std::vector<seq_id> ids_;      ///< scratch: the running queue at the start of the step's pass over it
-  std::vector<seq_id> partial_;  ///< scratch: running requests computing a prompt in chunks, in running order
-  std::vector<keyed_id> keyed_;  ///< scratch: the waiting queue with its sort keys (order_waiting)
+  std::vector<slot_type> pass_;     ///< scratch: the running queue at the start of the step's pass over it
+  std::vector<slot_type> partial_;  ///< scratch: running requests computing a prompt in chunks, in running order
+  std::vector<keyed_id> keyed_;     ///< scratch: the waiting queue with its sort keys (order_waiting)
+  std::vector<seq_id> ids_;         ///< scratch: the waiting queue in its new order (order_waiting)
   std::uint64_t step_ = 0;
   std::int64_t budget_ = 0;  ///< tokens left in this step
   bool preempted_ = false;   ///< this step preempted: no swap-in, no admission

@@ -63,6 +63,9 @@ struct scheduler_config {
   /// Keep the watermark even when nothing runs (vLLM V0's can_allocate). Off: a request that fits at all is let
   /// in when the running queue is empty.
   bool watermark_when_idle = false;
+  /// Copy each step's slot mapping into step_output::slot_mapping. Off: an engine that exports it from the cache
+  /// itself (cache.export_slot_mapping), or a replay that needs none, saves the copy.
+  bool export_slot_mapping = true;
 
   /// vLLM v1's step as docs/KVTRACE.md specifies it ("One run step"): FCFS admission, no chunked prefill (a
   /// prompt is computed whole, or admission stops), the newest running request is the victim, preemption by
