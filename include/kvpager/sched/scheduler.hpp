@@ -38,15 +38,14 @@
 #include "kvpager/core/config.hpp"
 #include "kvpager/core/status.hpp"
 #include "kvpager/core/types.hpp"
-#include "kvpager/sched/request_queue.hpp"
-#include "kvpager/sched/request_table.hpp"
+#include "kvpager/sched/scheduler_queues.hpp"
 #include "kvpager/sched/scheduler_config.hpp"
 #include "kvpager/sched/step_output.hpp"
 
 KVPAGER_NAMESPACE_BEGIN
 
 template <class Cache>
-class scheduler {
+class scheduler : public scheduler_queues {
  public:
   scheduler(Cache& cache, scheduler_config cfg = {}) : cache_(cache), cfg_(cfg) {}
 
@@ -97,7 +96,7 @@ class scheduler {
   /// decodes, partially computed prompts, swap-ins, admissions (the last two not in a step that preempted).
   const step_output& schedule() {
     cache_.begin_step();
-    clear_output();
+    out_.clear();
     out_.plan = &cache_.plan();
     step_ = static_cast<std::uint64_t>(++stats_.steps);
     start_forks();
@@ -109,7 +108,7 @@ class scheduler {
       swap_in();
       if (swapped_.empty()) admit();  // swapped requests come back before anything new
     }
-    age_waiting();
+    age_waiting(cfg_.aging_steps);
     if (cfg_.export_slot_mapping) {
       out_.slot_mapping.resize(static_cast<std::size_t>(cache_.slot_mapping_size()));
       (void)cache_.export_slot_mapping(out_.slot_mapping);
@@ -206,44 +205,9 @@ class scheduler {
     s.swapped = static_cast<std::int32_t>(swapped_.size());
     return s;
   }
-  [[nodiscard]] std::span<const seq_id> running() const noexcept { return running_; }
-  [[nodiscard]] const request_queue& waiting() const noexcept { return waiting_; }
-  [[nodiscard]] const request_queue& swapped() const noexcept { return swapped_; }
-  /// Where request `id` is; request_state::unknown for an id that is not a request (a pending fork child is not
-  /// one yet).
-  [[nodiscard]] request_state state(seq_id id) const noexcept {
-    const sched_request* r = reqs_.get(id);
-    return r == nullptr ? request_state::unknown : r->where;
-  }
-  /// Fork children requested and not yet created (parent, child), in request order.
-  [[nodiscard]] std::span<const std::pair<seq_id, seq_id>> pending_forks() const noexcept { return forks_; }
-  /// Token ids of request `id` (prompt, then sampled tokens), or an empty span.
-  [[nodiscard]] std::span<const token_id> tokens(seq_id id) const noexcept {
-    const sched_request* r = reqs_.get(id);
-    return r == nullptr ? std::span<const token_id>{} : std::span<const token_id>(r->tokens);
-  }
-  /// Tokens of request `id` whose KV is in the cache (running or swapped; equal to the cache's num_tokens), 0 for
-  /// a waiting or unknown request.
-  [[nodiscard]] std::int32_t num_computed_tokens(seq_id id) const noexcept {
-    const sched_request* r = reqs_.get(id);
-    return r == nullptr ? 0 : r->computed;
-  }
-  /// Effective priority of request `id`: its priority plus aging, saturated to the int32 range (0 if unknown).
-  [[nodiscard]] std::int32_t priority(seq_id id) const noexcept {
-    const sched_request* r = reqs_.get(id);
-    if (r == nullptr) return 0;
-    return static_cast<std::int32_t>(std::min<std::int64_t>(r->effective_priority(), INT32_MAX));
-  }
   [[nodiscard]] const scheduler_config& config() const noexcept { return cfg_; }
 
  private:
-  using slot_type = request_table::slot_type;
-
-  [[nodiscard]] bool known(seq_id id) const noexcept {
-    return reqs_.contains(id) ||
-           std::any_of(forks_.begin(), forks_.end(), [&](const auto& f) { return f.second == id; });
-  }
-
   [[nodiscard]] std::int64_t watermark_blocks() const noexcept {
     const std::int64_t permille = std::clamp<std::int64_t>(cfg_.watermark_permille, 0, 1000);
     return usable_blocks() * permille / 1000;
@@ -277,19 +241,6 @@ class scheduler {
   /// is off (then the request is let in if it fits at all: nothing else could ever free blocks for it).
   [[nodiscard]] std::int64_t blocks_to_keep() const noexcept {
     return running_.empty() && !cfg_.watermark_when_idle ? 0 : watermark_blocks();
-  }
-
-  void clear_output() noexcept {
-    out_.scheduled.clear();
-    out_.preempted_recompute.clear();
-    out_.swapped_out.clear();
-    out_.swapped_in.clear();
-    out_.rejected.clear();
-    out_.finished.clear();
-    out_.forked.clear();
-    out_.dropped_forks.clear();
-    out_.error = ok_status();
-    out_.slot_mapping.clear();
   }
 
   /// Forks requested since the last step; their parents' bytes are in place now.
@@ -362,7 +313,7 @@ class scheduler {
       }
       ++stats_.decode_alloc_fail;
       if (!may_preempt) return;
-      const seq_id victim = pick_victim(id);
+      const seq_id victim = pick_victim(id, step_, cfg_.victim);
       preempt(victim);
       if (victim == id) {
         stop_running_ = true;  // as vLLM: a request that preempted itself ends the pass over the running queue
@@ -386,25 +337,6 @@ class scheduler {
     if (last) r.prefilling = false;
     r.step = step_;
     budget_ -= n;
-  }
-
-  /// The victim for a shortage of running request `self`: among the running requests not scheduled in this step,
-  /// and `self`, the newest, or the lowest effective priority (newest among equals).
-  [[nodiscard]] seq_id pick_victim(seq_id self) const {
-    seq_id best = self;
-    bool found = false;
-    std::int64_t best_priority = 0;
-    for (std::size_t i = running_.size(); i-- > 0;) {  // newest first
-      const sched_request& c = reqs_[running_slots_[i]];
-      if (c.id != self && c.step == step_) continue;
-      if (cfg_.victim == preemption_order::newest_first) return c.id;
-      if (!found || c.effective_priority() < best_priority) {
-        best = c.id;
-        best_priority = c.effective_priority();
-        found = true;
-      }
-    }
-    return best;
   }
 
   /// Takes running request `victim` off the device by the configured mode, by recompute where a swap is refused.
@@ -485,7 +417,7 @@ class scheduler {
   /// Admits waiting requests in (aged) priority order, FCFS among equals, each with its prefix hit and a first
   /// chunk of its uncached tokens within the budget.
   void admit() {
-    order_waiting();
+    order_waiting(cfg_.order);
     while (!waiting_.empty() && budget_ > 0 && static_cast<std::int64_t>(running_.size()) < cfg_.max_num_seqs) {
       const seq_id id = waiting_.front();
       const slot_type s = reqs_.find(id);
@@ -543,59 +475,6 @@ class scheduler {
     }
   }
 
-  /// Orders the waiting queue by effective priority (admission_order::priority), stably: FCFS among equals, and
-  /// recompute victims, pushed in front, stay in front of their equals. Allocates nothing once the scratch buffer
-  /// has grown; an already ordered queue (the common case) is only scanned.
-  void order_waiting() {
-    if (cfg_.order == admission_order::fcfs || waiting_.size() < 2) return;
-    std::int64_t prev = INT64_MAX;
-    bool ordered = true;
-    for (const seq_id id : waiting_) {
-      const std::int64_t p = reqs_.at_id(id).effective_priority();
-      if (p > prev) {
-        ordered = false;
-        break;
-      }
-      prev = p;
-    }
-    if (ordered) return;
-    keyed_.clear();
-    for (const seq_id id : waiting_)
-      keyed_.push_back({reqs_.at_id(id).effective_priority(), static_cast<std::int64_t>(keyed_.size()), id});
-    std::sort(keyed_.begin(), keyed_.end(), [](const keyed_id& a, const keyed_id& b) {
-      return a.priority != b.priority ? a.priority > b.priority : a.position < b.position;
-    });
-    ids_.clear();
-    for (const keyed_id& k : keyed_) ids_.push_back(k.id);
-    waiting_.assign_same_size(ids_);
-  }
-
-  /// Request `id` (slot `s`) joins the end of the running queue.
-  void push_running(seq_id id, slot_type s) {
-    running_.push_back(id);
-    running_slots_.push_back(s);
-    reqs_[s].where = request_state::running;
-  }
-
-  /// Removes `id` from the running queue (and its slot beside it).
-  void erase_running(seq_id id) noexcept {
-    const auto it = std::find(running_.begin(), running_.end(), id);
-    if (it == running_.end()) return;
-    running_slots_.erase(running_slots_.begin() + (it - running_.begin()));
-    running_.erase(it);
-  }
-
-  void age_waiting() {
-    if (cfg_.aging_steps <= 0) return;
-    for (const seq_id id : waiting_) {
-      sched_request& r = reqs_.at_id(id);
-      if (++r.waited >= cfg_.aging_steps) {
-        r.waited = 0;
-        if (r.aged < INT64_MAX) ++r.aged;
-      }
-    }
-  }
-
   /// The scheduler ends request `id` itself (`why`), reported in step_output::finished.
   void finish_with(seq_id id, finish_reason why) {
     out_.finished.push_back({id, why});
@@ -610,27 +489,10 @@ class scheduler {
     finish_with(id, finish_reason::cache_error);
   }
 
-  /// A waiting request with its sort key (order_waiting).
-  struct keyed_id {
-    std::int64_t priority;
-    std::int64_t position;
-    seq_id id;
-  };
-
   Cache& cache_;
   scheduler_config cfg_;
-  request_table reqs_;
-  request_queue waiting_;
-  std::vector<seq_id> running_;
-  std::vector<slot_type> running_slots_;  ///< the slot of running_[i] in reqs_
-  request_queue swapped_;
   step_output out_;
   scheduler_stats stats_;
-  std::vector<std::pair<seq_id, seq_id>> forks_;
-  std::vector<slot_type> pass_;     ///< scratch: the running queue at the start of the step's pass over it
-  std::vector<slot_type> partial_;  ///< scratch: running requests computing a prompt in chunks, in running order
-  std::vector<keyed_id> keyed_;     ///< scratch: the waiting queue with its sort keys (order_waiting)
-  std::vector<seq_id> ids_;         ///< scratch: the waiting queue in its new order (order_waiting)
   std::uint64_t step_ = 0;
   std::int64_t budget_ = 0;  ///< tokens left in this step
   bool preempted_ = false;   ///< this step preempted: no swap-in, no admission

@@ -75,6 +75,21 @@ struct step_output {
   status error;                               ///< ok, or the first cache error that ended a request in this step
   std::vector<std::int64_t> slot_mapping;     ///< cache.export_slot_mapping() of this step
   const step_plan* plan = nullptr;            ///< the cache's plan: swap-outs, swap-ins, copies, appends
+
+  /// Empties every list (keeping their capacity, so a step allocates nothing once they have grown).
+  void clear() noexcept {
+    scheduled.clear();
+    preempted_recompute.clear();
+    swapped_out.clear();
+    swapped_in.clear();
+    rejected.clear();
+    finished.clear();
+    forked.clear();
+    dropped_forks.clear();
+    error = ok_status();
+    slot_mapping.clear();
+    plan = nullptr;
+  }
 };
 
 /// Prefix-cache lookups of successful admissions (vLLM's prefix_cache_queries / hits, per admission). A lookup
