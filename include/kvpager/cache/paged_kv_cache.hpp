@@ -17,6 +17,7 @@
 
 #include <algorithm>
 #include <bit>
+#include <concepts>
 #include <cstdint>
 #include <new>
 #include <span>
@@ -107,6 +108,19 @@ struct prefix_match {
   std::int32_t tokens = 0;              ///< blocks x block_size
   std::int64_t blocks_to_allocate = 0;  ///< what adding the prompt takes from available_blocks()
   friend bool operator==(const prefix_match&, const prefix_match&) = default;
+};
+
+/// A prefix-cache lookup kept for the admission it precedes (two-phase admission, as vLLM's get_computed_blocks ->
+/// allocate_slots): match_prefix(tokens, options, hit) fills it and add_sequence(id, tokens, options, hit) consumes
+/// it without looking the blocks up again. It is stale once a block was cached or evicted since the lookup (the
+/// sharing policy's generation changed): add_sequence then answers errc::stale_prefix_hit and changes nothing.
+/// Reuse one object across admissions: its buffer keeps its capacity.
+struct prefix_hit {
+  prefix_match match;            ///< what the lookup found
+  std::vector<block_id> blocks;  ///< the hit blocks, in chain order (match.blocks of them)
+  std::uint64_t generation = 0;  ///< the sharing policy's generation at the lookup
+  std::uint64_t extra_key = 0;   ///< the key the lookup used
+  std::int32_t num_tokens = 0;   ///< tokens looked up (0: no lookup yet)
 };
 
 template <block_allocator A = free_list_allocator, eviction_policy E = no_eviction,
@@ -215,6 +229,53 @@ class paged_kv_cache {
     m.tokens = m.blocks * cfg_.block_size;
     m.blocks_to_allocate += blocks_for_tokens(n, cfg_.block_size) - m.blocks;
     return m;
+  }
+
+  /// match_prefix, keeping the hit (its blocks and the cache's generation) in `hit` for add_sequence(id, tokens,
+  /// options, hit), in the same single pass over the blocks. errc::invalid_argument for an empty prompt (hit
+  /// emptied). Allocates only when `hit`'s buffer grows.
+  status match_prefix(std::span<const token_id> tokens, sequence_options options, prefix_hit& hit) const {
+    hit.blocks.clear();
+    hit.num_tokens = 0;
+    if (tokens.empty() || tokens.size() > static_cast<std::size_t>(INT32_MAX))
+      return status{errc::invalid_argument, "match_prefix: the prompt must have 1 to 2^31-1 tokens",
+                    static_cast<std::int64_t>(tokens.size())};
+    const auto n = static_cast<std::int32_t>(tokens.size());
+    prefix_match m;
+    if constexpr (caches_content) {
+      auto c = share_.first_cursor(options.extra_key);
+      const std::int32_t max_blocks = (n - 1) / cfg_.block_size;
+      for (std::int32_t i = 0; i < max_blocks; ++i) {
+        const block_id b = share_.lookup(c, block_tokens(tokens, i));
+        if (b == no_block) break;
+        hit.blocks.push_back(b);
+        if (consumes_capacity(b)) ++m.blocks_to_allocate;
+      }
+      hit.generation = content_generation();
+    }
+    m.blocks = static_cast<std::int32_t>(hit.blocks.size());
+    m.tokens = m.blocks * cfg_.block_size;
+    m.blocks_to_allocate += blocks_for_tokens(n, cfg_.block_size) - m.blocks;
+    hit.match = m;
+    hit.extra_key = options.extra_key;
+    hit.num_tokens = n;
+    return ok_status();
+  }
+
+  /// Prefill consuming `hit`, a match_prefix of (at least) these tokens with these options: no block is looked up
+  /// again (a shorter prefix of the looked-up tokens takes the hit blocks it can use, capped below its last token).
+  /// errc::stale_prefix_hit when a block was cached or evicted since the lookup, or `hit` was made for other
+  /// options or fewer tokens (nothing changed: look up again); otherwise as add_sequence(id, tokens, options).
+  status add_sequence(seq_id id, std::span<const token_id> tokens, sequence_options options, const prefix_hit& hit,
+                      prefix_match* out = nullptr) {
+    if (hit.num_tokens < 1 || static_cast<std::size_t>(hit.num_tokens) < tokens.size() ||
+        hit.extra_key != options.extra_key || (caches_content && hit.generation != content_generation()))
+      return status{errc::stale_prefix_hit, "add_sequence: the prefix hit is stale (the cache changed since "
+                                            "match_prefix) or was made for other tokens or options"};
+    if (tokens.empty()) return status{errc::invalid_argument, "add_sequence: the prompt must have 1 to 2^31-1 tokens"};
+    // A sharing policy without generation() cannot tell a stale hit: look the blocks up again for it.
+    return add_impl(id, static_cast<std::int32_t>(tokens.size()), tokens, options, out,
+                    has_generation ? &hit : nullptr);
   }
 
   /// Decode by count: appends `n` tokens (default 1) to sequence `id`. Takes a new block exactly when the token
@@ -737,9 +798,22 @@ class paged_kv_cache {
     return pool_.is_free(b);
   }
 
-  /// Prefill shared by both add_sequence overloads; `tokens` is empty for the count overload.
+  /// Whether the sharing policy counts its content changes (prefix_caching::generation()).
+  static constexpr bool has_generation = requires(const S& s) {
+    { s.generation() } -> std::convertible_to<std::uint64_t>;
+  };
+  /// The sharing policy's generation (0 without one: see add_sequence with a prefix_hit).
+  [[nodiscard]] std::uint64_t content_generation() const noexcept {
+    if constexpr (has_generation)
+      return share_.generation();
+    else
+      return 0;
+  }
+
+  /// Prefill shared by the add_sequence overloads; `tokens` is empty for the count overload; `given`: a
+  /// match_prefix hit to consume instead of looking the blocks up.
   status add_impl(seq_id id, std::int32_t n, std::span<const token_id> tokens, sequence_options options,
-                  prefix_match* hit) {
+                  prefix_match* hit, const prefix_hit* given = nullptr) {
     if (index_.find(id) >= 0) return status{errc::duplicate_sequence, "add_sequence: sequence id is already live"};
     const std::int64_t total = blocks_for_tokens(n, cfg_.block_size);
     if (exceeds_table_limit(total))
@@ -752,7 +826,13 @@ class paged_kv_cache {
       if (!tokens.empty()) {
         cur = share_.first_cursor(options.extra_key);
         const std::int32_t max_blocks = (n - 1) / cfg_.block_size;
-        for (std::int32_t i = 0; i < max_blocks; ++i) {
+        if (given != nullptr) {  // the lookup is done: take its blocks, continue the chain after the last one
+          hits_.assign(given->blocks.begin(), given->blocks.begin() + std::min(given->match.blocks, max_blocks));
+          for (const block_id b : hits_)
+            if (!consumes_capacity(b)) --needed;
+          if (!hits_.empty()) cur = share_.cursor_after(hits_.back());
+        }
+        for (auto i = static_cast<std::int32_t>(hits_.size()); given == nullptr && i < max_blocks; ++i) {
           const block_id b = share_.lookup(cur, block_tokens(tokens, i));
           if (b == no_block) break;
           hits_.push_back(b);

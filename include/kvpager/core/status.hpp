@@ -31,6 +31,7 @@ enum class errc : std::int32_t {
   host_pool_full,      ///< not enough free host (swap) blocks; nothing was swapped
   sequence_swapped,    ///< the sequence is swapped out to host memory (or, for swap_in, is not)
   out_of_memory,       ///< host memory for the library's own bookkeeping could not be allocated; nothing changed
+  stale_prefix_hit,    ///< a prefix_hit from match_prefix no longer describes the cache (it changed since)
 };
 
 /// Stable, human-readable name of an error code.
@@ -51,6 +52,7 @@ enum class errc : std::int32_t {
     case errc::host_pool_full: return "host_pool_full";
     case errc::sequence_swapped: return "sequence_swapped";
     case errc::out_of_memory: return "out_of_memory";
+    case errc::stale_prefix_hit: return "stale_prefix_hit";
   }
   return "unknown_error";
 }

@@ -427,14 +427,17 @@ class scheduler : public scheduler_queues {
         finish_with(id, *why);
         continue;
       }
-      // The lookup decides only the budget and watermark tests; where neither can fail (the whole request fits
-      // the budget, no blocks to keep), add_sequence's own lookup is the only one.
+      // Two-phase where the lookup decides the budget or watermark test: match_prefix's hit is consumed by
+      // add_sequence without a second lookup. Where neither test can fail (the whole request fits the budget, no
+      // blocks to keep), add_sequence's own lookup is the only one.
       const bool must_match = n > budget_ || blocks_to_keep() > 0;
-      const auto m = must_match ? cache_.match_prefix(r.tokens, r.options) : result<prefix_match>(prefix_match{});
-      if (!m) {
-        fail(id, m.error());
-        continue;
+      if (must_match) {
+        if (const status st = cache_.match_prefix(r.tokens, r.options, hit_); !st) {
+          fail(id, st);
+          continue;
+        }
       }
+      const prefix_match* m = must_match ? &hit_.match : &no_match_;
       const std::int64_t uncached = n - m->tokens;
       const std::int64_t chunk = std::min(uncached, budget_);
       if (!cfg_.chunked_prefill && chunk < uncached) {  // whole, in a later step
@@ -449,8 +452,9 @@ class scheduler : public scheduler_queues {
         break;
       }
       prefix_match hit;
-      const status st = cache_.add_sequence(
-          id, std::span<const token_id>(r.tokens).first(static_cast<std::size_t>(end)), r.options, &hit);
+      const auto first = std::span<const token_id>(r.tokens).first(static_cast<std::size_t>(end));
+      const status st = must_match ? cache_.add_sequence(id, first, r.options, hit_, &hit)
+                                   : cache_.add_sequence(id, first, r.options, &hit);
       if (!st) {
         if (st.code() == errc::out_of_blocks) {
           ++stats_.admit_fail;
@@ -493,6 +497,8 @@ class scheduler : public scheduler_queues {
   scheduler_config cfg_;
   step_output out_;
   scheduler_stats stats_;
+  prefix_hit hit_;                  ///< scratch: the admission's lookup, consumed by add_sequence
+  static constexpr prefix_match no_match_{};  ///< the lookup skipped: no hit assumed for the tests
   std::uint64_t step_ = 0;
   std::int64_t budget_ = 0;  ///< tokens left in this step
   bool preempted_ = false;   ///< this step preempted: no swap-in, no admission
