@@ -690,3 +690,21 @@ TEST(Scheduler, PriorityOrderIsStableWithoutAllocatingPerStep) {
   const std::vector<seq_id> order(s.waiting().begin(), s.waiting().end());
   EXPECT_EQ(order, (std::vector<seq_id>{2, 5, 1, 4, 3, 6}));
 }
+
+TEST(Scheduler, CompleteScheduledTakesTheTokenOfAStepEntry) {
+  auto cache = *recompute_cache::create({16, 8, 0, 0});
+  scheduler<recompute_cache> s(cache);
+  ASSERT_TRUE(s.add_request(1, prompt(4)));
+  ASSERT_TRUE(s.add_request(2, prompt(4, 50)));
+  const auto& out = s.schedule();
+  ASSERT_EQ(out.scheduled.size(), 2U);
+  EXPECT_EQ(s.complete_scheduled(2, 9).code(), errc::invalid_argument) << "no third entry";
+  ASSERT_TRUE(s.complete_scheduled(0, 9));
+  EXPECT_EQ(s.tokens(1).back(), 9);
+  EXPECT_EQ(s.complete_scheduled(0, 9).code(), errc::invalid_argument) << "a second token for one step";
+  ASSERT_TRUE(s.complete_scheduled(1, 5, true));  // finished: freed
+  EXPECT_EQ(s.state(2), request_state::unknown);
+  ASSERT_TRUE(s.add_request(3, prompt(4, 70)));  // reuses request 2's slot
+  EXPECT_EQ(s.complete_scheduled(1, 5).code(), errc::unknown_sequence) << "entry 1 names request 2, gone";
+  EXPECT_EQ(s.tokens(3).size(), 4U);
+}

@@ -432,12 +432,13 @@ class manager_replay {
   bool schedule_step() {
     const kvpager::step_output& out = sched_.schedule();
     cache_.begin_step();  // the engine executes the plan
-    for (const kvpager::scheduled_sequence& s : out.scheduled) {
+    for (std::size_t i = 0; i < out.scheduled.size(); ++i) {
+      const kvpager::scheduled_sequence& s = out.scheduled[i];
       if (!s.last_chunk) continue;
       request& r = reqs_[static_cast<std::size_t>(s.id)];
       const kvpager::token_id next = next_token(r);
       const bool done = r.max_new > 0 && r.outputs >= r.max_new;
-      (void)sched_.complete(s.id, next, done);  // a scheduled request waits for exactly this token
+      (void)sched_.complete_scheduled(i, next, done);  // a scheduled request waits for exactly this token
       if (done) {
         r.st = state::finished;
         ++finished_;

@@ -47,7 +47,9 @@ KVPAGER_NAMESPACE_BEGIN
 template <class Cache>
 class scheduler : public scheduler_queues {
  public:
-  scheduler(Cache& cache, scheduler_config cfg = {}) : cache_(cache), cfg_(cfg) {}
+  scheduler(Cache& cache, scheduler_config cfg = {})
+      : cache_(cache), cfg_(cfg), usable_(std::int64_t{cache.config().num_blocks} - cache.config().reserved_blocks),
+        may_hit_limit_(cfg.reject_impossible || cache.config().max_blocks_per_seq > 0) {}
 
   /// Queues a request. `options` reach the cache with every admission of the request: `extra_key` (a tenant's
   /// salt, a LoRA adapter id: blocks cached under different keys never hit each other) and `priority` (admission
@@ -97,6 +99,7 @@ class scheduler : public scheduler_queues {
   const step_output& schedule() {
     cache_.begin_step();
     out_.clear();
+    scheduled_slots_.clear();
     out_.plan = &cache_.plan();
     step_ = static_cast<std::uint64_t>(++stats_.steps);
     start_forks();
@@ -140,7 +143,23 @@ class scheduler : public scheduler_queues {
   /// errc::invalid_argument and changes nothing. errc::unknown_sequence for an unknown id.
   status complete(seq_id id, token_id next, bool finished = false) {
     if (finished) return finish(id);
-    sched_request* r = reqs_.get(id);
+    return take_token(reqs_.get(id), next);
+  }
+
+  /// complete() for entry `i` of the last step's step_output::scheduled, without looking its id up (an engine
+  /// walking the step's output in order). errc::invalid_argument for an index past the step's entries; otherwise
+  /// exactly as complete(out.scheduled[i].id, next, finished).
+  status complete_scheduled(std::size_t i, token_id next, bool finished = false) {
+    if (i >= out_.scheduled.size()) return status{errc::invalid_argument, "complete_scheduled: no such entry"};
+    const seq_id id = out_.scheduled[i].id;
+    sched_request& r = reqs_[scheduled_slots_[i]];
+    if (finished || r.where == request_state::unknown || r.id != id) return complete(id, next, finished);
+    return take_token(&r, next);  // the slot still holds the request: no lookup
+  }
+
+ private:
+  /// complete() without `finished` for request `r` (nullptr: unknown).
+  status take_token(sched_request* r, token_id next) {
     if (r == nullptr) return status{errc::unknown_sequence, "complete: unknown request id"};
     if (r->where != request_state::running || r->computed != r->num_tokens())
       return status{errc::invalid_argument,
@@ -149,6 +168,8 @@ class scheduler : public scheduler_queues {
     r->tokens.push_back(next);
     return ok_status();
   }
+
+ public:
 
   /// Computes the pending tokens of running request `id` outside schedule(), for an engine that ran them itself
   /// (a decode it decided on its own): their slots are appended in the cache, planned in the current step, and
@@ -214,9 +235,7 @@ class scheduler : public scheduler_queues {
   }
 
   /// The cache's usable blocks (cache_stats::total), without building its stats.
-  [[nodiscard]] std::int64_t usable_blocks() const noexcept {
-    return std::int64_t{cache_.config().num_blocks} - cache_.config().reserved_blocks;
-  }
+  [[nodiscard]] std::int64_t usable_blocks() const noexcept { return usable_; }
 
   /// An allocation the scheduler made succeeded: the peak of blocks in use.
   void note_allocation() noexcept {
@@ -274,12 +293,12 @@ class scheduler : public scheduler_queues {
       if (r.prefilling) {
         partial_.push_back(s);
       } else {
-        compute(r, true);
+        compute(r, s, true);
       }
     }
     for (const slot_type s : partial_) {
       if (budget_ <= 0 || stop_running_) return;
-      if (sched_request& r = reqs_[s]; unscheduled_running(r)) compute(r, true);
+      if (sched_request& r = reqs_[s]; unscheduled_running(r)) compute(r, s, true);
     }
   }
 
@@ -292,9 +311,9 @@ class scheduler : public scheduler_queues {
   /// Schedules the pending tokens of running request `r` within the budget (a chunk of them with chunked prefill;
   /// all or none without). On shortage, with `may_preempt`, preempts victims until they fit or `r` itself is the
   /// victim; without, leaves them pending. A request past its limits is finished with the reason.
-  void compute(sched_request& r, bool may_preempt) {
+  void compute(sched_request& r, slot_type slot, bool may_preempt) {
     const seq_id id = r.id;
-    if (const auto why = limit_reached(r.num_tokens(), false)) {
+    if (const auto why = may_hit_limit_ ? limit_reached(r.num_tokens(), false) : std::nullopt) {
       finish_with(id, *why);
       return;
     }
@@ -321,11 +340,12 @@ class scheduler : public scheduler_queues {
       }
     }
     note_allocation();
-    record(r, r.computed, static_cast<std::int32_t>(n));
+    record(r, slot, r.computed, static_cast<std::int32_t>(n));
   }
 
   /// `n` tokens of `r` from position `start` were appended in the cache: its entry in the step.
-  void record(sched_request& r, std::int32_t start, std::int32_t n) {
+  void record(sched_request& r, slot_type slot, std::int32_t start, std::int32_t n) {
+    scheduled_slots_.push_back(slot);
     r.computed = start + n;
     const bool last = r.computed == r.num_tokens();
     scheduled_sequence& e = out_.scheduled.emplace_back();  // in place: no temporary to copy
@@ -410,7 +430,7 @@ class scheduler : public scheduler_queues {
       push_running(id, s);
       out_.swapped_in.push_back(id);
       ++stats_.swapped_in;
-      compute(reqs_[s], false);
+      compute(reqs_[s], s, false);
     }
   }
 
@@ -475,7 +495,7 @@ class scheduler : public scheduler_queues {
       r.aged = 0;
       r.waited = 0;
       ++stats_.admitted;
-      record(r, hit.tokens, static_cast<std::int32_t>(end) - hit.tokens);
+      record(r, s, hit.tokens, static_cast<std::int32_t>(end) - hit.tokens);
     }
   }
 
@@ -497,6 +517,9 @@ class scheduler : public scheduler_queues {
   scheduler_config cfg_;
   step_output out_;
   scheduler_stats stats_;
+  std::vector<slot_type> scheduled_slots_;  ///< the slot of out_.scheduled[i] (complete_scheduled)
+  std::int64_t usable_;                     ///< the cache's usable blocks (its config is fixed)
+  bool may_hit_limit_;  ///< a running request can reach a limit: the length cap, or (reject_impossible) the cache
   prefix_hit hit_;                  ///< scratch: the admission's lookup, consumed by add_sequence
   static constexpr prefix_match no_match_{};  ///< the lookup skipped: no hit assumed for the tests
   std::uint64_t step_ = 0;
