@@ -211,24 +211,7 @@ class paged_kv_cache {
   /// the number of blocks the admission would take. errc::invalid_argument for an empty prompt.
   [[nodiscard]] result<prefix_match> match_prefix(std::span<const token_id> tokens,
                                                   sequence_options options = {}) const noexcept {
-    if (tokens.empty() || tokens.size() > static_cast<std::size_t>(INT32_MAX))
-      return status{errc::invalid_argument, "match_prefix: the prompt must have 1 to 2^31-1 tokens",
-                    static_cast<std::int64_t>(tokens.size())};
-    prefix_match m;
-    const auto n = static_cast<std::int32_t>(tokens.size());
-    if constexpr (caches_content) {
-      auto c = share_.first_cursor(options.extra_key);
-      const std::int32_t max_blocks = (n - 1) / cfg_.block_size;
-      for (std::int32_t i = 0; i < max_blocks; ++i) {
-        const block_id b = share_.lookup(c, block_tokens(tokens, i));
-        if (b == no_block) break;
-        ++m.blocks;
-        if (consumes_capacity(b)) ++m.blocks_to_allocate;
-      }
-    }
-    m.tokens = m.blocks * cfg_.block_size;
-    m.blocks_to_allocate += blocks_for_tokens(n, cfg_.block_size) - m.blocks;
-    return m;
+    return walk_prefix(tokens, options, [](block_id) noexcept {});
   }
 
   /// match_prefix, keeping the hit (its blocks and the cache's generation) in `hit` for add_sequence(id, tokens,
@@ -237,28 +220,12 @@ class paged_kv_cache {
   status match_prefix(std::span<const token_id> tokens, sequence_options options, prefix_hit& hit) const {
     hit.blocks.clear();
     hit.num_tokens = 0;
-    if (tokens.empty() || tokens.size() > static_cast<std::size_t>(INT32_MAX))
-      return status{errc::invalid_argument, "match_prefix: the prompt must have 1 to 2^31-1 tokens",
-                    static_cast<std::int64_t>(tokens.size())};
-    const auto n = static_cast<std::int32_t>(tokens.size());
-    prefix_match m;
-    if constexpr (caches_content) {
-      auto c = share_.first_cursor(options.extra_key);
-      const std::int32_t max_blocks = (n - 1) / cfg_.block_size;
-      for (std::int32_t i = 0; i < max_blocks; ++i) {
-        const block_id b = share_.lookup(c, block_tokens(tokens, i));
-        if (b == no_block) break;
-        hit.blocks.push_back(b);
-        if (consumes_capacity(b)) ++m.blocks_to_allocate;
-      }
-      hit.generation = content_generation();
-    }
-    m.blocks = static_cast<std::int32_t>(hit.blocks.size());
-    m.tokens = m.blocks * cfg_.block_size;
-    m.blocks_to_allocate += blocks_for_tokens(n, cfg_.block_size) - m.blocks;
-    hit.match = m;
+    const auto m = walk_prefix(tokens, options, [&](block_id b) { hit.blocks.push_back(b); });
+    if (!m) return m.error();
+    hit.generation = content_generation();
+    hit.match = *m;
     hit.extra_key = options.extra_key;
-    hit.num_tokens = n;
+    hit.num_tokens = static_cast<std::int32_t>(tokens.size());
     return ok_status();
   }
 
@@ -796,6 +763,31 @@ class paged_kv_cache {
       if (evict_.contains(b)) return true;
     }
     return pool_.is_free(b);
+  }
+
+  /// The prefix-cache lookup of match_prefix; `on_hit(b)` sees each hit block in chain order.
+  template <class F>
+  [[nodiscard]] result<prefix_match> walk_prefix(std::span<const token_id> tokens, sequence_options options,
+                                                 F&& on_hit) const {
+    if (tokens.empty() || tokens.size() > static_cast<std::size_t>(INT32_MAX))
+      return status{errc::invalid_argument, "match_prefix: the prompt must have 1 to 2^31-1 tokens",
+                    static_cast<std::int64_t>(tokens.size())};
+    prefix_match m;
+    const auto n = static_cast<std::int32_t>(tokens.size());
+    if constexpr (caches_content) {
+      auto c = share_.first_cursor(options.extra_key);
+      const std::int32_t max_blocks = (n - 1) / cfg_.block_size;
+      for (std::int32_t i = 0; i < max_blocks; ++i) {
+        const block_id b = share_.lookup(c, block_tokens(tokens, i));
+        if (b == no_block) break;
+        on_hit(b);
+        ++m.blocks;
+        if (consumes_capacity(b)) ++m.blocks_to_allocate;
+      }
+    }
+    m.tokens = m.blocks * cfg_.block_size;
+    m.blocks_to_allocate += blocks_for_tokens(n, cfg_.block_size) - m.blocks;
+    return m;
   }
 
   /// Whether the sharing policy counts its content changes (prefix_caching::generation()).
