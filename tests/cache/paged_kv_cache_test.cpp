@@ -377,3 +377,17 @@ TEST(CachePolicies, ArePassedToCreateByName) {
   static_assert(std::is_same_v<cache_t::policies, cache_policies<free_list_allocator, no_eviction, refcount_sharing,
                                                                   kvtest::user_swap>>);
 }
+
+// One geometry from cache to kernel: the cache's block and pool sizes come from the kernels' kv_geometry.
+TEST(CacheConfig, BlockAndPoolSizesComeFromTheKernelGeometry) {
+  const kv_geometry g{.num_blocks = 96, .block_size = 32, .num_kv_heads = 8, .head_dim = 128, .dtype = kv_dtype::bf16};
+  const cache_config cfg = cache_config_for(g, {.reserved_blocks = 1, .max_blocks_per_seq = 8});
+  EXPECT_EQ(cfg.block_size, 32);
+  EXPECT_EQ(cfg.num_blocks, 96);
+  EXPECT_EQ(cfg.reserved_blocks, 1);
+  EXPECT_EQ(cfg.max_blocks_per_seq, 8);
+  auto cache = paged_kv_cache<free_list_allocator>::create(cfg);
+  ASSERT_TRUE(cache);
+  EXPECT_EQ(cache->block_size(), g.block_size);
+  EXPECT_EQ(cache->stats().total, g.num_blocks - 1);
+}

@@ -7,6 +7,7 @@
 #include <kvpager/kernels/can_implement.hpp>
 #include <kvpager/kernels/kernel_status.hpp>
 #include <kvpager/kernels/kv_layout.hpp>
+#include <kvpager/cache/cache_types.hpp>
 
 #include <gtest/gtest.h>
 
@@ -152,4 +153,19 @@ TEST(KvGeometry, ViewsDeriveFromItAndGiveItBack) {
   EXPECT_EQ(n.stride_token, paged_kv_view::nhd(&dummy, KVPAGER_DTYPE_BF16, 10, 2, 16, 128).stride_token);
   EXPECT_EQ(n.geometry(), g);
   EXPECT_EQ(kv_layout::of(g).block_bytes() / elem_bytes(g.dtype), h.stride_block);
+}
+
+// The cache accepts any power-of-two block size; can_implement is where a size the kernels do not run is refused,
+// before the cache is created from the same geometry (cache_config_for).
+TEST(CanImplement, RefusesABlockSizeTheCacheWouldAccept) {
+  for (const std::int32_t bs : {4, 64, 128}) {
+    const kvpager::kv_geometry g{.num_blocks = 64, .block_size = bs, .num_kv_heads = 4, .head_dim = 128,
+                                 .dtype = kvpager::kv_dtype::f16};
+    EXPECT_TRUE(kvpager::validate(kvpager::cache_config_for(g))) << bs;
+    EXPECT_EQ(kvpager::can_implement(g).code(), kvpager::errc::unsupported) << bs;
+  }
+  const kvpager::kv_geometry ok{.num_blocks = 64, .block_size = 16, .num_kv_heads = 4, .head_dim = 128,
+                                .dtype = kvpager::kv_dtype::f16};
+  EXPECT_TRUE(kvpager::can_implement(ok));
+  EXPECT_TRUE(kvpager::validate(kvpager::cache_config_for(ok)));
 }

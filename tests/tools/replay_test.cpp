@@ -445,6 +445,7 @@ struct create_throws : v1_with<create_throws> {
 /// vLLM's cache whose admissions throw std::bad_alloc (memory exhausted in the middle of a replay).
 struct admission_throws : v1_with<admission_throws> {
   using v1_with::v1_with;
+  using v1_with::add_sequence;  // the scheduler's overloads (a prefix_hit) stay visible
   kvpager::status add_sequence(kvpager::seq_id, std::span<const kvpager::token_id>, kvpager::sequence_options = {},
                                kvpager::prefix_match* = nullptr) {
     throw std::bad_alloc();

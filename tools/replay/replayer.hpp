@@ -10,7 +10,6 @@
 #include <chrono>
 #include <cmath>
 #include <cstdint>
-#include <deque>
 #include <new>
 #include <span>
 #include <string>
@@ -138,15 +137,33 @@ inline replay_result replay_pool(const trace& t, const std::string& name, std::i
 }
 
 // ------------------------------------------------------------------------------------------- manager level
+/// The scheduler configuration a manager-level trace asks for: vLLM v1's step (scheduler_config::vllm_v1(), as
+/// docs/KVTRACE.md specifies "One run step") with the trace's budgets, watermark and preemption mode.
+[[nodiscard]] inline kvpager::scheduler_config scheduler_config_for(const trace& t) {
+  kvpager::scheduler_config c = kvpager::scheduler_config::vllm_v1();
+  c.max_num_seqs = static_cast<std::int32_t>(std::min<std::int64_t>(t.param("max_num_seqs", 256), INT32_MAX));
+  c.max_num_batched_tokens = t.param("max_num_batched_tokens", 8192);
+  c.watermark_permille = static_cast<std::int32_t>(t.param("watermark_permille", 0));  // <= 1000 (parser)
+  // swap: host_swap swaps while the host pool has room, else the scheduler recomputes (a counted fallback);
+  // hybrid: hybrid_swap itself decides to recompute when the pool has no room.
+  if (t.preemption != preemption_mode::recompute) c.preemption = kvpager::preemption_mode::cache_policy;
+  c.export_slot_mapping = false;  // no kernel runs
+  return c;
+}
+
+/// Replays a manager-level trace: explicit ops (`admit`, `decode`, `finish`, `fork`) call the cache as vLLM's
+/// KV-cache manager calls are made; `run` drives kvpager::scheduler, the one engines include, with the
+/// scheduler_config_for the trace.
 template <class Cache>
 class manager_replay {
  public:
   /// `at_line`, when given, follows the op being replayed (for a report of memory exhaustion).
   manager_replay(const trace& t, const std::string& name, Cache cache, replay_limits limits,
                  std::int64_t* at_line = nullptr)
-      : t_(t), name_(name), cache_(std::move(cache)), limits_(limits), at_line_(at_line),
-        num_blocks_(static_cast<std::int32_t>(t.param("num_blocks", 0))), max_num_seqs_(t.param("max_num_seqs", 256)),
-        budget_(t.param("max_num_batched_tokens", 8192)) {}
+      : t_(t), name_(name), cache_(std::move(cache)), sched_(cache_, scheduler_config_for(t)), limits_(limits),
+        at_line_(at_line), num_blocks_(static_cast<std::int32_t>(t.param("num_blocks", 0))) {}
+  manager_replay(const manager_replay&) = delete;  // sched_ refers to cache_
+  manager_replay& operator=(const manager_replay&) = delete;
 
   replay_result run() {
     const stopwatch clock;
@@ -156,36 +173,41 @@ class manager_replay {
       if (!apply(o)) return std::move(out_);
     }
     const double elapsed = clock.seconds();
+    const kvpager::scheduler_stats ss = sched_.stats();
+    const kvpager::cache_stats cs = cache_.stats();
     json& r = out_.result;
-    r["hit_blocks"] = c_[0].hit_blocks;
-    r["hit_tokens"] = c_[0].hit_tokens;
-    r["query_tokens"] = c_[0].query_tokens;
-    r["resumed_hit_blocks"] = c_[1].hit_blocks;
-    r["resumed_hit_tokens"] = c_[1].hit_tokens;
-    r["resumed_query_tokens"] = c_[1].query_tokens;
-    r["prefix_cache_evictions"] = cache_.stats().evictions;
-    r["preemptions"] = preemptions_;
-    r["admit_fail"] = admit_fail_;
-    r["admit_budget_stop"] = admit_budget_stop_;
+    // Explicit admissions are never resumed ones: a request admitted by 'admit' is not in the scheduler's queues.
+    r["hit_blocks"] = explicit_.hit_blocks + ss.prefix.hit_blocks;
+    r["hit_tokens"] = explicit_.hit_tokens + ss.prefix.hit_tokens;
+    r["query_tokens"] = explicit_.query_tokens + ss.prefix.query_tokens;
+    r["resumed_hit_blocks"] = ss.resumed_prefix.hit_blocks;
+    r["resumed_hit_tokens"] = ss.resumed_prefix.hit_tokens;
+    r["resumed_query_tokens"] = ss.resumed_prefix.query_tokens;
+    r["prefix_cache_evictions"] = cs.evictions;
+    const std::int64_t preemptions = ss.preempted_recompute + ss.preempted_swap;
+    r["preemptions"] = preemptions;
+    r["admit_fail"] = admit_fail_ + ss.admit_fail;
+    r["admit_budget_stop"] = ss.admit_budget_stop;
     r["decode_alloc_fail"] = decode_alloc_fail_;
     r["steps"] = steps_;
     r["finished"] = finished_;
-    r["peak_usage"] = round6(peak_usage_);
-    r["final_usage"] = round6(usage());
-    const std::int64_t q = c_[0].query_tokens + c_[1].query_tokens;
-    r["hit_rate_tokens"] = q > 0 ? round6(double(c_[0].hit_tokens + c_[1].hit_tokens) / double(q)) : 0.0;
+    r["peak_usage"] = round6(double(std::max(peak_used_, ss.peak_used_blocks)) / double(num_blocks_ - 1));
+    r["final_usage"] = round6(double(used_blocks()) / double(num_blocks_ - 1));
+    const std::int64_t q = explicit_.query_tokens + ss.prefix.query_tokens + ss.resumed_prefix.query_tokens;
+    const std::int64_t h = explicit_.hit_tokens + ss.prefix.hit_tokens + ss.resumed_prefix.hit_tokens;
+    r["hit_rate_tokens"] = q > 0 ? round6(double(h) / double(q)) : 0.0;
     r["run_stalled"] = stalled_;
     if (forks_ + fork_fail_ > 0) {
       r["forks"] = forks_;
-      r["cow_copies"] = cache_.stats().cow_copies;
+      r["cow_copies"] = cs.cow_copies;
     }
     if (t_.preemption != preemption_mode::recompute || t_.has_param("num_host_blocks")) {
-      r["swap_outs"] = swap_outs_;
-      r["swapped_out_blocks"] = swapped_out_blocks_;
-      r["swap_ins"] = swap_ins_;
-      r["swapped_in_blocks"] = swapped_in_blocks_;
-      r["preempted_recompute"] = preemptions_ - swap_outs_;
-      r["swap_fallback_recompute"] = swap_fallback_;
+      r["swap_outs"] = ss.preempted_swap;
+      r["swapped_out_blocks"] = cs.swapped_out_blocks;
+      r["swap_ins"] = ss.swapped_in;
+      r["swapped_in_blocks"] = cs.swapped_in_blocks;
+      r["preempted_recompute"] = ss.preempted_recompute;
+      r["swap_fallback_recompute"] = ss.swap_fallback_recompute;
     }
     r["elapsed_s"] = elapsed;
     if (!step_ms_.empty()) {
@@ -202,16 +224,18 @@ class manager_replay {
   }
 
  private:
-  enum class state { defined, waiting, running, live, finished, failed, swapped };
+  /// defined: not admitted yet; live: admitted by 'admit' or 'fork' (explicit ops drive it); scheduled: handed
+  /// to the scheduler by 'run' (waiting, running or swapped there until it finishes).
+  enum class state { defined, live, scheduled, finished, failed };
   struct request {
-    std::uint64_t id = 0;
+    std::uint64_t id = 0;   // the trace's request id (in messages)
+    kvpager::seq_id seq = 0;  // its id in the cache and the scheduler: its position in reqs_ (no lookup per step)
     std::uint64_t gen_seed = 0;
     std::int64_t max_new = 0;
-    std::vector<kvpager::token_id> tokens;  // prompt, then every output token sampled so far
-    std::int64_t computed = 0;              // tokens with KV slots (the cache's num_tokens)
+    std::vector<kvpager::token_id> tokens;  // prompt, then every output token sampled so far (until 'run' takes it)
+    std::int64_t computed = 0;              // tokens with KV slots (the cache's num_tokens), explicit ops
     std::int64_t outputs = 0;
     state st = state::defined;
-    bool preempted = false;
   };
   struct prefix_counters {
     std::int64_t hit_blocks = 0, hit_tokens = 0, query_tokens = 0;
@@ -222,15 +246,13 @@ class manager_replay {
     return false;
   }
 
-  [[nodiscard]] double usage() const {
-    return 1.0 - double(cache_.pool().num_free()) / double(num_blocks_ - 1);
-  }
-  void note_allocation() { peak_usage_ = std::max(peak_usage_, usage()); }
+  /// Blocks in use: usable minus available (cached, unreferenced blocks count as free, as vLLM's usage).
+  [[nodiscard]] std::int64_t used_blocks() const { return std::int64_t{num_blocks_ - 1} - cache_.available_blocks(); }
+  void note_allocation() { peak_used_ = std::max(peak_used_, used_blocks()); }
 
-  void sample_next(request& r) {
-    r.tokens.push_back(token_of(r.gen_seed, static_cast<std::uint64_t>(r.outputs)));
-    ++r.outputs;
+  [[nodiscard]] kvpager::token_id next_token(request& r) {
     ++tokens_;
+    return token_of(r.gen_seed, static_cast<std::uint64_t>(r.outputs++));
   }
 
   /// Whether the tokens given to requests so far are past replay_limits::max_tokens (then the error is set).
@@ -246,58 +268,26 @@ class manager_replay {
     return v;
   }
 
+  request& request_of(std::uint64_t id) { return reqs_[static_cast<std::size_t>(index_.find(id))]; }
+
   /// Prefix lookup + allocation of the whole sequence. Returns false on a failed allocation (nothing changed).
   bool admit(request& r) {
     kvpager::prefix_match m;
-    if (!cache_.add_sequence(r.id, r.tokens, {}, &m)) return false;
-    prefix_counters& c = c_[r.preempted ? 1 : 0];
-    c.hit_blocks += m.blocks;
-    c.hit_tokens += m.tokens;
-    c.query_tokens += static_cast<std::int64_t>(r.tokens.size());
-    last_hit_tokens_ = m.tokens;
+    if (!cache_.add_sequence(r.seq, r.tokens, {}, &m)) return false;
+    explicit_.hit_blocks += m.blocks;
+    explicit_.hit_tokens += m.tokens;
+    explicit_.query_tokens += static_cast<std::int64_t>(r.tokens.size());
     r.computed = static_cast<std::int64_t>(r.tokens.size());
     note_allocation();
     return true;
   }
 
-  /// allocate_slots(r, n) for a running request: the next n tokens get slots.
-  bool extend(request& r, std::int64_t n) {
-    const auto span = std::span<const kvpager::token_id>(r.tokens).subspan(static_cast<std::size_t>(r.computed),
-                                                                           static_cast<std::size_t>(n));
-    if (!cache_.append_tokens(r.id, span)) return false;
-    r.computed += n;
+  /// allocate_slots(r, 1) for a live request: its pending token gets a slot.
+  bool extend(request& r) {
+    const auto span = std::span<const kvpager::token_id>(r.tokens).subspan(static_cast<std::size_t>(r.computed), 1);
+    if (!cache_.append_tokens(r.seq, span)) return false;
+    ++r.computed;
     note_allocation();
-    return true;
-  }
-
-  void release(request& r) {
-    (void)cache_.free_sequence(r.id);
-    r.computed = 0;
-  }
-
-  [[nodiscard]] std::int64_t watermark_blocks() const {
-    return std::int64_t{num_blocks_ - 1} * t_.param("watermark_permille", 0) / 1000;
-  }
-
-  /// Swap or hybrid preemption: the victim goes to the host pool if the policy (and room) allows. Returns false
-  /// when it must be recomputed instead.
-  bool preempt_to_host(request& v, std::size_t victim) {
-    if (t_.preemption == preemption_mode::recompute) return false;
-    const auto a = cache_.preempt(v.id);
-    if (!a.ok() || *a != kvpager::preempt_action::swap) {
-      if (a.ok()) {  // the policy freed it (hybrid, no room): recompute; keep counts consistent
-        v.computed = 0;
-        v.st = state::waiting;
-        waiting_.push_front(victim);
-        return true;
-      }
-      ++swap_fallback_;  // host pool full under 'swap': recompute
-      return false;
-    }
-    v.st = state::swapped;
-    swapped_.push_back(victim);
-    ++swap_outs_;
-    swapped_out_blocks_ += static_cast<std::int64_t>(cache_.blocks_needed(v.computed));
     return true;
   }
 
@@ -306,6 +296,7 @@ class manager_replay {
       case op_kind::req: {
         request r;
         r.id = o.id;
+        r.seq = reqs_.size();
         r.gen_seed = o.gen_seed;
         r.max_new = o.max_new;
         for (const segment& s : o.segments) {
@@ -314,59 +305,68 @@ class manager_replay {
           const auto& v = segment_tokens(s);
           r.tokens.insert(r.tokens.end(), v.begin(), v.begin() + s.len);
         }
-        index_.emplace(r.id, reqs_.size());
+        index_.insert(r.id, static_cast<std::int32_t>(reqs_.size()));
         reqs_.push_back(std::move(r));
         return true;
       }
       case op_kind::admit: {
-        request& r = reqs_[index_.at(o.id)];
-        if (r.st == state::running || r.st == state::live) return error(o, "request " + std::to_string(o.id) + " is already live");
-        if (r.st == state::waiting) return error(o, "request " + std::to_string(o.id) + " is queued by an earlier 'run'");
-        if (r.st != state::defined) return true;  // failed or finished: a no-op
+        request& r = request_of(o.id);
+        if (r.st == state::live || (r.st == state::scheduled && sched_.state(r.seq) == kvpager::request_state::running))
+          return error(o, "request " + std::to_string(o.id) + " is already live");
+        if (r.st == state::scheduled && sched_.state(r.seq) == kvpager::request_state::waiting)
+          return error(o, "request " + std::to_string(o.id) + " is queued by an earlier 'run'");
+        if (r.st != state::defined) return true;  // failed, finished or swapped: a no-op
         if (!admit(r)) {
           ++admit_fail_;
           r.st = state::failed;
           return true;
         }
-        sample_next(r);
+        r.tokens.push_back(next_token(r));
         r.st = state::live;
         return true;
       }
       case op_kind::decode: {
-        request& r = reqs_[index_.at(o.id)];
-        if (r.st != state::live && r.st != state::running) return true;
+        request& r = request_of(o.id);
+        if (r.st == state::scheduled && sched_.state(r.seq) == kvpager::request_state::running)
+          return decode_running(o, r);
+        if (r.st != state::live) return true;
         for (std::int64_t i = 0; i < o.n; ++i) {
-          if (!extend(r, 1)) {
+          if (!extend(r)) {
             ++decode_alloc_fail_;
             break;
           }
-          sample_next(r);
+          r.tokens.push_back(next_token(r));
           if (over_token_limit(o)) return false;
         }
         return true;
       }
       case op_kind::finish: {
-        request& r = reqs_[index_.at(o.id)];
-        if (r.st != state::live && r.st != state::running) return true;
-        if (r.st == state::running) running_.erase(std::find(running_.begin(), running_.end(), index_.at(o.id)));
-        release(r);
+        request& r = request_of(o.id);
+        if (r.st == state::live) {
+          (void)cache_.free_sequence(r.seq);
+        } else if (r.st != state::scheduled || sched_.state(r.seq) != kvpager::request_state::running ||
+                   !sched_.finish(r.seq)) {
+          return true;  // not live: a no-op
+        }
         r.st = state::finished;
         return true;
       }
       case op_kind::run:
         return run_steps(o);
       case op_kind::fork: {
-        request& p = reqs_[index_.at(o.id)];
+        request& p = request_of(o.id);
         if (p.st != state::live) return error(o, "fork: request " + std::to_string(o.id) + " is not live (admit it first)");
         tokens_ += static_cast<std::int64_t>(p.tokens.size());
         if (over_token_limit(o)) return false;
-        const bool forked = cache_.fork(p.id, o.child).ok();
+        const kvpager::seq_id child = reqs_.size();
+        const bool forked = cache_.fork(p.seq, child).ok();
         request c = p;  // same tokens (its pending token too) and the parent's blocks, shared
         c.id = o.child;
+        c.seq = child;
         c.gen_seed = o.gen_seed;
         // A failed fork still defines the child (the parser let later ops name it): failed, so they are no-ops.
         if (!forked) c.st = state::failed;
-        index_.emplace(c.id, reqs_.size());
+        index_.insert(c.id, static_cast<std::int32_t>(reqs_.size()));
         reqs_.push_back(std::move(c));
         ++(forked ? forks_ : fork_fail_);
         return true;
@@ -376,26 +376,44 @@ class manager_replay {
     }
   }
 
+  /// 'decode' on a request the scheduler runs: its pending token is computed now, and it samples the next one.
+  bool decode_running(const op& o, request& r) {
+    for (std::int64_t i = 0; i < o.n; ++i) {
+      if (!sched_.compute_pending(r.seq)) {
+        ++decode_alloc_fail_;
+        break;
+      }
+      (void)sched_.complete(r.seq, next_token(r));  // every token computed: it takes its next one
+      if (over_token_limit(o)) return false;
+    }
+    return true;
+  }
+
+  [[nodiscard]] bool scheduler_holds_requests() const {
+    return !sched_.running().empty() || !sched_.waiting().empty() || !sched_.swapped().empty();
+  }
+
   bool run_steps(const op& o) {
     const std::int64_t max_steps = o.n;
-    for (std::size_t i = 0; i < reqs_.size(); ++i)
-      if (reqs_[i].st == state::defined) {
-        reqs_[i].st = state::waiting;
-        waiting_.push_back(i);
-      }
+    // Every request never admitted joins the waiting queue, in definition order; the scheduler keeps its tokens.
+    for (request& r : reqs_) {
+      if (r.st != state::defined) continue;
+      if (const auto a = sched_.add_request(r.seq, r.tokens); !a)
+        return error(o, "run: the scheduler refused request " + std::to_string(r.id) + ": " + a.error().message());
+      r.st = state::scheduled;
+      std::vector<kvpager::token_id>().swap(r.tokens);
+    }
     // An unbounded run must end: every request the scheduler holds, in whichever queue (waiting, preempted,
     // running, swapped), needs a finite max_new. With one, each step that schedules anything brings a request
     // closer to finishing, and a step that schedules and preempts nothing ends the run (run_stalled).
     if (max_steps == 0)
       for (const request& r : reqs_)
-        if (in_scheduler(r.st) && r.max_new == 0)
+        if (r.st == state::scheduled && r.max_new == 0)
           return error(o, "'run 0' with request " + std::to_string(r.id) + " whose max_new is 0 never ends");
-    for (std::int64_t step = 0;
-         (max_steps == 0 || step < max_steps) && (!running_.empty() || !waiting_.empty() || !swapped_.empty()); ++step) {
+    for (std::int64_t step = 0; (max_steps == 0 || step < max_steps) && scheduler_holds_requests(); ++step) {
       if (limits_.max_steps > 0 && steps_ >= limits_.max_steps)
         return error(o, "step limit reached (" + std::to_string(limits_.max_steps) + " steps)");
       const stopwatch clock;
-      cache_.begin_step();
       const bool progressed = schedule_step();
       ++steps_;
       step_ms_.push_back(clock.seconds() * 1e3);
@@ -408,129 +426,46 @@ class manager_replay {
     return true;
   }
 
-  /// Whether a request in state `s` is in one of the scheduler's queues (what `run` steps).
-  [[nodiscard]] static bool in_scheduler(state s) noexcept {
-    return s == state::waiting || s == state::running || s == state::swapped;
-  }
-
-  /// One scheduler step (KVTRACE.md "One run step"). Returns whether anything was scheduled or preempted.
+  /// One scheduler step (KVTRACE.md "One run step"), then the engine's part: the plan is executed, each scheduled
+  /// request samples its next token, and those at max_new are finished, in scheduled order. Returns whether
+  /// anything was scheduled, preempted or finished.
   bool schedule_step() {
-    std::int64_t budget = budget_;
-    scheduled_.clear();
-    bool preempted = false;
-    // 1. Running requests, in order; on shortage preempt from the tail.
-    for (std::size_t i = 0; i < running_.size() && budget > 0;) {
-      const std::size_t ri = running_[i];
-      request& r = reqs_[ri];
-      const std::int64_t n = std::min(static_cast<std::int64_t>(r.tokens.size()) - r.computed, budget);
-      bool self_preempted = false;
-      while (!extend(r, n)) {
-        const std::size_t victim = running_.back();
-        running_.pop_back();
-        request& v = reqs_[victim];
-        v.preempted = true;
-        ++preemptions_;
-        preempted = true;
-        if (!preempt_to_host(v, victim)) {  // recompute: free, back to the front of the waiting queue
-          release(v);
-          v.st = state::waiting;
-          waiting_.push_front(victim);
-        }
-        if (victim == ri) {
-          self_preempted = true;
-          break;
-        }
-      }
-      if (self_preempted) break;
-      scheduled_.push_back(ri);
-      budget -= n;
-      ++i;
-    }
-    // 2. Swap-ins (oldest first), then admissions only when nothing is left swapped; only in a step that
-    // preempted nothing (vLLM V0's order; the swapped queue is always empty with recompute preemption).
-    if (!preempted) {
-      while (!swapped_.empty() && budget > 0 && static_cast<std::int64_t>(running_.size()) < max_num_seqs_) {
-        const std::size_t ri = swapped_.front();
-        request& r = reqs_[ri];
-        const auto blocks = static_cast<std::int64_t>(cache_.blocks_needed(r.computed));
-        if (cache_.available_blocks() - blocks < watermark_blocks() || !cache_.swap_in(r.id)) break;
-        swapped_.pop_front();
-        running_.push_back(ri);
-        r.st = state::running;
-        ++swap_ins_;
-        swapped_in_blocks_ += blocks;
-        note_allocation();
-        const std::int64_t n = static_cast<std::int64_t>(r.tokens.size()) - r.computed;
-        if (n <= budget && extend(r, n)) {
-          scheduled_.push_back(ri);
-          budget -= n;
-        }
-      }
-      while (swapped_.empty() && !waiting_.empty() && budget > 0 &&
-             static_cast<std::int64_t>(running_.size()) < max_num_seqs_) {
-        const std::size_t ri = waiting_.front();
-        request& r = reqs_[ri];
-        // The lookup decides only the budget test and the watermark: skip it when neither can fail (a prompt that
-        // fits the budget whole, no watermark); add_sequence does the same lookup itself.
-        const auto size = static_cast<std::int64_t>(r.tokens.size());
-        const bool need_lookup = size > budget || watermark_blocks() > 0;
-        const auto m = need_lookup ? cache_.match_prefix(r.tokens) : kvpager::result<kvpager::prefix_match>(kvpager::prefix_match{});
-        const std::int64_t n = size - m->tokens;
-        if (n > budget) {
-          ++admit_budget_stop_;
-          break;
-        }
-        if ((need_lookup && cache_.available_blocks() - m->blocks_to_allocate < watermark_blocks()) || !admit(r)) {
-          ++admit_fail_;
-          break;
-        }
-        waiting_.pop_front();
-        running_.push_back(ri);
-        r.st = state::running;
-        scheduled_.push_back(ri);
-        budget -= size - last_hit_tokens_;  // the admission's own lookup (equal to m's when it was done)
-      }
-    }
-    // The engine runs the step here: the plan is executed, then outputs are processed.
-    cache_.begin_step();
-    // 3. Each scheduled request samples one token; finished ones are freed, in scheduled order.
-    for (const std::size_t ri : scheduled_) {
-      request& r = reqs_[ri];
-      sample_next(r);
-      if (r.outputs >= r.max_new && r.max_new > 0) {
-        release(r);
+    const kvpager::step_output& out = sched_.schedule();
+    cache_.begin_step();  // the engine executes the plan
+    for (std::size_t i = 0; i < out.scheduled.size(); ++i) {
+      const kvpager::scheduled_sequence& s = out.scheduled[i];
+      if (!s.last_chunk) continue;
+      request& r = reqs_[static_cast<std::size_t>(s.id)];
+      const kvpager::token_id next = next_token(r);
+      const bool done = r.max_new > 0 && r.outputs >= r.max_new;
+      (void)sched_.complete_scheduled(i, next, done);  // a scheduled request waits for exactly this token
+      if (done) {
         r.st = state::finished;
-        running_.erase(std::find(running_.begin(), running_.end(), ri));
         ++finished_;
       }
     }
-    return !scheduled_.empty() || preempted;
+    for (const kvpager::finished_request& f : out.finished) reqs_[static_cast<std::size_t>(f.id)].st = state::failed;
+    return !out.scheduled.empty() || !out.preempted_recompute.empty() || !out.swapped_out.empty() ||
+           !out.finished.empty();
   }
 
   const trace& t_;
   std::string name_;
   Cache cache_;
+  kvpager::scheduler<Cache> sched_;
   replay_limits limits_;
   std::int64_t* at_line_;
   std::int32_t num_blocks_;
-  std::int64_t max_num_seqs_;
-  std::int64_t budget_;
   std::vector<request> reqs_;
-  std::unordered_map<std::uint64_t, std::size_t> index_;
+  kvpager::id_map index_;  ///< request id -> position in reqs_
   std::unordered_map<std::uint64_t, std::vector<kvpager::token_id>> segments_;
-  std::deque<std::size_t> waiting_;
-  std::vector<std::size_t> running_;
-  std::vector<std::size_t> scheduled_;
-  prefix_counters c_[2];  // [0] first admissions, [1] resumed after preemption
-  std::int64_t preemptions_ = 0, admit_fail_ = 0, admit_budget_stop_ = 0, decode_alloc_fail_ = 0;
+  prefix_counters explicit_;  ///< admissions by explicit 'admit' ops ('run' admissions: the scheduler's stats)
+  std::int64_t admit_fail_ = 0, decode_alloc_fail_ = 0;  ///< of explicit ops
   std::int64_t steps_ = 0, finished_ = 0;
   std::int64_t tokens_ = 0;  ///< tokens given to requests (replay_limits::max_tokens)
-  std::int64_t swap_outs_ = 0, swapped_out_blocks_ = 0, swap_ins_ = 0, swapped_in_blocks_ = 0, swap_fallback_ = 0;
-  std::deque<std::size_t> swapped_;
+  std::int64_t peak_used_ = 0;  ///< blocks in use after explicit ops' allocations (the scheduler tracks its own)
   bool stalled_ = false;
-  std::int64_t last_hit_tokens_ = 0;  ///< hit of the last successful admit()
   std::int64_t forks_ = 0, fork_fail_ = 0;
-  double peak_usage_ = 0;
   std::vector<double> step_ms_;
   replay_result out_;
 };

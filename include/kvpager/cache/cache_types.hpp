@@ -5,8 +5,10 @@
 
 #include <bit>
 #include <cstdint>
+#include <vector>
 
 #include "kvpager/core/config.hpp"
+#include "kvpager/core/geometry.hpp"
 #include "kvpager/core/status.hpp"
 
 KVPAGER_NAMESPACE_BEGIN
@@ -19,6 +21,16 @@ struct cache_config {
   std::int32_t max_blocks_per_seq = 0;  ///< longest block table allowed; 0 = no limit
   std::int32_t num_host_blocks = 0;     ///< host (swap) pool blocks, for swap_out/swap_in and preempt; 0 = none
 };
+
+/// The cache configuration of kernel geometry `g`: block size and pool size come from `g`, the other fields from
+/// `rest`, so the cache and the kernels cannot disagree on them. The cache accepts any power-of-two block size and
+/// the kernels only the ones they implement: check `kvpager::can_implement(g)` (kvpager/kernels/can_implement.hpp)
+/// before creating the cache, so an unsupported geometry is refused there and not at the first kernel call.
+[[nodiscard]] constexpr cache_config cache_config_for(const kv_geometry& g, cache_config rest = {}) noexcept {
+  rest.block_size = g.block_size;
+  rest.num_blocks = g.num_blocks;
+  return rest;
+}
 
 /// The checks of paged_kv_cache::create on `cfg` alone (the pool sizes are block_pool::create's):
 /// errc::invalid_block_size (not a positive power of two), errc::invalid_argument (negative max_blocks_per_seq),
@@ -112,6 +124,19 @@ struct prefix_match {
   std::int32_t tokens = 0;              ///< blocks x block_size
   std::int64_t blocks_to_allocate = 0;  ///< what adding the prompt takes from available_blocks()
   friend bool operator==(const prefix_match&, const prefix_match&) = default;
+};
+
+/// A prefix-cache lookup kept for the admission it precedes (two-phase admission, as vLLM's get_computed_blocks ->
+/// allocate_slots): match_prefix(tokens, options, hit) fills it and add_sequence(id, tokens, options, hit) consumes
+/// it without looking the blocks up again. It is stale once a block was cached or evicted since the lookup (the
+/// sharing policy's generation changed): add_sequence then answers errc::stale_prefix_hit and changes nothing.
+/// Reuse one object across admissions: its buffer keeps its capacity.
+struct prefix_hit {
+  prefix_match match;            ///< what the lookup found
+  std::vector<block_id> blocks;  ///< the hit blocks, in chain order (match.blocks of them)
+  std::uint64_t generation = 0;  ///< the sharing policy's generation at the lookup
+  std::uint64_t extra_key = 0;   ///< the key the lookup used
+  std::int32_t num_tokens = 0;   ///< tokens looked up (0: no lookup yet)
 };
 
 KVPAGER_NAMESPACE_END

@@ -15,6 +15,7 @@
 ///   cache.export_block_table(ids, table, stride, seq_lens);   // paged attention
 /// \endcode
 
+#include <concepts>
 #include <cstdint>
 #include <new>
 #include <span>
@@ -134,15 +135,38 @@ class paged_kv_cache {
   /// the number of blocks the admission would take. errc::invalid_argument for an empty prompt.
   [[nodiscard]] result<prefix_match> match_prefix(std::span<const token_id> tokens,
                                                   sequence_options options = {}) const noexcept {
-    if (status st = check_prompt<"match_prefix">(tokens); !st) return st;
-    prefix_match m;
-    cursor_type cur{};
-    m.blocks = cursors_.walk(blocks_.sharing(), cur, tokens, options.extra_key, [&](block_id b) noexcept {
-      if (blocks_.consumes_capacity(b)) ++m.blocks_to_allocate;
-    });
-    m.tokens = m.blocks * cfg_.block_size;
-    m.blocks_to_allocate += blocks_for_tokens(static_cast<std::int64_t>(tokens.size()), cfg_.block_size) - m.blocks;
-    return m;
+    return walk_prefix(tokens, options, [](block_id) noexcept {});
+  }
+
+  /// match_prefix, keeping the hit (its blocks and the cache's generation) in `hit` for add_sequence(id, tokens,
+  /// options, hit), in the same single pass over the blocks. errc::invalid_argument for an empty prompt (hit
+  /// emptied). Allocates only when `hit`'s buffer grows.
+  status match_prefix(std::span<const token_id> tokens, sequence_options options, prefix_hit& hit) const {
+    hit.blocks.clear();
+    hit.num_tokens = 0;
+    const auto m = walk_prefix(tokens, options, [&](block_id b) { hit.blocks.push_back(b); });
+    if (!m) return m.error();
+    hit.generation = content_generation();
+    hit.match = *m;
+    hit.extra_key = options.extra_key;
+    hit.num_tokens = static_cast<std::int32_t>(tokens.size());
+    return ok_status();
+  }
+
+  /// Prefill consuming `hit`, a match_prefix of (at least) these tokens with these options: no block is looked up
+  /// again (a shorter prefix of the looked-up tokens takes the hit blocks it can use, capped below its last token).
+  /// errc::stale_prefix_hit when a block was cached or evicted since the lookup, or `hit` was made for other
+  /// options or fewer tokens (nothing changed: look up again); otherwise as add_sequence(id, tokens, options).
+  status add_sequence(seq_id id, std::span<const token_id> tokens, sequence_options options, const prefix_hit& hit,
+                      prefix_match* out = nullptr) {
+    if (hit.num_tokens < 1 || static_cast<std::size_t>(hit.num_tokens) < tokens.size() ||
+        hit.extra_key != options.extra_key || (content_cache<S> && hit.generation != content_generation()))
+      return status{errc::stale_prefix_hit, "add_sequence: the prefix hit is stale (the cache changed since "
+                                            "match_prefix) or was made for other tokens or options"};
+    if (status st = check_prompt<"add_sequence">(tokens); !st) return st;
+    // A sharing policy without generation() cannot tell a stale hit: look the blocks up again for it.
+    return add_impl(id, static_cast<std::int32_t>(tokens.size()), tokens, options, out,
+                    has_generation ? &hit : nullptr);
   }
 
   /// Decode by count: appends `n` tokens (default 1) to sequence `id`. Takes a new block exactly when the token
@@ -432,9 +456,38 @@ class paged_kv_cache {
     return cfg_.max_blocks_per_seq > 0 && blocks > cfg_.max_blocks_per_seq;
   }
 
-  /// Prefill shared by both add_sequence overloads; `tokens` is empty for the count overload.
+  /// The prefix-cache lookup of match_prefix; `on_hit(b)` sees each hit block in chain order.
+  template <class F>
+  [[nodiscard]] result<prefix_match> walk_prefix(std::span<const token_id> tokens, sequence_options options,
+                                                 F&& on_hit) const {
+    if (status st = check_prompt<"match_prefix">(tokens); !st) return st;
+    prefix_match m;
+    cursor_type cur{};
+    m.blocks = cursors_.walk(blocks_.sharing(), cur, tokens, options.extra_key, [&](block_id b) {
+      on_hit(b);
+      if (blocks_.consumes_capacity(b)) ++m.blocks_to_allocate;
+    });
+    m.tokens = m.blocks * cfg_.block_size;
+    m.blocks_to_allocate += blocks_for_tokens(static_cast<std::int64_t>(tokens.size()), cfg_.block_size) - m.blocks;
+    return m;
+  }
+
+  /// Whether the sharing policy counts its content changes (prefix_caching::generation()).
+  static constexpr bool has_generation = requires(const S& sp) {
+    { sp.generation() } -> std::convertible_to<std::uint64_t>;
+  };
+  /// The sharing policy's generation (0 without one: see add_sequence with a prefix_hit).
+  [[nodiscard]] std::uint64_t content_generation() const noexcept {
+    if constexpr (has_generation)
+      return blocks_.sharing().generation();
+    else
+      return 0;
+  }
+
+  /// Prefill shared by the add_sequence overloads; `tokens` is empty for the count overload; `given`: a
+  /// match_prefix hit to consume instead of looking the blocks up.
   status add_impl(seq_id id, std::int32_t n, std::span<const token_id> tokens, sequence_options options,
-                  prefix_match* hit) {
+                  prefix_match* hit, const prefix_hit* given = nullptr) {
     if (seqs_.contains(id)) return status{errc::duplicate_sequence, "add_sequence: sequence id is already live"};
     const std::int64_t total = blocks_for_tokens(n, cfg_.block_size);
     if (exceeds_table_limit(total))
@@ -443,7 +496,13 @@ class paged_kv_cache {
     hits_.clear();
     std::int64_t needed = total;
     cursor_type cur{};
-    if (!tokens.empty()) {
+    if (given != nullptr) {  // the lookup is done: take its blocks, continue the chain after the last one
+      const std::int32_t max_blocks = (n - 1) / cfg_.block_size;
+      hits_.assign(given->blocks.begin(), given->blocks.begin() + std::min(given->match.blocks, max_blocks));
+      for (const block_id b : hits_)
+        if (!blocks_.consumes_capacity(b)) --needed;
+      cursors_.resume(blocks_.sharing(), cur, hits_, options.extra_key);
+    } else if (!tokens.empty()) {
       cursors_.walk(blocks_.sharing(), cur, tokens, options.extra_key, [&](block_id b) {
         hits_.push_back(b);
         if (!blocks_.consumes_capacity(b)) --needed;

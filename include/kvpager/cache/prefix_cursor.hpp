@@ -68,6 +68,11 @@ struct prefix_cursors {
     return hits;
   }
 
+  /// The cursor a walk that found `hits` leaves: after the last hit, or the chain's start when there is none.
+  void resume(const S& share, cursor& cur, std::span<const block_id> hits, std::uint64_t extra_key) const noexcept {
+    if constexpr (content_cache<S>) cur = hits.empty() ? share.first_cursor(extra_key) : share.cursor_after(hits.back());
+  }
+
   /// After a prompt was added to `s` (its first `first_new` blocks were hits and `cur` stands after them): commits
   /// the prompt's other full blocks, keeps the tokens of its partial last block, and stores the cursor.
   void commit_prompt(S& share, state& s, cursor cur, std::span<const token_id> tokens,

@@ -32,6 +32,7 @@ enum class errc : std::int32_t {
   sequence_swapped,    ///< the sequence is swapped out to host memory (or, for swap_in, is not)
   out_of_memory,       ///< host memory for the library's own bookkeeping could not be allocated; nothing changed
   device_error,        ///< the device (CUDA runtime, driver or a launch) failed; the call may succeed when retried
+  stale_prefix_hit,    ///< a prefix_hit from match_prefix no longer describes the cache (it changed since)
 };
 
 /// Stable, human-readable name of an error code.
@@ -53,6 +54,7 @@ enum class errc : std::int32_t {
     case errc::sequence_swapped: return "sequence_swapped";
     case errc::out_of_memory: return "out_of_memory";
     case errc::device_error: return "device_error";
+    case errc::stale_prefix_hit: return "stale_prefix_hit";
   }
   return "unknown_error";
 }

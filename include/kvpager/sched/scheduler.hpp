@@ -22,14 +22,15 @@
 ///   for (auto& f : out.finished) ...;                       // finished by the scheduler (length cap, ...)
 /// \endcode
 /// Sequences carry their token ids (prompt, then every sampled token), so prefix caching works and a request
-/// preempted by recompute is re-admitted with all its tokens.
+/// preempted by recompute is re-admitted with all its tokens. Engine behaviours are config presets
+/// (scheduler_config::vllm_v1(): FCFS, newest-first victim, recompute; kvpager-replay runs it against vLLM).
+/// In steady state (no new request, no fork, queues within sizes they had before) schedule() allocates nothing:
+/// the step output and every scratch buffer are reused.
 
 #include <algorithm>
 #include <cstdint>
-#include <deque>
 #include <optional>
 #include <span>
-#include <unordered_map>
 #include <utility>
 #include <vector>
 
@@ -37,146 +38,51 @@
 #include "kvpager/core/config.hpp"
 #include "kvpager/core/status.hpp"
 #include "kvpager/core/types.hpp"
+#include "kvpager/sched/scheduler_queues.hpp"
+#include "kvpager/sched/scheduler_config.hpp"
+#include "kvpager/sched/step_output.hpp"
 
 KVPAGER_NAMESPACE_BEGIN
 
-/// Answer of an admission check.
-enum class admission {
-  ok,     ///< fits now, watermark kept
-  later,  ///< does not fit now; may once other requests finish
-  never,  ///< can never run (cache, max_blocks_per_seq, token budget without chunked prefill): rejected
-};
-
-/// Which running request is preempted first when blocks run out.
-enum class preemption_order {
-  newest_first,    ///< the most recently admitted (vLLM's FCFS victim: the tail of the running queue)
-  lowest_priority  ///< the lowest (aged) priority, newest among equals (vLLM's PRIORITY policy)
-};
-
-/// How a preempted request gives its device blocks back. Whatever the mode, a victim the cache cannot swap (no
-/// host pool, host pool full, a policy that does not preempt) is preempted by recompute: the scheduler frees it
-/// and re-queues it, so preemption works over every cache composition.
-enum class preemption_mode {
-  cache_policy,  ///< as the cache's swap policy decides (cache.preempt: host_swap swaps, hybrid_swap while room)
-  recompute,     ///< always recompute (vLLM v1): free the blocks, compute the request's tokens again on resume
-  swap,          ///< swap out to the host pool whatever the policy's choice, where the cache has one
-};
-
-/// Why the scheduler finished a request itself (step_output::finished). Its blocks are back in the cache.
-enum class finish_reason {
-  length_cap,   ///< its tokens need more than cache_config::max_blocks_per_seq blocks (vLLM's max_model_len)
-  too_long,     ///< its tokens can no longer be computed: more blocks than the cache's usable blocks, more than
-                ///< 2^31-1 tokens, or (chunked prefill off) more tokens to recompute than max_num_batched_tokens
-  cache_error,  ///< the cache refused a call it cannot refuse for a sequence the scheduler owns (the sequence was
-                ///< changed behind the scheduler's back); step_output::error holds the cache's status
-};
-
-/// Stable name of a finish reason.
-[[nodiscard]] constexpr const char* to_string(finish_reason r) noexcept {
-  switch (r) {
-    case finish_reason::length_cap: return "length_cap";
-    case finish_reason::too_long: return "too_long";
-    case finish_reason::cache_error: return "cache_error";
-  }
-  return "unknown_reason";
-}
-
-struct scheduler_config {
-  std::int32_t max_num_seqs = 256;             ///< running requests at most (< 1: every request is NEVER)
-  std::int64_t max_num_batched_tokens = 8192;  ///< tokens computed per step at most (< 1: every request is NEVER)
-  /// Blocks kept free when admitting or swapping in, in permille of the usable blocks (10 = 1%, vLLM V0's
-  /// default; the seed's example keeps 100 = 10%). Not kept when nothing is running, so no request waits forever.
-  std::int32_t watermark_permille = 10;
-  preemption_order victim = preemption_order::newest_first;
-  /// A waiting request gains one priority level per `aging_steps` steps it waits (0 = no aging). Priority plus
-  /// aging saturates at INT32_MAX.
-  std::int32_t aging_steps = 0;
-  /// Chunked prefill (vLLM v1's default): a prompt longer than the step's remaining token budget is computed over
-  /// several steps. Off: a prompt is computed in one step, and one longer than max_num_batched_tokens is NEVER.
-  bool chunked_prefill = true;
-  preemption_mode preemption = preemption_mode::cache_policy;
-};
-
-/// A sequence scheduled in a step: it computes tokens [start, start + num_tokens) of scheduler::tokens(id).
-struct scheduled_sequence {
-  seq_id id = 0;
-  std::int32_t num_tokens = 0;  ///< 1 for a decode; a chunk of the uncached prompt for a (re-)admission
-  bool prefill = false;         ///< the tokens are (part of) a prompt, or of a recompute victim's tokens
-  /// The request's last pending token is computed: the engine samples its next token and calls complete().
-  /// False for a prefill chunk that is not the prompt's last one: no token is sampled for it.
-  bool last_chunk = true;
-  std::int32_t start = 0;  ///< position of the first token computed
-};
-
-/// A request the scheduler finished itself, and why.
-struct finished_request {
-  seq_id id = 0;
-  finish_reason reason = finish_reason::length_cap;
-  friend bool operator==(const finished_request&, const finished_request&) = default;
-};
-
-/// What one schedule() call decided. Byte movement is in the cache's plan(); its slot mapping is copied here. A step
-/// is always complete: a cache error the scheduler cannot absorb ends only the request it concerns (in `finished`,
-/// reason cache_error) and is reported in `error`.
-struct step_output {
-  std::vector<scheduled_sequence> scheduled;  ///< in slot-mapping order
-  std::vector<seq_id> preempted_recompute;    ///< freed; back at the front of the waiting queue
-  std::vector<seq_id> swapped_out;            ///< now in the swapped queue
-  std::vector<seq_id> swapped_in;             ///< back to running (and scheduled when the budget and blocks allow)
-  /// Always empty: a request that can never run is answered admission::never by add_request and never queued.
-  /// (Kept for source compatibility; a queued request that can no longer run is in `finished`.)
-  std::vector<seq_id> rejected;
-  std::vector<finished_request> finished;     ///< finished by the scheduler in this step, with the reason; freed
-  std::vector<seq_id> forked;                 ///< fork children created at the start of this step (running)
-  std::vector<seq_id> dropped_forks;          ///< fork children not created: the parent stopped running (or the
-                                              ///< cache refused the fork, e.g. out of blocks to copy into)
-  status error;                               ///< ok, or the first cache error that ended a request in this step
-  std::vector<std::int64_t> slot_mapping;     ///< cache.export_slot_mapping() of this step
-  const step_plan* plan = nullptr;            ///< the cache's plan: swap-outs, swap-ins, copies, appends
-};
-
-/// Counters over the scheduler's life.
-struct scheduler_stats {
-  std::int64_t steps = 0;
-  std::int64_t admitted = 0;
-  std::int64_t finished = 0;              ///< by the engine (finish, complete) or by the scheduler
-  std::int64_t finished_with_reason = 0;  ///< of those, by the scheduler (step_output::finished)
-  std::int64_t rejected = 0;
-  std::int64_t preempted_recompute = 0;
-  std::int64_t preempted_swap = 0;
-  std::int64_t swapped_in = 0;
-  std::int64_t dropped_forks = 0;
-  std::int32_t waiting = 0;
-  std::int32_t running = 0;
-  std::int32_t swapped = 0;
-};
-
 template <class Cache>
-class scheduler {
+class scheduler : public scheduler_queues {
  public:
-  scheduler(Cache& cache, scheduler_config cfg = {}) : cache_(cache), cfg_(cfg) {}
+  scheduler(Cache& cache, scheduler_config cfg = {})
+      : cache_(cache), cfg_(cfg), usable_(std::int64_t{cache.config().num_blocks} - cache.config().reserved_blocks),
+        may_hit_limit_(cfg.reject_impossible || cache.config().max_blocks_per_seq > 0) {}
 
-  /// Queues a request. Returns admission::never (and does not queue it) if it can never run: its prompt cannot fit
-  /// even in an empty cache with the watermark kept, needs more than max_blocks_per_seq blocks, or (chunked prefill
-  /// off) is longer than max_num_batched_tokens (or the configuration runs nothing: max_num_seqs or
-  /// max_num_batched_tokens below 1); otherwise whether it would fit now. Errors (nothing changed):
-  /// errc::duplicate_sequence (a known request, a pending fork child, or a sequence in the cache),
-  /// errc::invalid_argument (empty prompt).
-  result<admission> add_request(seq_id id, std::span<const token_id> prompt, std::int32_t priority = 0) {
+  /// Queues a request. `options` reach the cache with every admission of the request: `extra_key` (a tenant's
+  /// salt, a LoRA adapter id: blocks cached under different keys never hit each other) and `priority` (admission
+  /// order with admission_order::priority, victim choice with preemption_order::lowest_priority, and the
+  /// retention priority of its cached blocks). Returns admission::never (and does not queue it) if it can never
+  /// run: its prompt cannot fit even in an empty cache with the watermark kept, needs more than
+  /// max_blocks_per_seq blocks, or (chunked prefill off) is longer than max_num_batched_tokens (or the
+  /// configuration runs nothing: max_num_seqs or max_num_batched_tokens below 1); otherwise whether it would fit
+  /// now. With scheduler_config::reject_impossible off, such a request is queued and answered admission::later
+  /// (a prompt over max_blocks_per_seq is still rejected). Errors (nothing changed): errc::duplicate_sequence (a
+  /// known request, a pending fork child, or a sequence in the cache), errc::invalid_argument (empty prompt).
+  result<admission> add_request(seq_id id, std::span<const token_id> prompt, sequence_options options) {
     if (prompt.empty()) return status{errc::invalid_argument, "add_request: empty prompt"};
     if (known(id) || cache_.contains(id))
       return status{errc::duplicate_sequence, "add_request: request id is already known"};
-    const admission a = check_tokens(static_cast<std::int64_t>(prompt.size()));
+    admission a = check_tokens(static_cast<std::int64_t>(prompt.size()));
     if (a == admission::never) {
-      ++stats_.rejected;
-      return a;
+      if (cfg_.reject_impossible || limit_reached(static_cast<std::int64_t>(prompt.size()), true)) {
+        ++stats_.rejected;
+        return a;
+      }
+      a = admission::later;
     }
-    request r;
+    sched_request& r = reqs_[reqs_.add(id)];
     r.tokens.assign(prompt.begin(), prompt.end());
-    r.priority = priority;
-    reqs_.emplace(id, std::move(r));
+    r.options = options;
     waiting_.push_back(id);
     return a;
+  }
+
+  /// add_request with `priority` and no extra key.
+  result<admission> add_request(seq_id id, std::span<const token_id> prompt, std::int32_t priority = 0) {
+    return add_request(id, prompt, sequence_options{.priority = priority});
   }
 
   /// The admission answer for a prompt of `num_tokens` tokens right now (without prefix hits).
@@ -184,7 +90,7 @@ class scheduler {
     if (num_tokens < 1 || cfg_.max_num_seqs < 1 || cfg_.max_num_batched_tokens < 1 || limit_reached(num_tokens, true))
       return admission::never;
     const std::int64_t need = cache_.blocks_needed(num_tokens);
-    if (need + watermark_blocks() > cache_.stats().total) return admission::never;
+    if (need + watermark_blocks() > usable_blocks()) return admission::never;
     return cache_.available_blocks() - need >= watermark_blocks() ? admission::ok : admission::later;
   }
 
@@ -192,7 +98,8 @@ class scheduler {
   /// decodes, partially computed prompts, swap-ins, admissions (the last two not in a step that preempted).
   const step_output& schedule() {
     cache_.begin_step();
-    clear_output();
+    out_.clear();
+    scheduled_slots_.clear();
     out_.plan = &cache_.plan();
     step_ = static_cast<std::uint64_t>(++stats_.steps);
     start_forks();
@@ -204,9 +111,11 @@ class scheduler {
       swap_in();
       if (swapped_.empty()) admit();  // swapped requests come back before anything new
     }
-    age_waiting();
-    out_.slot_mapping.resize(static_cast<std::size_t>(cache_.slot_mapping_size()));
-    (void)cache_.export_slot_mapping(out_.slot_mapping);
+    age_waiting(cfg_.aging_steps);
+    if (cfg_.export_slot_mapping) {
+      out_.slot_mapping.resize(static_cast<std::size_t>(cache_.slot_mapping_size()));
+      (void)cache_.export_slot_mapping(out_.slot_mapping);
+    }
     return out_;
   }
 
@@ -218,8 +127,8 @@ class scheduler {
   /// step_output::dropped_forks. Errors (nothing changed): errc::unknown_sequence (parent not running),
   /// errc::duplicate_sequence (child known or pending).
   status fork(seq_id parent, seq_id child) {
-    const auto it = reqs_.find(parent);
-    if (it == reqs_.end() || it->second.where != place::running)
+    const sched_request* p = reqs_.get(parent);
+    if (p == nullptr || p->where != request_state::running)
       return status{errc::unknown_sequence, "fork: the parent is not running"};
     if (known(child) || cache_.contains(child))
       return status{errc::duplicate_sequence, "fork: the child id is already known"};
@@ -234,41 +143,78 @@ class scheduler {
   /// errc::invalid_argument and changes nothing. errc::unknown_sequence for an unknown id.
   status complete(seq_id id, token_id next, bool finished = false) {
     if (finished) return finish(id);
-    const auto it = reqs_.find(id);
-    if (it == reqs_.end()) return status{errc::unknown_sequence, "complete: unknown request id"};
-    request& r = it->second;
-    if (r.where != place::running || r.computed != num_tokens(r))
+    return take_token(reqs_.get(id), next);
+  }
+
+  /// complete() for entry `i` of the last step's step_output::scheduled, without looking its id up (an engine
+  /// walking the step's output in order). errc::invalid_argument for an index past the step's entries; otherwise
+  /// exactly as complete(out.scheduled[i].id, next, finished).
+  status complete_scheduled(std::size_t i, token_id next, bool finished = false) {
+    if (i >= out_.scheduled.size()) return status{errc::invalid_argument, "complete_scheduled: no such entry"};
+    const seq_id id = out_.scheduled[i].id;
+    sched_request& r = reqs_[scheduled_slots_[i]];
+    if (finished || r.where == request_state::unknown || r.id != id) return complete(id, next, finished);
+    return take_token(&r, next);  // the slot still holds the request: no lookup
+  }
+
+ private:
+  /// complete() without `finished` for request `r` (nullptr: unknown).
+  status take_token(sched_request* r, token_id next) {
+    if (r == nullptr) return status{errc::unknown_sequence, "complete: unknown request id"};
+    if (r->where != request_state::running || r->computed != r->num_tokens())
       return status{errc::invalid_argument,
                     "complete: the request is not waiting for a token (a prefill chunk that is not the last, a "
                     "waiting or swapped request, or a token already given)"};
-    r.tokens.push_back(next);
+    r->tokens.push_back(next);
+    return ok_status();
+  }
+
+ public:
+
+  /// Computes the pending tokens of running request `id` outside schedule(), for an engine that ran them itself
+  /// (a decode it decided on its own): their slots are appended in the cache, planned in the current step, and
+  /// complete() then takes the request's next token. Never preempts: on a shortage nothing changes. Errors
+  /// (nothing changed): errc::unknown_sequence (not a running request), errc::invalid_argument (no pending
+  /// token), the cache's errors (errc::out_of_blocks).
+  status compute_pending(seq_id id) {
+    sched_request* r = reqs_.get(id);
+    if (r == nullptr || r->where != request_state::running)
+      return status{errc::unknown_sequence, "compute_pending: not a running request"};
+    if (r->computed >= r->num_tokens()) return status{errc::invalid_argument, "compute_pending: no pending token"};
+    if (const status st = cache_.append_tokens(
+            id, std::span<const token_id>(r->tokens).subspan(static_cast<std::size_t>(r->computed)));
+        !st)
+      return st;
+    note_allocation();
+    r->computed = static_cast<std::int32_t>(r->num_tokens());
+    r->prefilling = false;
     return ok_status();
   }
 
   /// Frees request `id` wherever it is (running, swapped, waiting, or a fork child still pending).
   status finish(seq_id id) {
-    const auto it = reqs_.find(id);
-    if (it == reqs_.end()) {
+    sched_request* r = reqs_.get(id);
+    if (r == nullptr) {
       const auto f = std::find_if(forks_.begin(), forks_.end(), [&](const auto& p) { return p.second == id; });
       if (f == forks_.end()) return status{errc::unknown_sequence, "finish: unknown request id"};
       forks_.erase(f);
       ++stats_.finished;
       return ok_status();
     }
-    switch (it->second.where) {
-      case place::running:
-        erase_from(running_, id);
+    switch (r->where) {
+      case request_state::running:
+        erase_running(id);
         break;
-      case place::swapped:
-        erase_from(swapped_, id);
+      case request_state::swapped:
+        (void)swapped_.erase(id);
         break;
-      case place::waiting:
-        erase_from(waiting_, id);
+      default:
+        (void)waiting_.erase(id);
         break;
     }
     // A waiting request holds nothing in the cache (a live sequence of that id is not the scheduler's).
-    if (it->second.where != place::waiting && cache_.contains(id)) (void)cache_.free_sequence(id);
-    reqs_.erase(it);
+    if (r->where != request_state::waiting && cache_.contains(id)) (void)cache_.free_sequence(id);
+    reqs_.erase(id);
     ++stats_.finished;
     return ok_status();
   }
@@ -280,100 +226,56 @@ class scheduler {
     s.swapped = static_cast<std::int32_t>(swapped_.size());
     return s;
   }
-  [[nodiscard]] std::span<const seq_id> running() const noexcept { return running_; }
-  [[nodiscard]] const std::deque<seq_id>& waiting() const noexcept { return waiting_; }
-  [[nodiscard]] const std::deque<seq_id>& swapped() const noexcept { return swapped_; }
-  /// Fork children requested and not yet created (parent, child), in request order.
-  [[nodiscard]] std::span<const std::pair<seq_id, seq_id>> pending_forks() const noexcept { return forks_; }
-  /// Token ids of request `id` (prompt, then sampled tokens), or an empty span.
-  [[nodiscard]] std::span<const token_id> tokens(seq_id id) const noexcept {
-    const auto it = reqs_.find(id);
-    return it == reqs_.end() ? std::span<const token_id>{} : std::span<const token_id>(it->second.tokens);
-  }
-  /// Tokens of request `id` whose KV is in the cache (running or swapped; equal to the cache's num_tokens), 0 for
-  /// a waiting or unknown request.
-  [[nodiscard]] std::int32_t num_computed_tokens(seq_id id) const noexcept {
-    const auto it = reqs_.find(id);
-    return it == reqs_.end() ? 0 : it->second.computed;
-  }
-  /// Effective priority of request `id`: its priority plus aging, saturated to the int32 range (0 if unknown).
-  [[nodiscard]] std::int32_t priority(seq_id id) const noexcept {
-    const auto it = reqs_.find(id);
-    if (it == reqs_.end()) return 0;
-    return static_cast<std::int32_t>(std::min<std::int64_t>(effective_priority(it->second), INT32_MAX));
-  }
   [[nodiscard]] const scheduler_config& config() const noexcept { return cfg_; }
 
  private:
-  enum class place : std::uint8_t { waiting, running, swapped };
-
-  struct request {
-    std::vector<token_id> tokens;
-    std::int32_t computed = 0;  ///< tokens with KV in the cache
-    std::int32_t priority = 0;
-    std::int64_t aged = 0;      ///< priority gained while waiting (64 bits: priority + aged never overflows)
-    std::int32_t waited = 0;    ///< steps waited since the last aging increment
-    place where = place::waiting;
-    bool prefilling = false;    ///< its tokens up to tokens.size() are a prompt (or a recompute) being computed
-    std::uint64_t step = 0;     ///< last step in which it was scheduled
-  };
-
-  static std::int64_t num_tokens(const request& r) noexcept { return static_cast<std::int64_t>(r.tokens.size()); }
-  static std::int64_t effective_priority(const request& r) noexcept { return std::int64_t{r.priority} + r.aged; }
-
-  [[nodiscard]] bool known(seq_id id) const noexcept {
-    return reqs_.count(id) != 0 ||
-           std::any_of(forks_.begin(), forks_.end(), [&](const auto& f) { return f.second == id; });
-  }
-
   [[nodiscard]] std::int64_t watermark_blocks() const noexcept {
     const std::int64_t permille = std::clamp<std::int64_t>(cfg_.watermark_permille, 0, 1000);
-    return std::int64_t{cache_.stats().total} * permille / 1000;
+    return usable_blocks() * permille / 1000;
+  }
+
+  /// The cache's usable blocks (cache_stats::total), without building its stats.
+  [[nodiscard]] std::int64_t usable_blocks() const noexcept { return usable_; }
+
+  /// An allocation the scheduler made succeeded: the peak of blocks in use.
+  void note_allocation() noexcept {
+    stats_.peak_used_blocks = std::max(stats_.peak_used_blocks, usable_blocks() - cache_.available_blocks());
   }
 
   /// Why a request of `n` tokens can never be computed (again), whatever else runs; none if it can.
-  /// `whole`: its uncached tokens must fit one step (a (re-)admission with chunked prefill off).
+  /// `whole`: its uncached tokens must fit one step (a (re-)admission with chunked prefill off). Without
+  /// reject_impossible, only the length cap and the 2^31-1 token limit count.
   [[nodiscard]] std::optional<finish_reason> limit_reached(std::int64_t n, bool whole) const noexcept {
     if (n > INT32_MAX) return finish_reason::too_long;
     const std::int64_t need = cache_.blocks_needed(n);
     const std::int32_t cap = cache_.config().max_blocks_per_seq;
     if (cap > 0 && need > cap) return finish_reason::length_cap;
-    if (need > cache_.stats().total) return finish_reason::too_long;
+    if (!cfg_.reject_impossible) return std::nullopt;
+    if (need > usable_blocks()) return finish_reason::too_long;
     if (whole && !cfg_.chunked_prefill && n > cfg_.max_num_batched_tokens) return finish_reason::too_long;
     return std::nullopt;
   }
 
-  /// Blocks to keep free for an admission or swap-in: the watermark, unless nothing runs (then the request is
-  /// let in if it fits at all: nothing else could ever free blocks for it).
-  [[nodiscard]] std::int64_t blocks_to_keep() const noexcept { return running_.empty() ? 0 : watermark_blocks(); }
-
-  void clear_output() noexcept {
-    out_.scheduled.clear();
-    out_.preempted_recompute.clear();
-    out_.swapped_out.clear();
-    out_.swapped_in.clear();
-    out_.rejected.clear();
-    out_.finished.clear();
-    out_.forked.clear();
-    out_.dropped_forks.clear();
-    out_.error = ok_status();
-    out_.slot_mapping.clear();
+  /// Blocks to keep free for an admission or swap-in: the watermark, unless nothing runs and watermark_when_idle
+  /// is off (then the request is let in if it fits at all: nothing else could ever free blocks for it).
+  [[nodiscard]] std::int64_t blocks_to_keep() const noexcept {
+    return running_.empty() && !cfg_.watermark_when_idle ? 0 : watermark_blocks();
   }
 
   /// Forks requested since the last step; their parents' bytes are in place now.
   void start_forks() {
     for (const auto& [parent, child] : forks_) {
-      const auto it = reqs_.find(parent);
-      if (it == reqs_.end() || it->second.where != place::running ||
-          !cache_.fork(parent, child, it->second.computed)) {
+      const slot_type p = reqs_.find(parent);
+      if (p < 0 || reqs_[p].where != request_state::running || !cache_.fork(parent, child, reqs_[p].computed)) {
         out_.dropped_forks.push_back(child);
         ++stats_.dropped_forks;
         continue;
       }
-      request copy = it->second;
-      copy.step = 0;
-      reqs_.emplace(child, std::move(copy));
-      running_.push_back(child);
+      const slot_type c = reqs_.add(child);  // may move the table: reach the parent by its slot again
+      reqs_[c] = reqs_[p];
+      reqs_[c].id = child;
+      reqs_[c].step = 0;
+      push_running(child, c);
       out_.forked.push_back(child);
     }
     forks_.clear();
@@ -382,40 +284,40 @@ class scheduler {
   /// The running queue in order: decodes first; the requests computing a prompt in chunks are set aside and
   /// continue after them.
   void run_running() {
-    ids_.assign(running_.begin(), running_.end());
+    pass_.assign(running_slots_.begin(), running_slots_.end());
     partial_.clear();
-    for (const seq_id id : ids_) {
+    for (const slot_type s : pass_) {
       if (budget_ <= 0 || stop_running_) return;
-      request* r = unscheduled_running(id);
-      if (r == nullptr) continue;
-      if (r->prefilling) {
-        partial_.push_back(id);
+      sched_request& r = reqs_[s];
+      if (!unscheduled_running(r)) continue;
+      if (r.prefilling) {
+        partial_.push_back(s);
       } else {
-        compute(id, *r, true);
+        compute(r, s, true);
       }
     }
-    for (const seq_id id : partial_) {
+    for (const slot_type s : partial_) {
       if (budget_ <= 0 || stop_running_) return;
-      if (request* r = unscheduled_running(id)) compute(id, *r, true);
+      if (sched_request& r = reqs_[s]; unscheduled_running(r)) compute(r, s, true);
     }
   }
 
-  /// Request `id` if it is (still) running and not scheduled in this step (a victim leaves the running queue).
-  [[nodiscard]] request* unscheduled_running(seq_id id) noexcept {
-    const auto it = reqs_.find(id);
-    if (it == reqs_.end() || it->second.where != place::running || it->second.step == step_) return nullptr;
-    return &it->second;
+  /// Whether `r` is (still) running and not scheduled in this step (a victim leaves the running queue; a finished
+  /// request's slot is free).
+  [[nodiscard]] bool unscheduled_running(const sched_request& r) const noexcept {
+    return r.where == request_state::running && r.step != step_;
   }
 
-  /// Schedules the pending tokens of running request `id` within the budget (a chunk of them with chunked prefill;
-  /// all or none without). On shortage, with `may_preempt`, preempts victims until they fit or `id` itself is the
+  /// Schedules the pending tokens of running request `r` within the budget (a chunk of them with chunked prefill;
+  /// all or none without). On shortage, with `may_preempt`, preempts victims until they fit or `r` itself is the
   /// victim; without, leaves them pending. A request past its limits is finished with the reason.
-  void compute(seq_id id, request& r, bool may_preempt) {
-    if (const auto why = limit_reached(num_tokens(r), false)) {
+  void compute(sched_request& r, slot_type slot, bool may_preempt) {
+    const seq_id id = r.id;
+    if (const auto why = may_hit_limit_ ? limit_reached(r.num_tokens(), false) : std::nullopt) {
       finish_with(id, *why);
       return;
     }
-    const std::int64_t pending = num_tokens(r) - r.computed;
+    const std::int64_t pending = r.num_tokens() - r.computed;
     if (pending <= 0) return;  // its sampled token has not been given yet
     const std::int64_t n = std::min(pending, budget_);
     if (!cfg_.chunked_prefill && n < pending) return;
@@ -428,74 +330,72 @@ class scheduler {
         fail(id, st);
         return;
       }
+      ++stats_.decode_alloc_fail;
       if (!may_preempt) return;
-      const seq_id victim = pick_victim(id);
+      const seq_id victim = pick_victim(id, step_, cfg_.victim);
       preempt(victim);
       if (victim == id) {
         stop_running_ = true;  // as vLLM: a request that preempted itself ends the pass over the running queue
         return;
       }
     }
-    record(id, r, r.computed, static_cast<std::int32_t>(n));
+    note_allocation();
+    record(r, slot, r.computed, static_cast<std::int32_t>(n));
   }
 
   /// `n` tokens of `r` from position `start` were appended in the cache: its entry in the step.
-  void record(seq_id id, request& r, std::int32_t start, std::int32_t n) {
+  void record(sched_request& r, slot_type slot, std::int32_t start, std::int32_t n) {
+    scheduled_slots_.push_back(slot);
     r.computed = start + n;
-    const bool last = r.computed == num_tokens(r);
-    out_.scheduled.push_back({id, n, r.prefilling, last, start});
+    const bool last = r.computed == r.num_tokens();
+    scheduled_sequence& e = out_.scheduled.emplace_back();  // in place: no temporary to copy
+    e.id = r.id;
+    e.num_tokens = n;
+    e.prefill = r.prefilling;
+    e.last_chunk = last;
+    e.start = start;
     if (last) r.prefilling = false;
     r.step = step_;
     budget_ -= n;
   }
 
-  /// The victim for a shortage of running request `self`: among the running requests not scheduled in this step,
-  /// and `self`, the newest, or the lowest effective priority (newest among equals).
-  [[nodiscard]] seq_id pick_victim(seq_id self) const {
-    seq_id best = self;
-    bool found = false;
-    std::int64_t best_priority = 0;
-    for (auto it = running_.rbegin(); it != running_.rend(); ++it) {  // newest first
-      const request& c = reqs_.at(*it);
-      if (*it != self && c.step == step_) continue;
-      if (cfg_.victim == preemption_order::newest_first) return *it;
-      if (!found || effective_priority(c) < best_priority) {
-        best = *it;
-        best_priority = effective_priority(c);
-        found = true;
-      }
-    }
-    return best;
-  }
-
   /// Takes running request `victim` off the device by the configured mode, by recompute where a swap is refused.
   void preempt(seq_id victim) {
-    request& r = reqs_.at(victim);
     bool swapped = false;
     bool freed = false;
+    errc refused = errc::unsupported;  // why the cache did not take the victim off the device itself
     if (cfg_.preemption == preemption_mode::cache_policy) {
-      if (const auto a = cache_.preempt(victim)) {
+      const auto a = cache_.preempt(victim);
+      if (a) {
         swapped = *a == preempt_action::swap;
         freed = true;
+      } else {
+        refused = a.error().code();
       }
     } else if (cfg_.preemption == preemption_mode::swap) {
-      swapped = freed = cache_.swap_out(victim).ok();
+      const status st = cache_.swap_out(victim);
+      swapped = freed = st.ok();
+      if (!st) refused = st.code();
     }
     if (!freed) {
+      if (cfg_.preemption != preemption_mode::recompute && refused != errc::unsupported)
+        ++stats_.swap_fallback_recompute;
       if (const status st = cache_.free_sequence(victim); !st) {
         fail(victim, st);  // gone from the cache behind the scheduler's back
         return;
       }
     }
     preempted_ = true;
-    erase_from(running_, victim);
+    sched_request& r = reqs_.at_id(victim);
+    r.preempted = true;
+    erase_running(victim);
     if (swapped) {
-      r.where = place::swapped;
+      r.where = request_state::swapped;
       swapped_.push_back(victim);
       out_.swapped_out.push_back(victim);
       ++stats_.preempted_swap;
     } else {
-      r.where = place::waiting;
+      r.where = request_state::waiting;
       r.computed = 0;
       r.prefilling = false;
       waiting_.push_front(victim);
@@ -509,8 +409,8 @@ class scheduler {
   void swap_in() {
     while (!swapped_.empty() && static_cast<std::int64_t>(running_.size()) < cfg_.max_num_seqs && budget_ > 0) {
       const seq_id id = swapped_.front();
-      request& r = reqs_.at(id);
-      if (const auto why = limit_reached(num_tokens(r), false)) {
+      const slot_type s = reqs_.find(id);
+      if (const auto why = limit_reached(reqs_[s].num_tokens(), false)) {
         finish_with(id, *why);
         continue;
       }
@@ -525,73 +425,77 @@ class scheduler {
         fail(id, st);
         continue;
       }
-      start_running(swapped_, id, r);
+      note_allocation();
+      swapped_.pop_front();
+      push_running(id, s);
       out_.swapped_in.push_back(id);
       ++stats_.swapped_in;
-      compute(id, r, false);
+      compute(reqs_[s], s, false);
     }
   }
 
   /// Admits waiting requests in (aged) priority order, FCFS among equals, each with its prefix hit and a first
   /// chunk of its uncached tokens within the budget.
   void admit() {
-    // Stable, so FCFS among equals (recompute victims were pushed in front).
-    std::stable_sort(waiting_.begin(), waiting_.end(), [&](seq_id a, seq_id b) {
-      return effective_priority(reqs_.at(a)) > effective_priority(reqs_.at(b));
-    });
+    order_waiting(cfg_.order);
     while (!waiting_.empty() && budget_ > 0 && static_cast<std::int64_t>(running_.size()) < cfg_.max_num_seqs) {
       const seq_id id = waiting_.front();
-      request& r = reqs_.at(id);
-      const std::int64_t n = num_tokens(r);
+      const slot_type s = reqs_.find(id);
+      sched_request& r = reqs_[s];
+      const std::int64_t n = r.num_tokens();
       if (const auto why = limit_reached(n, true)) {  // a recompute victim that grew past what can ever run
         finish_with(id, *why);
         continue;
       }
-      const sequence_options options{.priority = r.priority};
-      const auto m = cache_.match_prefix(r.tokens, options);
-      if (!m) {
-        fail(id, m.error());
-        continue;
+      // Two-phase where the lookup decides the budget or watermark test: match_prefix's hit is consumed by
+      // add_sequence without a second lookup. Where neither test can fail (the whole request fits the budget, no
+      // blocks to keep), add_sequence's own lookup is the only one.
+      const bool must_match = n > budget_ || blocks_to_keep() > 0;
+      if (must_match) {
+        if (const status st = cache_.match_prefix(r.tokens, r.options, hit_); !st) {
+          fail(id, st);
+          continue;
+        }
       }
+      const prefix_match* m = must_match ? &hit_.match : &no_match_;
       const std::int64_t uncached = n - m->tokens;
       const std::int64_t chunk = std::min(uncached, budget_);
-      if (!cfg_.chunked_prefill && chunk < uncached) break;  // whole, in a later step
+      if (!cfg_.chunked_prefill && chunk < uncached) {  // whole, in a later step
+        ++stats_.admit_budget_stop;
+        break;
+      }
       // The first chunk ends at `end`: it takes the hit's blocks that consume capacity and blocks up to `end`.
       const std::int64_t end = m->tokens + chunk;
       const std::int64_t need = m->blocks_to_allocate - cache_.blocks_needed(n) + cache_.blocks_needed(end);
-      if (cache_.available_blocks() - need < blocks_to_keep()) break;  // LATER
+      if (must_match && cache_.available_blocks() - need < blocks_to_keep()) {  // LATER
+        ++stats_.admit_fail;
+        break;
+      }
       prefix_match hit;
-      const status st = cache_.add_sequence(
-          id, std::span<const token_id>(r.tokens).first(static_cast<std::size_t>(end)), options, &hit);
+      const auto first = std::span<const token_id>(r.tokens).first(static_cast<std::size_t>(end));
+      const status st = must_match ? cache_.add_sequence(id, first, r.options, hit_, &hit)
+                                   : cache_.add_sequence(id, first, r.options, &hit);
       if (!st) {
-        if (st.code() == errc::out_of_blocks) break;
+        if (st.code() == errc::out_of_blocks) {
+          ++stats_.admit_fail;
+          break;
+        }
         fail(id, st);
         continue;
       }
-      start_running(waiting_, id, r);
+      note_allocation();
+      prefix_counters& c = r.preempted ? stats_.resumed_prefix : stats_.prefix;
+      ++c.admissions;
+      c.query_tokens += n;
+      c.hit_tokens += hit.tokens;
+      c.hit_blocks += hit.blocks;
+      waiting_.pop_front();
+      push_running(id, s);
       r.prefilling = true;
       r.aged = 0;
       r.waited = 0;
       ++stats_.admitted;
-      record(id, r, hit.tokens, static_cast<std::int32_t>(end) - hit.tokens);
-    }
-  }
-
-  /// Request `id`, the front of `from` (waiting or swapped), joins the running queue.
-  void start_running(std::deque<seq_id>& from, seq_id id, request& r) {
-    from.pop_front();
-    running_.push_back(id);
-    r.where = place::running;
-  }
-
-  void age_waiting() {
-    if (cfg_.aging_steps <= 0) return;
-    for (const seq_id id : waiting_) {
-      request& r = reqs_.at(id);
-      if (++r.waited >= cfg_.aging_steps) {
-        r.waited = 0;
-        if (r.aged < INT64_MAX) ++r.aged;
-      }
+      record(r, s, hit.tokens, static_cast<std::int32_t>(end) - hit.tokens);
     }
   }
 
@@ -609,23 +513,15 @@ class scheduler {
     finish_with(id, finish_reason::cache_error);
   }
 
-  template <class Queue>
-  static void erase_from(Queue& q, seq_id id) {
-    const auto it = std::find(q.begin(), q.end(), id);
-    if (it != q.end()) q.erase(it);
-  }
-
   Cache& cache_;
   scheduler_config cfg_;
-  std::unordered_map<seq_id, request> reqs_;
-  std::deque<seq_id> waiting_;
-  std::vector<seq_id> running_;
-  std::deque<seq_id> swapped_;
   step_output out_;
   scheduler_stats stats_;
-  std::vector<std::pair<seq_id, seq_id>> forks_;
-  std::vector<seq_id> ids_;      ///< scratch: the running queue at the start of the step's pass over it
-  std::vector<seq_id> partial_;  ///< scratch: running requests computing a prompt in chunks, in running order
+  std::vector<slot_type> scheduled_slots_;  ///< the slot of out_.scheduled[i] (complete_scheduled)
+  std::int64_t usable_;                     ///< the cache's usable blocks (its config is fixed)
+  bool may_hit_limit_;  ///< a running request can reach a limit: the length cap, or (reject_impossible) the cache
+  prefix_hit hit_;                  ///< scratch: the admission's lookup, consumed by add_sequence
+  static constexpr prefix_match no_match_{};  ///< the lookup skipped: no hit assumed for the tests
   std::uint64_t step_ = 0;
   std::int64_t budget_ = 0;  ///< tokens left in this step
   bool preempted_ = false;   ///< this step preempted: no swap-in, no admission

@@ -159,6 +159,7 @@ class basic_prefix_caching {
     reclaimed_ = 0;
     index_ = id_map{};
     num_cached_ = 0;
+    ++generation_;
   }
 
   [[nodiscard]] const prefix_caching_config& config() const noexcept { return cfg_; }
@@ -217,6 +218,7 @@ class basic_prefix_caching {
     }
     ++en.holders;
     ++num_cached_;
+    ++generation_;
     c = cursor_after(b);
   }
 
@@ -247,10 +249,14 @@ class basic_prefix_caching {
     link = block_link{};
     --en.holders;
     --num_cached_;
+    ++generation_;
     release_entry(e);
   }
 
   [[nodiscard]] std::int32_t num_cached() const noexcept { return num_cached_; }
+  /// Changes whenever a block is cached or uncached (every change that can alter a lookup's answer): a lookup made
+  /// at one generation is still exact at the same generation (paged_kv_cache's prefix_hit relies on it).
+  [[nodiscard]] std::uint64_t generation() const noexcept { return generation_; }
   /// The chained hash of cached block `b` (for inspection and tests).
   [[nodiscard]] std::uint64_t block_hash(block_id b) const noexcept {
     const std::int32_t e = blocks_[static_cast<std::size_t>(b)].entry;
@@ -472,6 +478,7 @@ class basic_prefix_caching {
   std::int64_t reclaimed_ = 0;
   id_map index_;                          ///< hash -> first entry with that hash
   std::int32_t num_cached_ = 0;
+  std::uint64_t generation_ = 0;  ///< see generation()
 };
 
 /// Prefix caching with XXH3-64 block hashes and token verification.

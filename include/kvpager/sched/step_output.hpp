@@ -1,0 +1,138 @@
+#pragma once
+/// \file
+/// What the scheduler reports: the output of one step (step_output) and its counters (scheduler_stats).
+
+#include <cstdint>
+#include <vector>
+
+#include "kvpager/core/step_plan.hpp"
+#include "kvpager/core/config.hpp"
+#include "kvpager/core/status.hpp"
+#include "kvpager/core/types.hpp"
+
+KVPAGER_NAMESPACE_BEGIN
+
+/// Why the scheduler finished a request itself (step_output::finished). Its blocks are back in the cache.
+enum class finish_reason {
+  length_cap,   ///< its tokens need more than cache_config::max_blocks_per_seq blocks (vLLM's max_model_len)
+  too_long,     ///< its tokens can no longer be computed: more blocks than the cache's usable blocks, more than
+                ///< 2^31-1 tokens, or (chunked prefill off) more tokens to recompute than max_num_batched_tokens
+  cache_error,  ///< the cache refused a call it cannot refuse for a sequence the scheduler owns (the sequence was
+                ///< changed behind the scheduler's back); step_output::error holds the cache's status
+};
+
+/// Stable name of a finish reason.
+[[nodiscard]] constexpr const char* to_string(finish_reason r) noexcept {
+  switch (r) {
+    case finish_reason::length_cap: return "length_cap";
+    case finish_reason::too_long: return "too_long";
+    case finish_reason::cache_error: return "cache_error";
+  }
+  return "unknown_reason";
+}
+
+/// Where a request is (scheduler::state).
+enum class request_state : std::uint8_t {
+  unknown,  ///< not a request of this scheduler (never added, or finished)
+  waiting,  ///< queued; holds nothing in the cache
+  running,  ///< its blocks are on the device
+  swapped,  ///< its blocks are in the host pool
+};
+
+/// A sequence scheduled in a step: it computes tokens [start, start + num_tokens) of scheduler::tokens(id).
+struct scheduled_sequence {
+  seq_id id = 0;
+  std::int32_t num_tokens = 0;  ///< 1 for a decode; a chunk of the uncached prompt for a (re-)admission
+  bool prefill = false;         ///< the tokens are (part of) a prompt, or of a recompute victim's tokens
+  /// The request's last pending token is computed: the engine samples its next token and calls complete().
+  /// False for a prefill chunk that is not the prompt's last one: no token is sampled for it.
+  bool last_chunk = true;
+  std::int32_t start = 0;  ///< position of the first token computed
+};
+
+/// A request the scheduler finished itself, and why.
+struct finished_request {
+  seq_id id = 0;
+  finish_reason reason = finish_reason::length_cap;
+  friend bool operator==(const finished_request&, const finished_request&) = default;
+};
+
+/// What one schedule() call decided. Byte movement is in the cache's plan(); its slot mapping is copied here. A step
+/// is always complete: a cache error the scheduler cannot absorb ends only the request it concerns (in `finished`,
+/// reason cache_error) and is reported in `error`. The scheduler reuses this object (and its buffers) every step.
+struct step_output {
+  std::vector<scheduled_sequence> scheduled;  ///< in slot-mapping order
+  std::vector<seq_id> preempted_recompute;    ///< freed; back at the front of the waiting queue
+  std::vector<seq_id> swapped_out;            ///< now in the swapped queue
+  std::vector<seq_id> swapped_in;             ///< back to running (and scheduled when the budget and blocks allow)
+  /// Always empty: a request that can never run is answered admission::never by add_request and never queued.
+  /// (Kept for source compatibility; a queued request that can no longer run is in `finished`.)
+  std::vector<seq_id> rejected;
+  std::vector<finished_request> finished;     ///< finished by the scheduler in this step, with the reason; freed
+  std::vector<seq_id> forked;                 ///< fork children created at the start of this step (running)
+  std::vector<seq_id> dropped_forks;          ///< fork children not created: the parent stopped running (or the
+                                              ///< cache refused the fork, e.g. out of blocks to copy into)
+  status error;                               ///< ok, or the first cache error that ended a request in this step
+  std::vector<std::int64_t> slot_mapping;     ///< cache.export_slot_mapping() of this step
+  const step_plan* plan = nullptr;            ///< the cache's plan: swap-outs, swap-ins, copies, appends
+
+  /// Empties every list (keeping their capacity, so a step allocates nothing once they have grown).
+  void clear() noexcept {
+    scheduled.clear();
+    preempted_recompute.clear();
+    swapped_out.clear();
+    swapped_in.clear();
+    rejected.clear();
+    finished.clear();
+    forked.clear();
+    dropped_forks.clear();
+    error = ok_status();
+    slot_mapping.clear();
+    plan = nullptr;
+  }
+};
+
+/// Prefix-cache lookups of successful admissions (vLLM's prefix_cache_queries / hits, per admission). A lookup
+/// that ends in a failed admission or a budget stop is not counted.
+struct prefix_counters {
+  std::int64_t admissions = 0;    ///< successful admissions (one lookup each)
+  std::int64_t query_tokens = 0;  ///< their tokens at admission (prompt, plus outputs for a resumed request)
+  std::int64_t hit_tokens = 0;    ///< of those, tokens served from the prefix cache
+  std::int64_t hit_blocks = 0;    ///< the same hits in blocks
+  friend bool operator==(const prefix_counters&, const prefix_counters&) = default;
+};
+
+/// Counters over the scheduler's life.
+struct scheduler_stats {
+  std::int64_t steps = 0;
+  std::int64_t admitted = 0;
+  std::int64_t finished = 0;              ///< by the engine (finish, complete) or by the scheduler
+  std::int64_t finished_with_reason = 0;  ///< of those, by the scheduler (step_output::finished)
+  std::int64_t rejected = 0;
+  std::int64_t preempted_recompute = 0;
+  std::int64_t preempted_swap = 0;
+  /// Of preempted_recompute: victims the configured mode would swap that the cache refused to (host pool full),
+  /// freed for recompute instead. Caches without a host pool (errc::unsupported) are not counted.
+  std::int64_t swap_fallback_recompute = 0;
+  std::int64_t swapped_in = 0;
+  std::int64_t dropped_forks = 0;
+  /// Admission passes that stopped at a request whose blocks do not fit (with the watermark) now: vLLM's failed
+  /// allocate_slots in the admission loop. A request stuck at the head of the queue counts once per step.
+  std::int64_t admit_fail = 0;
+  /// Admission passes that stopped at a request whose uncached tokens exceed the step's remaining token budget
+  /// (chunked prefill off).
+  std::int64_t admit_budget_stop = 0;
+  /// Slot allocations for a running request's pending tokens refused for lack of blocks (each answered by a
+  /// preemption while running requests are scanned; left pending for a request just swapped in).
+  std::int64_t decode_alloc_fail = 0;
+  prefix_counters prefix;          ///< first admissions
+  prefix_counters resumed_prefix;  ///< re-admissions of requests preempted before
+  /// The most device blocks in use (usable blocks minus cache.available_blocks()) right after an allocation the
+  /// scheduler made (admission, slots of running requests, swap-in).
+  std::int64_t peak_used_blocks = 0;
+  std::int32_t waiting = 0;
+  std::int32_t running = 0;
+  std::int32_t swapped = 0;
+};
+
+KVPAGER_NAMESPACE_END

@@ -1,0 +1,116 @@
+// A scheduler step in steady state allocates nothing: the step output and every scratch buffer are reused. This
+// executable replaces the global operator new to count allocations (so it is a test executable of its own).
+#include <kvpager/kvpager.hpp>
+
+#include <gtest/gtest.h>
+
+#include <atomic>
+#include <cstdlib>
+#include <new>
+#include <vector>
+
+namespace {
+std::atomic<std::int64_t> allocations{0};
+
+void* counted(std::size_t n) noexcept {
+  allocations.fetch_add(1, std::memory_order_relaxed);
+  return std::malloc(n == 0 ? 1 : n);
+}
+void* counted_or_throw(std::size_t n) {
+  if (void* p = counted(n)) return p;
+#if KVPAGER_HAS_EXCEPTIONS
+  throw std::bad_alloc();
+#else
+  std::abort();
+#endif
+}
+void release(void* p) noexcept { std::free(p); }
+}  // namespace
+
+void* operator new(std::size_t n) { return counted_or_throw(n); }
+void* operator new[](std::size_t n) { return counted_or_throw(n); }
+void* operator new(std::size_t n, const std::nothrow_t&) noexcept { return counted(n); }
+void* operator new[](std::size_t n, const std::nothrow_t&) noexcept { return counted(n); }
+void operator delete(void* p) noexcept { release(p); }
+void operator delete[](void* p) noexcept { release(p); }
+void operator delete(void* p, std::size_t) noexcept { release(p); }
+void operator delete[](void* p, std::size_t) noexcept { release(p); }
+void operator delete(void* p, const std::nothrow_t&) noexcept { release(p); }
+void operator delete[](void* p, const std::nothrow_t&) noexcept { release(p); }
+
+using namespace kvpager;
+
+namespace {
+using cache_t = paged_kv_cache<free_list_allocator, no_eviction, refcount_sharing, recompute>;
+
+std::vector<token_id> prompt(std::int32_t n, token_id first) {
+  std::vector<token_id> p;
+  for (std::int32_t i = 0; i < n; ++i) p.push_back(first + i);
+  return p;
+}
+
+/// Allocations made by `steps` calls of schedule() (the engine's complete() calls, which store the sampled
+/// tokens, are outside the count).
+std::int64_t allocations_in_schedule(scheduler<cache_t>& s, int steps) {
+  std::int64_t inside = 0;
+  for (int i = 0; i < steps; ++i) {
+    const std::int64_t before = allocations.load();
+    const step_output& out = s.schedule();
+    inside += allocations.load() - before;
+    for (const scheduled_sequence& x : out.scheduled) {
+      if (x.last_chunk) {
+        EXPECT_TRUE(s.complete(x.id, 7));
+      }
+    }
+  }
+  return inside;
+}
+}  // namespace
+
+TEST(ScheduleAllocations, SteadyDecodeStepAllocatesNothing) {
+  // Block size 256: every decode lands in a block the sequence already has, so the cache allocates nothing either.
+  auto cache = *cache_t::create({256, 64, 0, 0});
+  scheduler<cache_t> s(cache, scheduler_config{.max_num_seqs = 32});
+  for (seq_id id = 0; id < 32; ++id) ASSERT_TRUE(s.add_request(id, prompt(8, static_cast<token_id>(id) * 100)));
+  EXPECT_GT(allocations_in_schedule(s, 3), 0) << "the first steps grow the buffers (the counter counts)";
+  EXPECT_EQ(allocations_in_schedule(s, 100), 0);
+  EXPECT_EQ(s.stats().running, 32);
+}
+
+TEST(ScheduleAllocations, StepWithAStuckPriorityQueueAllocatesNothing) {
+  // 8 requests run; 40 wait with rising priorities and aging (the waiting queue is re-ordered every step) and
+  // fail admission every step (no free block); the step still allocates nothing once warm.
+  auto cache = *cache_t::create({256, 8, 0, 0});
+  scheduler_config cfg;
+  cfg.max_num_seqs = 64;
+  cfg.aging_steps = 1;
+  cfg.watermark_permille = 0;
+  scheduler<cache_t> s(cache, cfg);
+  for (seq_id id = 0; id < 8; ++id) ASSERT_TRUE(s.add_request(id, prompt(8, 0), 100));
+  (void)allocations_in_schedule(s, 1);
+  for (seq_id id = 8; id < 48; ++id)
+    ASSERT_TRUE(s.add_request(id, prompt(8, 1000), static_cast<std::int32_t>(id % 5)));
+  (void)allocations_in_schedule(s, 3);
+  const std::int64_t fails = s.stats().admit_fail;
+  EXPECT_EQ(allocations_in_schedule(s, 50), 0);
+  EXPECT_EQ(s.stats().admit_fail, fails + 50) << "every step tried to admit the head and failed";
+  EXPECT_EQ(s.stats().waiting, 40);
+}
+
+TEST(ScheduleAllocations, RequestQueueReusesItsRing) {
+  request_queue q;
+  for (seq_id i = 0; i < 20; ++i) q.push_back(i);
+  const std::int64_t before = allocations.load();
+  for (int round = 0; round < 1000; ++round) {  // the ends move around the ring, as a queue's do
+    const seq_id front = q.front();
+    q.pop_front();
+    q.push_back(front);
+    if (round % 7 == 0) {
+      const seq_id f = q.front();
+      q.pop_front();
+      q.push_front(f);
+    }
+  }
+  EXPECT_EQ(allocations.load() - before, 0);
+  EXPECT_EQ(q.size(), 20U);
+}
