@@ -12,6 +12,7 @@
 #include <new>
 #include <vector>
 
+#include "kvpager_testing/allocation_probe.hpp"
 #include "sharing/tokens.hpp"
 
 #if defined(__SANITIZE_ADDRESS__)
@@ -19,58 +20,6 @@
 // not as an ASan report.
 extern "C" const char* __asan_default_options() { return "allocator_may_return_null=1"; }
 #endif
-
-namespace probe {
-std::atomic<std::int64_t> live_bytes{0};
-std::atomic<std::int64_t> fail_after{-1};           ///< allocations left before one fails; -1 = never
-std::atomic<std::size_t> fail_at_least{SIZE_MAX};   ///< allocations of at least this many bytes fail
-
-constexpr std::size_t header = 16;  // keeps max_align_t alignment
-
-void* allocate(std::size_t n) noexcept {
-  if (n >= fail_at_least.load()) return nullptr;
-  if (fail_after.load() >= 0 && fail_after.fetch_sub(1) == 0) return nullptr;
-  if (n > SIZE_MAX - header) return nullptr;
-  void* p = std::malloc(n + header);
-  if (p == nullptr) return nullptr;
-  *static_cast<std::size_t*>(p) = n;
-  live_bytes += static_cast<std::int64_t>(n);
-  return static_cast<char*>(p) + header;
-}
-void release(void* p) noexcept {
-  if (p == nullptr) return;
-  char* base = static_cast<char*>(p) - header;
-  live_bytes -= static_cast<std::int64_t>(*reinterpret_cast<std::size_t*>(base));
-  std::free(base);
-}
-void* allocate_or_throw(std::size_t n) {
-  if (void* p = allocate(n)) return p;
-#if KVPAGER_HAS_EXCEPTIONS
-  throw std::bad_alloc();
-#else
-  std::abort();
-#endif
-}
-
-/// Stops injected failures when it goes out of scope.
-struct failure_scope {
-  ~failure_scope() {
-    fail_after = -1;
-    fail_at_least = SIZE_MAX;
-  }
-};
-}  // namespace probe
-
-void* operator new(std::size_t n) { return probe::allocate_or_throw(n); }
-void* operator new[](std::size_t n) { return probe::allocate_or_throw(n); }
-void* operator new(std::size_t n, const std::nothrow_t&) noexcept { return probe::allocate(n); }
-void* operator new[](std::size_t n, const std::nothrow_t&) noexcept { return probe::allocate(n); }
-void operator delete(void* p) noexcept { probe::release(p); }
-void operator delete[](void* p) noexcept { probe::release(p); }
-void operator delete(void* p, std::size_t) noexcept { probe::release(p); }
-void operator delete[](void* p, std::size_t) noexcept { probe::release(p); }
-void operator delete(void* p, const std::nothrow_t&) noexcept { probe::release(p); }
-void operator delete[](void* p, const std::nothrow_t&) noexcept { probe::release(p); }
 
 using namespace kvpager;
 

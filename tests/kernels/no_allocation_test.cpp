@@ -10,6 +10,7 @@
 
 #include <gtest/gtest.h>
 
+#include "kvpager_testing/allocation_probe.hpp"
 #include "kvpager_testing/decode_problem.hpp"
 
 #include <atomic>
@@ -18,38 +19,6 @@
 #include <cstdlib>
 #include <new>
 #include <vector>
-
-// The replaced operators below are malloc/free underneath; GCC, seeing both after inlining, would call each
-// delete-of-new a mismatch.
-#pragma GCC diagnostic ignored "-Wmismatched-new-delete"
-
-namespace {
-std::atomic<std::int64_t> allocations{0};
-
-void* allocate(std::size_t n) noexcept {
-  allocations.fetch_add(1, std::memory_order_relaxed);
-  return std::malloc(n == 0 ? 1 : n);
-}
-void release(void* p) noexcept { std::free(p); }
-}  // namespace
-
-void* operator new(std::size_t n) {
-  if (void* p = allocate(n)) return p;
-#if KVPAGER_HAS_EXCEPTIONS
-  throw std::bad_alloc();
-#else
-  std::abort();
-#endif
-}
-void* operator new[](std::size_t n) { return operator new(n); }
-void* operator new(std::size_t n, const std::nothrow_t&) noexcept { return allocate(n); }
-void* operator new[](std::size_t n, const std::nothrow_t&) noexcept { return allocate(n); }
-void operator delete(void* p) noexcept { release(p); }
-void operator delete[](void* p) noexcept { release(p); }
-void operator delete(void* p, std::size_t) noexcept { release(p); }
-void operator delete[](void* p, std::size_t) noexcept { release(p); }
-void operator delete(void* p, const std::nothrow_t&) noexcept { release(p); }
-void operator delete[](void* p, const std::nothrow_t&) noexcept { release(p); }
 
 using namespace kvpager;
 using kvpager_gpu_check::decode_problem;
@@ -74,9 +43,9 @@ TEST(CpuDecodeWorkspace, SteadyStateSplitDecodeAllocatesNothing) {
   p.workspace = ws.data();
   p.workspace_bytes = need;
   ASSERT_TRUE(paged_attention_decode_cpu(p).ok());  // first call: this thread's row buffers grow
-  const std::int64_t before = allocations.load();
+  const std::int64_t before = probe::allocations.load();
   for (int i = 0; i < 5; ++i) ASSERT_TRUE(paged_attention_decode_cpu(p).ok());
-  EXPECT_EQ(allocations.load() - before, 0) << "a steady-state decode with a workspace allocated";
+  EXPECT_EQ(probe::allocations.load() - before, 0) << "a steady-state decode with a workspace allocated";
   EXPECT_EQ(out, pr.cpu_out) << "the workspace changes where partial states live, not the result";
   EXPECT_EQ(lse, pr.cpu_lse);
 }
@@ -88,9 +57,9 @@ TEST(CpuDecodeWorkspace, WithoutAWorkspaceTheSplitDecodeAllocatesPerCall) {
   decode_params p = pr.params(out.data(), nullptr);
   p.num_threads = 1;
   ASSERT_TRUE(paged_attention_decode_cpu(p).ok());
-  const std::int64_t before = allocations.load();
+  const std::int64_t before = probe::allocations.load();
   ASSERT_TRUE(paged_attention_decode_cpu(p).ok());
-  EXPECT_GT(allocations.load() - before, 0);
+  EXPECT_GT(probe::allocations.load() - before, 0);
 }
 
 TEST(CpuDecodeWorkspace, TooSmallOrMisalignedIsRejectedAndWritesNothing) {
@@ -141,7 +110,7 @@ TEST(CpuExecutor, SteadyStateExecuteAllocatesNothing) {
   const std::vector<std::int64_t> slots = {0, 9, -1, 63};
   const std::vector<std::byte> k(slots.size() * 2 * 64 * 2, std::byte{1}), v(k.size(), std::byte{2});
   ASSERT_TRUE(ex.execute(plan, slots, k, v));
-  const std::int64_t before = allocations.load();
+  const std::int64_t before = probe::allocations.load();
   for (int i = 0; i < 3; ++i) ASSERT_TRUE(ex.execute(plan, slots, k, v));
-  EXPECT_EQ(allocations.load() - before, 0);
+  EXPECT_EQ(probe::allocations.load() - before, 0);
 }

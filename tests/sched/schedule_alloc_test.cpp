@@ -4,39 +4,9 @@
 
 #include <gtest/gtest.h>
 
-#include <atomic>
-#include <cstdlib>
-#include <new>
+#include "kvpager_testing/allocation_probe.hpp"
+
 #include <vector>
-
-namespace {
-std::atomic<std::int64_t> allocations{0};
-
-void* counted(std::size_t n) noexcept {
-  allocations.fetch_add(1, std::memory_order_relaxed);
-  return std::malloc(n == 0 ? 1 : n);
-}
-void* counted_or_throw(std::size_t n) {
-  if (void* p = counted(n)) return p;
-#if KVPAGER_HAS_EXCEPTIONS
-  throw std::bad_alloc();
-#else
-  std::abort();
-#endif
-}
-void release(void* p) noexcept { std::free(p); }
-}  // namespace
-
-void* operator new(std::size_t n) { return counted_or_throw(n); }
-void* operator new[](std::size_t n) { return counted_or_throw(n); }
-void* operator new(std::size_t n, const std::nothrow_t&) noexcept { return counted(n); }
-void* operator new[](std::size_t n, const std::nothrow_t&) noexcept { return counted(n); }
-void operator delete(void* p) noexcept { release(p); }
-void operator delete[](void* p) noexcept { release(p); }
-void operator delete(void* p, std::size_t) noexcept { release(p); }
-void operator delete[](void* p, std::size_t) noexcept { release(p); }
-void operator delete(void* p, const std::nothrow_t&) noexcept { release(p); }
-void operator delete[](void* p, const std::nothrow_t&) noexcept { release(p); }
 
 using namespace kvpager;
 
@@ -54,9 +24,9 @@ std::vector<token_id> prompt(std::int32_t n, token_id first) {
 std::int64_t allocations_in_schedule(scheduler<cache_t>& s, int steps) {
   std::int64_t inside = 0;
   for (int i = 0; i < steps; ++i) {
-    const std::int64_t before = allocations.load();
+    const std::int64_t before = probe::allocations.load();
     const step_output& out = s.schedule();
-    inside += allocations.load() - before;
+    inside += probe::allocations.load() - before;
     for (const scheduled_sequence& x : out.scheduled) {
       if (x.last_chunk) {
         EXPECT_TRUE(s.complete(x.id, 7));
@@ -100,7 +70,7 @@ TEST(ScheduleAllocations, StepWithAStuckPriorityQueueAllocatesNothing) {
 TEST(ScheduleAllocations, RequestQueueReusesItsRing) {
   request_queue q;
   for (seq_id i = 0; i < 20; ++i) q.push_back(i);
-  const std::int64_t before = allocations.load();
+  const std::int64_t before = probe::allocations.load();
   for (int round = 0; round < 1000; ++round) {  // the ends move around the ring, as a queue's do
     const seq_id front = q.front();
     q.pop_front();
@@ -111,6 +81,6 @@ TEST(ScheduleAllocations, RequestQueueReusesItsRing) {
       q.push_front(f);
     }
   }
-  EXPECT_EQ(allocations.load() - before, 0);
+  EXPECT_EQ(probe::allocations.load() - before, 0);
   EXPECT_EQ(q.size(), 20U);
 }
