@@ -283,7 +283,7 @@ class scheduler : public scheduler_queues {
 
   /// The running queue in order: decodes first; the requests computing a prompt in chunks are set aside and
   /// continue after them.
-  void run_running() {
+  KVPAGER_FLATTEN void run_running() {
     pass_.assign(running_slots_.begin(), running_slots_.end());
     partial_.clear();
     for (const slot_type s : pass_) {
