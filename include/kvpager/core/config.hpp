@@ -35,7 +35,14 @@
 #if defined(__GNUC__) || defined(__clang__)
 #define KVPAGER_LIKELY(x) __builtin_expect(!!(x), 1)
 #define KVPAGER_UNLIKELY(x) __builtin_expect(!!(x), 0)
+/// Keeps a rarely taken path out of its caller, so that the caller's hot path stays small enough for the
+/// compiler to inline what that path calls (a scheduler step's decode loop).
+#define KVPAGER_NOINLINE __attribute__((noinline))
+/// Inlines every call of a hot function that is not KVPAGER_NOINLINE (a scheduler step's per-request work).
+#define KVPAGER_FLATTEN __attribute__((flatten))
 #else
 #define KVPAGER_LIKELY(x) (x)
 #define KVPAGER_UNLIKELY(x) (x)
+#define KVPAGER_NOINLINE
+#define KVPAGER_FLATTEN
 #endif

@@ -149,7 +149,7 @@ class scheduler : public scheduler_queues {
   /// complete() for entry `i` of the last step's step_output::scheduled, without looking its id up (an engine
   /// walking the step's output in order). errc::invalid_argument for an index past the step's entries; otherwise
   /// exactly as complete(out.scheduled[i].id, next, finished).
-  status complete_scheduled(std::size_t i, token_id next, bool finished = false) {
+  KVPAGER_FLATTEN status complete_scheduled(std::size_t i, token_id next, bool finished = false) {
     if (i >= out_.scheduled.size()) return status{errc::invalid_argument, "complete_scheduled: no such entry"};
     const seq_id id = out_.scheduled[i].id;
     sched_request& r = reqs_[scheduled_slots_[i]];
@@ -263,7 +263,7 @@ class scheduler : public scheduler_queues {
   }
 
   /// Forks requested since the last step; their parents' bytes are in place now.
-  void start_forks() {
+  KVPAGER_NOINLINE void start_forks() {
     for (const auto& [parent, child] : forks_) {
       const slot_type p = reqs_.find(parent);
       if (p < 0 || reqs_[p].where != request_state::running || !cache_.fork(parent, child, reqs_[p].computed)) {
@@ -283,7 +283,7 @@ class scheduler : public scheduler_queues {
 
   /// The running queue in order: decodes first; the requests computing a prompt in chunks are set aside and
   /// continue after them.
-  void run_running() {
+  KVPAGER_FLATTEN void run_running() {
     pass_.assign(running_slots_.begin(), running_slots_.end());
     partial_.clear();
     for (const slot_type s : pass_) {
@@ -311,7 +311,7 @@ class scheduler : public scheduler_queues {
   /// Schedules the pending tokens of running request `r` within the budget (a chunk of them with chunked prefill;
   /// all or none without). On shortage, with `may_preempt`, preempts victims until they fit or `r` itself is the
   /// victim; without, leaves them pending. A request past its limits is finished with the reason.
-  void compute(sched_request& r, slot_type slot, bool may_preempt) {
+  KVPAGER_FLATTEN void compute(sched_request& r, slot_type slot, bool may_preempt) {
     const seq_id id = r.id;
     if (const auto why = may_hit_limit_ ? limit_reached(r.num_tokens(), false) : std::nullopt) {
       finish_with(id, *why);
@@ -360,7 +360,7 @@ class scheduler : public scheduler_queues {
   }
 
   /// Takes running request `victim` off the device by the configured mode, by recompute where a swap is refused.
-  void preempt(seq_id victim) {
+  KVPAGER_NOINLINE void preempt(seq_id victim) {
     bool swapped = false;
     bool freed = false;
     errc refused = errc::unsupported;  // why the cache did not take the victim off the device itself
@@ -406,7 +406,7 @@ class scheduler : public scheduler_queues {
 
   /// Swapped requests back in, oldest first, the watermark kept unless nothing runs; each computes its pending
   /// tokens in this step where the budget and blocks allow.
-  void swap_in() {
+  KVPAGER_NOINLINE void swap_in() {
     while (!swapped_.empty() && static_cast<std::int64_t>(running_.size()) < cfg_.max_num_seqs && budget_ > 0) {
       const seq_id id = swapped_.front();
       const slot_type s = reqs_.find(id);
@@ -436,7 +436,7 @@ class scheduler : public scheduler_queues {
 
   /// Admits waiting requests in (aged) priority order, FCFS among equals, each with its prefix hit and a first
   /// chunk of its uncached tokens within the budget.
-  void admit() {
+  KVPAGER_NOINLINE void admit() {
     order_waiting(cfg_.order);
     while (!waiting_.empty() && budget_ > 0 && static_cast<std::int64_t>(running_.size()) < cfg_.max_num_seqs) {
       const seq_id id = waiting_.front();
@@ -500,7 +500,7 @@ class scheduler : public scheduler_queues {
   }
 
   /// The scheduler ends request `id` itself (`why`), reported in step_output::finished.
-  void finish_with(seq_id id, finish_reason why) {
+  KVPAGER_NOINLINE void finish_with(seq_id id, finish_reason why) {
     out_.finished.push_back({id, why});
     ++stats_.finished_with_reason;
     (void)finish(id);
@@ -508,7 +508,7 @@ class scheduler : public scheduler_queues {
 
   /// The cache refused a call it cannot refuse for a sequence the scheduler owns: the request ends (its cache
   /// sequence, if any, is freed), so the scheduler's queues stay consistent with the cache.
-  void fail(seq_id id, status st) {
+  KVPAGER_NOINLINE void fail(seq_id id, status st) {
     if (out_.error.ok()) out_.error = st;
     finish_with(id, finish_reason::cache_error);
   }
