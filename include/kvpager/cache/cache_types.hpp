@@ -10,6 +10,7 @@
 #include "kvpager/core/config.hpp"
 #include "kvpager/core/geometry.hpp"
 #include "kvpager/core/status.hpp"
+#include "kvpager/core/types.hpp"
 
 KVPAGER_NAMESPACE_BEGIN
 

@@ -1,14 +1,17 @@
 #pragma once
 /// \file
-/// Prefix cursors: where each sequence stands in the sharing policy's hash chain, and the three things a cache
-/// does with that position. Walk a prompt's cached prefix, commit the full blocks a sequence fills, and give a
-/// fork the position its tokens allow. With a sharing policy that caches no content the cursor is an empty type and
-/// these do nothing.
+/// Prefix cursors: where each sequence stands in the sharing policy's hash chain, and what a cache does with that
+/// position. Look a prompt's cached prefix up (match_prefix's count, a prefix_hit's freshness and the hit blocks an
+/// admission takes from it), commit the full blocks a sequence fills, and give a fork the position its tokens
+/// allow. With a sharing policy that caches no content the cursor is an empty type and these do nothing.
 
+#include <algorithm>
+#include <concepts>
 #include <cstddef>
 #include <cstdint>
 #include <span>
 
+#include "kvpager/cache/cache_types.hpp"
 #include "kvpager/cache/sequence_table.hpp"
 #include "kvpager/concepts/sharing_policy.hpp"
 #include "kvpager/core/config.hpp"
@@ -68,9 +71,53 @@ struct prefix_cursors {
     return hits;
   }
 
-  /// The cursor a walk that found `hits` leaves: after the last hit, or the chain's start when there is none.
-  void resume(const S& share, cursor& cur, std::span<const block_id> hits, std::uint64_t extra_key) const noexcept {
-    if constexpr (content_cache<S>) cur = hits.empty() ? share.first_cursor(extra_key) : share.cursor_after(hits.back());
+  /// match_prefix's answer for a prompt (not empty): walks its cached prefix (see walk; `on_hit(b)` sees each hit)
+  /// and counts the blocks admitting it takes, where `consumes(b)` tells whether hit block `b` takes capacity (it
+  /// sits evictable in the free queue).
+  template <class Consumes, class OnHit>
+  prefix_match match(const S& share, std::span<const token_id> tokens, std::uint64_t extra_key, Consumes&& consumes,
+                     OnHit&& on_hit) const {
+    prefix_match m;
+    cursor cur{};
+    m.blocks = walk(share, cur, tokens, extra_key, [&](block_id b) {
+      on_hit(b);
+      if (consumes(b)) ++m.blocks_to_allocate;
+    });
+    m.tokens = m.blocks * block_size;
+    m.blocks_to_allocate += blocks_for_tokens(static_cast<std::int64_t>(tokens.size()), block_size) - m.blocks;
+    return m;
+  }
+
+  /// Whether the sharing policy counts its content changes (prefix_caching::generation()).
+  static constexpr bool has_generation = requires(const S& sp) {
+    { sp.generation() } -> std::convertible_to<std::uint64_t>;
+  };
+  /// The sharing policy's generation (0 without one).
+  [[nodiscard]] static std::uint64_t generation(const S& share) noexcept {
+    if constexpr (has_generation)
+      return share.generation();
+    else
+      return 0;
+  }
+
+  /// Whether `hit` still answers a lookup of `num_tokens` tokens (at most those looked up) under `extra_key`: made
+  /// with that key, and (content caches) at the policy's current generation.
+  [[nodiscard]] static bool fresh(const S& share, const prefix_hit& hit, std::size_t num_tokens,
+                                  std::uint64_t extra_key) noexcept {
+    return hit.num_tokens >= 1 && static_cast<std::size_t>(hit.num_tokens) >= num_tokens &&
+           hit.extra_key == extra_key && (!content_cache<S> || hit.generation == generation(share));
+  }
+
+  /// The lookup an admission of `n` tokens takes from fresh `hit` (its hit blocks up to the cap below the last
+  /// token; `on_hit(b)` sees each, in order): leaves `cur` after the last one taken.
+  template <class OnHit>
+  void take(const S& share, cursor& cur, const prefix_hit& hit, std::int32_t n, std::uint64_t extra_key,
+            OnHit&& on_hit) const {
+    const std::int32_t taken = std::min(hit.match.blocks, (n - 1) / block_size);
+    for (std::int32_t i = 0; i < taken; ++i) on_hit(hit.blocks[static_cast<std::size_t>(i)]);
+    if constexpr (content_cache<S>)
+      cur = taken == 0 ? share.first_cursor(extra_key)
+                       : share.cursor_after(hit.blocks[static_cast<std::size_t>(taken - 1)]);
   }
 
   /// After a prompt was added to `s` (its first `first_new` blocks were hits and `cur` stands after them): commits
