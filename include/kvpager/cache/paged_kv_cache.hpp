@@ -127,11 +127,13 @@ class paged_kv_cache : public cache_exports<paged_kv_cache<A, E, S, W>> {
   /// Prefill with token ids: like the count overload, but first reuses the longest cached prefix of full blocks
   /// (with a content_cache sharing policy; capped so the last token is always computed), takes the remaining
   /// blocks, and commits every full block to the cache. Only the tokens after the hit get slots in the plan.
-  /// `*hit` (if given) receives what the lookup found. Same errors as the count overload.
+  /// `*hit` (if given) receives what the lookup found. `known`: the chained hashes of the tokens' first full
+  /// blocks from an earlier admission (block_hashes, before a preemption by recompute), not computed again.
+  /// Same errors as the count overload.
   status add_sequence(seq_id id, std::span<const token_id> tokens, sequence_options options = {},
-                      prefix_match* hit = nullptr) {
+                      prefix_match* hit = nullptr, std::span<const std::uint64_t> known = {}) {
     if (status st = check_prompt<"add_sequence">(tokens); !st) return st;
-    return add_impl(id, static_cast<std::int32_t>(tokens.size()), tokens, options, hit);
+    return add_impl(id, static_cast<std::int32_t>(tokens.size()), tokens, options, hit, nullptr, known);
   }
 
   /// The prefix-cache lookup add_sequence(id, tokens, options) would do, without changing anything: the hit and
@@ -142,15 +144,20 @@ class paged_kv_cache : public cache_exports<paged_kv_cache<A, E, S, W>> {
     return cursors_.match(blocks_.sharing(), tokens, options.extra_key, consumes(), [](block_id) noexcept {});
   }
 
-  /// match_prefix, keeping the hit (its blocks and the cache's generation) in `hit` for add_sequence(id, tokens,
-  /// options, hit), in the same single pass over the blocks. errc::invalid_argument for an empty prompt (hit
-  /// emptied). Allocates only when `hit`'s buffer grows.
-  status match_prefix(std::span<const token_id> tokens, sequence_options options, prefix_hit& hit) const {
+  /// match_prefix, keeping the hit (its blocks, the block hashes it computed, the cache's generation) in `hit` for
+  /// add_sequence(id, tokens, options, hit), in the same single pass over the blocks; `known` as in add_sequence.
+  /// errc::invalid_argument for an empty prompt (hit emptied). Allocates only when `hit`'s buffers grow.
+  status match_prefix(std::span<const token_id> tokens, sequence_options options, prefix_hit& hit,
+                      std::span<const std::uint64_t> known = {}) const {
     hit.blocks.clear();
+    hit.known_hashes.assign(known.begin(), known.end());
     hit.num_tokens = 0;
     if (status st = check_prompt<"match_prefix">(tokens); !st) return st;
-    hit.match = cursors_.match(blocks_.sharing(), tokens, options.extra_key, consumes(),
-                               [&](block_id b) { hit.blocks.push_back(b); });
+    prompt_hashes ph{known};
+    hit.match = cursors_.match(
+        blocks_.sharing(), tokens, options.extra_key, consumes(), [&](block_id b) { hit.blocks.push_back(b); }, &ph);
+    hit.miss_hash = ph.miss;
+    hit.miss_at = ph.miss_at;
     hit.generation = cursor_ops::generation(blocks_.sharing());
     hit.extra_key = options.extra_key;
     hit.num_tokens = static_cast<std::int32_t>(tokens.size());
@@ -240,6 +247,17 @@ class paged_kv_cache : public cache_exports<paged_kv_cache<A, E, S, W>> {
     c.priority = ps.priority;
     cursors_.inherit(blocks_.sharing(), c, ps, tokens);
     counts_.tokens += tokens;
+    return ok_status();
+  }
+
+  /// The chained hashes of sequence `id`'s leading cached full blocks into `out` (emptied first; empty unless the
+  /// sharing policy is a prehashed_content_cache), read without hashing: keep them to re-admit its tokens after a
+  /// preemption by recompute (add_sequence's and match_prefix's `known`). Errors: errc::unknown_sequence,
+  /// errc::sequence_swapped (`out` unchanged).
+  status block_hashes(seq_id id, std::vector<std::uint64_t>& out) const {
+    const auto h = seqs_.template checked<"block_hashes">(id);
+    if (!h) return h.error();
+    cursors_.hashes_of(blocks_.sharing(), seqs_[*h], out);
     return ok_status();
   }
 
@@ -406,7 +424,7 @@ class paged_kv_cache : public cache_exports<paged_kv_cache<A, E, S, W>> {
   /// Prefill shared by the add_sequence overloads; `tokens` is empty for the count overload; `given`: a
   /// match_prefix hit to consume instead of looking the blocks up.
   status add_impl(seq_id id, std::int32_t n, std::span<const token_id> tokens, sequence_options options,
-                  prefix_match* hit, const prefix_hit* given = nullptr) {
+                  prefix_match* hit, const prefix_hit* given = nullptr, std::span<const std::uint64_t> known = {}) {
     if (seqs_.contains(id)) return status{errc::duplicate_sequence, "add_sequence: sequence id is already live"};
     const std::int64_t total = blocks_for_tokens(n, cfg_.block_size);
     if (exceeds_table_limit(total))
@@ -419,10 +437,13 @@ class paged_kv_cache : public cache_exports<paged_kv_cache<A, E, S, W>> {
       hits_.push_back(b);
       if (!blocks_.consumes_capacity(b)) --needed;
     };
-    if (given != nullptr)  // the lookup is done: take its blocks, continue the chain after the last one
+    prompt_hashes ph{known};
+    if (given != nullptr) {  // the lookup is done: take its blocks, continue the chain after the last one
       cursors_.take(blocks_.sharing(), cur, *given, n, options.extra_key, take);
-    else if (!tokens.empty())
-      cursors_.walk(blocks_.sharing(), cur, tokens, options.extra_key, take);
+      ph = prompt_hashes{given->known_hashes, given->miss_hash, given->miss_at};
+    } else if (!tokens.empty()) {
+      cursors_.walk(blocks_.sharing(), cur, tokens, options.extra_key, take, &ph);
+    }
     if (needed > available_blocks())
       return status{errc::out_of_blocks, "add_sequence: not enough free blocks for the prompt", needed};
 
@@ -440,7 +461,7 @@ class paged_kv_cache : public cache_exports<paged_kv_cache<A, E, S, W>> {
     s.extra_key = options.extra_key;
     const auto hit_tokens = static_cast<std::int32_t>(hits_.size()) * cfg_.block_size;
     if (!tokens.empty()) {
-      cursors_.commit_prompt(blocks_.sharing(), s, cur, tokens, static_cast<std::int32_t>(hits_.size()));
+      cursors_.commit_prompt(blocks_.sharing(), s, cur, tokens, static_cast<std::int32_t>(hits_.size()), ph);
       counts_.prefix_query_tokens += n;
       counts_.prefix_hit_tokens += hit_tokens;
     }

@@ -10,6 +10,7 @@
 #include <cstddef>
 #include <cstdint>
 #include <span>
+#include <vector>
 
 #include "kvpager/cache/cache_types.hpp"
 #include "kvpager/cache/sequence_table.hpp"
@@ -54,16 +55,34 @@ struct prefix_cursors {
 
   /// Walks the longest cached prefix of full blocks of a prompt, capped so its last token is always computed:
   /// calls `on_hit(b)` per hit block, in order, and leaves `cur` after the last hit. Returns the hit blocks.
-  /// Changes nothing in `share`.
+  /// Changes nothing in `share`. With a prehashed_content_cache and `hashes`, the hashes it knows are used, not
+  /// computed again, and the hash of the first block it misses (if it computed it) is kept in `*hashes`.
   template <class OnHit>
   std::int32_t walk(const S& share, cursor& cur, std::span<const token_id> tokens, std::uint64_t extra_key,
-                    OnHit&& on_hit) const {
+                    OnHit&& on_hit, prompt_hashes* hashes = nullptr) const {
     std::int32_t hits = 0;
     if constexpr (content_cache<S>) {
       cur = share.first_cursor(extra_key);
       const std::int32_t max_blocks = (static_cast<std::int32_t>(tokens.size()) - 1) / block_size;
+      if (hashes != nullptr) hashes->miss_at = -1;
       for (; hits < max_blocks; ++hits) {
-        const block_id b = share.lookup(cur, block_tokens(tokens, hits));
+        const auto t = block_tokens(tokens, hits);
+        block_id b = no_block;
+        if constexpr (prehashed_content_cache<S>) {
+          if (hashes != nullptr) {
+            const std::uint64_t* known = hashes->find(hits);
+            const std::uint64_t h = known != nullptr ? *known : share.hash(cur, t);
+            b = share.lookup(cur, h, t);
+            if (b == no_block && known == nullptr) {
+              hashes->miss = h;
+              hashes->miss_at = hits;
+            }
+          } else {
+            b = share.lookup(cur, t);
+          }
+        } else {
+          b = share.lookup(cur, t);
+        }
         if (b == no_block) break;
         on_hit(b);
       }
@@ -76,13 +95,16 @@ struct prefix_cursors {
   /// sits evictable in the free queue).
   template <class Consumes, class OnHit>
   prefix_match match(const S& share, std::span<const token_id> tokens, std::uint64_t extra_key, Consumes&& consumes,
-                     OnHit&& on_hit) const {
+                     OnHit&& on_hit, prompt_hashes* hashes = nullptr) const {
     prefix_match m;
     cursor cur{};
-    m.blocks = walk(share, cur, tokens, extra_key, [&](block_id b) {
-      on_hit(b);
-      if (consumes(b)) ++m.blocks_to_allocate;
-    });
+    m.blocks = walk(
+        share, cur, tokens, extra_key,
+        [&](block_id b) {
+          on_hit(b);
+          if (consumes(b)) ++m.blocks_to_allocate;
+        },
+        hashes);
     m.tokens = m.blocks * block_size;
     m.blocks_to_allocate += blocks_for_tokens(static_cast<std::int64_t>(tokens.size()), block_size) - m.blocks;
     return m;
@@ -121,14 +143,23 @@ struct prefix_cursors {
   }
 
   /// After a prompt was added to `s` (its first `first_new` blocks were hits and `cur` stands after them): commits
-  /// the prompt's other full blocks, keeps the tokens of its partial last block, and stores the cursor.
-  void commit_prompt(S& share, state& s, cursor cur, std::span<const token_id> tokens,
-                     std::int32_t first_new) const {
+  /// the prompt's other full blocks, keeps the tokens of its partial last block, and stores the cursor. `hashes`:
+  /// block hashes known from its lookup or its request (a prehashed_content_cache commits with them).
+  void commit_prompt(S& share, state& s, cursor cur, std::span<const token_id> tokens, std::int32_t first_new,
+                     const prompt_hashes& hashes = {}) const {
     if constexpr (content_cache<S>) {
       const auto n = static_cast<std::int32_t>(tokens.size());
       const std::int32_t full = n / block_size;
-      for (std::int32_t i = first_new; i < full; ++i)
-        share.commit(s.blocks[static_cast<std::size_t>(i)], cur, block_tokens(tokens, i));
+      for (std::int32_t i = first_new; i < full; ++i) {
+        const auto b = s.blocks[static_cast<std::size_t>(i)];
+        if constexpr (prehashed_content_cache<S>) {
+          if (const std::uint64_t* h = hashes.find(i); h != nullptr && share.valid(cur)) {
+            share.commit(b, cur, *h, block_tokens(tokens, i));
+            continue;
+          }
+        }
+        share.commit(b, cur, block_tokens(tokens, i));
+      }
       s.partial.assign(tokens.begin() + static_cast<std::ptrdiff_t>(full) * block_size, tokens.end());
       s.cursor = cur;
     }
@@ -147,6 +178,20 @@ struct prefix_cursors {
           share.commit(s.blocks[static_cast<std::size_t>((pos - 1) / block_size)], s.cursor, s.partial);
           s.partial.clear();
         }
+      }
+    }
+  }
+
+  /// The chained hashes of `s`'s leading cached full blocks into `out` (emptied first; nothing without a
+  /// prehashed_content_cache), read from the policy without hashing. Allocates only when `out` grows.
+  void hashes_of(const S& share, const state& s, std::vector<std::uint64_t>& out) const {
+    out.clear();
+    if constexpr (prehashed_content_cache<S>) {
+      const std::int32_t full = s.num_tokens / block_size;
+      for (std::int32_t i = 0; i < full; ++i) {
+        const block_id b = s.blocks[static_cast<std::size_t>(i)];
+        if (!share.is_cached(b)) break;
+        out.push_back(share.block_hash(b));
       }
     }
   }
