@@ -9,6 +9,7 @@
 #include <cstddef>
 #include <cstdint>
 #include <span>
+#include <vector>
 
 #include "kvpager/cache/sequence_table.hpp"
 #include "kvpager/core/config.hpp"
@@ -91,8 +92,8 @@ status export_csr(const sequence_table<Cursor>& t, std::int32_t block_size, std:
 }
 
 /// The read side of cache `Cache`'s sequence table (a base of the cache, which befriends it): token counts, block
-/// tables, and the kernel exports, forwarding to the functions above over its sequence table `seqs_`, block size
-/// `cfg_.block_size` and step ledger `ledger_`.
+/// tables, block hashes, and the kernel exports, forwarding to the functions above over its sequence table `seqs_`,
+/// block size `cfg_.block_size`, step ledger `ledger_` (and `cursors_`, `blocks_` for the block hashes).
 template <class Cache>
 class cache_exports {
  public:
@@ -127,6 +128,18 @@ class cache_exports {
     const Cache& c = self();
     const std::int32_t h = c.seqs_.find(id);
     return h >= 0 && c.seqs_[h].swapped;
+  }
+
+  /// The chained hashes of sequence `id`'s leading cached full blocks into `out` (emptied first; empty unless the
+  /// sharing policy is a prehashed_content_cache), read without hashing: keep them to re-admit its tokens after a
+  /// preemption by recompute (add_sequence's and match_prefix's `known`). Errors: errc::unknown_sequence,
+  /// errc::sequence_swapped (`out` unchanged).
+  status block_hashes(seq_id id, std::vector<std::uint64_t>& out) const {
+    const Cache& c = self();
+    const auto h = c.seqs_.template checked<"block_hashes">(id);
+    if (!h) return h.error();
+    c.cursors_.hashes_of(c.blocks_.sharing(), c.seqs_[*h], out);
+    return ok_status();
   }
 
   /// Dense page table (vLLM layout) of `seqs` into `table` (rows of `row_stride`) and `seq_lens`; see

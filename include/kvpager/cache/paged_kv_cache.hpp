@@ -132,7 +132,7 @@ class paged_kv_cache : public cache_exports<paged_kv_cache<A, E, S, W>> {
   /// Same errors as the count overload.
   status add_sequence(seq_id id, std::span<const token_id> tokens, sequence_options options = {},
                       prefix_match* hit = nullptr, std::span<const std::uint64_t> known = {}) {
-    if (status st = check_prompt<"add_sequence">(tokens); !st) return st;
+    if (status st = cursor_ops::template check_prompt<"add_sequence">(tokens); !st) return st;
     return add_impl(id, static_cast<std::int32_t>(tokens.size()), tokens, options, hit, nullptr, known);
   }
 
@@ -140,7 +140,7 @@ class paged_kv_cache : public cache_exports<paged_kv_cache<A, E, S, W>> {
   /// the number of blocks the admission would take. errc::invalid_argument for an empty prompt.
   [[nodiscard]] result<prefix_match> match_prefix(std::span<const token_id> tokens,
                                                   sequence_options options = {}) const noexcept {
-    if (status st = check_prompt<"match_prefix">(tokens); !st) return st;
+    if (status st = cursor_ops::template check_prompt<"match_prefix">(tokens); !st) return st;
     return cursors_.match(blocks_.sharing(), tokens, options.extra_key, consumes(), [](block_id) noexcept {});
   }
 
@@ -152,7 +152,7 @@ class paged_kv_cache : public cache_exports<paged_kv_cache<A, E, S, W>> {
     hit.blocks.clear();
     hit.known_hashes.assign(known.begin(), known.end());
     hit.num_tokens = 0;
-    if (status st = check_prompt<"match_prefix">(tokens); !st) return st;
+    if (status st = cursor_ops::template check_prompt<"match_prefix">(tokens); !st) return st;
     prompt_hashes ph{known};
     hit.match = cursors_.match(
         blocks_.sharing(), tokens, options.extra_key, consumes(), [&](block_id b) { hit.blocks.push_back(b); }, &ph);
@@ -173,7 +173,7 @@ class paged_kv_cache : public cache_exports<paged_kv_cache<A, E, S, W>> {
     if (!cursor_ops::fresh(blocks_.sharing(), hit, tokens.size(), options.extra_key))
       return status{errc::stale_prefix_hit, "add_sequence: the prefix hit is stale (the cache changed since "
                                             "match_prefix) or was made for other tokens or options"};
-    if (status st = check_prompt<"add_sequence">(tokens); !st) return st;
+    if (status st = cursor_ops::template check_prompt<"add_sequence">(tokens); !st) return st;
     // A sharing policy without generation() cannot tell a stale hit: look the blocks up again for it.
     return add_impl(id, static_cast<std::int32_t>(tokens.size()), tokens, options, out,
                     cursor_ops::has_generation ? &hit : nullptr);
@@ -247,17 +247,6 @@ class paged_kv_cache : public cache_exports<paged_kv_cache<A, E, S, W>> {
     c.priority = ps.priority;
     cursors_.inherit(blocks_.sharing(), c, ps, tokens);
     counts_.tokens += tokens;
-    return ok_status();
-  }
-
-  /// The chained hashes of sequence `id`'s leading cached full blocks into `out` (emptied first; empty unless the
-  /// sharing policy is a prehashed_content_cache), read without hashing: keep them to re-admit its tokens after a
-  /// preemption by recompute (add_sequence's and match_prefix's `known`). Errors: errc::unknown_sequence,
-  /// errc::sequence_swapped (`out` unchanged).
-  status block_hashes(seq_id id, std::vector<std::uint64_t>& out) const {
-    const auto h = seqs_.template checked<"block_hashes">(id);
-    if (!h) return h.error();
-    cursors_.hashes_of(blocks_.sharing(), seqs_[*h], out);
     return ok_status();
   }
 
@@ -401,15 +390,6 @@ class paged_kv_cache : public cache_exports<paged_kv_cache<A, E, S, W>> {
     blocks_.reset(g);
     book_.reset(g, cfg.num_host_blocks);
     ledger_.reset(cfg.num_blocks);
-  }
-
-  template <detail::call_name Call>
-  static status check_prompt(std::span<const token_id> tokens) noexcept {
-    if (tokens.empty() || tokens.size() > static_cast<std::size_t>(INT32_MAX))
-      return status{errc::invalid_argument,
-                    detail::joined<Call, ": the prompt must have 1 to 2^31-1 tokens">::value.data(),
-                    static_cast<std::int64_t>(tokens.size())};
-    return ok_status();
   }
 
   [[nodiscard]] bool exceeds_table_limit(std::int64_t blocks) const noexcept {

@@ -90,6 +90,16 @@ struct prefix_cursors {
     return hits;
   }
 
+  /// errc::invalid_argument naming `Call` unless the prompt has 1 to 2^31-1 tokens.
+  template <detail::call_name Call>
+  static status check_prompt(std::span<const token_id> tokens) noexcept {
+    if (tokens.empty() || tokens.size() > static_cast<std::size_t>(INT32_MAX))
+      return status{errc::invalid_argument,
+                    detail::joined<Call, ": the prompt must have 1 to 2^31-1 tokens">::value.data(),
+                    static_cast<std::int64_t>(tokens.size())};
+    return ok_status();
+  }
+
   /// match_prefix's answer for a prompt (not empty): walks its cached prefix (see walk; `on_hit(b)` sees each hit)
   /// and counts the blocks admitting it takes, where `consumes(b)` tells whether hit block `b` takes capacity (it
   /// sits evictable in the free queue).
