@@ -1,11 +1,14 @@
-// prefix_cursors alone: walking a cached prefix, committing a prompt, extending on appends, stopping, and what a
-// forked child inherits, over prefix_caching (a content cache) and refcount_sharing (none).
+// prefix_cursors alone: the lookup of match_prefix, a prefix_hit's freshness, and the hit blocks an admission
+// takes from it, over a prefix_caching policy fed by hand.
 #include <kvpager/cache/prefix_cursor.hpp>
+#include <kvpager/sharing/no_sharing.hpp>
 #include <kvpager/sharing/prefix_caching.hpp>
+
 #include <kvpager/sharing/refcount_sharing.hpp>
 
 #include <gtest/gtest.h>
 
+#include <cstdint>
 #include <numeric>
 #include <vector>
 
@@ -14,7 +17,83 @@ using namespace kvpager;
 namespace {
 constexpr std::int32_t bs = 4;
 
-std::vector<token_id> tokens(std::int32_t n, token_id first = 1) {
+std::vector<token_id> tokens(std::int32_t n) {
+  std::vector<token_id> p;
+  for (std::int32_t i = 0; i < n; ++i) p.push_back(100 + i);
+  return p;
+}
+
+/// A policy over 8 blocks with blocks 3 and 5 caching the first two blocks of tokens(...) under key 7.
+prefix_caching cached_two() {
+  prefix_caching share;
+  share.reset(pool_geometry{8, bs, 0});
+  const auto p = tokens(8);
+  auto cur = share.first_cursor(7);
+  share.commit(3, cur, std::span<const token_id>(p).first(bs));
+  share.commit(5, cur, std::span<const token_id>(p).subspan(bs, bs));
+  return share;
+}
+}  // namespace
+
+TEST(PrefixCursors, MatchCountsHitsAndTheBlocksAnAdmissionTakes) {
+  const prefix_caching share = cached_two();
+  const prefix_cursors<prefix_caching> ops{bs};
+  std::vector<block_id> seen;
+  const auto p = tokens(13);  // 3 full blocks and one token: 2 hits, 4 blocks in all
+  const prefix_match m = ops.match(
+      share, p, 7, [](block_id b) { return b == 5; }, [&](block_id b) { seen.push_back(b); });
+  EXPECT_EQ(seen, (std::vector<block_id>{3, 5}));
+  EXPECT_EQ(m.blocks, 2);
+  EXPECT_EQ(m.tokens, 2 * bs);
+  EXPECT_EQ(m.blocks_to_allocate, 2 + 1) << "2 new blocks and the hit that consumes capacity";
+  // Another key, or a prompt whose last token would be in a hit, finds less.
+  EXPECT_EQ(ops.match(share, p, 8, [](block_id) { return false; }, [](block_id) {}).blocks, 0);
+  EXPECT_EQ(ops.match(share, std::span<const token_id>(p).first(8), 7, [](block_id) { return false; },
+                      [](block_id) {}).blocks,
+            1);
+}
+
+TEST(PrefixCursors, HitIsFreshOnlyForItsKeyGenerationAndAtMostItsTokens) {
+  prefix_caching share = cached_two();
+  prefix_hit hit;
+  EXPECT_FALSE(prefix_cursors<prefix_caching>::fresh(share, hit, 1, 0)) << "no lookup yet";
+  hit.num_tokens = 9;
+  hit.extra_key = 7;
+  hit.generation = share.generation();
+  EXPECT_TRUE(prefix_cursors<prefix_caching>::fresh(share, hit, 9, 7));
+  EXPECT_TRUE(prefix_cursors<prefix_caching>::fresh(share, hit, 5, 7));
+  EXPECT_FALSE(prefix_cursors<prefix_caching>::fresh(share, hit, 10, 7));
+  EXPECT_FALSE(prefix_cursors<prefix_caching>::fresh(share, hit, 9, 8));
+  share.uncache(5);
+  EXPECT_FALSE(prefix_cursors<prefix_caching>::fresh(share, hit, 9, 7)) << "the cache changed";
+  EXPECT_TRUE(prefix_cursors<no_sharing>::fresh(no_sharing{}, hit, 9, 7)) << "no content: no generation to check";
+}
+
+TEST(PrefixCursors, TakeCapsTheHitBelowTheLastTokenAndResumesAfterIt) {
+  const prefix_caching share = cached_two();
+  const prefix_cursors<prefix_caching> ops{bs};
+  prefix_hit hit;
+  hit.match.blocks = 2;
+  hit.blocks = {3, 5};
+  std::vector<block_id> taken;
+  prefix_caching::cursor cur;
+  ops.take(share, cur, hit, 8, 7, [&](block_id b) { taken.push_back(b); });  // its last token is in block 1
+  EXPECT_EQ(taken, (std::vector<block_id>{3}));
+  EXPECT_EQ(cur, share.cursor_after(3));
+  taken.clear();
+  ops.take(share, cur, hit, 12, 7, [&](block_id b) { taken.push_back(b); });
+  EXPECT_EQ(taken, (std::vector<block_id>{3, 5}));
+  EXPECT_EQ(cur, share.cursor_after(5));
+  ops.take(share, cur, hit, 4, 7, [&](block_id b) { taken.push_back(b); });
+  EXPECT_EQ(taken.size(), 2U) << "a one-block prompt takes no hit";
+  EXPECT_EQ(cur, share.first_cursor(7));
+}
+
+// Walking, committing, extending and inheriting hash-chain positions (the per-sequence side).
+namespace walk_commit {
+namespace {
+
+std::vector<token_id> iota(std::int32_t n, token_id first = 1) {
   std::vector<token_id> t(static_cast<std::size_t>(n));
   std::iota(t.begin(), t.end(), first);
   return t;
@@ -30,8 +109,7 @@ struct fixture {
     sequence_state<prefix_caching::cursor> s;
     s.num_tokens = static_cast<std::int32_t>(toks.size());
     for (std::int32_t i = 0; i < (s.num_tokens + bs - 1) / bs; ++i) s.blocks.push_back(first_block + i);
-    prefix_caching::cursor cur{};
-    pc.resume(share, cur, {}, 0);
+    prefix_caching::cursor cur = share.first_cursor(0);
     pc.commit_prompt(share, s, cur, toks, 0);
     return s;
   }
@@ -40,7 +118,7 @@ struct fixture {
 
 TEST(PrefixCursor, WalkFindsTheCommittedFullBlocksCappedBelowTheLastToken) {
   fixture f;
-  const auto t = tokens(10);  // two full blocks and two tokens
+  const auto t = iota(10);  // two full blocks and two tokens
   auto s = f.add(t);
   EXPECT_EQ(f.share.num_cached(), 2);
   EXPECT_EQ(s.partial, std::vector<token_id>({9, 10}));
@@ -56,27 +134,12 @@ TEST(PrefixCursor, WalkFindsTheCommittedFullBlocksCappedBelowTheLastToken) {
   EXPECT_EQ(f.pc.walk(f.share, cur, t, 7, [](block_id) {}), 0);
 }
 
-TEST(PrefixCursor, ResumeContinuesTheChainAfterTheHits) {
-  fixture f;
-  const auto t = tokens(12);
-  f.add(t);  // blocks 10, 11, 12 cached
-  prefix_caching::cursor walked{}, resumed{};
-  std::vector<block_id> hits;
-  const std::span<const token_id> nine(t.data(), 9);
-  f.pc.walk(f.share, walked, nine, 0, [&](block_id b) { hits.push_back(b); });
-  f.pc.resume(f.share, resumed, hits, 0);
-  EXPECT_EQ(resumed, walked);
-  // With no hits, resuming starts the chain of that key.
-  f.pc.resume(f.share, resumed, {}, 3);
-  EXPECT_EQ(resumed, f.share.first_cursor(3));
-}
-
 TEST(PrefixCursor, ExtendCommitsEachBlockAsItFills) {
   fixture f;
-  const auto t = tokens(6);
+  const auto t = iota(6);
   auto s = f.add(t);
   EXPECT_EQ(f.share.num_cached(), 1);
-  const auto more = tokens(2, 7);  // fills block 11
+  const auto more = iota(2, 7);  // fills block 11
   s.blocks = {10, 11};
   f.pc.extend(f.share, s, more, 6);
   s.num_tokens = 8;
@@ -86,13 +149,13 @@ TEST(PrefixCursor, ExtendCommitsEachBlockAsItFills) {
   // After stop, appends are not cached any more (their token ids are unknown).
   prefix_cursors<prefix_caching>::stop(s);
   s.blocks.push_back(12);
-  f.pc.extend(f.share, s, tokens(4, 9), 8);
+  f.pc.extend(f.share, s, iota(4, 9), 8);
   EXPECT_FALSE(f.share.is_cached(12));
 }
 
 TEST(PrefixCursor, ForkedChildKeepsCachingOnlyWhenItsPartialBlockIsKnown) {
   fixture f;
-  const auto t = tokens(10);
+  const auto t = iota(10);
   auto p = f.add(t);  // blocks 10, 11 full, 12 holds 9, 10
   sequence_state<prefix_caching::cursor> c;
   f.pc.inherit(f.share, c, p, 8);  // block-aligned fork point: chain after block 11
@@ -109,7 +172,7 @@ TEST(PrefixCursor, ForkedChildKeepsCachingOnlyWhenItsPartialBlockIsKnown) {
 TEST(PrefixCursor, WithoutAContentCacheNothingIsWalkedOrCommitted) {
   refcount_sharing share;
   prefix_cursors<refcount_sharing> pc{bs};
-  const auto t = tokens(10);
+  const auto t = iota(10);
   sequence_state<prefix_cursors<refcount_sharing>::cursor> s;
   s.blocks = {1, 2, 3};
   prefix_cursors<refcount_sharing>::cursor cur{};
@@ -117,3 +180,5 @@ TEST(PrefixCursor, WithoutAContentCacheNothingIsWalkedOrCommitted) {
   pc.commit_prompt(share, s, cur, t, 0);
   EXPECT_TRUE(s.partial.empty());
 }
+
+}  // namespace walk_commit

@@ -218,6 +218,12 @@ static_assert(!content_cache<declared_content_cache<content_member::num_cached>>
 static_assert(sharing_policy<declared_content_cache<content_member::none, false>> &&
               !content_cache<declared_content_cache<content_member::none, false>>);
 static_assert(sharing_policy<declared_content_cache<content_member::commit, false>>);
+// prehashed_content_cache: optional members (a content cache without them is still one, the cache hashes itself).
+static_assert(prehashed_content_cache<prehashed_content_cache_archetype>);
+static_assert(content_cache<content_cache_archetype> && !prehashed_content_cache<content_cache_archetype>);
+static_assert(!prehashed_content_cache<declared_content_cache<content_member::none>>);
+static_assert(!detail::content_hash<content_cache_archetype> && !detail::content_lookup_hashed<content_cache_archetype> &&
+              !detail::content_commit_hashed<content_cache_archetype> && !detail::content_block_hash<content_cache_archetype>);
 
 struct cursor_without_equality {
   static constexpr fork_mode fork = fork_mode::share;
@@ -269,6 +275,7 @@ static_assert(content_cache<content_cache_archetype> && !content_cache<sharing_p
 static_assert(!content_cache<refcount_sharing> && !content_cache<no_sharing> && !content_cache<kvtest::user_sharing>);
 #if __has_include(<xxhash.h>)
 static_assert(content_cache<prefix_caching>);
+static_assert(prehashed_content_cache<prefix_caching>);
 #endif
 
 // paged_kv_cache is constrained: a non-conforming policy does not name a valid specialization.

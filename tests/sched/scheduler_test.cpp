@@ -5,6 +5,8 @@
 #include <gtest/gtest.h>
 
 #include <algorithm>
+#include <cstdint>
+#include <span>
 #include <string>
 #include <vector>
 
@@ -707,4 +709,37 @@ TEST(Scheduler, CompleteScheduledTakesTheTokenOfAStepEntry) {
   ASSERT_TRUE(s.add_request(3, prompt(4, 70)));  // reuses request 2's slot
   EXPECT_EQ(s.complete_scheduled(1, 5).code(), errc::unknown_sequence) << "entry 1 names request 2, gone";
   EXPECT_EQ(s.tokens(3).size(), 4U);
+}
+
+namespace {
+std::int64_t blocks_hashed = 0;
+/// xxh3_hasher that counts the blocks it hashes.
+struct counting_hasher {
+  [[nodiscard]] std::uint64_t operator()(std::uint64_t seed, std::span<const token_id> tokens) const noexcept {
+    ++blocks_hashed;
+    return xxh3_hasher{}(seed, tokens);
+  }
+};
+}  // namespace
+
+TEST(VllmPreset, RequestKeepsItsBlockHashesAcrossRecomputeAndHashesEachBlockOnce) {
+  using counting_cache = paged_kv_cache<free_list_allocator, lru_eviction, basic_prefix_caching<counting_hasher>>;
+  auto cache = *counting_cache::create({4, 9, 1, 0});  // 8 usable blocks of 4 tokens
+  scheduler<counting_cache> s(cache, scheduler_config::vllm_v1());
+  blocks_hashed = 0;
+  ASSERT_TRUE(s.add_request(1, prompt(16)));       // 4 blocks
+  ASSERT_TRUE(s.add_request(2, prompt(16, 100)));  // 4 blocks
+  sample_all(s, s.schedule());
+  EXPECT_EQ(blocks_hashed, 8) << "4 full blocks each, the lookup's first miss included";
+  const auto& out = s.schedule();  // request 2 is preempted by recompute; its tail block is evicted for request 1
+  ASSERT_EQ(out.preempted_recompute.size(), 1U);
+  sample_all(s, out);
+  ASSERT_TRUE(s.finish(1));
+  const auto& back = s.schedule();  // request 2 comes back with 17 tokens: its 4 blocks' hashes are known
+  ASSERT_EQ(back.scheduled.size(), 1U);
+  EXPECT_EQ(s.stats().resumed_prefix.hit_blocks, 3);
+  EXPECT_EQ(blocks_hashed, 8) << "the re-admission recommits the evicted tail with its kept hash";
+  sample_all(s, back);
+  for (int i = 0; i < 3; ++i) sample_all(s, s.schedule());  // tokens 18..20: the fifth block fills
+  EXPECT_EQ(blocks_hashed, 9);
 }

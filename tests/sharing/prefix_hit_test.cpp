@@ -41,7 +41,7 @@ TEST(PrefixHit, AddSequenceConsumesTheHitWithoutHashingItsBlocksAgain) {
   prefix_match got;
   ASSERT_TRUE(cache.add_sequence(2, p, {}, hit, &got));
   EXPECT_EQ(got, hit.match);
-  EXPECT_EQ(hashes, 7 + 4) << "only the 4 blocks after the hit are hashed (to cache them), none of the hit's";
+  EXPECT_EQ(hashes, 7 + 3) << "only the 3 blocks after the first miss are hashed (to cache them): each block once";
   EXPECT_EQ(std::vector<block_id>(cache.block_table(2)->begin(), cache.block_table(2)->begin() + 6),
             std::vector<block_id>(cache.block_table(1)->begin(), cache.block_table(1)->end()));
   // Without the hit, the same admission looks every hit block up again.
@@ -50,7 +50,7 @@ TEST(PrefixHit, AddSequenceConsumesTheHitWithoutHashingItsBlocksAgain) {
   hashes = 0;
   ASSERT_TRUE(cache.match_prefix(q, {}));
   ASSERT_TRUE(cache.add_sequence(4, q));
-  EXPECT_EQ(hashes, 7 + 7 + 4);
+  EXPECT_EQ(hashes, 7 + 7 + 3);
 }
 
 TEST(PrefixHit, StaleHitIsRefusedAndChangesNothing) {
@@ -106,4 +106,82 @@ TEST(PrefixHit, HitForOtherOptionsOrFewerTokensIsRefused) {
   prefix_match got;
   ASSERT_TRUE(cache.add_sequence(2, std::span<const token_id>(p).first(8), sequence_options{.extra_key = 5}, hit, &got));
   EXPECT_EQ(got.blocks, 1);
+}
+
+TEST(PrefixHit, EachFullBlockIsHashedOnceAcrossAdmissionAndDecode) {
+  auto cache = *counting_cache::create({4, 64, 1, 0});
+  const auto p = tokens(23);  // 5 full blocks and 3 tokens
+  hashes = 0;
+  ASSERT_TRUE(cache.add_sequence(1, p));  // one-phase: the lookup's first miss is committed with its hash
+  EXPECT_EQ(hashes, 5);
+  prefix_hit hit;
+  const auto q = tokens(30);  // the same 5 blocks, then 2 more and 2 tokens
+  hashes = 0;
+  ASSERT_TRUE(cache.match_prefix(q, {}, hit));
+  ASSERT_TRUE(cache.add_sequence(2, q, {}, hit));
+  EXPECT_EQ(hashes, 5 + 1 + 1) << "5 hits, the first miss (its hash kept in the hit), one more block";
+  hashes = 0;
+  for (token_id t = 30; t < 40; ++t) ASSERT_TRUE(cache.append_token(2, t));  // blocks fill at 32, 36 and 40 tokens
+  EXPECT_EQ(hashes, 3);
+}
+
+TEST(PrefixHit, BlockHashesReadmitARecomputedSequenceWithoutHashing) {
+  auto cache = *counting_cache::create({4, 64, 1, 0});
+  auto p = tokens(18);  // 4 full blocks
+  ASSERT_TRUE(cache.add_sequence(1, p));
+  cache.begin_step();
+  for (token_id t = 18; t < 21; ++t) {
+    ASSERT_TRUE(cache.append_token(1, t));  // token 19 fills the fifth block
+    p.push_back(t);
+  }
+  std::vector<std::uint64_t> saved{42};
+  ASSERT_TRUE(cache.block_hashes(1, saved));
+  ASSERT_EQ(saved.size(), 5U);
+  for (std::size_t i = 0; i < saved.size(); ++i)
+    EXPECT_EQ(saved[i], cache.sharing().block_hash((*cache.block_table(1))[i]));
+  cache.begin_step();
+  ASSERT_TRUE(cache.free_sequence(1));  // preempted by recompute: its blocks stay cached
+  hashes = 0;
+  prefix_match m;
+  ASSERT_TRUE(cache.add_sequence(1, p, {}, &m, saved));  // 21 tokens: 5 full blocks, 5 looked up
+  EXPECT_EQ(m.blocks, 5);
+  EXPECT_EQ(hashes, 0) << "every block's hash was known";
+  // Two-phase: the lookup takes the known hashes into the hit, and the admission hashes nothing either.
+  cache.begin_step();
+  ASSERT_TRUE(cache.free_sequence(1));
+  prefix_hit hit;
+  ASSERT_TRUE(cache.match_prefix(p, {}, hit, saved));
+  EXPECT_EQ(hashes, 0);
+  EXPECT_EQ(hit.known_hashes, saved);
+  ASSERT_TRUE(cache.add_sequence(1, p, {}, hit));
+  EXPECT_EQ(hashes, 0);
+}
+
+TEST(PrefixHit, WrongKnownHashesNeverGiveAWrongHit) {
+  auto cache = *counting_cache::create({4, 64, 1, 0});
+  const auto p = tokens(12);
+  const auto q = tokens(12, 500);
+  ASSERT_TRUE(cache.add_sequence(1, p));
+  std::vector<std::uint64_t> of_p;
+  ASSERT_TRUE(cache.block_hashes(1, of_p));
+  ASSERT_EQ(of_p.size(), 3U);
+  prefix_hit hit;
+  ASSERT_TRUE(cache.match_prefix(q, {}, hit, of_p));  // p's hashes given for q's tokens: tokens are compared
+  EXPECT_EQ(hit.match.blocks, 0);
+}
+
+TEST(PrefixHit, BlockHashesOfAnUnknownSequenceIsAnErrorAndKeepsOut) {
+  auto cache = *counting_cache::create({4, 64, 1, 0});
+  std::vector<std::uint64_t> out{1, 2};
+  EXPECT_EQ(cache.block_hashes(9, out).code(), errc::unknown_sequence);
+  EXPECT_EQ(out, (std::vector<std::uint64_t>{1, 2}));
+  auto plain = *vllm_v1_cache::create({4, 64, 1, 0});
+  const auto p = tokens(12);
+  ASSERT_TRUE(plain.add_sequence(1, p));
+  ASSERT_TRUE(plain.block_hashes(1, out));
+  EXPECT_EQ(out.size(), 3U) << "vllm_v1_cache's prefix_caching is a prehashed_content_cache";
+  auto count_only = *paged_kv_cache<>::create({4, 64, 1, 0});
+  ASSERT_TRUE(count_only.add_sequence(1, p));
+  ASSERT_TRUE(count_only.block_hashes(1, out));
+  EXPECT_TRUE(out.empty()) << "no content cache: no hashes";
 }

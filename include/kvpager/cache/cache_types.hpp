@@ -4,12 +4,15 @@
 /// and what a prefix lookup found.
 
 #include <bit>
+#include <cstddef>
 #include <cstdint>
+#include <span>
 #include <vector>
 
 #include "kvpager/core/config.hpp"
 #include "kvpager/core/geometry.hpp"
 #include "kvpager/core/status.hpp"
+#include "kvpager/core/types.hpp"
 
 KVPAGER_NAMESPACE_BEGIN
 
@@ -131,9 +134,28 @@ struct prefix_match {
 /// it without looking the blocks up again. It is stale once a block was cached or evicted since the lookup (the
 /// sharing policy's generation changed): add_sequence then answers errc::stale_prefix_hit and changes nothing.
 /// Reuse one object across admissions: its buffer keeps its capacity.
+/// Block hashes of a prompt known before its lookup or commit: `known[i]` for its first blocks (kept by the
+/// request from an earlier admission), and `miss` for block `miss_at` (-1: none), the first one its lookup missed.
+struct prompt_hashes {
+  std::span<const std::uint64_t> known;
+  std::uint64_t miss = 0;
+  std::int32_t miss_at = -1;
+
+  /// The hash of block `i`, or nullptr when it is not known.
+  [[nodiscard]] const std::uint64_t* find(std::int32_t i) const noexcept {
+    if (static_cast<std::size_t>(i) < known.size()) return &known[static_cast<std::size_t>(i)];
+    return i == miss_at ? &miss : nullptr;
+  }
+};
+
 struct prefix_hit {
   prefix_match match;            ///< what the lookup found
   std::vector<block_id> blocks;  ///< the hit blocks, in chain order (match.blocks of them)
+  /// Block hashes add_sequence commits with instead of hashing again (a prehashed_content_cache only): the
+  /// `known` ones match_prefix was given, and the hash of the first block the lookup missed (block miss_at).
+  std::vector<std::uint64_t> known_hashes;
+  std::uint64_t miss_hash = 0;
+  std::int32_t miss_at = -1;  ///< -1: no miss hashed
   std::uint64_t generation = 0;  ///< the sharing policy's generation at the lookup
   std::uint64_t extra_key = 0;   ///< the key the lookup used
   std::int32_t num_tokens = 0;   ///< tokens looked up (0: no lookup yet)

@@ -1,14 +1,15 @@
 #pragma once
 /// \file
 /// Kernel-facing page tables written from a sequence_table into caller-provided buffers: the dense block table
-/// (vLLM layout) and CSR (FlashInfer layout). paged_kv_cache::export_block_table, csr_size and export_csr call
-/// these; engines that keep their own sequence_table can too. Each validates everything before writing anything,
-/// and allocates nothing.
+/// (vLLM layout) and CSR (FlashInfer layout); engines that keep their own sequence_table can call these too. Each
+/// validates everything before writing anything, and allocates nothing. cache_exports gives a cache (paged_kv_cache)
+/// its export members over them and over its step ledger's slot mapping.
 
 #include <algorithm>
 #include <cstddef>
 #include <cstdint>
 #include <span>
+#include <vector>
 
 #include "kvpager/cache/sequence_table.hpp"
 #include "kvpager/core/config.hpp"
@@ -89,5 +90,91 @@ status export_csr(const sequence_table<Cursor>& t, std::int32_t block_size, std:
   }
   return ok_status();
 }
+
+/// The read side of cache `Cache`'s sequence table (a base of the cache, which befriends it): token counts, block
+/// tables, block hashes, and the kernel exports, forwarding to the functions above over its sequence table `seqs_`,
+/// block size `cfg_.block_size`, step ledger `ledger_` (and `cursors_`, `blocks_` for the block hashes).
+template <class Cache>
+class cache_exports {
+ public:
+  /// Tokens of sequence `id`; errc::unknown_sequence.
+  [[nodiscard]] result<std::int32_t> num_tokens(seq_id id) const noexcept {
+    const Cache& c = self();
+    const auto h = c.seqs_.template checked<"num_tokens">(id, residency::any);
+    if (!h) return h.error();
+    return c.seqs_[*h].num_tokens;
+  }
+
+  /// The block table of sequence `id` (valid until the next call that changes that sequence);
+  /// errc::unknown_sequence, errc::sequence_swapped (see host_block_table).
+  [[nodiscard]] result<std::span<const block_id>> block_table(seq_id id) const noexcept {
+    const Cache& c = self();
+    const auto h = c.seqs_.template checked<"block_table">(id);
+    if (!h) return h.error();
+    return std::span<const block_id>(c.seqs_[*h].blocks);
+  }
+
+  /// The host block table of swapped-out sequence `id`; errc::unknown_sequence, errc::sequence_swapped (it is
+  /// not swapped out).
+  [[nodiscard]] result<std::span<const block_id>> host_block_table(seq_id id) const noexcept {
+    const Cache& c = self();
+    const auto h = c.seqs_.template checked<"host_block_table">(id, residency::swapped);
+    if (!h) return h.error();
+    return std::span<const block_id>(c.seqs_[*h].blocks);
+  }
+
+  /// Whether sequence `id` is live and swapped out.
+  [[nodiscard]] bool is_swapped(seq_id id) const noexcept {
+    const Cache& c = self();
+    const std::int32_t h = c.seqs_.find(id);
+    return h >= 0 && c.seqs_[h].swapped;
+  }
+
+  /// The chained hashes of sequence `id`'s leading cached full blocks into `out` (emptied first; empty unless the
+  /// sharing policy is a prehashed_content_cache), read without hashing: keep them to re-admit its tokens after a
+  /// preemption by recompute (add_sequence's and match_prefix's `known`). Errors: errc::unknown_sequence,
+  /// errc::sequence_swapped (`out` unchanged).
+  status block_hashes(seq_id id, std::vector<std::uint64_t>& out) const {
+    const Cache& c = self();
+    const auto h = c.seqs_.template checked<"block_hashes">(id);
+    if (!h) return h.error();
+    c.cursors_.hashes_of(c.blocks_.sharing(), c.seqs_[*h], out);
+    return ok_status();
+  }
+
+  /// Dense page table (vLLM layout) of `seqs` into `table` (rows of `row_stride`) and `seq_lens`; see
+  /// kvpager::export_block_table for the format and errors. Validates everything before writing.
+  status export_block_table(std::span<const seq_id> seqs, std::span<std::int32_t> table, std::int32_t row_stride,
+                            std::span<std::int32_t> seq_lens) const noexcept {
+    return ::kvpager::export_block_table(self().seqs_, seqs, table, row_stride, seq_lens);
+  }
+
+  /// Number of `indices` entries export_csr needs for `seqs`; errc::unknown_sequence, errc::sequence_swapped.
+  [[nodiscard]] result<std::int64_t> csr_size(std::span<const seq_id> seqs) const noexcept {
+    return ::kvpager::csr_size(self().seqs_, seqs);
+  }
+
+  /// CSR page table (FlashInfer layout) of `seqs`; see kvpager::export_csr. Validates before writing.
+  status export_csr(std::span<const seq_id> seqs, std::span<std::int32_t> indptr, std::span<std::int32_t> indices,
+                    std::span<std::int32_t> last_page_len) const noexcept {
+    return ::kvpager::export_csr(self().seqs_, self().cfg_.block_size, seqs, indptr, indices, last_page_len);
+  }
+
+  /// Length of the slot mapping of this step (plan().num_append_tokens()).
+  [[nodiscard]] std::int64_t slot_mapping_size() const noexcept { return self().ledger_.plan().num_append_tokens(); }
+
+  /// Slot mapping of the tokens appended in this step, in plan().appends() order: slot = block * block_size +
+  /// offset, computed in 64 bits; -1 (kernels skip it) for tokens of sequences freed since, except those kept
+  /// because another sequence shares their block (see paged_kv_cache::free_sequence).
+  /// Error: errc::buffer_too_small (detail = slot_mapping_size()); nothing written then.
+  status export_slot_mapping(std::span<std::int64_t> out) const noexcept {
+    const Cache& c = self();
+    return c.ledger_.export_slot_mapping(out, c.cfg_.block_size,
+                                         [&c](std::int32_t h) noexcept { return c.seqs_[h].blocks.data(); });
+  }
+
+ private:
+  [[nodiscard]] const Cache& self() const noexcept { return static_cast<const Cache&>(*this); }
+};
 
 KVPAGER_NAMESPACE_END

@@ -49,10 +49,12 @@ KVPAGER_NAMESPACE_BEGIN
 /// The composer of the public operations. Its state lives in parts with one job each: the sequence_table (ids,
 /// block tables, one checked lookup), the block_store (device blocks across pool, eviction and sharing), the
 /// step_ledger (the plan, parked blocks, cancelled appends), the swap_book (host-side bookkeeping), and the
-/// prefix_cursors (hash-chain positions). Every public operation validates first, then mutates.
+/// prefix_cursors (hash-chain positions and the prefix lookup). Its read side (token counts, block tables, kernel
+/// exports) comes from its base cache_exports (exports.hpp). Every public operation validates first, then mutates.
 template <block_allocator A = free_list_allocator, eviction_policy E = no_eviction,
           sharing_policy S = refcount_sharing, swap_policy W = no_swap>
-class paged_kv_cache {
+class paged_kv_cache : public cache_exports<paged_kv_cache<A, E, S, W>> {
+  friend class cache_exports<paged_kv_cache>;
   static constexpr bool free_order_fits = [] {
     if constexpr (requires { E::required_free_order; }) {
       return allocator_traits<A>::order == static_cast<free_order>(E::required_free_order);
@@ -65,6 +67,7 @@ class paged_kv_cache {
                 "(lru_eviction needs free_list_allocator)");
 
   using cursor_type = prefix_cursor_t<S>;
+  using cursor_ops = prefix_cursors<S>;
   using table_type = sequence_table<cursor_type>;
   using seq_state = typename table_type::state;
 
@@ -124,30 +127,38 @@ class paged_kv_cache {
   /// Prefill with token ids: like the count overload, but first reuses the longest cached prefix of full blocks
   /// (with a content_cache sharing policy; capped so the last token is always computed), takes the remaining
   /// blocks, and commits every full block to the cache. Only the tokens after the hit get slots in the plan.
-  /// `*hit` (if given) receives what the lookup found. Same errors as the count overload.
+  /// `*hit` (if given) receives what the lookup found. `known`: the chained hashes of the tokens' first full
+  /// blocks from an earlier admission (block_hashes, before a preemption by recompute), not computed again.
+  /// Same errors as the count overload.
   status add_sequence(seq_id id, std::span<const token_id> tokens, sequence_options options = {},
-                      prefix_match* hit = nullptr) {
-    if (status st = check_prompt<"add_sequence">(tokens); !st) return st;
-    return add_impl(id, static_cast<std::int32_t>(tokens.size()), tokens, options, hit);
+                      prefix_match* hit = nullptr, std::span<const std::uint64_t> known = {}) {
+    if (status st = cursor_ops::template check_prompt<"add_sequence">(tokens); !st) return st;
+    return add_impl(id, static_cast<std::int32_t>(tokens.size()), tokens, options, hit, nullptr, known);
   }
 
   /// The prefix-cache lookup add_sequence(id, tokens, options) would do, without changing anything: the hit and
   /// the number of blocks the admission would take. errc::invalid_argument for an empty prompt.
   [[nodiscard]] result<prefix_match> match_prefix(std::span<const token_id> tokens,
                                                   sequence_options options = {}) const noexcept {
-    return walk_prefix(tokens, options, [](block_id) noexcept {});
+    if (status st = cursor_ops::template check_prompt<"match_prefix">(tokens); !st) return st;
+    return cursors_.match(blocks_.sharing(), tokens, options.extra_key, consumes(), [](block_id) noexcept {});
   }
 
-  /// match_prefix, keeping the hit (its blocks and the cache's generation) in `hit` for add_sequence(id, tokens,
-  /// options, hit), in the same single pass over the blocks. errc::invalid_argument for an empty prompt (hit
-  /// emptied). Allocates only when `hit`'s buffer grows.
-  status match_prefix(std::span<const token_id> tokens, sequence_options options, prefix_hit& hit) const {
+  /// match_prefix, keeping the hit (its blocks, the block hashes it computed, the cache's generation) in `hit` for
+  /// add_sequence(id, tokens, options, hit), in the same single pass over the blocks; `known` as in add_sequence.
+  /// errc::invalid_argument for an empty prompt (hit emptied). Allocates only when `hit`'s buffers grow.
+  status match_prefix(std::span<const token_id> tokens, sequence_options options, prefix_hit& hit,
+                      std::span<const std::uint64_t> known = {}) const {
     hit.blocks.clear();
+    hit.known_hashes.assign(known.begin(), known.end());
     hit.num_tokens = 0;
-    const auto m = walk_prefix(tokens, options, [&](block_id b) { hit.blocks.push_back(b); });
-    if (!m) return m.error();
-    hit.generation = content_generation();
-    hit.match = *m;
+    if (status st = cursor_ops::template check_prompt<"match_prefix">(tokens); !st) return st;
+    prompt_hashes ph{known};
+    hit.match = cursors_.match(
+        blocks_.sharing(), tokens, options.extra_key, consumes(), [&](block_id b) { hit.blocks.push_back(b); }, &ph);
+    hit.miss_hash = ph.miss;
+    hit.miss_at = ph.miss_at;
+    hit.generation = cursor_ops::generation(blocks_.sharing());
     hit.extra_key = options.extra_key;
     hit.num_tokens = static_cast<std::int32_t>(tokens.size());
     return ok_status();
@@ -159,14 +170,13 @@ class paged_kv_cache {
   /// options or fewer tokens (nothing changed: look up again); otherwise as add_sequence(id, tokens, options).
   status add_sequence(seq_id id, std::span<const token_id> tokens, sequence_options options, const prefix_hit& hit,
                       prefix_match* out = nullptr) {
-    if (hit.num_tokens < 1 || static_cast<std::size_t>(hit.num_tokens) < tokens.size() ||
-        hit.extra_key != options.extra_key || (content_cache<S> && hit.generation != content_generation()))
+    if (!cursor_ops::fresh(blocks_.sharing(), hit, tokens.size(), options.extra_key))
       return status{errc::stale_prefix_hit, "add_sequence: the prefix hit is stale (the cache changed since "
                                             "match_prefix) or was made for other tokens or options"};
-    if (status st = check_prompt<"add_sequence">(tokens); !st) return st;
+    if (status st = cursor_ops::template check_prompt<"add_sequence">(tokens); !st) return st;
     // A sharing policy without generation() cannot tell a stale hit: look the blocks up again for it.
     return add_impl(id, static_cast<std::int32_t>(tokens.size()), tokens, options, out,
-                    has_generation ? &hit : nullptr);
+                    cursor_ops::has_generation ? &hit : nullptr);
   }
 
   /// Decode by count: appends `n` tokens (default 1) to sequence `id`. Takes a new block exactly when the token
@@ -340,35 +350,6 @@ class paged_kv_cache {
   [[nodiscard]] std::int32_t block_size() const noexcept { return cfg_.block_size; }
   [[nodiscard]] const cache_config& config() const noexcept { return cfg_; }
 
-  /// Tokens of sequence `id`; errc::unknown_sequence.
-  [[nodiscard]] result<std::int32_t> num_tokens(seq_id id) const noexcept {
-    const auto h = seqs_.template checked<"num_tokens">(id, residency::any);
-    if (!h) return h.error();
-    return seqs_[*h].num_tokens;
-  }
-
-  /// The block table of sequence `id` (valid until the next call that changes that sequence);
-  /// errc::unknown_sequence, errc::sequence_swapped (see host_block_table).
-  [[nodiscard]] result<std::span<const block_id>> block_table(seq_id id) const noexcept {
-    const auto h = seqs_.template checked<"block_table">(id);
-    if (!h) return h.error();
-    return std::span<const block_id>(seqs_[*h].blocks);
-  }
-
-  /// The host block table of swapped-out sequence `id`; errc::unknown_sequence, errc::sequence_swapped (it is
-  /// not swapped out).
-  [[nodiscard]] result<std::span<const block_id>> host_block_table(seq_id id) const noexcept {
-    const auto h = seqs_.template checked<"host_block_table">(id, residency::swapped);
-    if (!h) return h.error();
-    return std::span<const block_id>(seqs_[*h].blocks);
-  }
-
-  /// Whether sequence `id` is live and swapped out.
-  [[nodiscard]] bool is_swapped(seq_id id) const noexcept {
-    const std::int32_t h = seqs_.find(id);
-    return h >= 0 && seqs_[h].swapped;
-  }
-
   /// Reference count of block `b` (0 when free, parked, reserved or out of range).
   [[nodiscard]] std::int32_t refcount(block_id b) const noexcept { return blocks_.refcount(b); }
   /// Whether `b` is in the allocator's free set.
@@ -399,38 +380,6 @@ class paged_kv_cache {
   /// The host (swap) pool, whose refcounts are the references of swapped-out tables; nullptr without one.
   [[nodiscard]] const block_pool<lifo_allocator>* host_pool() const noexcept { return book_.host_pool(); }
 
-  // ------------------------------------------------------------------------------------------------ exports
-
-  /// Dense page table (vLLM layout) of `seqs` into `table` (rows of `row_stride`) and `seq_lens`; see
-  /// kvpager::export_block_table (exports.hpp) for the format and errors. Validates everything before writing.
-  status export_block_table(std::span<const seq_id> seqs, std::span<std::int32_t> table, std::int32_t row_stride,
-                            std::span<std::int32_t> seq_lens) const noexcept {
-    return ::kvpager::export_block_table(seqs_, seqs, table, row_stride, seq_lens);
-  }
-
-  /// Number of `indices` entries export_csr needs for `seqs`; errc::unknown_sequence, errc::sequence_swapped.
-  [[nodiscard]] result<std::int64_t> csr_size(std::span<const seq_id> seqs) const noexcept {
-    return ::kvpager::csr_size(seqs_, seqs);
-  }
-
-  /// CSR page table (FlashInfer layout) of `seqs`; see kvpager::export_csr (exports.hpp). Validates before writing.
-  status export_csr(std::span<const seq_id> seqs, std::span<std::int32_t> indptr, std::span<std::int32_t> indices,
-                    std::span<std::int32_t> last_page_len) const noexcept {
-    return ::kvpager::export_csr(seqs_, cfg_.block_size, seqs, indptr, indices, last_page_len);
-  }
-
-  /// Length of the slot mapping of this step (plan().num_append_tokens()).
-  [[nodiscard]] std::int64_t slot_mapping_size() const noexcept { return ledger_.plan().num_append_tokens(); }
-
-  /// Slot mapping of the tokens appended in this step, in plan().appends() order: slot = block * block_size +
-  /// offset, computed in 64 bits; -1 (kernels skip it) for tokens of sequences freed since, except those kept
-  /// because another sequence shares their block (see free_sequence).
-  /// Error: errc::buffer_too_small (detail = slot_mapping_size()); nothing written then.
-  status export_slot_mapping(std::span<std::int64_t> out) const noexcept {
-    return ledger_.export_slot_mapping(out, cfg_.block_size,
-                                       [this](std::int32_t h) noexcept { return seqs_[h].blocks.data(); });
-  }
-
  private:
   paged_kv_cache(cache_config cfg, block_pool<A> pool, E e, S s, W w)
       : cfg_(cfg),
@@ -443,51 +392,19 @@ class paged_kv_cache {
     ledger_.reset(cfg.num_blocks);
   }
 
-  template <detail::call_name Call>
-  static status check_prompt(std::span<const token_id> tokens) noexcept {
-    if (tokens.empty() || tokens.size() > static_cast<std::size_t>(INT32_MAX))
-      return status{errc::invalid_argument,
-                    detail::joined<Call, ": the prompt must have 1 to 2^31-1 tokens">::value.data(),
-                    static_cast<std::int64_t>(tokens.size())};
-    return ok_status();
-  }
-
   [[nodiscard]] bool exceeds_table_limit(std::int64_t blocks) const noexcept {
     return cfg_.max_blocks_per_seq > 0 && blocks > cfg_.max_blocks_per_seq;
   }
 
-  /// The prefix-cache lookup of match_prefix; `on_hit(b)` sees each hit block in chain order.
-  template <class F>
-  [[nodiscard]] result<prefix_match> walk_prefix(std::span<const token_id> tokens, sequence_options options,
-                                                 F&& on_hit) const {
-    if (status st = check_prompt<"match_prefix">(tokens); !st) return st;
-    prefix_match m;
-    cursor_type cur{};
-    m.blocks = cursors_.walk(blocks_.sharing(), cur, tokens, options.extra_key, [&](block_id b) {
-      on_hit(b);
-      if (blocks_.consumes_capacity(b)) ++m.blocks_to_allocate;
-    });
-    m.tokens = m.blocks * cfg_.block_size;
-    m.blocks_to_allocate += blocks_for_tokens(static_cast<std::int64_t>(tokens.size()), cfg_.block_size) - m.blocks;
-    return m;
-  }
-
-  /// Whether the sharing policy counts its content changes (prefix_caching::generation()).
-  static constexpr bool has_generation = requires(const S& sp) {
-    { sp.generation() } -> std::convertible_to<std::uint64_t>;
-  };
-  /// The sharing policy's generation (0 without one: see add_sequence with a prefix_hit).
-  [[nodiscard]] std::uint64_t content_generation() const noexcept {
-    if constexpr (has_generation)
-      return blocks_.sharing().generation();
-    else
-      return 0;
+  /// Whether a hit block takes allocatable capacity (cursor_ops::match).
+  [[nodiscard]] auto consumes() const noexcept {
+    return [this](block_id b) noexcept { return blocks_.consumes_capacity(b); };
   }
 
   /// Prefill shared by the add_sequence overloads; `tokens` is empty for the count overload; `given`: a
   /// match_prefix hit to consume instead of looking the blocks up.
   status add_impl(seq_id id, std::int32_t n, std::span<const token_id> tokens, sequence_options options,
-                  prefix_match* hit, const prefix_hit* given = nullptr) {
+                  prefix_match* hit, const prefix_hit* given = nullptr, std::span<const std::uint64_t> known = {}) {
     if (seqs_.contains(id)) return status{errc::duplicate_sequence, "add_sequence: sequence id is already live"};
     const std::int64_t total = blocks_for_tokens(n, cfg_.block_size);
     if (exceeds_table_limit(total))
@@ -496,17 +413,16 @@ class paged_kv_cache {
     hits_.clear();
     std::int64_t needed = total;
     cursor_type cur{};
+    const auto take = [&](block_id b) {
+      hits_.push_back(b);
+      if (!blocks_.consumes_capacity(b)) --needed;
+    };
+    prompt_hashes ph{known};
     if (given != nullptr) {  // the lookup is done: take its blocks, continue the chain after the last one
-      const std::int32_t max_blocks = (n - 1) / cfg_.block_size;
-      hits_.assign(given->blocks.begin(), given->blocks.begin() + std::min(given->match.blocks, max_blocks));
-      for (const block_id b : hits_)
-        if (!blocks_.consumes_capacity(b)) --needed;
-      cursors_.resume(blocks_.sharing(), cur, hits_, options.extra_key);
+      cursors_.take(blocks_.sharing(), cur, *given, n, options.extra_key, take);
+      ph = prompt_hashes{given->known_hashes, given->miss_hash, given->miss_at};
     } else if (!tokens.empty()) {
-      cursors_.walk(blocks_.sharing(), cur, tokens, options.extra_key, [&](block_id b) {
-        hits_.push_back(b);
-        if (!blocks_.consumes_capacity(b)) --needed;
-      });
+      cursors_.walk(blocks_.sharing(), cur, tokens, options.extra_key, take, &ph);
     }
     if (needed > available_blocks())
       return status{errc::out_of_blocks, "add_sequence: not enough free blocks for the prompt", needed};
@@ -525,7 +441,7 @@ class paged_kv_cache {
     s.extra_key = options.extra_key;
     const auto hit_tokens = static_cast<std::int32_t>(hits_.size()) * cfg_.block_size;
     if (!tokens.empty()) {
-      cursors_.commit_prompt(blocks_.sharing(), s, cur, tokens, static_cast<std::int32_t>(hits_.size()));
+      cursors_.commit_prompt(blocks_.sharing(), s, cur, tokens, static_cast<std::int32_t>(hits_.size()), ph);
       counts_.prefix_query_tokens += n;
       counts_.prefix_hit_tokens += hit_tokens;
     }
@@ -570,7 +486,7 @@ class paged_kv_cache {
   swap_book<W> book_;
   step_ledger ledger_;
   table_type seqs_;
-  prefix_cursors<S> cursors_;
+  cursor_ops cursors_;
   std::vector<block_id> hits_;  ///< scratch for add_sequence's lookup
   cache_stats counts_;           ///< the counters of stats() the composer keeps (tokens, copies, prefix, preempts)
 };

@@ -64,6 +64,16 @@ struct content_cache_archetype : sharing_policy_archetype {
   [[nodiscard]] std::int32_t num_cached() const noexcept;
 };
 
+/// The smallest content cache that takes precomputed block hashes (prehashed_content_cache).
+struct prehashed_content_cache_archetype : content_cache_archetype {
+  [[nodiscard]] std::uint64_t hash(const cursor& c, std::span<const token_id> tokens) const noexcept;
+  using content_cache_archetype::lookup;
+  block_id lookup(cursor& c, std::uint64_t h, std::span<const token_id> tokens) const noexcept;
+  using content_cache_archetype::commit;
+  void commit(block_id b, cursor& c, std::uint64_t h, std::span<const token_id> tokens) noexcept;
+  [[nodiscard]] std::uint64_t block_hash(block_id b) const noexcept;
+};
+
 namespace detail {
 template <class S>
 concept sharing_fork_mode = requires {
@@ -139,6 +149,26 @@ template <class S>
 concept content_cache_ops = content_cursor<S> && content_first_cursor<S> && content_lookup<S> && content_commit<S> &&
                             content_cursor_after<S> && content_valid<S> && content_num_cached<S>;
 
+// The optional members of prehashed_content_cache, one concept each.
+template <class S>
+concept content_hash = requires(const S& cs, const typename S::cursor& cc, std::span<const token_id> t) {
+  { cs.hash(cc, t) } noexcept -> std::same_as<std::uint64_t>;
+};
+template <class S>
+concept content_lookup_hashed =
+    requires(const S& cs, typename S::cursor& c, std::uint64_t h, std::span<const token_id> t) {
+      { cs.lookup(c, h, t) } noexcept -> std::same_as<block_id>;
+    };
+template <class S>
+concept content_commit_hashed =
+    requires(S& s, block_id b, typename S::cursor& c, std::uint64_t h, std::span<const token_id> t) {
+      { s.commit(b, c, h, t) } noexcept -> std::same_as<void>;
+    };
+template <class S>
+concept content_block_hash = requires(const S& cs, block_id b) {
+  { cs.block_hash(b) } noexcept -> std::same_as<std::uint64_t>;
+};
+
 /// The type whose content-cache members sharing_policy checks: `S` when it declares `caches_content = true`, the
 /// archetype (which has them all) otherwise. This keeps the concept a plain conjunction.
 template <class S>
@@ -170,5 +200,18 @@ concept sharing_policy = std::default_initializable<S> && std::movable<S> && det
 /// `t` is a `std::span<const token_id>` of exactly block_size tokens. Complexities exclude hash collisions.
 template <class S>
 concept content_cache = sharing_policy<S> && detail::declares_content_cache<S>;
+
+/// prehashed_content_cache: a content cache that also takes block hashes computed earlier, so a request keeps its
+/// chained block hashes and no block is hashed twice (the cache detects it; these members are optional).
+///
+/// | expression              | result          | noexcept | complexity    | semantics                                   |
+/// |-------------------------|-----------------|----------|---------------|---------------------------------------------|
+/// | `cs.hash(c, t)`         | `std::uint64_t` | yes      | O(block_size) | the chained hash of a block holding `t` after `c` |
+/// | `cs.lookup(c, h, t)`    | `block_id`      | yes      | O(1)          | `lookup(c, t)` given `h == hash(c, t)` (a wrong `h` must not give a wrong hit where the policy verifies tokens) |
+/// | `s.commit(b, c, h, t)`  | `void`          | yes      | O(1)          | `commit(b, c, t)` given `h == hash(c, t)`   |
+/// | `cs.block_hash(b)`      | `std::uint64_t` | yes      | O(1)          | the chained hash cached block `b` was committed or found with |
+template <class S>
+concept prehashed_content_cache = content_cache<S> && detail::content_hash<S> && detail::content_lookup_hashed<S> &&
+                                  detail::content_commit_hashed<S> && detail::content_block_hash<S>;
 
 KVPAGER_NAMESPACE_END

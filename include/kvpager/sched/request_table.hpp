@@ -19,6 +19,9 @@ KVPAGER_NAMESPACE_BEGIN
 /// One request a scheduler holds.
 struct sched_request {
   std::vector<token_id> tokens;  ///< prompt, then every sampled token
+  /// Chained hashes of its leading cached full blocks, saved when it is preempted: its re-admission after a
+  /// recompute hashes none of them again (paged_kv_cache::block_hashes).
+  std::vector<std::uint64_t> block_hashes;
   seq_id id = 0;
   std::int32_t computed = 0;     ///< tokens with KV in the cache
   sequence_options options;      ///< extra key and priority, given to the cache at every admission

@@ -361,6 +361,8 @@ class scheduler : public scheduler_queues {
 
   /// Takes running request `victim` off the device by the configured mode, by recompute where a swap is refused.
   KVPAGER_NOINLINE void preempt(seq_id victim) {
+    // Before the cache may free it: a recompute re-admits its tokens with these hashes (none is computed again).
+    (void)cache_.block_hashes(victim, reqs_.at_id(victim).block_hashes);
     bool swapped = false;
     bool freed = false;
     errc refused = errc::unsupported;  // why the cache did not take the victim off the device itself
@@ -452,7 +454,7 @@ class scheduler : public scheduler_queues {
       // blocks to keep), add_sequence's own lookup is the only one.
       const bool must_match = n > budget_ || blocks_to_keep() > 0;
       if (must_match) {
-        if (const status st = cache_.match_prefix(r.tokens, r.options, hit_); !st) {
+        if (const status st = cache_.match_prefix(r.tokens, r.options, hit_, r.block_hashes); !st) {
           fail(id, st);
           continue;
         }
@@ -474,7 +476,7 @@ class scheduler : public scheduler_queues {
       prefix_match hit;
       const auto first = std::span<const token_id>(r.tokens).first(static_cast<std::size_t>(end));
       const status st = must_match ? cache_.add_sequence(id, first, r.options, hit_, &hit)
-                                   : cache_.add_sequence(id, first, r.options, &hit);
+                                   : cache_.add_sequence(id, first, r.options, &hit, r.block_hashes);
       if (!st) {
         if (st.code() == errc::out_of_blocks) {
           ++stats_.admit_fail;

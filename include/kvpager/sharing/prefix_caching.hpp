@@ -171,7 +171,19 @@ class basic_prefix_caching {
 
   [[nodiscard]] block_id lookup(cursor& c, std::span<const token_id> tokens) const noexcept {
     if (!c.valid) return no_block;
-    const std::uint64_t h = hasher_(c.hash, tokens);
+    return lookup(c, hash(c, tokens), tokens);
+  }
+
+  /// The chained hash of a block holding `tokens` after `c` (what lookup and commit compute): a request can keep
+  /// it and pass it to the overloads below, so that no block of it is hashed twice.
+  [[nodiscard]] std::uint64_t hash(const cursor& c, std::span<const token_id> tokens) const noexcept {
+    return hasher_(c.hash, tokens);
+  }
+
+  /// lookup(c, tokens) with the block's hash `h` = hash(c, tokens) already known. Tokens are still compared when
+  /// verifying, so a wrong `h` can only miss.
+  [[nodiscard]] block_id lookup(cursor& c, std::uint64_t h, std::span<const token_id> tokens) const noexcept {
+    if (!c.valid) return no_block;
     const std::int32_t e = find_entry(h, c, tokens);
     if (e < 0 || at(e).first_block < 0) return no_block;  // unknown, or no holder left
     const block_id b = at(e).first_block;
@@ -183,6 +195,12 @@ class basic_prefix_caching {
   /// be had (memory for a new chunk is short), `b` stays uncached and `c` becomes invalid: the rest of that chain
   /// is not cached, nothing else changes.
   void commit(block_id b, cursor& c, std::span<const token_id> tokens) noexcept {
+    if (!c.valid) return;
+    commit(b, c, hash(c, tokens), tokens);
+  }
+
+  /// commit(b, c, tokens) with the block's hash `h` = hash(c, tokens) already known (see lookup).
+  void commit(block_id b, cursor& c, std::uint64_t h, std::span<const token_id> tokens) noexcept {
     KVPAGER_ASSERT(!is_cached(b), "prefix_caching::commit of a block that is already cached");
     KVPAGER_ASSERT(static_cast<std::int32_t>(tokens.size()) == block_size_, "prefix_caching::commit of a partial block");
     if (!c.valid) return;
@@ -194,7 +212,6 @@ class basic_prefix_caching {
       c = cursor{};
       return;
     }
-    const std::uint64_t h = hasher_(c.hash, tokens);
     std::int32_t e = find_entry(h, c, tokens);
     if (e < 0) e = new_entry(h, c, tokens);
     if (e < 0) {
@@ -257,10 +274,10 @@ class basic_prefix_caching {
   /// Changes whenever a block is cached or uncached (every change that can alter a lookup's answer): a lookup made
   /// at one generation is still exact at the same generation (paged_kv_cache's prefix_hit relies on it).
   [[nodiscard]] std::uint64_t generation() const noexcept { return generation_; }
-  /// The chained hash of cached block `b` (for inspection and tests).
+  /// The chained hash of cached block `b` (0 if it is not cached): a request's hash list is rebuilt from its
+  /// blocks' without hashing (paged_kv_cache::block_hashes).
   [[nodiscard]] std::uint64_t block_hash(block_id b) const noexcept {
-    const std::int32_t e = blocks_[static_cast<std::size_t>(b)].entry;
-    return e < 0 ? 0 : at(e).hash;
+    return is_cached(b) ? at(blocks_[static_cast<std::size_t>(b)].entry).hash : 0;
   }
 
   /// Live content entries: held ones (<= num_cached()) plus orphans. Never above max_entries().
