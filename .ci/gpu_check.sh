@@ -1,4 +1,5 @@
 #!/usr/bin/env bash
+# SPDX-License-Identifier: Apache-2.0
 # The one prepared script for a session lent a GPU machine (device tool). Writes everything under $OUT.
 #   1. builds and runs kvpager-gpu-check (needs only CMake, nvcc and the CUDA runtime: the GPU image has no
 #      GoogleTest, Google Benchmark or xxHash): decode/split-KV/LSE against the CPU backend, kv_append/copy/swap

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 #pragma once
 // Helpers shared by the benchmarks: a failed call aborts the benchmark run (it would measure nothing).
 

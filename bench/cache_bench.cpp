@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // Host-side hot paths of kvpager against a baseline measured in the same run: `seed_pool`, the seed document's
 // GlobalBlockPool / BlockAllocator design (a free list as a vector, block tables in a hash map of vectors)
 // written in straightforward C++. Ratios against it are what bench/RESULTS.md records.

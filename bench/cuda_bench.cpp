@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // CUDA kernels against the hardware in the same run: decode attention as KV bytes read per second (against the
 // H200's 4.8 TB/s and a device-to-device cudaMemcpy of the same bytes), copy_blocks against cudaMemcpy of the same
 // bytes, swap against one large pinned cudaMemcpy. Runs only where a GPU is present (skips otherwise).

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // CPU decode attention as KV bytes read per second, against a streaming read of the same bytes in the same run
 // (see bench/RESULTS.md). Shape: batch 8, 32 query heads over 8 KV heads (GQA 4), head_dim 128, block 16.
 #include <kvpager/c/kernels.h>

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // Prefix caching: lookup cost per block, a decode step with caching on, and the hit rate each eviction policy
 // reaches on trace B at several pool sizes. Baselines are measured in the same run (see bench/RESULTS.md).
 #include <kvpager/kvpager.hpp>

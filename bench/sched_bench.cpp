@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // Memory pressure: a scheduler step with 256 running requests under pressure, and the cost of planning swaps per
 // block, each against a baseline measured in the same run (see bench/RESULTS.md).
 #include <kvpager/kvpager.hpp>

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // The seed's BlockAllocator demo, done right.
 //
 // 1000 blocks of 16 tokens. Sequence 1 gets 10 blocks; sequence 2 shares sequence 1's first 5 blocks (a common

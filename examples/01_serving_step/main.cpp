@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // One engine step, end to end on the host side: prefill, decode, a fork whose child writes into a shared block
 // (copy-on-write), then the kernel-facing exports an engine hands to copy_blocks, kv_append and paged attention.
 #include <kvpager/kvpager.hpp>

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // Automatic prefix caching, composed like vLLM v1: requests that share a system prompt reuse its blocks, blocks
 // stay cached after their request finishes, and the pool evicts them in LRU order when it needs the space.
 #include <kvpager/kvpager.hpp>

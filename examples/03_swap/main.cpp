@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // The seed's SwapManager demo, done right.
 //
 // 100 device blocks. Sequence 1 takes 80 and sequence 2 takes 15. Sequence 1 is swapped out to host memory, which

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 #pragma once
 /// \file
 /// kvpager: paged KV-cache memory management for LLM inference engines. This header gives the whole host-side

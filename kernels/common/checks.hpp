@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 #pragma once
 // Argument checks shared by the CPU and CUDA entry points of the C ABI, so both reject the same inputs with the
 // same status codes (documented in include/kvpager/c/kernels.h). Host code only. The rules, for every entry point:

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 #pragma once
 // Two rules of split-KV decode that the CPU backend and the CUDA kernels must apply identically: how a sequence is
 // cut into splits, and how a softmax state (max, denominator) becomes the LSE output. Host and device code.

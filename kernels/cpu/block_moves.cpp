@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // CPU block moves of the C ABI: kv_append (new tokens' K/V through the slot mapping), copy_blocks (within each
 // layer's pool) and swap_blocks (between two pools). Every argument and every id is checked (kernels/common/checks.hpp)
 // before a byte is written.

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // CPU paged decode attention of the C ABI and of the C++ interface (GQA/MQA, fp32/fp16/bf16 with fp32 accumulation);
 // the block moves (kv_append, copy_blocks, swap_blocks) are in block_moves.cpp. Every argument is validated before any
 // KV memory is touched. Decode work items are

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // Library identity, status texts, the geometry check and workspace arithmetic of the C ABI
 // (include/kvpager/c/kernels.h): host code with no CUDA dependency. What depends on CUDA being built in
 // (kvpager_built_with_cuda, device discovery, the split plan) is in kernels/cuda/device_info.cpp or, without CUDA, in

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 #pragma once
 // The CPU kernels' threads: one process-wide pool of (cores - 1) workers started on first use and kept, so a decode
 // call costs no thread creation (an engine calls it once per layer per step). The calling thread takes part. Items

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 #pragma once
 // How a CUDA runtime error becomes a KVPAGER_STATUS_* code, for every CUDA entry point and the executor: no device
 // to run on (no driver, no device, a driver too old, a stub library) is KVPAGER_STATUS_NO_DEVICE; any other failure

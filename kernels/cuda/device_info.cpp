@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // CUDA device discovery and the host-side split plan of the C ABI (the no-CUDA build answers these in
 // kernels/no_cuda/cuda_stubs.cpp). Any runtime error while looking for a device (no driver, no device, driver too
 // old) reads as "no GPU": KVPAGER_STATUS_NO_DEVICE.

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 #pragma once
 // The CUDA kernels themselves (device code), included by kernels.cu, which launches them. Written so that
 // tests/kernels/cuda_emulation_test.cpp can also compile them as plain C++ over a small emulation of the CUDA

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // cuda_executor: step plans on a CUDA stream (include/kvpager/kernels/cuda_executor.hpp). Every C entry point's code
 // and every CUDA runtime error go through the one mapping (kernel_status, cuda_status): a device fault is
 // errc::device_error, never errc::unsupported.

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // CUDA entry points of the C ABI: paged decode attention (split-KV with a merge kernel), kv_append, copy_blocks,
 // swap_blocks. Host-side checks and launches; the kernels are in device_kernels.cuh. A launch or copy the runtime
 // refuses is KVPAGER_STATUS_DEVICE_ERROR (cuda_status.hpp). Same semantics as the CPU backend

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // The CUDA half of the C ABI and of cuda_executor in a build without CUDA (CMake compiles this file instead of
 // kernels/cuda/): every entry point exists and answers KVPAGER_STATUS_NO_DEVICE (cuda_executor: errc::unsupported),
 // after the same argument checks as the CUDA build where those need no device.

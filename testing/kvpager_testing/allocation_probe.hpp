@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 #pragma once
 // Replaces the global operator new and delete of the test executable that includes this header (include it in
 // exactly one source file of that executable). Every allocation is counted (`probe::allocations`), live bytes are

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 #pragma once
 // CUDA kernels against the CPU backend on the same inputs: shared by tests/kernels/cuda_test.cpp (GoogleTest) and
 // tools/gpu_check (a standalone program for GPU machines without GoogleTest or Google Benchmark).

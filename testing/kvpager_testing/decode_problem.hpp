@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 #pragma once
 // A decode attention problem with its CPU-backend answer (host only, no CUDA runtime): random K/V/query in the
 // given dtype behind shuffled block ids, the CPU result with the same split count, and the comparison of another

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // block_store alone: taking, touching, releasing and settling blocks across pool, eviction and sharing.
 #include <kvpager/allocator/free_list_allocator.hpp>
 #include <kvpager/cache/block_store.hpp>

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // paged_kv_cache::create under memory pressure: it reports errc::out_of_memory instead of throwing, frees whatever
 // it allocated, and prefix caching allocates its per-entry token store as blocks are cached, not per block up front.
 // This executable replaces the global operator new to count live bytes and to make allocations fail on demand.

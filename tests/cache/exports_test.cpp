@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // Kernel-facing exports: dense block table + seq_lens, CSR, slot mapping. Written into caller buffers; a failed
 // export writes nothing.
 #include <kvpager/kvpager.hpp>

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // Randomized model-based test: a long random mix of add / append / fork / free / begin_step and bad calls runs
 // against paged_kv_cache and a simple reference model. The KV bytes are emulated: each token has a unique value,
 // the step plan is executed on an emulated pool (copies, then slot-mapped writes), and every live sequence is

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // Behavioural suite of paged_kv_cache, run for every shipped composition and for user-written policies.
 #include <kvpager/kvpager.hpp>
 

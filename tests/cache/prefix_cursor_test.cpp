@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // prefix_cursors alone: the lookup of match_prefix, a prefix_hit's freshness, and the hit blocks an admission
 // takes from it, over a prefix_caching policy fed by hand.
 #include <kvpager/cache/prefix_cursor.hpp>

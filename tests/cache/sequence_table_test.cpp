@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // sequence_table alone: handles, the one checked lookup (naming the calling operation), group checks.
 #include <kvpager/cache/sequence_table.hpp>
 

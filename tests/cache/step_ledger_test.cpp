@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // step_ledger alone: the plan, busy and parked blocks, cancelled and frozen appends, the slot mapping.
 #include <kvpager/cache/step_ledger.hpp>
 

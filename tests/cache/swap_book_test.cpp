@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // swap_book alone (over a sequence_table, a block_store and a step_ledger): host references, one host block per
 // distinct device block of a group, host blocks returned one step late, all or nothing.
 #include <kvpager/allocator/free_list_allocator.hpp>

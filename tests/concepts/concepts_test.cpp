@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // Compile-time tests: every shipped policy and archetype models its concept, user-written policies do too, and
 // types that break a requirement (missing member, wrong result type, missing noexcept) are rejected.
 #include <kvpager/kvpager.hpp>

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // indexed_heap: a min-heap over the integers [0, capacity) keyed by (primary, secondary), with erase of any
 // element; the ordered index behind lfu_eviction, priority_lru and fifo_eviction.
 #include <kvpager/kvpager.hpp>

@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 # kvpager_add_doc_snippets(<markdown file> <name>): every ```cpp block of the Markdown file becomes a program that
 # is compiled with kvpager's strict warnings (-Wconversion, -Wsign-conversion, ..., -Werror) and run as the test
 # docs.<name>.snippet_<n> (n counts from 1 in the file). So the documentation's code is the code that compiles.

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // The order in which each eviction policy gives up cached blocks, seen through the cache: which prefix stops
 // being hit first as new sequences take blocks.
 #include <kvpager/kvpager.hpp>

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // Per-content state of the eviction policies (LFU hit counts, FIFO first-use stamps) starts afresh with every
 // content: the cache tells the policy about every discard of a block's cached content (forget), whichever path
 // discards it: eviction, a write into an owned cached block, appends cancelled before their bytes were written,

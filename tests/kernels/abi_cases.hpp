@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 #pragma once
 // Extreme and malformed arguments for the kernels' C ABI, run against every buffer placed behind PROT_NONE guard
 // pages: each buffer ends exactly where a guard page starts and has another guard page before its first page, so

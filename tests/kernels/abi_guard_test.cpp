@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // The CPU entry points of the C ABI (and the C++ decode interface) called with extreme and malformed arguments while
 // every buffer sits between PROT_NONE guard pages (abi_cases.hpp): each call must return its documented status code,
 // read nothing it must not (a stray read crashes the test) and, on error, change neither the output nor the KV cache.

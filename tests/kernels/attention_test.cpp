@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // CPU kernels of the C ABI against an independent fp64 reference computed from the stored (rounded) values:
 // paged decode attention over head dims, block sizes, GQA ratios and MQA, context lengths around block and
 // partition boundaries, mixed batches, shuffled block ids and NaN-poisoned unused slots; kv_append and copy_blocks

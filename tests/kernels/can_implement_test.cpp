@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // One geometry from cache to kernel, checked up front: kv_layout and paged_kv_view derive from a kv_geometry, and
 // can_implement (C: kvpager_can_implement) accepts a geometry exactly when every decode and kv_append call over it
 // accepts it, with the same code when it does not (CPU and, in a CUDA build, the CUDA entry points' host checks).

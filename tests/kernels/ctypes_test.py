@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """libkvpager_kernels.so from Python through ctypes (standard library only): the exact C signature of
 kvpager_cpu_paged_attention_decode against a reference computed here, a bad block id answered with a status,
 kvpager_status_string naming every code (never NULL), and kvpager_can_implement on the kernels' geometries."""

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 #pragma once
 // A small emulation of the CUDA execution model on CPU threads, enough to run kernels/cuda/device_kernels.cuh as plain
 // C++ on a machine without a GPU: every thread of a CTA is a std::thread; CTAs run one after another, so __shared__

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // The CUDA kernels (kernels/cuda/device_kernels.cuh) compiled as plain C++ over an emulation of the CUDA execution
 // model (cuda_emulation.hpp) and run on CPU threads against the CPU backend, so their logic (indexing, split-KV,
 // merge, LSE, bounds checks) is tested on every machine, GPU or not; under ASan/UBSan too. A GPU run

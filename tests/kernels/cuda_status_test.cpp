@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // How a CUDA runtime error becomes a status (kernels/cuda/cuda_status.hpp, used by every CUDA entry point and by
 // cuda_executor): a launch or runtime failure on a present device is KVPAGER_STATUS_DEVICE_ERROR, hence
 // errc::device_error, and only "there is no device to run on" is KVPAGER_STATUS_NO_DEVICE. Needs only the CUDA headers.

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // CUDA kernels against the CPU backend on the same inputs. Skipped, with a message, where no GPU is present.
 #include <kvpager/c/kernels.h>
 #include <kvpager/kernels/attention.hpp>

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // Issue 9, item 15: a decode called from a static object's destructor used the CPU kernels' worker pool (and the
 // calling thread's thread_local buffers) after they were freed at exit (ASan: heap-use-after-free in
 // worker_pool.hpp). This program's static `caller` is constructed before the first decode call, so it is destroyed

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // One error vocabulary at the kernel boundary: every KVPAGER_STATUS_* code has a text (kvpager_status_string, never
 // null), the mapping to kvpager::status (kernel_status) is total, and the C++ kernel wrappers return the mapped
 // status of the code the C call returns for the same bad input.

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // The kernel library loads, identifies itself, and reports "no GPU" as a status rather than failing.
 #include <kvpager/c/kernels.h>
 #include <kvpager/kvpager.hpp>

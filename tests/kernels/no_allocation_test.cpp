@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // Per-step kernel paths allocate nothing: the CPU split decode with a caller's workspace (after the first call has
 // grown the calling thread's row buffers) and cpu_executor::execute. This executable replaces the global operator new
 // and counts every allocation; a workspace too small or misaligned is rejected before anything is written.

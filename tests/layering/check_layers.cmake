@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 # Checks that kvpager's layers run one way: every header under include/kvpager/<folder>/ may include kvpager headers
 # only from the folders its layer may use, and the lowest layers only the C++ standard library.
 #

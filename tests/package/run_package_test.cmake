@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 # Builds tests/package/consumer against kvpager three ways. Run by ctest (test package.consumers) as
 #   cmake -DKVPAGER_SOURCE_DIR=... -DWORK_DIR=... -DGENERATOR=... -DCXX_COMPILER=... -P run_package_test.cmake
 cmake_minimum_required(VERSION 3.25)

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // Order and complexity-relevant behaviour of the shipped allocator policies, each against a reference model.
 #include <kvpager/kvpager.hpp>
 

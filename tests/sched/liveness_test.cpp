@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // Liveness of the scheduler: randomized serving runs over the shipped cache compositions (every allocator,
 // eviction, sharing and swap policy, in pairs), each preemption mode and victim order, watermarks from 0 to 10%,
 // small and large token budgets, chunked prefill on and off, max_blocks_per_seq on and off, priorities with and

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // The key acceptance test of memory pressure: nothing lost. A randomized serving run drives the scheduler and the
 // CPU executor on real KV bytes: admissions with shared prefixes (prefix hits), decode growth, forks with
 // copy-on-write, preemption by swap (to a small host pool) and by recompute, swap-ins, and allocation failures

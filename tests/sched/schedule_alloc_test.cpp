@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // A scheduler step in steady state allocates nothing: the step output and every scratch buffer are reused. This
 // executable replaces the global operator new to count allocations (so it is a test executable of its own).
 #include <kvpager/kvpager.hpp>

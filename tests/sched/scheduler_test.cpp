@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // Scheduler decisions: admission answers, watermark, victims, no admission in a step that preempted, swap-in
 // before admission, aging.
 #include <kvpager/kvpager.hpp>

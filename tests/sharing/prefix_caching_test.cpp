@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // Prefix caching: chained block hashes, longest-prefix hits capped at num_tokens - 1, blocks that stay hit-able
 // after their last reference until evicted, vLLM's LRU order, collision safety and salts, and every eviction
 // policy's order.

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // Two-phase admission: match_prefix's prefix_hit is consumed by add_sequence without a second lookup, and a stale
 // hit (the cache changed since) is refused and changes nothing.
 #include <kvpager/kvpager.hpp>

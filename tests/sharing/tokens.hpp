@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 #pragma once
 // Token-id helpers shared by the prefix-caching, eviction-state and cache-creation tests.
 

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 #pragma once
 // Everything observable about a paged_kv_cache, to check that a failed call changed nothing.
 

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 #pragma once
 // The compositions every behavioural test runs against: shipped policies and user-written ones.
 

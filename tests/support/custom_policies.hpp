@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 #pragma once
 // Policies written the way a user would write them, outside the library, to prove the concepts are open:
 // each models its concept and plugs into paged_kv_cache, which then passes the same behavioural suite.

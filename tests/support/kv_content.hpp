@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 #pragma once
 // The emulated KV content of the randomized tests: a token's K/V is a function of its whole prefix, as real
 // attention KV is, so reusing a block for different content is caught when a sequence is read back.

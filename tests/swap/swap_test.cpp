@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // Swapping sequences to a host pool, and preemption by swap or recompute.
 #include <kvpager/kvpager.hpp>
 

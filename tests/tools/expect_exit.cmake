@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 # Runs a command and checks its exit status and that its stderr matches a regex, so a crash or an abort (which
 # ctest's WILL_FAIL would also count as "failed as expected") fails the test. EXIT is a status or a regex of
 # statuses ("0|1"); a signal is never a number.

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // kvpager-replay's engine: the four public traces give vLLM's exact counts; malformed traces give an error naming
 // the line; randomly mutated traces never crash or hang.
 #include <gtest/gtest.h>

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // kvpager-gpu-check: the CUDA kernels on a real GPU with nothing but the CUDA runtime and libkvpager_kernels, for GPU
 // machines that lack GoogleTest and Google Benchmark. Correctness: decode (unsplit and split-KV, LSE) against the CPU
 // backend, kv_append / copy_blocks / swap_blocks bit-exact against the CPU functions. Bandwidth (CUDA events, best

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 #pragma once
 // kvtrace reader: parses a kvtrace file (format in docs/KVTRACE.md) into typed records, or reports the first
 // problem as "FILE:LINE: message". Never throws on bad input, never loops on it. Every record it accepts is valid

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // kvpager-replay: replays kvtrace files through kvpager and prints one JSON document (docs/KVTRACE.md).
 //
 //   kvpager-replay [--repeat N] [--max-steps N] [--max-tokens N] FILE...

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 #pragma once
 // kvtrace replayer: drives kvpager's public API exactly as an engine would (block_pool for pool-level traces,
 // paged_kv_cache composed as vLLM v1 for manager-level ones) and reports vLLM-comparable counts and timings.

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 #pragma once
 /// \file
 /// free_list_allocator: a FIFO free queue (vLLM's FreeKVCacheBlockQueue). Freed blocks go to the tail, allocation

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 #pragma once
 /// \file
 /// lifo_allocator: a free stack. The most recently freed block is handed out first, so its bytes are likely

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 #pragma once
 /// \file
 /// lowest_id_allocator: always hands out the smallest free block id, so live data stays packed at the start of

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 #ifndef KVPAGER_C_KERNELS_H
 #define KVPAGER_C_KERNELS_H
 /**

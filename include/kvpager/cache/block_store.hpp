@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 #pragma once
 /// \file
 /// block_store: the device blocks of a paged_kv_cache and their life cycle. It composes the block_pool (refcounts,

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 #pragma once
 /// \file
 /// The plain value types of paged_kv_cache's interface: its configuration, its statistics, per-sequence options,

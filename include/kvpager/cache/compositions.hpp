@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 #pragma once
 /// \file
 /// Named compositions for common engines, so users start from a known behaviour and change one policy at a time.

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 #pragma once
 /// \file
 /// Copy-on-write: a fork shares its parent's blocks or copies them (fork_blocks), and growth of one block table

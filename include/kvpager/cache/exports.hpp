@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 #pragma once
 /// \file
 /// Kernel-facing page tables written from a sequence_table into caller-provided buffers: the dense block table

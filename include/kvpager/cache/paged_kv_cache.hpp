@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 #pragma once
 /// \file
 /// paged_kv_cache: block tables for sequences over one block_pool, composed from four policies. It plans byte

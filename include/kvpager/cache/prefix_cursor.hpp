@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 #pragma once
 /// \file
 /// Prefix cursors: where each sequence stands in the sharing policy's hash chain, and what a cache does with that

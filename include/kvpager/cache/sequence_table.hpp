@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 #pragma once
 /// \file
 /// sequence_table: the live sequences of a paged_kv_cache, by id. Dense handles (reused after a free, so a

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 #pragma once
 /// \file
 /// step_ledger: what one step of a paged_kv_cache has planned and what it still holds back until the step ran. It

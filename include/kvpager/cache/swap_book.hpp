@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 #pragma once
 /// \file
 /// swap_book: the host side of swapping for a paged_kv_cache. It owns the host (CPU) block pool, a

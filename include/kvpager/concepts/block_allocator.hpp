@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 #pragma once
 /// \file
 /// The block_allocator concept: the set of free blocks of a pool and the order in which they are handed out.

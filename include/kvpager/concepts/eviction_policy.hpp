@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 #pragma once
 /// \file
 /// The eviction_policy concept: what happens to a block whose last reference is dropped while the sharing policy

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 #pragma once
 /// \file
 /// The swap_policy concept: the decision taken for a sequence preempted under memory pressure, swap it to host

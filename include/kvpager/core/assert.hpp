@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 #pragma once
 /// \file
 /// KVPAGER_ASSERT: checks of internal invariants (never of user input, which gets an error value instead).

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 #pragma once
 /// \file
 /// block_pool: the global pool of fixed-size KV blocks. Reference counts per block, the free set (kept by a

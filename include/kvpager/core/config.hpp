@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 #pragma once
 /// \file
 /// Library-wide configuration macros: version, versioned inline namespace, exception and assertion switches.

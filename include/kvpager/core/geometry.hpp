@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 #pragma once
 /// \file
 /// kv_geometry: the shape of one layer's paged KV pool (blocks, tokens per block, KV heads, head dim, element type),

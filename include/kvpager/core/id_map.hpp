@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 #pragma once
 /// \file
 /// id_map: open-addressing hash map from 64-bit sequence ids to dense int32 handles. Linear probing with

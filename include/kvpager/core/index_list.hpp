@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 #pragma once
 /// \file
 /// index_list: an intrusive doubly linked list over the integers [0, capacity), threaded through two int32

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 #pragma once
 /// \file
 /// indexed_heap: a binary min-heap over the integers [0, capacity) with a two-part key per element (compared

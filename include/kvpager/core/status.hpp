@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 #pragma once
 /// \file
 /// Error values. Running out of blocks is an ordinary outcome and bad input is reported, never thrown: every

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 #pragma once
 /// \file
 /// step_plan: the byte movement one scheduler step needs, recorded by the cache and carried out by the engine

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 #pragma once
 /// \file
 /// fifo_eviction: an indexed eviction policy (retention_mode::indexed) that evicts the block whose current content

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 #pragma once
 /// \file
 /// The indexed eviction policies: cached, unreferenced blocks are kept in an index of their own, apart from the

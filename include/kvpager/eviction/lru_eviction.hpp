@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 #pragma once
 /// \file
 /// lru_eviction: exactly vLLM v1's eviction order. Cached blocks whose last reference is dropped go back to the

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 #pragma once
 /// \file
 /// lru_index_eviction: an indexed eviction policy (retention_mode::indexed). Cached, unreferenced blocks are kept in

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 #pragma once
 /// \file
 /// no_eviction: keep nothing. When the last reference to a block is dropped its content is forgotten and the block

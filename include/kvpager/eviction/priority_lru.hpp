@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 #pragma once
 /// \file
 /// priority_lru: an indexed eviction policy (retention_mode::indexed) that evicts the block of lowest retention

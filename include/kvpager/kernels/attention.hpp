@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 #pragma once
 /// \file
 /// C++ interface of the CPU paged decode attention (the C ABI in kvpager/c/kernels.h wraps it). One query token per

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 #pragma once
 /// \file
 /// can_implement: whether the compiled kernels run a KV pool of a given geometry (CUTLASS's can_implement step),

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 #pragma once
 /// \file
 /// cpu_executor: applies a step plan to real KV bytes held in host memory, with the device pool emulated in host

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 #pragma once
 /// \file
 /// cuda_executor: applies the cache's step plans to a device KV pool and a pinned host pool on one CUDA stream, with

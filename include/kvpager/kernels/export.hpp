@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 #pragma once
 /// \file
 /// KVPAGER_KERNELS_EXPORT marks the C++ symbols of libkvpager_kernels (built with hidden visibility); the C ABI's own

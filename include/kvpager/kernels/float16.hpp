@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 #pragma once
 /// \file
 /// IEEE fp16 and bfloat16 <-> float conversions in portable C++ (round to nearest even), for the CPU kernels and

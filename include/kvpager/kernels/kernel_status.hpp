@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 #pragma once
 /// \file
 /// One error vocabulary at the kernel boundary: the C ABI's KVPAGER_STATUS_* codes, their text (what

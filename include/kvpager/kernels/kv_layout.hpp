@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 #pragma once
 /// \file
 /// kv_layout: byte offsets of one layer's paged KV pool in the kernels' default layout

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 #pragma once
 /// \file
 /// request_queue: the scheduler's waiting and swapped queues, a ring of request ids. Pushing and popping at both

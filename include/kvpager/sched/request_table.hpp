@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 #pragma once
 /// \file
 /// request_table: the requests a scheduler holds, in dense slots reached by id through an id_map. The scheduler's

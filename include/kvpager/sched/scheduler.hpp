@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 #pragma once
 /// \file
 /// scheduler: a continuous-batching helper an engine drives step by step, on top of a paged_kv_cache. It keeps the

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 #pragma once
 /// \file
 /// The scheduler's run-time configuration: the policy enums, scheduler_config, and the named presets that reproduce

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 #pragma once
 /// \file
 /// scheduler_queues: the state a scheduler keeps about its requests, apart from any cache: the request table, the

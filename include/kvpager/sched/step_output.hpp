@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 #pragma once
 /// \file
 /// What the scheduler reports: the output of one step (step_output) and its counters (scheduler_stats).

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 #pragma once
 /// \file
 /// no_sharing: every block has exactly one owner. Fork gives the child fresh blocks and plans a copy of each of

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 #pragma once
 /// \file
 /// prefix_caching: automatic prefix caching (vLLM's APC). Every full block gets a chained hash

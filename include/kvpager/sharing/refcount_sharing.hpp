@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 #pragma once
 /// \file
 /// refcount_sharing: fork shares the parent's blocks by reference count; the first write into a shared, partly

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 #pragma once
 /// \file
 /// xxh3_hasher: the default block hasher of prefix_caching. XXH3-64 (xxHash, Debian package libxxhash-dev), used

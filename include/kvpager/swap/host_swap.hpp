@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 #pragma once
 /// \file
 /// host_swap: a preempted sequence is swapped out to the cache's host pool (cache_config::num_host_blocks);

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 #pragma once
 /// \file
 /// hybrid_swap: a preempted sequence is swapped out while the cache's host pool has room for all its blocks,

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 #pragma once
 /// \file
 /// no_swap: no preemption; under pressure the engine waits or frees sequences itself (paged_kv_cache::preempt

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 #pragma once
 /// \file
 /// recompute: a preempted sequence is freed; the engine computes its tokens again when it resumes (vLLM v1).

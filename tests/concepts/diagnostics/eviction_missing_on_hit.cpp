@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // Compiled (not built) by the concepts.diagnostic.* tests: an indexed eviction policy without `on_hit` must be
 // rejected with a message naming `e.on_hit(b)`; with KVPAGER_DIAG_COMPLETE it has the member and compiles.
 #include <kvpager/concepts/eviction_policy.hpp>

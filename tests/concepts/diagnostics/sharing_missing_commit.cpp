@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // Compiled (not built) by the concepts.diagnostic.* tests: a sharing policy that declares itself a content cache
 // but has no `commit` must be rejected with a message naming `s.commit(b, c, t)`; with KVPAGER_DIAG_COMPLETE it has
 // the member and compiles.

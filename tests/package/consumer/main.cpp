@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 #include <kvpager/c/kernels.h>
 #include <kvpager/kvpager.hpp>
 

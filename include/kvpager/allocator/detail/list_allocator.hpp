@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 #pragma once
 /// \file
 /// The one implementation behind free_list_allocator (FIFO) and lifo_allocator: an index_list whose pop end is

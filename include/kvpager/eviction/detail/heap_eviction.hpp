@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 #pragma once
 /// \file
 /// The machinery behind the heap-ordered indexed eviction policies (lfu_eviction, priority_lru, fifo_eviction):
