@@ -16,11 +16,9 @@
 ///   cache.export_block_table(ids, table, stride, seq_lens);   // paged attention
 /// \endcode
 
-#include <concepts>
 #include <cstdint>
 #include <new>
 #include <span>
-#include <stdexcept>
 #include <utility>
 #include <vector>
 
@@ -322,9 +320,9 @@ class paged_kv_cache : public cache_exports<paged_kv_cache<A, E, S, W>> {
     return book_.decide(static_cast<std::int32_t>(seqs_[*h].blocks.size()));
   }
   result<preempt_action> preempt(seq_id id) {
-    const auto h = seqs_.template checked<"preempt">(id);
-    if (!h) return h.error();
-    const preempt_action a = book_.decide(static_cast<std::int32_t>(seqs_[*h].blocks.size()));
+    const auto d = preempt_decision(id);
+    if (!d) return d;
+    const preempt_action a = *d;
     switch (a) {
       case preempt_action::swap:
         if (status st = swap_out(id); !st) return st;

@@ -22,7 +22,10 @@
 KVPAGER_NAMESPACE_BEGIN
 
 /// The bookkeeping of the current step. Every member function is O(1) amortized unless noted.
-class step_ledger {
+/// A template only so that a translation unit that does not use it analyses none of its members (and none of the
+/// standard templates they use): see basic_scheduler_queues in sched/scheduler_queues.hpp.
+template <class = void>
+class basic_step_ledger {
  public:
   /// Empty ledger for a pool of `num_blocks` blocks (allocates the per-block flags).
   void reset(std::int32_t num_blocks) {
@@ -190,5 +193,7 @@ class step_ledger {
   std::int32_t pending_ = 0;                                   ///< deferred blocks still unreferenced
   std::uint64_t step_ = 0;
 };
+
+using step_ledger = basic_step_ledger<>;
 
 KVPAGER_NAMESPACE_END

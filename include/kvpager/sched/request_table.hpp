@@ -40,7 +40,10 @@ struct sched_request {
 
 /// Requests by id, in reusable dense slots. Lookups never allocate; add allocates only when the table grows past
 /// every size it had (and for a prompt longer than the reused slot's buffer).
-class request_table {
+/// A template only so that a translation unit that does not use it analyses none of its members (and none of the
+/// standard templates they use): see basic_scheduler_queues in sched/scheduler_queues.hpp.
+template <class = void>
+class basic_request_table {
  public:
   using slot_type = std::int32_t;
 
@@ -99,5 +102,7 @@ class request_table {
   std::vector<slot_type> free_;
   id_map index_;
 };
+
+using request_table = basic_request_table<>;
 
 KVPAGER_NAMESPACE_END
