@@ -146,6 +146,7 @@ template <class Cache>
 /// its admissions (first admissions apart from resumed ones, as vLLM) and admission answers. O(1), allocates
 /// nothing.
 template <class Cache, class Sched>
+  requires requires(const Sched& s) { s.stats().answered_later; }
 [[nodiscard]] metrics_snapshot take_snapshot(const Cache& cache, const Sched& sched,
                                              std::int64_t bytes_per_block = 0) noexcept {
   metrics_snapshot m = take_snapshot(cache, bytes_per_block);
