@@ -6,7 +6,10 @@
 /// `_total`; names are prefixed `kvpager:` and are vLLM's where vLLM has the metric (kv_cache_usage_perc,
 /// num_requests_running, num_requests_waiting, num_preemptions_total, prefix_cache_queries_total,
 /// prefix_cache_hits_total), so vLLM dashboards carry over by changing the prefix. As in vLLM,
-/// kv_cache_usage_perc is a fraction in [0, 1].
+/// kv_cache_usage_perc is a fraction in [0, 1], and the prefix hit rate is not a metric of its own: a dashboard
+/// divides the counters, `rate(kvpager:prefix_cache_hits_total[5m]) / rate(kvpager:prefix_cache_queries_total[5m])`
+/// (metrics_snapshot::prefix_hit_rate and the JSON carry the lifetime rate). The families, in order, are listed by
+/// prometheus_family_name(i).
 ///
 /// Dependency-free. The text is written into a caller-owned buffer: a std::string reused across calls (it grows
 /// once, to prometheus_max_size(), on the first call; later calls allocate nothing), or a char span of at least
