@@ -42,6 +42,9 @@
 #include "kvpager/core/config.hpp"
 #include "kvpager/monitor/metrics.hpp"
 
+static_assert(NLOHMANN_JSON_VERSION_MAJOR == 3,
+              "kvpager/monitor/json.hpp uses nlohmann-json 3.x's serializer (nlohmann::detail::serializer)");
+
 KVPAGER_NAMESPACE_BEGIN
 
 namespace detail {
