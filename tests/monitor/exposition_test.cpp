@@ -8,6 +8,8 @@
 #include <gtest/gtest.h>
 
 #include <cstdint>
+#include <fstream>
+#include <iterator>
 #include <limits>
 #include <sstream>
 #include <string>
@@ -165,4 +167,15 @@ TEST(Json, PrettyTextAndTheSizeReserve) {
   const std::string& big = w.write(m);
   EXPECT_EQ(big.data(), data);
   EXPECT_NE(big.find("-9223372036854775808"), std::string::npos);
+}
+
+TEST(Prometheus, DocsListEveryFamily) {
+  std::ifstream in(KVPAGER_DOCS_DIR "/monitoring.md");
+  ASSERT_TRUE(in) << "docs/monitoring.md";
+  const std::string doc((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+  for (std::size_t i = 0; i < prometheus_num_families(); ++i) {
+    const std::string row = "| `" + std::string(prometheus_family_name(i)) + "` |";
+    EXPECT_NE(doc.find(row), std::string::npos) << prometheus_family_name(i) << " is missing from docs/monitoring.md";
+  }
+  EXPECT_TRUE(prometheus_family_name(prometheus_num_families()).empty());
 }
