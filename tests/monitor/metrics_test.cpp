@@ -192,6 +192,8 @@ TEST(Recorder, WindowsStartAtTheLastSampleOldEnough) {
   EXPECT_EQ(r.window_start(61s).time, 60s);
   EXPECT_EQ(r.window_start(0s).time, 180s);
   EXPECT_EQ(r.window_start(1h).time, 0s) << "a window longer than the history starts at its oldest sample";
+  EXPECT_EQ(r.window_start(std::chrono::nanoseconds::max()).time, 0s) << "no overflow";
+  EXPECT_EQ(r.window_start(std::chrono::nanoseconds::min()).time, 180s) << "a negative window: the newest alone";
   EXPECT_EQ(r.swaps_in_window(60s), (30 + 15) - (10 + 5));
   EXPECT_EQ(r.swaps_in_window(1h), 45);
   EXPECT_EQ(r.increase(&metrics_snapshot::swap_outs, 120s), 26);

@@ -15,6 +15,7 @@
 #include <chrono>
 #include <cstddef>
 #include <cstdint>
+#include <limits>
 #include <vector>
 
 #include "kvpager/core/assert.hpp"
@@ -101,7 +102,16 @@ class metrics_recorder {
   /// or before newest().time - window, or the oldest one held when the history is shorter than the window (then
   /// the window covers only the history). The recorder must not be empty. O(log size()).
   [[nodiscard]] const timed_snapshot& window_start(std::chrono::nanoseconds window) const noexcept {
-    const std::chrono::nanoseconds edge = newest().time - window;
+    // newest().time - window, saturated (a window of nanoseconds::max() is "the whole history").
+    const std::int64_t t = newest().time.count();
+    const std::int64_t w = window.count();
+    std::int64_t e = 0;
+    if (w >= 0) {
+      e = t < std::numeric_limits<std::int64_t>::min() + w ? std::numeric_limits<std::int64_t>::min() : t - w;
+    } else {
+      e = t > std::numeric_limits<std::int64_t>::max() + w ? std::numeric_limits<std::int64_t>::max() : t - w;
+    }
+    const std::chrono::nanoseconds edge{e};
     // The first sample after `edge` (times are non-decreasing), then one back.
     std::size_t lo = 0;
     std::size_t hi = size_;
