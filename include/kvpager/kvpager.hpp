@@ -42,6 +42,10 @@
 #include "kvpager/kernels/cpu_executor.hpp"
 #include "kvpager/kernels/kv_layout.hpp"
 #include "kvpager/sched/scheduler.hpp"
+#include "kvpager/monitor/health.hpp"
+#include "kvpager/monitor/metrics.hpp"
+#include "kvpager/monitor/prometheus.hpp"
+#include "kvpager/monitor/recorder.hpp"
 
 #if __has_include(<xxhash.h>)
 #include "kvpager/cache/compositions.hpp"

@@ -73,6 +73,8 @@ TEST(SwapBook, SwapOutGivesEachDistinctDeviceBlockOneHostBlock) {
   cache_stats st;
   r.book.report(st);
   EXPECT_EQ(st.swapped_out_blocks, 3);
+  EXPECT_EQ(st.swap_outs, 2);        // two sequences swapped out: two events
+  EXPECT_EQ(st.swapped_logical, 5);  // their host tables hold 3 + 2 entries
   EXPECT_EQ(st.host_total, 16);
   const auto& h1 = r.table.at(1).blocks;
   const auto& h2 = r.table.at(2).blocks;
@@ -109,6 +111,12 @@ TEST(SwapBook, SwapInRestoresSharingAndReturnsHostBlocksOneStepLate) {
   r.next_step();
   ASSERT_TRUE(r.in({2, 1}));
   EXPECT_EQ(r.ledger.plan().swap_ins().size(), 2U);
+  cache_stats st;
+  r.book.report(st);
+  EXPECT_EQ(st.swap_outs, 2);
+  EXPECT_EQ(st.swap_ins, 2);
+  EXPECT_EQ(st.swapped_in_blocks, 2);
+  EXPECT_EQ(st.swapped_logical, 0);  // no table on the host any more
   const auto& d1 = r.table.at(1).blocks;
   EXPECT_EQ(r.table.at(2).blocks[0], d1[0]);
   EXPECT_EQ(r.store.refcount(d1[0]), 2);

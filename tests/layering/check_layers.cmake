@@ -4,8 +4,8 @@
 #
 #   cmake -DINCLUDE_DIR=<repo>/include -P check_layers.cmake
 #
-# Layers, lowest first: core < concepts < policies (allocator, eviction, sharing, swap) < cache < sched. The kernel
-# API (kernels/) and the C ABI (c/) sit beside them and speak only core. The rules are the tables below; a folder
+# Layers, lowest first: core < concepts < policies (allocator, eviction, sharing, swap) < cache < sched < monitor. The
+# kernel API (kernels/) and the C ABI (c/) sit beside them and speak only core. The rules are the tables below; a folder
 # missing from them is an error, so a new folder is placed in a layer on purpose. Prints every violation, then fails.
 
 cmake_minimum_required(VERSION 3.25)
@@ -25,6 +25,8 @@ foreach(p IN LISTS policy_folders)
 endforeach()
 set(allowed_cache core concepts ${policy_folders})
 set(allowed_sched core concepts ${policy_folders} cache)
+# monitor/: metrics, health and exposition over a cache and its scheduler (the serving layer's operator view).
+set(allowed_monitor core concepts ${policy_folders} cache sched)
 set(allowed_kernels core c)
 set(allowed_c "")
 

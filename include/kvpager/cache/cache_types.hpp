@@ -75,6 +75,9 @@ struct cache_stats {
   std::int32_t host_free = 0;           ///< host blocks free (blocks released in this step count from the next)
   std::int64_t swapped_out_blocks = 0;  ///< device blocks copied to host, cumulative
   std::int64_t swapped_in_blocks = 0;   ///< host blocks copied back to device, cumulative
+  std::int64_t swap_outs = 0;           ///< sequences swapped out (events), cumulative
+  std::int64_t swap_ins = 0;            ///< sequences swapped back in (events), cumulative
+  std::int64_t swapped_logical = 0;     ///< host block references of swapped-out block tables
   std::int64_t preempted_swap = 0;      ///< preempt() calls that swapped
   std::int64_t preempted_recompute = 0; ///< preempt() calls that dropped the blocks for recompute
 
@@ -85,6 +88,11 @@ struct cache_stats {
   /// prefix_hit_tokens / prefix_query_tokens (0 before any query).
   [[nodiscard]] double prefix_hit_rate() const noexcept {
     return prefix_query_tokens > 0 ? double(prefix_hit_tokens) / double(prefix_query_tokens) : 0.0;
+  }
+  /// Token slots the block tables of live sequences (device and host) hold minus the tokens stored: the
+  /// internal fragmentation of paging, at most block_size - 1 per sequence.
+  [[nodiscard]] std::int64_t internal_waste_tokens() const noexcept {
+    return (logical + swapped_logical) * block_size - tokens;
   }
   /// used / total.
   [[nodiscard]] double utilization() const noexcept { return total > 0 ? double(used) / double(total) : 0.0; }

@@ -53,6 +53,8 @@ class swap_book {
     swapped_ = 0;
     swapped_out_blocks_ = 0;
     swapped_in_blocks_ = 0;
+    swap_outs_ = 0;
+    swap_ins_ = 0;
   }
 
   [[nodiscard]] const W& policy() const noexcept { return swap_; }
@@ -68,9 +70,13 @@ class swap_book {
   }
   /// Sequences swapped out now.
   [[nodiscard]] std::int32_t swapped() const noexcept { return swapped_; }
-  /// Fills the swap counts of `s` (swapped, host_total, host_free, swapped_out_blocks, swapped_in_blocks).
+  /// Fills the swap counts of `s` (swapped, host_total, host_free, swapped_out_blocks, swapped_in_blocks,
+  /// swap_outs, swap_ins, swapped_logical).
   void report(cache_stats& s) const noexcept {
     s.swapped = swapped_;
+    s.swap_outs = swap_outs_;
+    s.swap_ins = swap_ins_;
+    s.swapped_logical = host_ ? host_->stats().references : 0;
     s.host_total = host_capacity();
     s.host_free = host_free();
     s.swapped_out_blocks = swapped_out_blocks_;
@@ -112,6 +118,7 @@ class swap_book {
     for (const block_id hb : to_) host_first_use_[static_cast<std::size_t>(hb)] = 0;
     unmark(dev_map_);
     swapped_out_blocks_ += need;
+    swap_outs_ += static_cast<std::int64_t>(group.size());
     return ok_status();
   }
 
@@ -148,6 +155,7 @@ class swap_book {
     for (const block_id hb : from_) host_first_use_[static_cast<std::size_t>(hb)] = 0;
     unmark(host_map_);
     swapped_in_blocks_ += need;
+    swap_ins_ += static_cast<std::int64_t>(group.size());
     return ok_status();
   }
 
@@ -202,6 +210,8 @@ class swap_book {
   std::int32_t swapped_ = 0;
   std::int64_t swapped_out_blocks_ = 0;
   std::int64_t swapped_in_blocks_ = 0;
+  std::int64_t swap_outs_ = 0;  ///< sequences swapped out
+  std::int64_t swap_ins_ = 0;   ///< sequences swapped in
 };
 
 KVPAGER_NAMESPACE_END

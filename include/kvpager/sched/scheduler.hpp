@@ -74,6 +74,7 @@ class scheduler : public scheduler_queues {
     r.tokens.assign(prompt.begin(), prompt.end());
     r.options = options;
     waiting_.push_back(id);
+    ++(a == admission::ok ? stats_.answered_ok : stats_.answered_later);
     return a;
   }
 

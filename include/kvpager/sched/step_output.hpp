@@ -109,7 +109,9 @@ struct scheduler_stats {
   std::int64_t admitted = 0;
   std::int64_t finished = 0;              ///< by the engine (finish, complete) or by the scheduler
   std::int64_t finished_with_reason = 0;  ///< of those, by the scheduler (step_output::finished)
-  std::int64_t rejected = 0;
+  std::int64_t rejected = 0;        ///< add_request answered admission::never (not queued)
+  std::int64_t answered_ok = 0;     ///< add_request answered admission::ok (queued, fits now)
+  std::int64_t answered_later = 0;  ///< add_request answered admission::later (queued, does not fit now)
   std::int64_t preempted_recompute = 0;
   std::int64_t preempted_swap = 0;
   /// Of preempted_recompute: victims the configured mode would swap that the cache refused to (host pool full),
