@@ -744,3 +744,55 @@ TEST(VllmPreset, RequestKeepsItsBlockHashesAcrossRecomputeAndHashesEachBlockOnce
   for (int i = 0; i < 3; ++i) sample_all(s, s.schedule());  // tokens 18..20: the fifth block fills
   EXPECT_EQ(blocks_hashed, 9);
 }
+
+namespace {
+/// A cache that counts how often the scheduler reads a sequence's block hashes.
+template <class Base>
+struct hash_reading_cache : Base {
+  explicit hash_reading_cache(Base&& b) : Base(std::move(b)) {}
+  status block_hashes(seq_id id, std::vector<std::uint64_t>& out) const {
+    ++reads;
+    return Base::block_hashes(id, out);
+  }
+  mutable int reads = 0;
+};
+using caching_swap_cache = paged_kv_cache<free_list_allocator, lru_eviction, prefix_caching, host_swap>;
+}  // namespace
+
+TEST(Scheduler, OnlyARecomputeVictimHasItsBlockHashesRead) {
+  // Preemption is the same shortage each time (request 2, 3 blocks, is its own victim); only the mode differs.
+  for (const preemption_mode mode : {preemption_mode::cache_policy, preemption_mode::swap, preemption_mode::recompute}) {
+    SCOPED_TRACE(static_cast<int>(mode));
+    hash_reading_cache<caching_swap_cache> cache(
+        *caching_swap_cache::create({.block_size = 4, .num_blocks = 6, .num_host_blocks = 8}));
+    scheduler_config cfg;
+    cfg.watermark_permille = 0;
+    cfg.preemption = mode;
+    scheduler<hash_reading_cache<caching_swap_cache>> s(cache, cfg);
+    ASSERT_TRUE(s.add_request(1, prompt(8)));
+    ASSERT_TRUE(s.add_request(2, prompt(12, 50)));
+    sample_all(s, s.schedule());
+    sample_all(s, s.schedule());
+    const scheduler_stats st = s.stats();
+    ASSERT_EQ(st.preempted_swap + st.preempted_recompute, 1);
+    EXPECT_EQ(st.preempted_swap, mode == preemption_mode::recompute ? 0 : 1);
+    EXPECT_EQ(cache.reads, st.preempted_recompute) << "a swap keeps the sequence, and its hashes, in the cache";
+  }
+}
+
+TEST(Scheduler, ACachePolicyRecomputeReadsTheHashesBeforeTheCacheFreesThem) {
+  // The host pool is too small for the victim: hybrid_swap decides recompute, and the cache frees the victim itself.
+  using hybrid_cache = paged_kv_cache<free_list_allocator, lru_eviction, prefix_caching, hybrid_swap>;
+  hash_reading_cache<hybrid_cache> cache(*hybrid_cache::create({.block_size = 4, .num_blocks = 6, .num_host_blocks = 1}));
+  scheduler_config cfg;
+  cfg.watermark_permille = 0;
+  scheduler<hash_reading_cache<hybrid_cache>> s(cache, cfg);
+  ASSERT_TRUE(s.add_request(1, prompt(8)));
+  ASSERT_TRUE(s.add_request(2, prompt(12, 50)));
+  sample_all(s, s.schedule());
+  sample_all(s, s.schedule());
+  EXPECT_EQ(s.stats().preempted_recompute, 1);
+  EXPECT_EQ(s.stats().swap_fallback_recompute, 0) << "the policy's own choice, not a refused swap";
+  EXPECT_EQ(cache.stats().preempted_recompute, 1) << "the cache carried it out";
+  EXPECT_EQ(cache.reads, 1);
+}

@@ -314,6 +314,13 @@ class paged_kv_cache : public cache_exports<paged_kv_cache<A, E, S, W>> {
   /// (it stays live, swapped); preempt_action::recompute frees it (the engine re-adds its tokens later). Errors:
   /// errc::unsupported (the policy does not preempt), errc::unknown_sequence, errc::sequence_swapped, and those of
   /// swap_out.
+  /// What preempt(id) would do now, changing nothing (preempt_action::unsupported where the policy does not
+  /// preempt). Errors: errc::unknown_sequence, errc::sequence_swapped.
+  [[nodiscard]] result<preempt_action> preempt_decision(seq_id id) const {
+    const auto h = seqs_.template checked<"preempt">(id);
+    if (!h) return h.error();
+    return book_.decide(static_cast<std::int32_t>(seqs_[*h].blocks.size()));
+  }
   result<preempt_action> preempt(seq_id id) {
     const auto h = seqs_.template checked<"preempt">(id);
     if (!h) return h.error();

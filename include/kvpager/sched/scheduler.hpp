@@ -1,32 +1,23 @@
 // SPDX-License-Identifier: Apache-2.0
 #pragma once
 /// \file
-/// scheduler: a continuous-batching helper an engine drives step by step, on top of a paged_kv_cache. It keeps the
-/// waiting, running and swapped queues, admits requests against a watermark (OK / LATER / NEVER, so a request that
-/// can never run is rejected at once instead of blocking the queue, vLLM issue #39734), computes prompts in chunks
-/// within the token budget (chunked prefill, as vLLM v1: running decodes first, then partially computed prompts,
-/// then new admissions), preempts under shortage (by swap or by recompute, which works over any cache: the
-/// scheduler frees the victim itself), swaps sequences back in before admitting new ones, admits nothing in a step
-/// that preempted, and ages waiting requests so none starves.
-///
-/// No request is left stuck: each one is finished (by the engine, or by the scheduler with a finish_reason in
-/// step_output::finished when it reaches cache_config::max_blocks_per_seq or can no longer be computed at all) or
-/// rejected with admission::never. A swapped request comes back at the latest when nothing else runs (the watermark
-/// is not kept then), and so does a recompute victim.
-///
-/// One step:
+/// scheduler: a continuous-batching helper an engine drives step by step over a paged_kv_cache. It keeps the
+/// waiting, running and swapped queues (scheduler_queues), admits against a watermark (admission_limits: OK / LATER /
+/// NEVER, so a request that can never run is rejected at once, vLLM issue #39734), computes prompts in chunks within
+/// the token budget (running decodes first, then partial prompts, then admissions, as vLLM v1), preempts under
+/// shortage by swap or by recompute (the scheduler frees a recompute victim itself, so it works over any cache),
+/// swaps back in before admitting, admits nothing in a step that preempted, and ages waiting requests. No request is
+/// left stuck: each is finished by the engine, by the scheduler (step_output::finished: length cap, can no longer be
+/// computed) or rejected with admission::never. Engine behaviours are presets (scheduler_config::vllm_v1()).
+/// One step (docs/architecture.md):
 /// \code
-///   const kvpager::step_output& out = sched.schedule();   // plan: swaps, copies, slot mapping, scheduled sequences
-///   executor.execute(cache.plan(), out.slot_mapping, ...);  // the engine runs the model on out.scheduled
-///   for (auto& s : out.scheduled)
-///     if (s.last_chunk) sched.complete(s.id, sampled_token, finished);   // no token for a partial prefill chunk
-///   for (auto& f : out.finished) ...;                       // finished by the scheduler (length cap, ...)
+///   const kvpager::step_output& out = sched.schedule();    // swaps, copies, slot mapping, scheduled sequences
+///   executor.execute(cache.plan(), out.slot_mapping, ...);   // the engine runs the model on out.scheduled
+///   for (std::size_t i = 0; i < out.scheduled.size(); ++i)  // no token for a prefill chunk that is not the last
+///     if (out.scheduled[i].last_chunk) sched.complete_scheduled(i, sampled_token, finished);
 /// \endcode
-/// Sequences carry their token ids (prompt, then every sampled token), so prefix caching works and a request
-/// preempted by recompute is re-admitted with all its tokens. Engine behaviours are config presets
-/// (scheduler_config::vllm_v1(): FCFS, newest-first victim, recompute; kvpager-replay runs it against vLLM).
-/// In steady state (no new request, no fork, queues within sizes they had before) schedule() allocates nothing:
-/// the step output and every scratch buffer are reused.
+/// Sequences carry their token ids, so prefix caching works and a recompute victim is re-admitted with all its
+/// tokens (and its block hashes). In steady state schedule() allocates nothing: the output and scratch are reused.
 
 #include <algorithm>
 #include <cstdint>
@@ -39,6 +30,7 @@
 #include "kvpager/core/config.hpp"
 #include "kvpager/core/status.hpp"
 #include "kvpager/core/types.hpp"
+#include "kvpager/sched/admission_limits.hpp"
 #include "kvpager/sched/scheduler_queues.hpp"
 #include "kvpager/sched/scheduler_config.hpp"
 #include "kvpager/sched/step_output.hpp"
@@ -49,7 +41,11 @@ template <class Cache>
 class scheduler : public scheduler_queues {
  public:
   scheduler(Cache& cache, scheduler_config cfg = {})
-      : cache_(cache), cfg_(cfg), usable_(std::int64_t{cache.config().num_blocks} - cache.config().reserved_blocks),
+      : cache_(cache),
+        cfg_(cfg),
+        limits_{.usable_blocks = std::int64_t{cache.config().num_blocks} - cache.config().reserved_blocks,
+                .block_size = cache.config().block_size,
+                .max_blocks_per_seq = cache.config().max_blocks_per_seq},
         may_hit_limit_(cfg.reject_impossible || cache.config().max_blocks_per_seq > 0) {}
 
   /// Queues a request. `options` reach the cache with every admission of the request: `extra_key` (a tenant's
@@ -88,11 +84,7 @@ class scheduler : public scheduler_queues {
 
   /// The admission answer for a prompt of `num_tokens` tokens right now (without prefix hits).
   [[nodiscard]] admission check_tokens(std::int64_t num_tokens) const noexcept {
-    if (num_tokens < 1 || cfg_.max_num_seqs < 1 || cfg_.max_num_batched_tokens < 1 || limit_reached(num_tokens, true))
-      return admission::never;
-    const std::int64_t need = cache_.blocks_needed(num_tokens);
-    if (need + watermark_blocks() > usable_blocks()) return admission::never;
-    return cache_.available_blocks() - need >= watermark_blocks() ? admission::ok : admission::later;
+    return limits_.check(cfg_, num_tokens, cache_.available_blocks());
   }
 
   /// One scheduling step; the previous step's plan must have been executed. In order: pending forks, running
@@ -158,18 +150,6 @@ class scheduler : public scheduler_queues {
     return take_token(&r, next);  // the slot still holds the request: no lookup
   }
 
- private:
-  /// complete() without `finished` for request `r` (nullptr: unknown).
-  status take_token(sched_request* r, token_id next) {
-    if (r == nullptr) return status{errc::unknown_sequence, "complete: unknown request id"};
-    if (r->where != request_state::running || r->computed != r->num_tokens())
-      return status{errc::invalid_argument,
-                    "complete: the request is not waiting for a token (a prefill chunk that is not the last, a "
-                    "waiting or swapped request, or a token already given)"};
-    r->tokens.push_back(next);
-    return ok_status();
-  }
-
  public:
 
   /// Computes the pending tokens of running request `id` outside schedule(), for an engine that ran them itself
@@ -202,17 +182,7 @@ class scheduler : public scheduler_queues {
       ++stats_.finished;
       return ok_status();
     }
-    switch (r->where) {
-      case request_state::running:
-        erase_running(id);
-        break;
-      case request_state::swapped:
-        (void)swapped_.erase(id);
-        break;
-      default:
-        (void)waiting_.erase(id);
-        break;
-    }
+    leave_queue(*r);
     // A waiting request holds nothing in the cache (a live sequence of that id is not the scheduler's).
     if (r->where != request_state::waiting && cache_.contains(id)) (void)cache_.free_sequence(id);
     reqs_.erase(id);
@@ -220,48 +190,19 @@ class scheduler : public scheduler_queues {
     return ok_status();
   }
 
-  [[nodiscard]] scheduler_stats stats() const noexcept {
-    scheduler_stats s = stats_;
-    s.waiting = static_cast<std::int32_t>(waiting_.size());
-    s.running = static_cast<std::int32_t>(running_.size());
-    s.swapped = static_cast<std::int32_t>(swapped_.size());
-    return s;
-  }
   [[nodiscard]] const scheduler_config& config() const noexcept { return cfg_; }
 
  private:
-  [[nodiscard]] std::int64_t watermark_blocks() const noexcept {
-    const std::int64_t permille = std::clamp<std::int64_t>(cfg_.watermark_permille, 0, 1000);
-    return usable_blocks() * permille / 1000;
-  }
-
-  /// The cache's usable blocks (cache_stats::total), without building its stats.
-  [[nodiscard]] std::int64_t usable_blocks() const noexcept { return usable_; }
-
   /// An allocation the scheduler made succeeded: the peak of blocks in use.
   void note_allocation() noexcept {
     stats_.peak_used_blocks = std::max(stats_.peak_used_blocks, usable_blocks() - cache_.available_blocks());
   }
 
-  /// Why a request of `n` tokens can never be computed (again), whatever else runs; none if it can.
-  /// `whole`: its uncached tokens must fit one step (a (re-)admission with chunked prefill off). Without
-  /// reject_impossible, only the length cap and the 2^31-1 token limit count.
+  [[nodiscard]] std::int64_t usable_blocks() const noexcept { return limits_.usable_blocks; }
   [[nodiscard]] std::optional<finish_reason> limit_reached(std::int64_t n, bool whole) const noexcept {
-    if (n > INT32_MAX) return finish_reason::too_long;
-    const std::int64_t need = cache_.blocks_needed(n);
-    const std::int32_t cap = cache_.config().max_blocks_per_seq;
-    if (cap > 0 && need > cap) return finish_reason::length_cap;
-    if (!cfg_.reject_impossible) return std::nullopt;
-    if (need > usable_blocks()) return finish_reason::too_long;
-    if (whole && !cfg_.chunked_prefill && n > cfg_.max_num_batched_tokens) return finish_reason::too_long;
-    return std::nullopt;
+    return limits_.limit_reached(cfg_, n, whole);
   }
-
-  /// Blocks to keep free for an admission or swap-in: the watermark, unless nothing runs and watermark_when_idle
-  /// is off (then the request is let in if it fits at all: nothing else could ever free blocks for it).
-  [[nodiscard]] std::int64_t blocks_to_keep() const noexcept {
-    return running_.empty() && !cfg_.watermark_when_idle ? 0 : watermark_blocks();
-  }
+  [[nodiscard]] std::int64_t blocks_to_keep() const noexcept { return limits_.blocks_to_keep(cfg_, running_.empty()); }
 
   /// Forks requested since the last step; their parents' bytes are in place now.
   KVPAGER_NOINLINE void start_forks() {
@@ -362,12 +303,11 @@ class scheduler : public scheduler_queues {
 
   /// Takes running request `victim` off the device by the configured mode, by recompute where a swap is refused.
   KVPAGER_NOINLINE void preempt(seq_id victim) {
-    // Before the cache may free it: a recompute re-admits its tokens with these hashes (none is computed again).
-    (void)cache_.block_hashes(victim, reqs_.at_id(victim).block_hashes);
     bool swapped = false;
     bool freed = false;
     errc refused = errc::unsupported;  // why the cache did not take the victim off the device itself
     if (cfg_.preemption == preemption_mode::cache_policy) {
+      if (const auto d = cache_.preempt_decision(victim); d && *d == preempt_action::recompute) keep_hashes(victim);
       const auto a = cache_.preempt(victim);
       if (a) {
         swapped = *a == preempt_action::swap;
@@ -383,6 +323,7 @@ class scheduler : public scheduler_queues {
     if (!freed) {
       if (cfg_.preemption != preemption_mode::recompute && refused != errc::unsupported)
         ++stats_.swap_fallback_recompute;
+      keep_hashes(victim);
       if (const status st = cache_.free_sequence(victim); !st) {
         fail(victim, st);  // gone from the cache behind the scheduler's back
         return;
@@ -406,6 +347,10 @@ class scheduler : public scheduler_queues {
       ++stats_.preempted_recompute;
     }
   }
+
+  /// A recompute victim, before the cache frees it: its block hashes, so its re-admission hashes nothing again.
+  /// A swap keeps the sequence (and its hashes) in the cache: nothing to read.
+  void keep_hashes(seq_id victim) { (void)cache_.block_hashes(victim, reqs_.at_id(victim).block_hashes); }
 
   /// Swapped requests back in, oldest first, the watermark kept unless nothing runs; each computes its pending
   /// tokens in this step where the budget and blocks allow.
@@ -519,9 +464,8 @@ class scheduler : public scheduler_queues {
   Cache& cache_;
   scheduler_config cfg_;
   step_output out_;
-  scheduler_stats stats_;
   std::vector<slot_type> scheduled_slots_;  ///< the slot of out_.scheduled[i] (complete_scheduled)
-  std::int64_t usable_;                     ///< the cache's usable blocks (its config is fixed)
+  admission_limits limits_;                 ///< the admission arithmetic over the cache's fixed figures
   bool may_hit_limit_;  ///< a running request can reach a limit: the length cap, or (reject_impossible) the cache
   prefix_hit hit_;                  ///< scratch: the admission's lookup, consumed by add_sequence
   static constexpr prefix_match no_match_{};  ///< the lookup skipped: no hit assumed for the tests

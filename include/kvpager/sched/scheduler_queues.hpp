@@ -2,8 +2,8 @@
 #pragma once
 /// \file
 /// scheduler_queues: the state a scheduler keeps about its requests, apart from any cache: the request table, the
-/// waiting, running and swapped queues, pending forks, and the queue orders (FCFS or priority with aging, and the
-/// victim choice). scheduler<Cache> derives from it and adds the step; the read accessors here are its public
+/// waiting, running and swapped queues, pending forks, the counters, and the queue orders (FCFS or priority with
+/// aging, and the victim choice). scheduler<Cache> derives from it and adds the step; the read accessors here are its public
 /// view of the queues.
 
 #include <algorithm>
@@ -13,6 +13,7 @@
 #include <vector>
 
 #include "kvpager/core/config.hpp"
+#include "kvpager/core/status.hpp"
 #include "kvpager/core/types.hpp"
 #include "kvpager/sched/request_queue.hpp"
 #include "kvpager/sched/request_table.hpp"
@@ -56,8 +57,43 @@ class scheduler_queues {
     return static_cast<std::int32_t>(std::min<std::int64_t>(r->effective_priority(), INT32_MAX));
   }
 
+  /// The counters, with the queue sizes now.
+  [[nodiscard]] scheduler_stats stats() const noexcept {
+    scheduler_stats s = stats_;
+    s.waiting = static_cast<std::int32_t>(waiting_.size());
+    s.running = static_cast<std::int32_t>(running_.size());
+    s.swapped = static_cast<std::int32_t>(swapped_.size());
+    return s;
+  }
+
  protected:
   using slot_type = request_table::slot_type;
+  /// complete() without `finished` for request `r` (nullptr: unknown).
+  status take_token(sched_request* r, token_id next) {
+    if (r == nullptr) return status{errc::unknown_sequence, "complete: unknown request id"};
+    if (r->where != request_state::running || r->computed != r->num_tokens())
+      return status{errc::invalid_argument,
+                    "complete: the request is not waiting for a token (a prefill chunk that is not the last, a "
+                    "waiting or swapped request, or a token already given)"};
+    r->tokens.push_back(next);
+    return ok_status();
+  }
+
+  /// Takes request `r` off whichever queue holds it (running, swapped or waiting).
+  void leave_queue(const sched_request& r) {
+    switch (r.where) {
+      case request_state::running:
+        erase_running(r.id);
+        break;
+      case request_state::swapped:
+        (void)swapped_.erase(r.id);
+        break;
+      default:
+        (void)waiting_.erase(r.id);
+        break;
+    }
+  }
+
 
   [[nodiscard]] bool known(seq_id id) const noexcept {
     return reqs_.contains(id) ||
@@ -144,6 +180,7 @@ class scheduler_queues {
     seq_id id;
   };
 
+  scheduler_stats stats_;
   request_table reqs_;
   request_queue waiting_;
   std::vector<seq_id> running_;
