@@ -132,6 +132,9 @@ class adaptive_preemption {
     return ok_status();
   }
 
+  /// Sets the swap rate (a policy rebuilt with a new model keeps its history); a negative or NaN rate counts as 0.
+  void restore_swap_rate(double rate) noexcept { rate_ = rate > 0.0 && std::isfinite(rate) ? rate : 0.0; }
+
   /// End of a step that swapped `swap_outs` victims out (negative counts as 0): the swap rate follows.
   void end_step(std::int32_t swap_outs) noexcept {
     const double x = swap_outs > 0 ? static_cast<double>(swap_outs) : 0.0;
