@@ -51,7 +51,8 @@ struct batch_size_tuning {
     if (shrink_permille < 0 || shrink_permille >= 1000)
       return status{errc::invalid_argument, "batch_size_tuning: shrink_permille must be in [0, 1000)",
                     shrink_permille};
-    if (grow_step < 1) return status{errc::invalid_argument, "batch_size_tuning: grow_step must be at least 1", grow_step};
+    if (grow_step < 1)
+      return status{errc::invalid_argument, "batch_size_tuning: grow_step must be at least 1", grow_step};
     if (patience_steps < 1)
       return status{errc::invalid_argument, "batch_size_tuning: patience_steps must be at least 1", patience_steps};
     if (cooldown_steps < 0)
