@@ -19,8 +19,9 @@
 /// before R: at most W + A * k * P overtakers (max_overtakers). Admission takes the queue in order, so each
 /// admission while R waits is R or one of them; if at least one waiting request is admitted every S steps while
 /// R waits (the load model: S = 1 when a request finishes every step), R is admitted within
-/// S * (W + A * k * P + 1) steps (wait_bound). The bound is reached: one request of priority p_R + P joining before
-/// every step, one admitted per step, admits R at step A * k * P + 1 exactly (tests/tuning/priority_aging_test.cpp).
+/// S * (W + A * k * P + 1) steps (wait_bound). The bound is reached: with A requests of priority p_R + P joining
+/// before every step and one admitted per step, R is admitted at step W + A * k * P + 1 exactly
+/// (TunedScheduler.AgingBoundsTheLongestWaitAndTheAdversaryReachesIt, tests/sched/tuning_test.cpp).
 /// Without aging (k = 0) and with P > 0 and A > 0 there is no bound: R can starve.
 ///
 /// A recompute victim re-enters at the front of the waiting queue with its aging reset; count each re-entry in A,
