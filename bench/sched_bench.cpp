@@ -24,13 +24,26 @@ std::vector<token_id> prompt(std::mt19937& rng, std::int32_t n) {
 
 /// One schedule() + sampling for 256 running requests whose KV outgrows the pool: every step decodes one token
 /// each, and about one step in sixteen preempts (swap while the host pool has room, else recompute) or swaps in.
+/// `Tuning` 1: the batch size tuner runs every step but its bounds pin the limit at 256 (same decisions: its cost
+/// alone). 2: tuning for real (dynamic batch size in [1, 256], adaptive swap-or-recompute): other decisions.
+template <int Tuning>
 void BM_SchedulerStep(benchmark::State& state) {
   constexpr int batch = 256;
   auto cache = must(cache_t::create({16, batch * 34, 1, 0, batch * 8}));
   scheduler_config cfg;
   cfg.max_num_seqs = batch;
   cfg.max_num_batched_tokens = 1 << 20;
-  scheduler<cache_t> sched(cache, cfg);
+  if constexpr (Tuning > 0) {
+    cfg.batch_tuning.enabled = true;
+    cfg.batch_tuning.max_seqs = batch;
+    cfg.batch_tuning.min_seqs = Tuning == 1 ? batch : 1;
+  }
+  if constexpr (Tuning == 2) {
+    cfg.preemption = preemption_mode::adaptive;
+    cfg.swap_cost.block_bytes = kv_block_bytes({.num_blocks = 1, .block_size = 16, .num_kv_heads = 8}, 32);
+    cfg.swap_cost.prefill_seconds_per_token = 50e-6;
+  }
+  scheduler<cache_t> sched(must(scheduler<cache_t>::create(cache, cfg)));
   std::mt19937 rng(1);
   seq_id next = 0;
   auto top_up = [&] {
@@ -43,9 +56,11 @@ void BM_SchedulerStep(benchmark::State& state) {
     for (const auto& s : out.scheduled) (void)sched.complete(s.id, static_cast<token_id>(rng() % 50000));
   }
   std::int64_t preempted = 0;
+  std::int64_t scheduled = 0;
   for (auto _ : state) {
     const auto& out = sched.schedule();
     preempted += static_cast<std::int64_t>(out.swapped_out.size() + out.preempted_recompute.size());
+    scheduled += static_cast<std::int64_t>(out.scheduled.size());
     state.PauseTiming();
     for (const auto& s : out.scheduled)
       (void)sched.complete(s.id, static_cast<token_id>(rng() % 50000), sched.tokens(s.id).size() > 1200);
@@ -53,9 +68,12 @@ void BM_SchedulerStep(benchmark::State& state) {
     state.ResumeTiming();
   }
   state.counters["preemptions_per_step"] = static_cast<double>(preempted) / static_cast<double>(state.iterations());
+  state.counters["scheduled_per_step"] = static_cast<double>(scheduled) / static_cast<double>(state.iterations());
   state.SetItemsProcessed(state.iterations() * batch);
 }
-BENCHMARK(BM_SchedulerStep)->Name("scheduler_step_256/kvpager");
+BENCHMARK(BM_SchedulerStep<0>)->Name("scheduler_step_256/kvpager");
+BENCHMARK(BM_SchedulerStep<1>)->Name("scheduler_step_256/kvpager_tuner_pinned");
+BENCHMARK(BM_SchedulerStep<2>)->Name("scheduler_step_256/kvpager_tuned");
 
 /// Baseline: the cache work alone for the same step shape (256 token-id appends, prefix caching on).
 void BM_CacheStep(benchmark::State& state) {

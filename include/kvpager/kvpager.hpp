@@ -37,6 +37,9 @@
 #include "kvpager/swap/hybrid_swap.hpp"
 #include "kvpager/swap/no_swap.hpp"
 #include "kvpager/swap/recompute.hpp"
+#include "kvpager/tuning/batch_size_tuner.hpp"
+#include "kvpager/tuning/priority_aging.hpp"
+#include "kvpager/tuning/swap_cost_model.hpp"
 
 #include "kvpager/cache/paged_kv_cache.hpp"
 #include "kvpager/kernels/cpu_executor.hpp"

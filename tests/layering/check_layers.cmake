@@ -5,8 +5,9 @@
 #   cmake -DINCLUDE_DIR=<repo>/include -P check_layers.cmake
 #
 # Layers, lowest first: core < concepts < policies (allocator, eviction, sharing, swap) < cache < sched < monitor. The
-# kernel API (kernels/) and the C ABI (c/) sit beside them and speak only core. The rules are the tables below; a folder
-# missing from them is an error, so a new folder is placed in a layer on purpose. Prints every violation, then fails.
+# tuning policies (tuning/) speak only core and are used by sched. The kernel API (kernels/) and the C ABI (c/) sit
+# beside them and speak only core. The rules are the tables below; a folder missing from them is an error, so a new
+# folder is placed in a layer on purpose. Prints every violation, then fails.
 
 cmake_minimum_required(VERSION 3.25)
 
@@ -24,14 +25,17 @@ foreach(p IN LISTS policy_folders)
   set(allowed_${p} core concepts ${policy_folders})
 endforeach()
 set(allowed_cache core concepts ${policy_folders})
-set(allowed_sched core concepts ${policy_folders} cache)
+# Tuning policies (dynamic batch size, priority aging, swap-or-recompute cost model) take plain signals and return
+# decisions: they speak only core; the scheduler takes them through its config.
+set(allowed_tuning core)
+set(allowed_sched core concepts ${policy_folders} cache tuning)
 # monitor/: metrics, health and exposition over a cache and its scheduler (the serving layer's operator view).
-set(allowed_monitor core concepts ${policy_folders} cache sched)
+set(allowed_monitor core concepts ${policy_folders} cache tuning sched)
 set(allowed_kernels core c)
 set(allowed_c "")
 
 # Folders whose headers may include only the C++ standard library besides kvpager (no third-party headers).
-set(std_only_folders core concepts)
+set(std_only_folders core concepts tuning)
 
 # Known exceptions, "<header relative to include/kvpager>=><included header>". Each is a layering debt: delete the
 # entry when the include is gone (the check fails on an exception that no longer occurs, so the table stays true).

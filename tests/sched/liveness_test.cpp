@@ -67,10 +67,32 @@ class liveness_run {
     cfg_.preemption = modes[pick(3)];
     num_requests_ = 10 + pick(40);
     arrival_steps_ = 1 + pick(60);
+    // The admission rule and the tuning policies, drawn from a generator of their own (the draws above, and the
+    // workload's, stay those of the runs without them).
+    std::mt19937 tune(seed ^ 0x9e3779b9U);
+    const auto draw = [&](std::uint32_t n) { return static_cast<std::int32_t>(tune() % n); };
+    if (draw(3) == 0) {
+      cfg_.admit_rule = admission_rule::request_headroom;
+      cfg_.headroom_permille = draw(301);
+    }
+    if (draw(3) == 0) {
+      cfg_.batch_tuning.enabled = true;
+      cfg_.batch_tuning.max_seqs = 1 + draw(16);
+      cfg_.batch_tuning.patience_steps = 1 + draw(3);
+      cfg_.batch_tuning.cooldown_steps = draw(6);
+    }
+    if (draw(4) == 0) {
+      cfg_.preemption = preemption_mode::adaptive;
+      cfg_.swap_cost.block_bytes = std::int64_t{1} << 20;
+      const double prefill[] = {1e-5, 1e-4, 1e-3};  // recompute cheaper, comparable, dearer than swapping
+      cfg_.swap_cost.prefill_seconds_per_token = prefill[draw(3)];
+      cfg_.swap_cost.link_bytes_per_second = 1.0e9 * ccfg_.block_size;
+    }
   }
 
   void run() {
     Cache cache = make_cache<Cache>(ccfg_, host_blocks_);
+    ASSERT_TRUE(cfg_.validate()) << describe();
     scheduler<Cache> s(cache, cfg_);
     const std::int64_t usable_tokens = std::int64_t{cache.stats().total} * ccfg_.block_size;
     std::int64_t step = 0;
@@ -124,14 +146,15 @@ class liveness_run {
   std::int32_t pick(std::int32_t n) { return static_cast<std::int32_t>(rng_() % static_cast<std::uint32_t>(n)); }
 
   std::string describe() const {
-    char buf[256];
+    char buf[384];
     std::snprintf(buf, sizeof buf,
                   "bs %d blocks %d reserved %d max_blocks_per_seq %d host %d | seqs %d budget %lld watermark %d "
-                  "victim %d aging %d chunked %d mode %d",
+                  "victim %d aging %d chunked %d mode %d rule %d headroom %d batch tuning %d",
                   ccfg_.block_size, ccfg_.num_blocks, ccfg_.reserved_blocks, ccfg_.max_blocks_per_seq, host_blocks_,
                   cfg_.max_num_seqs, static_cast<long long>(cfg_.max_num_batched_tokens), cfg_.watermark_permille,
                   static_cast<int>(cfg_.victim), cfg_.aging_steps, cfg_.chunked_prefill ? 1 : 0,
-                  static_cast<int>(cfg_.preemption));
+                  static_cast<int>(cfg_.preemption), static_cast<int>(cfg_.admit_rule), cfg_.headroom_permille,
+                  cfg_.batch_tuning.enabled ? cfg_.batch_tuning.max_seqs : 0);
     return buf;
   }
 

@@ -85,3 +85,27 @@ TEST(ScheduleAllocations, RequestQueueReusesItsRing) {
   EXPECT_EQ(probe::allocations.load() - before, 0);
   EXPECT_EQ(q.size(), 20U);
 }
+
+TEST(ScheduleAllocations, TunedStepAllocatesNothing) {
+  // 32 requests in 34 blocks: 94% utilization, so the batch size tuner shrinks its limit step after step (the
+  // running requests stay: a shrink preempts nobody); the adaptive preemption model's swap rate is fed every step.
+  auto cache = *cache_t::create({256, 34, 0, 0});
+  scheduler_config cfg;
+  cfg.max_num_seqs = 32;
+  cfg.watermark_permille = 0;
+  cfg.batch_tuning.enabled = true;
+  cfg.batch_tuning.max_seqs = 32;
+  cfg.batch_tuning.patience_steps = 1;
+  cfg.batch_tuning.cooldown_steps = 1;
+  cfg.preemption = preemption_mode::adaptive;
+  cfg.swap_cost.block_bytes = 1 << 20;
+  cfg.swap_cost.prefill_seconds_per_token = 1e-4;
+  auto made = scheduler<cache_t>::create(cache, cfg);
+  ASSERT_TRUE(made.ok());
+  scheduler<cache_t> s = *std::move(made);
+  for (seq_id id = 0; id < 32; ++id) ASSERT_TRUE(s.add_request(id, prompt(8, static_cast<token_id>(id) * 100)));
+  EXPECT_GT(allocations_in_schedule(s, 3), 0);
+  EXPECT_EQ(allocations_in_schedule(s, 100), 0);
+  EXPECT_EQ(s.stats().running, 32);
+  EXPECT_GT(s.tuning().batch().shrinks(), 3) << "the tuner was at work";
+}

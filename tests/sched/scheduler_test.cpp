@@ -44,13 +44,56 @@ TEST(Scheduler, AdmissionAnswers) {
   EXPECT_EQ(*s.add_request(4, prompt(16)), admission::later) << "the watermark block is all that is left";
 }
 
-TEST(Scheduler, SeedWatermarkKeepsTenPercent) {
+TEST(Scheduler, WatermarkKeepsTenPercentOfThePool) {
   auto cache = *recompute_cache::create({16, 500, 0, 0});
   scheduler_config cfg;
-  cfg.watermark_permille = 100;  // the seed's 10% buffer
+  cfg.watermark_permille = 100;  // vLLM's watermark at 10% of the pool
   scheduler<recompute_cache> s(cache, cfg);
   EXPECT_EQ(*s.add_request(1, prompt(16 * 450)), admission::ok);
   EXPECT_EQ(*s.add_request(2, prompt(16 * 451)), admission::never);
+}
+
+namespace {
+/// A 500-block pool with 100 blocks free: a 400-block request runs.
+template <class S>
+void fill_400_of_500(S& s) {
+  ASSERT_TRUE(s.add_request(1, prompt(16 * 400)));
+  (void)s.schedule();  // its sampled token is never given: it computes nothing more, the 100 free blocks stay free
+  ASSERT_EQ(s.stats().running, 1);
+}
+}  // namespace
+
+// The seed's GlobalBlockPool.admit_request: admit when free blocks >= 1.1 x blocks needed (a buffer relative to the
+// request), against vLLM's watermark (a share of the pool). 500-block pool, 100 free: the seed admits up to 90
+// blocks, a 10% watermark up to 50.
+TEST(Scheduler, SeedRuleAdmitsUpToNinetyBlocksWhereATenPercentWatermarkAdmitsFifty) {
+  auto seed_cache = *recompute_cache::create({16, 500, 0, 0});
+  scheduler_config seed;
+  seed.admit_rule = admission_rule::request_headroom;  // headroom_permille 100: free >= 1.1 x needed
+  scheduler<recompute_cache> s(seed_cache, seed);
+  fill_400_of_500(s);
+  EXPECT_EQ(s.check_tokens(16 * 90), admission::ok) << "90 x 1.1 = 99 <= 100 free";
+  EXPECT_EQ(s.check_tokens(16 * 91), admission::later) << "91 x 1.1 = 100.1 > 100 free";
+  EXPECT_EQ(s.check_tokens(16 * 455), admission::never) << "455 + 46 > 500: never, even in an empty pool";
+
+  auto wm_cache = *recompute_cache::create({16, 500, 0, 0});
+  scheduler_config wm;
+  wm.watermark_permille = 100;
+  scheduler<recompute_cache> w(wm_cache, wm);
+  fill_400_of_500(w);
+  EXPECT_EQ(w.check_tokens(16 * 50), admission::ok) << "100 free - 50 = 50 kept";
+  EXPECT_EQ(w.check_tokens(16 * 51), admission::later);
+
+  // The admissions themselves follow the same rule: 91 blocks wait under the seed's rule, 90 are let in.
+  ASSERT_TRUE(s.add_request(2, prompt(16 * 91)));
+  (void)s.schedule();
+  EXPECT_EQ(s.state(2), request_state::waiting);
+  EXPECT_EQ(s.stats().admit_fail, 1);
+  ASSERT_TRUE(s.finish(2));
+  ASSERT_TRUE(s.add_request(3, prompt(16 * 90)));
+  const auto& out = s.schedule();
+  EXPECT_EQ(s.state(3), request_state::running);
+  EXPECT_TRUE(std::any_of(out.scheduled.begin(), out.scheduled.end(), [](const auto& x) { return x.id == 3U; }));
 }
 
 TEST(Scheduler, NewestIsPreemptedAndNothingIsAdmittedInThatStep) {

@@ -33,6 +33,7 @@
 #include "kvpager/sched/admission_limits.hpp"
 #include "kvpager/sched/scheduler_queues.hpp"
 #include "kvpager/sched/scheduler_config.hpp"
+#include "kvpager/sched/scheduler_tuning.hpp"
 #include "kvpager/sched/step_output.hpp"
 
 KVPAGER_NAMESPACE_BEGIN
@@ -46,7 +47,15 @@ class scheduler : public scheduler_queues {
         limits_{.usable_blocks = std::int64_t{cache.config().num_blocks} - cache.config().reserved_blocks,
                 .block_size = cache.config().block_size,
                 .max_blocks_per_seq = cache.config().max_blocks_per_seq},
-        may_hit_limit_(cfg.reject_impossible || cache.config().max_blocks_per_seq > 0) {}
+        may_hit_limit_(cfg.reject_impossible || cache.config().max_blocks_per_seq > 0),
+        tuners_(cfg) {}
+
+  /// A scheduler over `cache` once `cfg` passes scheduler_config::validate (its error otherwise). The constructor
+  /// takes any config: a bad batch_tuning is off there, a bad swap_cost makes preemption_mode::adaptive recompute.
+  [[nodiscard]] static result<scheduler> create(Cache& cache, const scheduler_config& cfg) {
+    if (const status st = cfg.validate(); !st) return st;
+    return scheduler(cache, cfg);
+  }
 
   /// Queues a request. `options` reach the cache with every admission of the request: `extra_key` (a tenant's
   /// salt, a LoRA adapter id: blocks cached under different keys never hit each other) and `priority` (admission
@@ -98,6 +107,7 @@ class scheduler : public scheduler_queues {
     step_ = static_cast<std::uint64_t>(++stats_.steps);
     start_forks();
     budget_ = cfg_.max_num_batched_tokens;
+    max_running_ = tuners_.max_running(cfg_);
     preempted_ = false;
     stop_running_ = false;
     run_running();
@@ -105,7 +115,8 @@ class scheduler : public scheduler_queues {
       swap_in();
       if (swapped_.empty()) admit();  // swapped requests come back before anything new
     }
-    age_waiting(cfg_.aging_steps);
+    age_waiting(cfg_.aging());
+    tuners_.end_step(cfg_, usable_blocks() - cache_.available_blocks(), usable_blocks(), out_);
     if (cfg_.export_slot_mapping) {
       out_.slot_mapping.resize(static_cast<std::size_t>(cache_.slot_mapping_size()));
       (void)cache_.export_slot_mapping(out_.slot_mapping);
@@ -152,7 +163,6 @@ class scheduler : public scheduler_queues {
   }
 
  public:
-
   /// Computes the pending tokens of running request `id` outside schedule(), for an engine that ran them itself
   /// (a decode it decided on its own): their slots are appended in the cache, planned in the current step, and
   /// complete() then takes the request's next token. Never preempts: on a shortage nothing changes. Errors
@@ -192,6 +202,13 @@ class scheduler : public scheduler_queues {
   }
 
   [[nodiscard]] const scheduler_config& config() const noexcept { return cfg_; }
+  /// The auto-tuning policies (batch size limit, swap-or-recompute model); the engine's measurements reach the
+  /// latter through preemption_model(). The setters replace config().batch_tuning / swap_cost between steps
+  /// (scheduler_tuners::set_batch_tuning, set_swap_cost); errors (nothing changed): the tuning config's validate().
+  [[nodiscard]] const scheduler_tuners& tuning() const noexcept { return tuners_; }
+  [[nodiscard]] adaptive_preemption& preemption_model() noexcept { return tuners_.preemption(); }
+  status set_batch_tuning(const batch_size_tuning& t) noexcept { return tuners_.set_batch_tuning(cfg_, t); }
+  status set_swap_cost(const swap_cost_model& m) noexcept { return tuners_.set_swap_cost(cfg_, m); }
 
  private:
   /// An allocation the scheduler made succeeded: the peak of blocks in use.
@@ -203,7 +220,9 @@ class scheduler : public scheduler_queues {
   [[nodiscard]] std::optional<finish_reason> limit_reached(std::int64_t n, bool whole) const noexcept {
     return limits_.limit_reached(cfg_, n, whole);
   }
-  [[nodiscard]] std::int64_t blocks_to_keep() const noexcept { return limits_.blocks_to_keep(cfg_, running_.empty()); }
+  [[nodiscard]] std::int64_t blocks_to_keep(std::int64_t need) const noexcept {
+    return limits_.blocks_to_keep(cfg_, running_.empty(), need);
+  }
 
   /// Forks requested since the last step; their parents' bytes are in place now.
   KVPAGER_NOINLINE void start_forks() {
@@ -316,7 +335,7 @@ class scheduler : public scheduler_queues {
       } else {
         refused = a.error().code();
       }
-    } else if (cfg_.preemption == preemption_mode::swap) {
+    } else if (tuners_.swaps(cfg_, limits_, reqs_.at_id(victim).computed)) {  // swap, or adaptive choosing it
       const status st = cache_.swap_out(victim);
       swapped = freed = st.ok();
       if (!st) refused = st.code();
@@ -356,7 +375,7 @@ class scheduler : public scheduler_queues {
   /// Swapped requests back in, oldest first, the watermark kept unless nothing runs; each computes its pending
   /// tokens in this step where the budget and blocks allow.
   KVPAGER_NOINLINE void swap_in() {
-    while (!swapped_.empty() && static_cast<std::int64_t>(running_.size()) < cfg_.max_num_seqs && budget_ > 0) {
+    while (!swapped_.empty() && static_cast<std::int64_t>(running_.size()) < max_running_ && budget_ > 0) {
       const seq_id id = swapped_.front();
       const slot_type s = reqs_.find(id);
       if (const auto why = limit_reached(reqs_[s].num_tokens(), false)) {
@@ -368,7 +387,8 @@ class scheduler : public scheduler_queues {
         fail(id, host.error());
         continue;
       }
-      if (cache_.available_blocks() - static_cast<std::int64_t>(host->size()) < blocks_to_keep()) break;
+      const auto blocks = static_cast<std::int64_t>(host->size());
+      if (cache_.available_blocks() - blocks < blocks_to_keep(blocks)) break;
       if (const status st = cache_.swap_in(id); !st) {
         if (st.code() == errc::out_of_blocks) break;
         fail(id, st);
@@ -387,7 +407,7 @@ class scheduler : public scheduler_queues {
   /// chunk of its uncached tokens within the budget.
   KVPAGER_NOINLINE void admit() {
     order_waiting(cfg_.order);
-    while (!waiting_.empty() && budget_ > 0 && static_cast<std::int64_t>(running_.size()) < cfg_.max_num_seqs) {
+    while (!waiting_.empty() && budget_ > 0 && static_cast<std::int64_t>(running_.size()) < max_running_) {
       const seq_id id = waiting_.front();
       const slot_type s = reqs_.find(id);
       sched_request& r = reqs_[s];
@@ -399,7 +419,7 @@ class scheduler : public scheduler_queues {
       // Two-phase where the lookup decides the budget or watermark test: match_prefix's hit is consumed by
       // add_sequence without a second lookup. Where neither test can fail (the whole request fits the budget, no
       // blocks to keep), add_sequence's own lookup is the only one.
-      const bool must_match = n > budget_ || blocks_to_keep() > 0;
+      const bool must_match = n > budget_ || limits_.keeps_blocks(cfg_, running_.empty());
       if (must_match) {
         if (const status st = cache_.match_prefix(r.tokens, r.options, hit_, r.block_hashes); !st) {
           fail(id, st);
@@ -416,7 +436,7 @@ class scheduler : public scheduler_queues {
       // The first chunk ends at `end`: it takes the hit's blocks that consume capacity and blocks up to `end`.
       const std::int64_t end = m->tokens + chunk;
       const std::int64_t need = m->blocks_to_allocate - cache_.blocks_needed(n) + cache_.blocks_needed(end);
-      if (must_match && cache_.available_blocks() - need < blocks_to_keep()) {  // LATER
+      if (must_match && cache_.available_blocks() - need < blocks_to_keep(need)) {  // LATER
         ++stats_.admit_fail;
         break;
       }
@@ -472,6 +492,8 @@ class scheduler : public scheduler_queues {
   static constexpr prefix_match no_match_{};  ///< the lookup skipped: no hit assumed for the tests
   std::uint64_t step_ = 0;
   std::int64_t budget_ = 0;  ///< tokens left in this step
+  std::int64_t max_running_ = 0;  ///< running requests allowed in this step (max_num_seqs, tuned)
+  scheduler_tuners tuners_;
   bool preempted_ = false;   ///< this step preempted: no swap-in, no admission
   bool stop_running_ = false;
 };

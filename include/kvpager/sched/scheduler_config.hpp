@@ -3,10 +3,15 @@
 /// \file
 /// The scheduler's run-time configuration: the policy enums, scheduler_config, and the named presets that reproduce
 /// an engine's step (scheduler_config::vllm_v1()). Engines start from a preset and change one knob at a time.
+/// The auto-tuning policies (kvpager/tuning/) are configured here too, each off by default.
 
 #include <cstdint>
 
 #include "kvpager/core/config.hpp"
+#include "kvpager/core/status.hpp"
+#include "kvpager/tuning/batch_size_tuner.hpp"
+#include "kvpager/tuning/priority_aging.hpp"
+#include "kvpager/tuning/swap_cost_model.hpp"
 
 KVPAGER_NAMESPACE_BEGIN
 
@@ -30,6 +35,18 @@ enum class preemption_mode {
   cache_policy,  ///< as the cache's swap policy decides (cache.preempt: host_swap swaps, hybrid_swap while room)
   recompute,     ///< always recompute (vLLM v1): free the blocks, compute the request's tokens again on resume
   swap,          ///< swap out to the host pool whatever the policy's choice, where the cache has one
+  /// Per victim, the cheaper of swap and recompute by scheduler_config::swap_cost (adaptive_preemption: transfer
+  /// time over the host link against recompute time, with a penalty that grows with the recent swap rate).
+  adaptive,
+};
+
+/// How many free blocks an admission (or a swap-in) must leave.
+enum class admission_rule {
+  /// A share of the pool stays free: watermark_permille of the usable blocks (vLLM V0's watermark).
+  watermark,
+  /// A buffer relative to the request (the seed's GlobalBlockPool.admit_request): free blocks >= needed x (1 +
+  /// headroom_permille / 1000); 100 permille is the seed's "free >= 1.1 x needed".
+  request_headroom,
 };
 
 /// In which order waiting requests are admitted.
@@ -45,9 +62,16 @@ struct scheduler_config {
   /// default; the seed's example keeps 100 = 10%). Not kept when nothing is running (unless
   /// watermark_when_idle), so no request waits forever.
   std::int32_t watermark_permille = 10;
+  /// Whether admissions keep the watermark (above) or a headroom relative to each request (the seed's rule).
+  admission_rule admit_rule = admission_rule::watermark;
+  /// admission_rule::request_headroom: a request of n blocks is admitted when at least n + ceil(n x
+  /// headroom_permille / 1000) blocks are free (100 = the seed's 1.1 x); not kept when nothing runs (unless
+  /// watermark_when_idle). 0 to 10000.
+  std::int32_t headroom_permille = 100;
   preemption_order victim = preemption_order::newest_first;
-  /// A waiting request gains one priority level per `aging_steps` steps it waits (0 = no aging). Priority plus
-  /// aging saturates at INT32_MAX.
+  /// A waiting request gains one priority level per `aging_steps` steps it waits (0 = no aging): the linear
+  /// priority_aging policy (aging()), whose wait_bound() bounds the longest wait. Priority plus aging saturates at
+  /// INT32_MAX.
   std::int32_t aging_steps = 0;
   /// Chunked prefill (vLLM v1's default): a prompt longer than the step's remaining token budget is computed over
   /// several steps. Off: a prompt is computed in one step, and one longer than max_num_batched_tokens is NEVER.
@@ -67,6 +91,32 @@ struct scheduler_config {
   /// Copy each step's slot mapping into step_output::slot_mapping. Off: an engine that exports it from the cache
   /// itself (cache.export_slot_mapping), or a replay that needs none, saves the copy.
   bool export_slot_mapping = true;
+  /// Dynamic max batch size (batch_size_tuner): off by default. When on, the running requests are capped at the
+  /// tuner's limit as well as max_num_seqs; the scheduler feeds it each step's KV utilization and preemptions.
+  batch_size_tuning batch_tuning{};
+  /// The cost model of preemption_mode::adaptive (adaptive_preemption); unused by the other modes.
+  swap_cost_model swap_cost{};
+
+  /// The aging policy aging_steps configures.
+  [[nodiscard]] constexpr priority_aging aging() const noexcept { return priority_aging{aging_steps}; }
+
+  /// errc::invalid_argument with the first bad field's message: aging_steps < 0, headroom_permille outside
+  /// [0, 10000], batch_tuning (when enabled) failing batch_size_tuning::validate, swap_cost (with
+  /// preemption_mode::adaptive) failing swap_cost_model::validate. The other fields are never invalid: their
+  /// out-of-range values have a documented meaning (max_num_seqs < 1 runs nothing, the watermark is clamped).
+  [[nodiscard]] status validate() const noexcept {
+    if (const status st = aging().validate(); !st) return st;
+    if (headroom_permille < 0 || headroom_permille > 10000)
+      return status{errc::invalid_argument, "scheduler_config: headroom_permille must be in [0, 10000]",
+                    headroom_permille};
+    if (batch_tuning.enabled) {
+      if (const status st = batch_tuning.validate(); !st) return st;
+    }
+    if (preemption == preemption_mode::adaptive) {
+      if (const status st = swap_cost.validate(); !st) return st;
+    }
+    return ok_status();
+  }
 
   /// vLLM v1's step as docs/KVTRACE.md specifies it ("One run step"): FCFS admission, no chunked prefill (a
   /// prompt is computed whole, or admission stops), the newest running request is the victim, preemption by

@@ -165,15 +165,12 @@ class basic_scheduler_queues {
     running_.erase(it);
   }
 
-  /// A waiting request gains one priority level per `aging_steps` steps it waits (0: no aging).
-  void age_waiting(std::int32_t aging_steps) {
-    if (aging_steps <= 0) return;
+  /// Every waiting request waited one more step: `aging` raises its priority (priority_aging::tick).
+  void age_waiting(const priority_aging& aging) noexcept {
+    if (!aging.enabled()) return;
     for (const seq_id id : waiting_) {
       sched_request& r = reqs_.at_id(id);
-      if (++r.waited >= aging_steps) {
-        r.waited = 0;
-        if (r.aged < INT64_MAX) ++r.aged;
-      }
+      aging.tick(r.waited, r.aged);
     }
   }
 
