@@ -5,7 +5,8 @@
 #   cmake -DINCLUDE_DIR=<repo>/include -P check_layers.cmake
 #
 # Layers, lowest first: core < concepts < policies (allocator, eviction, sharing, swap) < cache < sched. The kernel
-# API (kernels/) and the C ABI (c/) sit beside them and speak only core. The rules are the tables below; a folder
+# API (kernels/) and the C ABI (c/) sit beside them and speak only core; sizing/ (model sizing, tensor-parallel
+# layout and executors, block size advice) sits above the kernel API and below nothing else. The rules are the tables below; a folder
 # missing from them is an error, so a new folder is placed in a layer on purpose. Prints every violation, then fails.
 
 cmake_minimum_required(VERSION 3.25)
@@ -27,6 +28,7 @@ set(allowed_cache core concepts ${policy_folders})
 set(allowed_sched core concepts ${policy_folders} cache)
 set(allowed_kernels core c)
 set(allowed_c "")
+set(allowed_sizing core kernels c)
 
 # Folders whose headers may include only the C++ standard library besides kvpager (no third-party headers).
 set(std_only_folders core concepts)
