@@ -42,6 +42,10 @@
 #include "kvpager/kernels/cpu_executor.hpp"
 #include "kvpager/kernels/kv_layout.hpp"
 #include "kvpager/sched/scheduler.hpp"
+#include "kvpager/sizing/block_size_advisor.hpp"
+#include "kvpager/sizing/kv_sizing.hpp"
+#include "kvpager/sizing/model_shape.hpp"
+#include "kvpager/sizing/tensor_parallel.hpp"
 
 #if __has_include(<xxhash.h>)
 #include "kvpager/cache/compositions.hpp"
