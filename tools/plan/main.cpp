@@ -152,8 +152,9 @@ void print_table(const settings& s, const std::vector<model_shape>& models) {
                 m.num_q_heads, m.num_kv_heads, m.head_dim, static_cast<double>(m.num_params) / 1e9,
                 human(*kvpager::kv_bytes_per_token_per_layer(m, s.kv_dtype_bytes)).c_str(),
                 human(*kvpager::kv_bytes_per_token(m, s.kv_dtype_bytes)).c_str(), std::string(m.source).c_str());
-  std::printf("KV/token/layer is one layer's K and V of one token; KV/token is all layers (the seed's \"16KB per "
-              "token\" for a 7B model is Llama-2-7B's per-layer figure: 512 KiB per token in total).\n");
+  std::printf("KV/token/layer is one layer's K and V of one token; KV/token is all layers. The seed's \"16KB per "
+              "token\" for a 7B model is Llama-2-7B's per-layer figure (fp16), and its 32 MB for 2048 tokens one "
+              "layer's: over 32 layers a token takes 512 KiB and 2048 tokens 1 GiB.\n");
   for (const double card : s.cards_gib) {
     std::printf("\ncard %s, per rank:\n", card_label(card).c_str());
     std::printf("%-12s %3s %8s %12s %12s %11s %10s %11s %9s\n", "model", "TP", "kv_heads", "weights", "KV budget",
