@@ -36,7 +36,8 @@ std::vector<std::byte> random_half(std::size_t n, std::mt19937& rng) {
   return out;
 }
 
-// One model's serving run: a cache, sequences with prompts of `prompts` tokens, then `decode_steps` decode steps,
+// One model's serving run: a cache, sequences with prompts of `prompts` tokens, a fork of the first, then
+// `decode_steps` decode steps,
 // K/V of every appended token drawn at random for all KV heads (one stream, so every TP degree sees the same bytes).
 struct tp_run {
   kv_geometry g;
@@ -52,6 +53,7 @@ struct tp_run {
     EXPECT_TRUE(ranks.ok());
     if (!cache.ok() || !ranks.ok()) return {};
     std::mt19937 rng(42);
+    int copies = 0;
     const std::int64_t row = std::int64_t{g.head_dim} * elem_bytes(g.dtype);
 
     // Executes the cache's plan on every rank: each rank gets its heads of the step's K and V.
@@ -74,6 +76,7 @@ struct tp_run {
         kspan.emplace_back(ks[static_cast<std::size_t>(r)]);
         vspan.emplace_back(vs[static_cast<std::size_t>(r)]);
       }
+      copies += static_cast<int>(cache->plan().copies().size());
       EXPECT_TRUE(ranks->execute(cache->plan(), slots, kspan, vspan));
       cache->begin_step();
     };
@@ -84,11 +87,16 @@ struct tp_run {
       EXPECT_TRUE(cache->add_sequence(ids.back(), prompts[i]));
     }
     execute();
+    // A fork shares the first sequence's blocks; its first decode copies the shared partial block (copy-on-write),
+    // a copy in the plan that every rank runs on its own pool.
+    ids.push_back(999);
+    EXPECT_TRUE(cache->fork(ids.front(), ids.back()));
     for (int s = 0; s < decode_steps; ++s) {
       for (const seq_id id : ids) EXPECT_TRUE(cache->append_tokens(id));
       execute();
     }
 
+    EXPECT_GT(copies, 0);  // the first prompt must not fill its last block
     // One block table for every rank.
     const auto seqs = static_cast<std::int32_t>(ids.size());
     const std::int32_t stride = 64;
