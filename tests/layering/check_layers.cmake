@@ -6,8 +6,9 @@
 #
 # Layers, lowest first: core < concepts < policies (allocator, eviction, sharing, swap) < cache < sched < monitor. The
 # tuning policies (tuning/) speak only core and are used by sched. The kernel API (kernels/) and the C ABI (c/) sit
-# beside them and speak only core. The rules are the tables below; a folder missing from them is an error, so a new
-# folder is placed in a layer on purpose. Prints every violation, then fails.
+# beside them and speak only core; sizing/ (model sizing, tensor-parallel layout and executors, block size advice)
+# sits above the kernel API and below nothing else. The rules are the tables below; a folder missing from them is an
+# error, so a new folder is placed in a layer on purpose. Prints every violation, then fails.
 
 cmake_minimum_required(VERSION 3.25)
 
@@ -33,6 +34,7 @@ set(allowed_sched core concepts ${policy_folders} cache tuning)
 set(allowed_monitor core concepts ${policy_folders} cache tuning sched)
 set(allowed_kernels core c)
 set(allowed_c "")
+set(allowed_sizing core kernels c)
 
 # Folders whose headers may include only the C++ standard library besides kvpager (no third-party headers).
 set(std_only_folders core concepts tuning)

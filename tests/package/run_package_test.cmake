@@ -25,8 +25,15 @@ execute_process(COMMAND ${WORK_DIR}/prefix/bin/kvpager-replay ${KVPAGER_SOURCE_D
 if(NOT rc EQUAL 0 OR NOT out MATCHES "\"steps\": 1920")
   message(FATAL_ERROR "installed kvpager-replay failed (${rc}): ${err}")
 endif()
-foreach(f include/kvpager/kvpager.hpp include/kvpager/c/kernels.h lib/cmake/kvpager/kvpagerConfig.cmake
-          lib/cmake/kvpager/kvpagerConfigVersion.cmake bin/kvpager-replay)
+# The installed planner runs.
+execute_process(COMMAND ${WORK_DIR}/prefix/bin/kvpager-plan --model=llama-2-7b --json
+  RESULT_VARIABLE rc OUTPUT_VARIABLE out ERROR_VARIABLE err)
+if(NOT rc EQUAL 0 OR NOT out MATCHES "\"kv_bytes_per_token\": 524288")
+  message(FATAL_ERROR "installed kvpager-plan failed (${rc}): ${err}")
+endif()
+foreach(f include/kvpager/kvpager.hpp include/kvpager/c/kernels.h include/kvpager/sizing/kv_sizing.hpp
+          lib/cmake/kvpager/kvpagerConfig.cmake lib/cmake/kvpager/kvpagerConfigVersion.cmake bin/kvpager-replay
+          bin/kvpager-plan)
   if(NOT EXISTS ${WORK_DIR}/prefix/${f})
     message(FATAL_ERROR "install is missing ${f}")
   endif()
