@@ -1,11 +1,14 @@
 // SPDX-License-Identifier: Apache-2.0
 #pragma once
-// Helpers shared by the benchmarks: a failed call aborts the benchmark run (it would measure nothing).
+// Helpers shared by the benchmarks: a failed call aborts the benchmark run (it would measure nothing); random prompts.
 
 #include <kvpager/kvpager.hpp>
 
+#include <cstdint>
 #include <cstdlib>
+#include <random>
 #include <utility>
+#include <vector>
 
 namespace kvbench {
 
@@ -16,6 +19,13 @@ T must(kvpager::result<T> r) {
 }
 inline void must(kvpager::status s) {
   if (!s) std::abort();
+}
+
+/// `n` token ids drawn uniformly from a 50000-token vocabulary.
+inline std::vector<kvpager::token_id> random_prompt(std::mt19937& rng, std::int32_t n) {
+  std::vector<kvpager::token_id> p(static_cast<std::size_t>(n));
+  for (auto& t : p) t = static_cast<kvpager::token_id>(rng() % 50000);
+  return p;
 }
 
 }  // namespace kvbench

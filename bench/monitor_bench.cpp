@@ -20,12 +20,6 @@ using namespace kvpager;
 using kvbench::must;
 using cache_t = paged_kv_cache<free_list_allocator, lru_eviction, prefix_caching, hybrid_swap>;
 
-std::vector<token_id> prompt(std::mt19937& rng, std::int32_t n) {
-  std::vector<token_id> p(static_cast<std::size_t>(n));
-  for (auto& t : p) t = static_cast<token_id>(rng() % 50000);
-  return p;
-}
-
 /// bench_sched's scheduler_step_256 set-up: 256 running requests whose KV outgrows the pool (about one step in
 /// sixteen preempts or swaps in), warmed up past the admissions.
 struct pressured_run {
@@ -46,7 +40,7 @@ struct pressured_run {
   }
   void top_up() {
     while (sched.stats().running + sched.stats().waiting + sched.stats().swapped < batch)
-      (void)sched.add_request(next++, prompt(rng, 384 + static_cast<std::int32_t>(rng() % 256)));
+      (void)sched.add_request(next++, kvbench::random_prompt(rng, 384 + static_cast<std::int32_t>(rng() % 256)));
   }
   void sample(const step_output& out) {
     for (const auto& s : out.scheduled)

@@ -16,12 +16,6 @@ using namespace kvpager;
 using kvbench::must;
 using cache_t = paged_kv_cache<free_list_allocator, lru_eviction, prefix_caching, hybrid_swap>;
 
-std::vector<token_id> prompt(std::mt19937& rng, std::int32_t n) {
-  std::vector<token_id> p(static_cast<std::size_t>(n));
-  for (auto& t : p) t = static_cast<token_id>(rng() % 50000);
-  return p;
-}
-
 /// One schedule() + sampling for 256 running requests whose KV outgrows the pool: every step decodes one token
 /// each, and about one step in sixteen preempts (swap while the host pool has room, else recompute) or swaps in.
 /// `Tuning` 1: the batch size tuner runs every step but its bounds pin the limit at 256 (same decisions: its cost
@@ -48,7 +42,7 @@ void BM_SchedulerStep(benchmark::State& state) {
   seq_id next = 0;
   auto top_up = [&] {
     while (sched.stats().running + sched.stats().waiting + sched.stats().swapped < batch)
-      (void)sched.add_request(next++, prompt(rng, 384 + static_cast<std::int32_t>(rng() % 256)));
+      (void)sched.add_request(next++, kvbench::random_prompt(rng, 384 + static_cast<std::int32_t>(rng() % 256)));
   };
   top_up();
   for (int i = 0; i < 8; ++i) {  // warm up past the admissions
@@ -82,7 +76,7 @@ void BM_CacheStep(benchmark::State& state) {
   std::mt19937 rng(1);
   std::vector<std::vector<token_id>> tokens;
   for (seq_id id = 0; id < batch; ++id) {
-    tokens.push_back(prompt(rng, 2048));
+    tokens.push_back(kvbench::random_prompt(rng, 2048));
     must(cache.add_sequence(id, std::span<const token_id>(tokens.back()).first(512)));
   }
   std::int32_t pos = 512;

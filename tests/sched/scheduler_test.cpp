@@ -11,21 +11,16 @@
 #include <string>
 #include <vector>
 
+#include "support/sched_helpers.hpp"
+
 using namespace kvpager;
 
 namespace {
 using swap_cache = paged_kv_cache<free_list_allocator, no_eviction, refcount_sharing, host_swap>;
 using recompute_cache = paged_kv_cache<free_list_allocator, no_eviction, refcount_sharing, recompute>;
 
-std::vector<token_id> prompt(std::int32_t n, token_id first = 0) {
-  std::vector<token_id> p;
-  for (std::int32_t i = 0; i < n; ++i) p.push_back(first + i);
-  return p;
-}
-template <class S>
-void sample_all(S& s, const step_output& out) {
-  for (const auto& x : out.scheduled) ASSERT_TRUE(s.complete(x.id, 1));
-}
+using kvtest::prompt;
+using kvtest::sample_all;
 bool contains(const std::vector<seq_id>& v, seq_id id) { return std::find(v.begin(), v.end(), id) != v.end(); }
 }  // namespace
 

@@ -12,17 +12,15 @@
 #include <string_view>
 #include <vector>
 
+#include "support/sched_helpers.hpp"
+
 using namespace kvpager;
 
 namespace {
 using swap_cache = paged_kv_cache<free_list_allocator, no_eviction, refcount_sharing, host_swap>;
 using recompute_cache = paged_kv_cache<free_list_allocator, no_eviction, refcount_sharing, recompute>;
 
-std::vector<token_id> prompt(std::int32_t n, token_id first = 0) {
-  std::vector<token_id> p;
-  for (std::int32_t i = 0; i < n; ++i) p.push_back(first + i);
-  return p;
-}
+using kvtest::prompt;
 
 /// Deterministic pseudo-random numbers (a linear congruential generator).
 struct lcg {
