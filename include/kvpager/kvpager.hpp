@@ -49,7 +49,7 @@
 #include "kvpager/monitor/metrics.hpp"
 #include "kvpager/monitor/prometheus.hpp"
 #include "kvpager/monitor/recorder.hpp"
-#include "kvpager/sizing/block_size_advisor.hpp"
+#include "kvpager/tuning/block_size_advisor.hpp"
 #include "kvpager/sizing/kv_sizing.hpp"
 #include "kvpager/sizing/model_shape.hpp"
 #include "kvpager/sizing/tensor_parallel.hpp"

@@ -342,3 +342,35 @@ TEST(TunedScheduler, BadTuningPassedBetweenStepsChangesNothing) {
   EXPECT_EQ(a.config().batch_tuning.max_seqs, 1);
   EXPECT_EQ(a.tuning().batch().limit(), 1);
 }
+
+TEST(TunedScheduler, BlockSizeAdvisorSeesEveryFinishedRequestsLengths) {
+  auto cache = *recompute_cache::create({16, 257, 0, 0});
+  scheduler_config cfg;
+  cfg.advise_block_size = true;
+  scheduler<recompute_cache> s(cache, cfg);
+  block_size_advisor expected(cfg.block_size_advice);
+  // Prompts of 3..40 tokens, each request sampling (id % 5) tokens before the engine finishes it.
+  for (seq_id id = 1; id <= 24; ++id) {
+    const auto len = static_cast<std::int32_t>(3 + (id * 7) % 38);
+    ASSERT_TRUE(s.add_request(id, prompt(len, id * 100)));
+    const std::int32_t outputs = id % 5;
+    for (std::int32_t t = 0; t <= outputs; ++t) {
+      const auto& out = s.schedule();
+      for (const auto& x : out.scheduled) ASSERT_TRUE(s.complete(x.id, 7, t == outputs));
+    }
+    ASSERT_TRUE(expected.observe(len, outputs));
+  }
+  const block_size_advisor& got = s.tuning().block_sizes();
+  EXPECT_EQ(got.observations(), 24);
+  for (std::size_t i = 0; i < advisor_block_sizes.size(); ++i)
+    EXPECT_DOUBLE_EQ(got.estimate(i).waste_fraction, expected.estimate(i).waste_fraction) << advisor_block_sizes[i];
+  EXPECT_EQ(*got.recommend(), *expected.recommend());
+  // Off (the default): nothing observed.
+  auto cache2 = *recompute_cache::create({16, 257, 0, 0});
+  scheduler<recompute_cache> off(cache2);
+  ASSERT_TRUE(off.add_request(1, prompt(20)));
+  const auto& out = off.schedule();
+  ASSERT_EQ(out.scheduled.size(), 1U);
+  ASSERT_TRUE(off.complete(1, 7, true));
+  EXPECT_EQ(off.tuning().block_sizes().observations(), 0);
+}

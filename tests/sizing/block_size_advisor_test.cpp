@@ -1,7 +1,7 @@
 // SPDX-License-Identifier: Apache-2.0
-// block_size_advisor (sizing/block_size_advisor.hpp): its waste estimate against a brute-force count over every
+// block_size_advisor (tuning/block_size_advisor.hpp): its waste estimate against a brute-force count over every
 // length, its table overhead, and its recommendation on synthetic length distributions whose answer is known.
-#include <kvpager/sizing/block_size_advisor.hpp>
+#include <kvpager/tuning/block_size_advisor.hpp>
 
 #include <gtest/gtest.h>
 

@@ -6,7 +6,7 @@
 #include <kvpager/cache/paged_kv_cache.hpp>
 #include <kvpager/kernels/attention.hpp>
 #include <kvpager/kernels/float16.hpp>
-#include <kvpager/sizing/block_size_advisor.hpp>
+#include <kvpager/tuning/block_size_advisor.hpp>
 #include <kvpager/sizing/kernel_block_sizes.hpp>
 #include <kvpager/sizing/tp_executors.hpp>
 

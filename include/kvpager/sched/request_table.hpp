@@ -25,6 +25,7 @@ struct sched_request {
   std::vector<std::uint64_t> block_hashes;
   seq_id id = 0;
   std::int32_t computed = 0;     ///< tokens with KV in the cache
+  std::int32_t prompt_len = 0;   ///< tokens of its prompt (the rest were sampled)
   sequence_options options;      ///< extra key and priority, given to the cache at every admission
   std::int64_t aged = 0;         ///< priority gained while waiting (64 bits: priority + aged never overflows)
   std::int32_t waited = 0;       ///< steps waited since the last aging increment

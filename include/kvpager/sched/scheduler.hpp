@@ -81,6 +81,7 @@ class scheduler : public scheduler_queues {
     }
     sched_request& r = reqs_[reqs_.add(id)];
     r.tokens.assign(prompt.begin(), prompt.end());
+    r.prompt_len = static_cast<std::int32_t>(prompt.size());
     r.options = options;
     waiting_.push_back(id);
     ++(a == admission::ok ? stats_.answered_ok : stats_.answered_later);
@@ -194,6 +195,7 @@ class scheduler : public scheduler_queues {
       return ok_status();
     }
     leave_queue(*r);
+    tuners_.finished(cfg_, r->prompt_len, r->num_tokens());
     // A waiting request holds nothing in the cache (a live sequence of that id is not the scheduler's).
     if (r->where != request_state::waiting && cache_.contains(id)) (void)cache_.free_sequence(id);
     reqs_.erase(id);

@@ -10,6 +10,7 @@
 #include "kvpager/core/config.hpp"
 #include "kvpager/core/status.hpp"
 #include "kvpager/tuning/batch_size_tuner.hpp"
+#include "kvpager/tuning/block_size_advisor.hpp"
 #include "kvpager/tuning/priority_aging.hpp"
 #include "kvpager/tuning/swap_cost_model.hpp"
 
@@ -96,6 +97,10 @@ struct scheduler_config {
   batch_size_tuning batch_tuning{};
   /// The cost model of preemption_mode::adaptive (adaptive_preemption); unused by the other modes.
   swap_cost_model swap_cost{};
+  /// Feed every request that finishes (its prompt and sampled lengths) to a block_size_advisor
+  /// (scheduler::tuning().block_sizes()): which block size would have wasted least. Off: nothing observed.
+  bool advise_block_size = false;
+  block_size_advisor_config block_size_advice{};  ///< the advisor's tolerance, metadata bytes and decay
 
   /// The aging policy aging_steps configures.
   [[nodiscard]] constexpr priority_aging aging() const noexcept { return priority_aging{aging_steps}; }

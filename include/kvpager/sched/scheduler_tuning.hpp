@@ -3,7 +3,7 @@
 /// \file
 /// scheduler_tuners: the auto-tuning policies (kvpager/tuning/) one scheduler runs, built from its
 /// scheduler_config and fed once per step: the dynamic max batch size (batch_size_tuner) and the adaptive
-/// swap-or-recompute choice (adaptive_preemption, with preemption_mode::adaptive). Priority aging needs no state
+/// swap-or-recompute choice (adaptive_preemption, with preemption_mode::adaptive), and the block size advisor. Priority aging needs no state
 /// beyond each request's counters (scheduler_config::aging()). Off by default; off, they change no decision and the
 /// step pays a branch. Nothing here allocates.
 
@@ -16,6 +16,7 @@
 #include "kvpager/sched/scheduler_config.hpp"
 #include "kvpager/sched/step_output.hpp"
 #include "kvpager/tuning/batch_size_tuner.hpp"
+#include "kvpager/tuning/block_size_advisor.hpp"
 #include "kvpager/tuning/swap_cost_model.hpp"
 
 KVPAGER_NAMESPACE_BEGIN
@@ -25,7 +26,7 @@ class scheduler_tuners {
   /// The tuners `cfg` configures. A batch_tuning that fails validation gives a disabled tuner, a swap_cost that
   /// does a policy that always recomputes (scheduler_config::validate and scheduler::create report both).
   explicit scheduler_tuners(const scheduler_config& cfg) noexcept
-      : batch_(cfg.batch_tuning), preemption_(cfg.swap_cost) {}
+      : batch_(cfg.batch_tuning), preemption_(cfg.swap_cost), block_sizes_(cfg.block_size_advice) {}
 
   /// The dynamic max batch size (disabled unless scheduler_config::batch_tuning.enabled).
   [[nodiscard]] const batch_size_tuner& batch() const noexcept { return batch_; }
@@ -33,6 +34,15 @@ class scheduler_tuners {
   /// (observe_transfer: host copies; observe_prefill: prefill time per token).
   [[nodiscard]] adaptive_preemption& preemption() noexcept { return preemption_; }
   [[nodiscard]] const adaptive_preemption& preemption() const noexcept { return preemption_; }
+
+  /// The block size advisor, fed with scheduler_config::advise_block_size: recommend() says which block size the
+  /// finished requests' lengths favour (a cache's block size is fixed: this advises the next deployment).
+  [[nodiscard]] const block_size_advisor& block_sizes() const noexcept { return block_sizes_; }
+
+  /// The engine finished a request of `prompt_len` prompt tokens and `num_tokens` tokens in all.
+  void finished(const scheduler_config& cfg, std::int64_t prompt_len, std::int64_t num_tokens) noexcept {
+    if (cfg.advise_block_size) (void)block_sizes_.observe(prompt_len, num_tokens - prompt_len);
+  }
 
   /// Running requests allowed now: max_num_seqs, capped by the batch size tuner's limit when it is enabled.
   [[nodiscard]] std::int64_t max_running(const scheduler_config& cfg) const noexcept {
@@ -83,6 +93,7 @@ class scheduler_tuners {
  private:
   batch_size_tuner batch_;
   adaptive_preemption preemption_;
+  block_size_advisor block_sizes_;
 };
 
 KVPAGER_NAMESPACE_END
