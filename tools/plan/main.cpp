@@ -16,6 +16,7 @@
 #include <nlohmann/json.hpp>
 
 #include <cstdint>
+#include <limits>
 #include <cstdio>
 #include <iostream>
 #include <string>
@@ -182,18 +183,21 @@ void print_table(const settings& s, const std::vector<model_shape>& models) {
 int main(int argc, char** argv) {
   CLI::App app{"kvpager-plan: paged KV pool sizes of built-in models per card and tensor-parallel rank"};
   settings s;
+  // CLI::PositiveNumber reports "0 not in range 0 to 1.8e308" for an int: name the real range instead.
+  const CLI::Range positive_int(1, std::numeric_limits<std::int32_t>::max());
   app.add_option("--model", s.models, "built-in model, repeatable (default: all): " + model_choices());
   app.add_option("--card-gib", s.cards_gib, "card memory in GiB, repeatable (default: 24 80 141)")
       ->check(CLI::PositiveNumber);
-  app.add_option("--tp", s.tps, "tensor-parallel degrees, repeatable (default: 1 2 4 8)")->check(CLI::PositiveNumber);
+  app.add_option("--tp", s.tps, "tensor-parallel degrees, repeatable (default: 1 2 4 8)")
+      ->check(positive_int);
   app.add_option("--utilization", s.utilization, "fraction of a card the engine may use (default 0.9)")
       ->check(CLI::Range(0.0, 1.0));
   app.add_option("--kv-dtype-bytes", s.kv_dtype_bytes, "bytes per KV element (default 2: fp16/bf16; 1: fp8)")
       ->check(CLI::Range(1, 8));
   app.add_option("--weight-dtype-bytes", s.weight_dtype_bytes, "bytes per weight (default 2)")->check(CLI::Range(1, 8));
-  app.add_option("--block-size", s.block_size, "tokens per block (default 16)")->check(CLI::PositiveNumber);
+  app.add_option("--block-size", s.block_size, "tokens per block (default 16)")->check(positive_int);
   app.add_option("--seq-len", s.seq_len, "tokens per sequence for the concurrency column (default 2048)")
-      ->check(CLI::PositiveNumber);
+      ->check(positive_int);
   app.add_option("--reserve-gib", s.reserve_gib, "activation reserve per card in GiB (default 1)")
       ->check(CLI::NonNegativeNumber);
   app.add_flag("--json", s.json, "print one JSON document instead of the table");
