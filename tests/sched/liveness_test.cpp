@@ -31,8 +31,8 @@ using namespace kvpager;
 
 namespace {
 
-#if defined(KVPAGER_TEST_SANITIZED)
-constexpr int runs_per_composition = 80;  // ASan/UBSan: smaller, same shapes
+#if defined(KVPAGER_TEST_REDUCED)
+constexpr int runs_per_composition = 80;  // sanitizer and no-exception presets: smaller, same shapes
 #else
 constexpr int runs_per_composition = 500;
 #endif
@@ -384,6 +384,15 @@ template <class Cache>
 class Liveness : public ::testing::Test {};
 
 // Every allocator, eviction, sharing and swap policy, crossed in pairs (lru_eviction needs free_list_allocator).
+// The sanitizer and no-exception presets (KVPAGER_TEST_REDUCED) compile four of them, which still cover every
+// allocator, every swap policy and every sharing policy: each composition is a whole cache and scheduler to build.
+#if defined(KVPAGER_TEST_REDUCED)
+using compositions = ::testing::Types<
+    vllm_v1_cache,                                                                    // free_list lru prefix no_swap
+    paged_kv_cache<free_list_allocator, priority_lru, refcount_sharing, host_swap>,
+    paged_kv_cache<lifo_allocator, lfu_eviction, no_sharing, recompute>,
+    paged_kv_cache<lowest_id_allocator, priority_lru, prefix_caching, hybrid_swap>>;
+#else
 using compositions = ::testing::Types<
     vllm_v1_cache,                                                                    // free_list lru prefix no_swap
     paged_kv_cache<>,                                                                 // free_list none refcount no_swap
@@ -398,6 +407,7 @@ using compositions = ::testing::Types<
     paged_kv_cache<lowest_id_allocator, priority_lru, prefix_caching, hybrid_swap>,
     paged_kv_cache<lowest_id_allocator, no_eviction, no_sharing, host_swap>,
     paged_kv_cache<lowest_id_allocator, lru_index_eviction, refcount_sharing, no_swap>>;
+#endif
 
 class composition_names {
  public:
