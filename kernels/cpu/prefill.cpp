@@ -25,6 +25,7 @@
 #endif
 
 #include "kvpager/c/kernels.h"
+#include "kvpager/kernels/attention.hpp"
 #include "kvpager/kernels/float16.hpp"
 #include "kvpager/kernels/kernel_status.hpp"
 #include "kvpager/kernels/prefill.hpp"
@@ -330,6 +331,7 @@ std::int32_t validate(const kvpager::prefill_params& p) noexcept {
 struct item_buffers {
   std::vector<float> scratch;
   std::vector<std::int64_t> pos, tiles;
+  std::vector<float> workspace;  ///< a q_len = 1 batch's decode split workspace
 };
 item_buffers& buffers_or(item_buffers& own) noexcept {
   thread_local bool destroyed = false;
@@ -343,8 +345,38 @@ item_buffers& buffers_or(item_buffers& own) noexcept {
   return destroyed ? own : buffers.b;
 }
 
+/// A batch of one query row per sequence with no window and no soft cap is a decode: run the decode kernel, which
+/// vectorizes along head_dim (the tiles here put query rows in the vector lanes, and one row (MHA) or one group
+/// fills 1/W to group/W of them), with its split workspace in the calling thread's buffer (grown once, kept).
+/// Returns -1 when the batch is not one.
+std::int32_t as_decode(const kvpager::prefill_params& p, item_buffers& b) noexcept {
+  if (p.window_left >= 0 || p.logits_soft_cap > 0.0F || p.num_seqs == 0) return -1;
+  for (std::int32_t s = 0; s < p.num_seqs; ++s)
+    if (p.qo_indptr[s + 1] - p.qo_indptr[s] != 1) return -1;
+  kvpager::decode_params d;
+  d.out = p.out;
+  d.query = p.query;
+  d.lse = p.lse;
+  d.kv = p.kv;
+  d.pages = p.pages;
+  d.num_seqs = p.num_seqs;
+  d.num_q_heads = p.num_q_heads;
+  d.scale = p.scale;
+  d.num_threads = p.num_threads;
+  const std::int64_t bytes = kvpager::decode_workspace_size(d);  // covers the split decode chooses
+  if (bytes < 0) return -1;
+  const auto floats = static_cast<std::size_t>((bytes + 3) / 4);
+  if (b.workspace.size() < floats) b.workspace.resize(floats);
+  d.workspace = b.workspace.data();
+  d.workspace_bytes = bytes;
+  const kvpager::status st = kvpager::paged_attention_decode_cpu(d);
+  return st ? KVPAGER_STATUS_OK : static_cast<std::int32_t>(st.detail());
+}
+
 std::int32_t prefill_cpu(const kvpager::prefill_params& p) noexcept {
   if (const std::int32_t rc = validate(p); rc != KVPAGER_STATUS_OK) return rc;
+  item_buffers own_decode;
+  if (const std::int32_t rc = as_decode(p, buffers_or(own_decode)); rc >= 0) return rc;
   const auto& kv = p.kv;
   const prefill_kernel kernel = pick_kernel();
   const std::int32_t group = p.num_q_heads / kv.num_kv_heads;

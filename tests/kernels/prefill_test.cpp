@@ -305,18 +305,24 @@ TEST(CpuPrefill, SingleRowEqualsDecode) {
     sh.lens = {1, 77, 300, 16};
     sh.q_lens = {1, 1, 1, 1};
     fixture f(sh, 500 + static_cast<std::uint32_t>(dtype));
-    tensor pre(dtype, f.q.size()), dec(dtype, f.q.size());
-    ASSERT_EQ(kvpager_cpu_paged_attention_prefill(pre.data(), f.q.data(), f.kv.data(), f.qo.data(), f.table.data(),
-                                                  sh.lens.data(), 4, sh.hq, sh.hkv, sh.d, sh.bs, f.max_blocks,
-                                                  f.num_blocks, f.scale(), -1, 0.0F, dtype, 0),
-              KVPAGER_STATUS_OK);
+    tensor pre(dtype, f.q.size()), tiled(dtype, f.q.size()), dec(dtype, f.q.size());
+    auto prefill = [&](tensor& out, std::int32_t window) {
+      return kvpager_cpu_paged_attention_prefill(out.data(), f.q.data(), f.kv.data(), f.qo.data(), f.table.data(),
+                                                 sh.lens.data(), 4, sh.hq, sh.hkv, sh.d, sh.bs, f.max_blocks,
+                                                 f.num_blocks, f.scale(), window, 0.0F, dtype, 0);
+    };
+    ASSERT_EQ(prefill(pre, -1), KVPAGER_STATUS_OK);
+    // A window wider than every context changes nothing but takes the tiled kernel (no decode shortcut).
+    ASSERT_EQ(prefill(tiled, 100000), KVPAGER_STATUS_OK);
     ASSERT_EQ(kvpager_cpu_paged_attention_decode(dec.data(), f.q.data(), f.kv.data(), f.table.data(), sh.lens.data(), 4,
                                                  sh.hq, sh.hkv, sh.d, sh.bs, f.max_blocks, f.num_blocks, f.scale(), dtype, 0),
               KVPAGER_STATUS_OK);
-    // Both are fp32 accumulations of the same terms in different orders: equal within the output's rounding.
+    // One row per sequence without window or cap runs the decode kernel itself: bit for bit.
+    EXPECT_EQ(std::memcmp(pre.data(), dec.data(), pre.bytes()), 0) << "dtype " << dtype;
+    // The tiled kernel sums the same terms in another order: equal within the output's rounding.
     const double ulp = dtype == KVPAGER_DTYPE_FP32 ? 1e-6 : dtype == KVPAGER_DTYPE_FP16 ? 1e-3 : 8e-3;
     for (std::size_t i = 0; i < pre.size(); ++i)
-      ASSERT_NEAR(pre.get(i), dec.get(i), ulp * (1.0 + std::abs(dec.get(i)))) << "element " << i << " dtype " << dtype;
+      ASSERT_NEAR(tiled.get(i), dec.get(i), ulp * (1.0 + std::abs(dec.get(i)))) << "element " << i << " dtype " << dtype;
   }
 }
 
