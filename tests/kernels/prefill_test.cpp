@@ -433,4 +433,30 @@ TEST(CpuPrefill, EveryBadInputGetsItsStatusAndLeavesOutUntouched) {
   EXPECT_NE(std::memcmp(out.data(), before.data(), out.size() * sizeof(float)), 0);
 }
 
+TEST(CpuPrefill, GeometryVerdictIsCanImplements) {
+  // Called with nothing to do, prefill's answer is its verdict on the pool geometry: the same as kvpager_can_implement
+  // (and so as decode and kv_append) for every combination of valid and invalid fields.
+  constexpr std::int32_t kMax = std::numeric_limits<std::int32_t>::max();
+  std::int32_t checked = 0;
+  for (const std::int32_t blocks : {-1, 0, 1, 1000, kMax})
+    for (const std::int32_t bs : {-16, 0, 4, 8, 12, 16, 32, 64})
+      for (const std::int32_t heads : {-2, 0, 1, 8, 1 << 20})
+        for (const std::int32_t dim : {0, 32, 64, 80, 96, 100, 112, 128, 256, 512})
+          for (const std::int32_t dtype : {-1, 0, 1, 2, 3}) {
+            const std::int32_t want = kvpager_can_implement(blocks, bs, heads, dim, dtype);
+            const std::int32_t hq = heads > 0 && heads <= kMax / 2 ? 2 * heads : 1;
+            EXPECT_EQ(kvpager_cpu_paged_attention_prefill(nullptr, nullptr, nullptr, nullptr, nullptr, nullptr, 0, hq,
+                                                          heads, dim, bs, 1, blocks, 0.1F, -1, 0.0F, dtype, 1),
+                      want)
+                << blocks << " " << bs << " " << heads << " " << dim << " " << dtype;
+            prefill_params p;
+            p.kv = paged_kv_view::hnd(nullptr, dtype, blocks, heads, bs, dim);
+            p.num_q_heads = hq;
+            const status st = paged_attention_prefill_cpu(p);
+            EXPECT_EQ(st.ok() ? KVPAGER_STATUS_OK : static_cast<std::int32_t>(st.detail()), want);
+            ++checked;
+          }
+  EXPECT_EQ(checked, 5 * 8 * 5 * 10 * 5);
+}
+
 }  // namespace
