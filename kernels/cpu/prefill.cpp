@@ -97,6 +97,9 @@ struct isa {
   static vec floor(vec v) { return std::floor(v); }
   static vec pow2i(vec n) { return std::ldexp(1.0F, static_cast<int>(n)); }
   static vec zero_below(vec x, float limit, vec y) { return x >= limit ? y : 0.0F; }
+  static vec abs(vec v) { return std::fabs(v); }
+  static vec copysign(vec mag, vec sgn) { return std::copysign(mag, sgn); }
+  static vec select_lt(vec x, float limit, vec a, vec b) { return x < limit ? a : b; }
 };
 #include "prefill_tiled.inc"
 }  // namespace portable_path
@@ -166,6 +169,14 @@ struct isa {
   static vec zero_below(vec x, float limit, vec y) {
     return _mm256_and_ps(_mm256_cmp_ps(x, _mm256_set1_ps(limit), _CMP_GE_OQ), y);
   }
+  static vec abs(vec v) { return _mm256_andnot_ps(_mm256_set1_ps(-0.0F), v); }
+  static vec copysign(vec mag, vec sgn) {
+    return _mm256_or_ps(_mm256_and_ps(_mm256_set1_ps(-0.0F), sgn), _mm256_andnot_ps(_mm256_set1_ps(-0.0F), mag));
+  }
+  /// a where x < limit, b elsewhere.
+  static vec select_lt(vec x, float limit, vec a, vec b) {
+    return _mm256_blendv_ps(b, a, _mm256_cmp_ps(x, _mm256_set1_ps(limit), _CMP_LT_OQ));
+  }
 };
 #include "prefill_tiled.inc"
 }  // namespace avx2_path
@@ -230,6 +241,18 @@ struct isa {
   }
   static vec zero_below(vec x, float limit, vec y) {
     return _mm512_maskz_mov_ps(_mm512_cmp_ps_mask(x, _mm512_set1_ps(limit), _CMP_GE_OQ), y);
+  }
+  static vec abs(vec v) {
+    return _mm512_castsi512_ps(_mm512_and_si512(_mm512_castps_si512(v), _mm512_set1_epi32(0x7FFFFFFF)));
+  }
+  static vec copysign(vec mag, vec sgn) {
+    const __m512i m = _mm512_set1_epi32(0x7FFFFFFF);
+    return _mm512_castsi512_ps(_mm512_or_si512(_mm512_and_si512(_mm512_castps_si512(mag), m),
+                                               _mm512_andnot_si512(m, _mm512_castps_si512(sgn))));
+  }
+  /// a where x < limit, b elsewhere.
+  static vec select_lt(vec x, float limit, vec a, vec b) {
+    return _mm512_mask_blend_ps(_mm512_cmp_ps_mask(x, _mm512_set1_ps(limit), _CMP_LT_OQ), b, a);
   }
 };
 #include "prefill_tiled.inc"
