@@ -120,7 +120,7 @@ struct isa {
   static constexpr int W = 8;
   static constexpr int MR = 4;   // 4 x 3 accumulators + 3 row vectors + 1 broadcast = 16 registers
   static constexpr int NVB = 3;
-  static constexpr int tile_rows = 48;
+  static constexpr int tile_rows = 96;  // 96 measured 5-15% faster than 48 at q_len >= 1024 (bench/RESULTS.md)
   template <int DT>
   static vec load(const unsigned char* row, std::int64_t i) {
     if constexpr (DT == KVPAGER_DTYPE_FP32) {
@@ -192,7 +192,7 @@ struct isa {
   static constexpr int W = 16;
   static constexpr int MR = 8;   // 8 x 3 accumulators + 3 row vectors + 1 broadcast = 28 of 32 registers
   static constexpr int NVB = 3;
-  static constexpr int tile_rows = 48;
+  static constexpr int tile_rows = 96;  // 96 measured 5-15% faster than 48 at q_len >= 1024 (bench/RESULTS.md)
   template <int DT>
   static vec load(const unsigned char* row, std::int64_t i) {
     if constexpr (DT == KVPAGER_DTYPE_FP32) {
