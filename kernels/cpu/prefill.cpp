@@ -370,7 +370,9 @@ item_buffers& buffers_or(item_buffers& own) noexcept {
 
 /// A batch of one query row per sequence with no window and no soft cap is a decode: run the decode kernel, which
 /// vectorizes along head_dim (the tiles here put query rows in the vector lanes, and one row (MHA) or one group
-/// fills 1/W to group/W of them), with its split workspace in the calling thread's buffer (grown once, kept).
+/// fills 1/W to group/W of them), with its split workspace in the calling thread's buffer (grown once, kept; splits
+/// happen only with fewer (sequence, KV head) items than twice the threads, so it stays small). When decode gains
+/// window and soft cap (issue 12), this shortcut can take those calls too.
 /// Returns -1 when the batch is not one.
 std::int32_t as_decode(const kvpager::prefill_params& p, item_buffers& b) noexcept {
   if (p.window_left >= 0 || p.logits_soft_cap > 0.0F || p.num_seqs == 0) return -1;
@@ -386,7 +388,19 @@ std::int32_t as_decode(const kvpager::prefill_params& p, item_buffers& b) noexce
   d.num_q_heads = p.num_q_heads;
   d.scale = p.scale;
   d.num_threads = p.num_threads;
-  const std::int64_t bytes = kvpager::decode_workspace_size(d);  // covers the split decode chooses
+  // The split decode would choose for itself (its rule: a call under 8192 (token, query head) pairs runs on one
+  // thread), chosen here so that the workspace is sized for that split only, not for the most any call could take.
+  std::int32_t max_len = 0;
+  std::int64_t total_len = 0;
+  for (std::int32_t s = 0; s < p.num_seqs; ++s) {
+    const std::int32_t len = length_of(p.pages, s, p.kv.block_size);
+    max_len = std::max(max_len, len);
+    total_len += len;
+  }
+  const std::int32_t threads =
+      p.num_threads == 0 && total_len < 8192 && total_len * p.num_q_heads < 8192 ? 1 : p.num_threads;
+  d.num_splits = kvpager::plan_decode(p.num_seqs, p.kv.num_kv_heads, max_len, threads);
+  const std::int64_t bytes = kvpager::decode_workspace_size(d);
   if (bytes < 0) return -1;
   const auto floats = static_cast<std::size_t>((bytes + 3) / 4);
   if (b.workspace.size() < floats) b.workspace.resize(floats);

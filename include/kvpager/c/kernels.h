@@ -123,11 +123,13 @@ KVPAGER_C_API int32_t kvpager_cpu_paged_attention_decode(void* out, const void* 
  * when window_left >= 0, j >= p - window_left (-1 = no window; below -1 is INVALID_ARGUMENT). Score = scale * q.k;
  * when logits_soft_cap > 0 it becomes cap * tanh(score / cap) (0 = off; negative or not finite: INVALID_ARGUMENT).
  * Softmax in fp32. num_threads 0 = all cores; no per-call allocation (per-thread buffers are kept).
- * Checks, in order, before anything is read from the KV cache or written to out: the decode checks (max_blocks_per_seq,
- * num_seqs, scale, window_left and logits_soft_cap, heads, geometry), the pointers (NULL only with num_seqs = 0;
- * qo_indptr may then be NULL too), qo_indptr (qo_indptr[0] != 0 or a decrease: KVPAGER_STATUS_INVALID_ARGUMENT; the
- * query size in bytes within int64), then per sequence its length (KVPAGER_STATUS_SEQ_TOO_LONG as for decode), a
- * q_len above its seq_len (KVPAGER_STATUS_INVALID_ARGUMENT) and every block id (KVPAGER_STATUS_INVALID_BLOCK).
+ * Checks, in order, before anything is read from the KV cache or written to out: decode's argument checks
+ * (max_blocks_per_seq, num_seqs, scale, heads, geometry, same codes), window_left and logits_soft_cap, the pointers
+ * (NULL only with num_seqs = 0; qo_indptr may then be NULL too), qo_indptr (qo_indptr[0] != 0 or a decrease:
+ * KVPAGER_STATUS_INVALID_ARGUMENT; the query size in bytes within int64), then per sequence its length
+ * (KVPAGER_STATUS_SEQ_TOO_LONG as for decode), a q_len above its seq_len (KVPAGER_STATUS_INVALID_ARGUMENT) and every
+ * block id (KVPAGER_STATUS_INVALID_BLOCK). A batch of one query row per sequence without window or cap runs the decode
+ * kernel (the result of kvpager_cpu_paged_attention_decode on the same arguments).
  */
 KVPAGER_C_API int32_t kvpager_cpu_paged_attention_prefill(void* out, const void* query, const void* kv_cache,
                                                           const int32_t* qo_indptr, const int32_t* block_table,

@@ -34,10 +34,12 @@ struct prefill_params {
   std::int32_t num_threads = 0;    ///< 0 = all cores
 };
 
-/// Runs prefill attention. Validates everything before reading KV or writing out, in the decode order (thread count,
-/// then the scalar arguments: num_seqs, scale, window_left >= -1 and a finite non-negative soft cap, heads, pool
-/// geometry, view extent; then the pointers, qo_indptr (starts at 0, never decreases, query size within int64), then
-/// every sequence's length, q_len <= length and every block id). On error nothing is written. Allocation: none once
+/// Runs prefill attention. Validates everything before reading KV or writing out, in decode's order with the prefill
+/// checks after their decode counterparts: num_threads (>= 0), num_seqs and scale, heads, pool geometry (decode's
+/// checks, same codes), window_left >= -1 and a finite non-negative soft cap, the view's extent, the pointers (non-null
+/// unless num_seqs is 0), qo_indptr (starts at 0, never decreases, query size within int64: INVALID_ARGUMENT), then
+/// per sequence its length (SEQ_TOO_LONG, or INVALID_ARGUMENT for a decreasing CSR indptr), q_len <= length
+/// (INVALID_ARGUMENT) and every block id (INVALID_BLOCK). On error nothing is written. Allocation: none once
 /// the calling and worker threads' buffers have grown to the largest tile shape seen (they are kept per thread).
 /// Returns kernel_status of the C ABI's code for the same input.
 [[nodiscard]] KVPAGER_KERNELS_EXPORT status paged_attention_prefill_cpu(const prefill_params& p) noexcept;
