@@ -1,6 +1,7 @@
 # SPDX-License-Identifier: Apache-2.0
 """libkvpager_kernels.so from Python through ctypes (standard library only): the exact C signature of
-kvpager_cpu_paged_attention_decode against a reference computed here, a bad block id answered with a status,
+kvpager_cpu_paged_attention_decode and kvpager_cpu_paged_attention_prefill (window and soft cap) against a reference
+computed here, a bad block id answered with a status,
 kvpager_status_string naming every code (never NULL), and kvpager_can_implement on the kernels' geometries."""
 import ctypes
 import math
@@ -17,6 +18,8 @@ lib.kvpager_status_string.argtypes = [i32]
 lib.kvpager_status_string.restype = ctypes.c_char_p
 lib.kvpager_can_implement.argtypes = [i32] * 5
 lib.kvpager_can_implement.restype = i32
+lib.kvpager_cpu_paged_attention_prefill.argtypes = [P] * 6 + [i32] * 7 + [f32, i32, f32, i32, i32]
+lib.kvpager_cpu_paged_attention_prefill.restype = i32
 lib.kvpager_cpu_kv_append.argtypes = [P, P, P, P] + [i32] * 6
 lib.kvpager_cpu_kv_append.restype = i32
 
@@ -56,6 +59,39 @@ for s in range(num_seqs):
             worst = max(worst, abs(out[(s * hq + h) * dim + d] - ref) / (1 + abs(ref)))
 assert worst <= 1e-5, f"worst relative error {worst}"
 
+# Prefill: the last 3 rows of sequence 0 and all 33 of sequence 1, window 10, soft cap 5.
+q_lens, window, cap = [3, 33], 10, 5.0
+rows_total = sum(q_lens)
+qp = (ctypes.c_float * (rows_total * hq * dim))(*[rng.uniform(-1, 1) for _ in range(rows_total * hq * dim)])
+outp = (ctypes.c_float * (rows_total * hq * dim))()
+qo = (ctypes.c_int32 * (num_seqs + 1))(0, q_lens[0], rows_total)
+rc = lib.kvpager_cpu_paged_attention_prefill(outp, qp, kv, qo, table, seq_lens, num_seqs, hq, hkv, dim, bs, max_blocks,
+                                             num_blocks, scale, window, cap, 0, 0)
+assert rc == 0, f"prefill status {rc}"
+worst_prefill = 0.0
+for s in range(num_seqs):
+    for i in range(q_lens[s]):
+        r = qo[s] + i
+        pos = lens[s] - q_lens[s] + i
+        keys = range(max(0, pos - window), pos + 1)
+        for h in range(hq):
+            kvh = h // (hq // hkv)
+            rows = [(table[s * max_blocks + t // bs], t % bs) for t in keys]
+            scores = [cap * math.tanh(sum(qp[(r * hq + h) * dim + d] * at(b, 0, kvh, o, d) for d in range(dim)) * scale / cap)
+                      for b, o in rows]
+            m = max(scores)
+            w = [math.exp(x - m) for x in scores]
+            total = sum(w)
+            for d in range(dim):
+                ref = sum(wi * at(b, 1, kvh, o, d) for wi, (b, o) in zip(w, rows)) / total
+                worst_prefill = max(worst_prefill, abs(outp[(r * hq + h) * dim + d] - ref) / (1 + abs(ref)))
+assert worst_prefill <= 1e-5, f"prefill worst relative error {worst_prefill}"
+before_prefill = list(outp)
+bad_qo = (ctypes.c_int32 * (num_seqs + 1))(0, 21, 24)  # q_len 21 above seq_len 20
+rc = lib.kvpager_cpu_paged_attention_prefill(outp, qp, kv, bad_qo, table, seq_lens, num_seqs, hq, hkv, dim, bs,
+                                             max_blocks, num_blocks, scale, window, cap, 0, 0)
+assert rc == 1 and list(outp) == before_prefill, f"q_len above seq_len: status {rc}, output must be untouched"
+
 before = list(out)
 bad = (ctypes.c_int32 * (num_seqs * max_blocks))(4, 1, 0, 2, num_blocks, 3)
 rc = call(bad)
@@ -76,4 +112,4 @@ for args, want in (((6, 16, 2, 64, 0), 0), ((6, 64, 2, 64, 0), 8), ((6, 16, 0, 6
     assert rc == want, f"kvpager_can_implement{args} = {rc}, expected {want}"
     assert lib.kvpager_cpu_kv_append(None, None, None, None, 0, args[2], args[3], args[1], args[0], args[4]) == want, args
 
-print(f"ctypes: ok, path {lib.kvpager_cpu_decode_path().decode()}, worst error {worst:.2e}")
+print(f"ctypes: ok, path {lib.kvpager_cpu_decode_path().decode()}, worst error {worst:.2e}, prefill {worst_prefill:.2e}")

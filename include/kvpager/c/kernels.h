@@ -114,6 +114,32 @@ KVPAGER_C_API int32_t kvpager_cpu_paged_attention_decode(void* out, const void* 
                                                          int32_t dtype, int32_t num_threads);
 
 /**
+ * Paged prefill (extend) attention on the CPU: the new query rows of each sequence over its whole paged KV (cached
+ * prefix and the new tokens, whose K and V were appended before the call, e.g. with kvpager_cpu_kv_append).
+ * qo_indptr: [num_seqs + 1] query row offsets, qo_indptr[0] = 0, never decreasing; q_len(s) = qo_indptr[s+1] -
+ * qo_indptr[s] may be 0 and is at most seq_lens[s] (the whole KV length, new tokens included). query, out:
+ * contiguous [qo_indptr[num_seqs], num_q_heads, head_dim]; kv_cache, block_table, dtype, GQA/MQA as for decode.
+ * Row i of sequence s sits at position p = seq_lens[s] - q_len + i and attends to KV positions j <= p (causal) and,
+ * when window_left >= 0, j >= p - window_left (-1 = no window; below -1 is INVALID_ARGUMENT). Score = scale * q.k;
+ * when logits_soft_cap > 0 it becomes cap * tanh(score / cap) (0 = off; negative or not finite: INVALID_ARGUMENT).
+ * Softmax in fp32. num_threads 0 = all cores; no per-call allocation (per-thread buffers are kept).
+ * Checks, in order, before anything is read from the KV cache or written to out: decode's argument checks
+ * (max_blocks_per_seq, num_seqs, scale, heads, geometry, same codes), window_left and logits_soft_cap, the pointers
+ * (NULL only with num_seqs = 0; qo_indptr may then be NULL too), qo_indptr (qo_indptr[0] != 0 or a decrease:
+ * KVPAGER_STATUS_INVALID_ARGUMENT; the query size in bytes within int64), then per sequence its length
+ * (KVPAGER_STATUS_SEQ_TOO_LONG as for decode), a q_len above its seq_len (KVPAGER_STATUS_INVALID_ARGUMENT) and every
+ * block id (KVPAGER_STATUS_INVALID_BLOCK). A batch of one query row per sequence without window or cap runs the decode
+ * kernel (the result of kvpager_cpu_paged_attention_decode on the same arguments).
+ */
+KVPAGER_C_API int32_t kvpager_cpu_paged_attention_prefill(void* out, const void* query, const void* kv_cache,
+                                                          const int32_t* qo_indptr, const int32_t* block_table,
+                                                          const int32_t* seq_lens, int32_t num_seqs,
+                                                          int32_t num_q_heads, int32_t num_kv_heads, int32_t head_dim,
+                                                          int32_t block_size, int32_t max_blocks_per_seq,
+                                                          int32_t num_blocks, float scale, int32_t window_left,
+                                                          float logits_soft_cap, int32_t dtype, int32_t num_threads);
+
+/**
  * Writes new tokens' K and V into the paged cache through the slot mapping (slot = block * block_size + offset;
  * a negative slot is skipped). key, value: contiguous [num_tokens, num_kv_heads, head_dim]; kv_cache as above.
  * The geometry is checked as for decode (KVPAGER_STATUS_BAD_HEADS for num_kv_heads <= 0, UNSUPPORTED_HEAD_DIM,

@@ -1,0 +1,318 @@
+// SPDX-License-Identifier: Apache-2.0
+// CPU paged prefill (kvpager_cpu_paged_attention_prefill), see bench/RESULTS.md.
+//  - Long q_len (compute-bound): achieved FLOP/s against the machine's own fp32 matrix-multiply rate measured in the
+//    same run with the same thread count: OpenBLAS sgemm (1024 x 1024 x 1024) when the benchmark was built with a
+//    BLAS, and always a peak FMA loop (independent FMA chains, the widest vectors the CPU runs). FLOPs counted are the
+//    ones the causal mask requires: 4 x head_dim x num_q_heads x (sum over query rows of the KV positions that row
+//    sees), i.e. 2 FLOPs per multiply-add of Q.K^T and of P.V, masked-out scores not counted (for a whole prompt of L
+//    tokens: L (L + 1) / 2 positions per head).
+//  - Short q_len (decode-like): KV bytes read per second against a tuned streaming read of the same bytes (vector
+//    loads, several accumulators, the same thread count).
+// Counters: GFLOPs, KV_GBps, of_sgemm / of_fma_peak / of_stream = the kernel's rate over the baseline's, all from the
+// fastest iteration (baselines: best of 3 to 10 runs). One-thread rows are timed on the thread's CPU clock.
+#include <kvpager/c/kernels.h>
+
+#include <benchmark/benchmark.h>
+
+#include <algorithm>
+#include <ctime>
+#include <cstdint>
+#include <map>
+#include <numeric>
+#include <random>
+#include <string_view>
+#include <thread>
+#include <vector>
+
+#if defined(__x86_64__)
+#include <immintrin.h>
+#endif
+
+#if defined(KVPAGER_BENCH_HAVE_BLAS)
+extern "C" void sgemm_(const char* ta, const char* tb, const int* m, const int* n, const int* k, const float* alpha,
+                       const float* a, const int* lda, const float* b, const int* ldb, const float* beta, float* c,
+                       const int* ldc);
+extern "C" void openblas_set_num_threads(int n) __attribute__((weak));
+#endif
+
+namespace {
+
+constexpr std::int32_t hq = 32, hkv = 8, dim = 128, bs = 16;  // GQA 4, a Llama-3-8B layer
+constexpr float scale = 0.088F;
+
+unsigned cores() { return std::max(1U, std::thread::hardware_concurrency()); }
+unsigned threads_of(std::int64_t arg) { return arg == 0 ? cores() : static_cast<unsigned>(arg); }
+
+/// Seconds on the calling thread's CPU clock when `thread_clock` (a one-thread measurement: the machine's other
+/// load does not count against it), on the wall clock otherwise.
+double now(bool thread_clock) {
+  timespec ts{};
+  clock_gettime(thread_clock ? CLOCK_THREAD_CPUTIME_ID : CLOCK_MONOTONIC, &ts);
+  return static_cast<double>(ts.tv_sec) + 1e-9 * static_cast<double>(ts.tv_nsec);
+}
+
+template <class Fn>
+double best_seconds(int reps, Fn fn, bool thread_clock = false) {
+  double best = 1e30;
+  for (int r = 0; r < reps; ++r) {
+    const double t0 = now(thread_clock);
+    fn();
+    best = std::min(best, now(thread_clock) - t0);
+  }
+  return best;
+}
+
+/// Runs fn(t) on `threads` threads (t = 0 on the caller) and waits for all.
+template <class Fn>
+void on_threads(unsigned threads, Fn fn) {
+  std::vector<std::thread> pool;
+  for (unsigned t = 1; t < threads; ++t) pool.emplace_back([&, t] { fn(t); });
+  fn(0U);
+  for (auto& th : pool) th.join();
+}
+
+#if defined(__x86_64__) && defined(__GNUC__) && !defined(__clang__)
+/// 12 independent chains of 512-bit FMAs: 12 x 16 x 2 FLOPs per step.
+__attribute__((target("avx512f"))) float fma_loop_512(std::int64_t steps) {
+  __m512 a[12];
+  for (int i = 0; i < 12; ++i) a[i] = _mm512_set1_ps(static_cast<float>(i) * 1e-3F);
+  const __m512 x = _mm512_set1_ps(0.999F), y = _mm512_set1_ps(1e-4F);
+  for (std::int64_t s = 0; s < steps; ++s)
+    for (int i = 0; i < 12; ++i) a[i] = _mm512_fmadd_ps(a[i], x, y);
+  __m512 r = a[0];
+  for (int i = 1; i < 12; ++i) r = _mm512_add_ps(r, a[i]);
+  alignas(64) float o[16];  // (no _mm512_reduce_*: GCC 12 warns inside it, bug 105593)
+  _mm512_store_ps(o, r);
+  return o[0] + o[15];
+}
+__attribute__((target("avx2,fma"))) float fma_loop_256(std::int64_t steps) {
+  __m256 a[12];
+  for (int i = 0; i < 12; ++i) a[i] = _mm256_set1_ps(static_cast<float>(i) * 1e-3F);
+  const __m256 x = _mm256_set1_ps(0.999F), y = _mm256_set1_ps(1e-4F);
+  for (std::int64_t s = 0; s < steps; ++s)
+    for (int i = 0; i < 12; ++i) a[i] = _mm256_fmadd_ps(a[i], x, y);
+  __m256 r = a[0];
+  for (int i = 1; i < 12; ++i) r = _mm256_add_ps(r, a[i]);
+  alignas(32) float o[8];
+  _mm256_store_ps(o, r);
+  return o[0] + o[7];
+}
+#endif
+
+/// Peak fp32 FLOP/s of FMA chains on `threads` threads, with the widest vectors the kernel's dispatch uses.
+double fma_peak(unsigned threads) {
+  static std::map<unsigned, double> memo;
+  if (auto it = memo.find(threads); it != memo.end()) return it->second;
+  constexpr std::int64_t steps = 20'000'000;
+  double flops_per_step = 12 * 2;
+  std::vector<float> sink(threads);
+  auto body = [&](unsigned t) {
+#if defined(__x86_64__) && defined(__GNUC__) && !defined(__clang__)
+    const std::string_view path = kvpager_cpu_decode_path();
+    if (path == "avx512") sink[t] = fma_loop_512(steps);
+    else if (path == "avx2") sink[t] = fma_loop_256(steps);
+    else sink[t] = 0;
+#else
+    sink[t] = 0;
+#endif
+  };
+  const std::string_view path = kvpager_cpu_decode_path();
+  flops_per_step *= path == "avx512" ? 16 : path == "avx2" ? 8 : 0;
+  const double s = best_seconds(3, [&] { on_threads(threads, body); }, threads == 1);
+  benchmark::DoNotOptimize(sink.data());
+  return memo[threads] = flops_per_step * static_cast<double>(steps) * threads / s;
+}
+
+/// fp32 matrix-multiply rate of the BLAS (0 without one): best of 3 sgemm 1024^3 on `threads` threads.
+double sgemm_rate(unsigned threads) {
+#if defined(KVPAGER_BENCH_HAVE_BLAS)
+  static std::map<unsigned, double> memo;
+  if (auto it = memo.find(threads); it != memo.end()) return it->second;
+  const int n = 1024;
+  std::vector<float> a(static_cast<std::size_t>(n) * n, 0.5F), b(a.size(), 0.25F), c(a.size());
+  if (openblas_set_num_threads != nullptr) openblas_set_num_threads(static_cast<int>(threads));
+  const float one = 1.0F, zero = 0.0F;
+  const double s = best_seconds(
+      4, [&] { sgemm_("N", "N", &n, &n, &n, &one, a.data(), &n, b.data(), &n, &zero, c.data(), &n); }, threads == 1);
+  benchmark::DoNotOptimize(c.data());
+  return memo[threads] = 2.0 * n * n * static_cast<double>(n) / s;
+#else
+  (void)threads;
+  return 0.0;
+#endif
+}
+
+/// A batch of `num_seqs` sequences of kv_len tokens, each with its last q_len as query rows; bf16 (dtype 2) or fp16.
+struct batch {
+  std::int32_t num_seqs, q_len, kv_len, dtype, max_blocks, num_blocks;
+  std::vector<std::uint16_t> kv, q, out;
+  std::vector<std::int32_t> table, lens, qo;
+  batch(std::int32_t seqs, std::int32_t ql, std::int32_t kvl, std::int32_t dt)
+      : num_seqs(seqs), q_len(ql), kv_len(kvl), dtype(dt) {
+    max_blocks = (kvl + bs - 1) / bs;
+    num_blocks = seqs * max_blocks;
+    std::mt19937 rng(1);
+    std::uniform_int_distribution<int> bits(0, 0x3FF);
+    const std::uint16_t base = dt == KVPAGER_DTYPE_FP16 ? 0x3800 : 0x3F00;  // ~0.5 in either format
+    kv.resize(static_cast<std::size_t>(num_blocks) * 2 * hkv * bs * dim);
+    for (auto& x : kv) x = static_cast<std::uint16_t>(base | (bits(rng) & (dt == KVPAGER_DTYPE_FP16 ? 0x3FF : 0x7F)));
+    q.resize(static_cast<std::size_t>(seqs) * static_cast<std::size_t>(ql) * hq * dim);
+    for (auto& x : q) x = static_cast<std::uint16_t>(base | (bits(rng) & (dt == KVPAGER_DTYPE_FP16 ? 0x3FF : 0x7F)));
+    out.resize(q.size());
+    table.resize(static_cast<std::size_t>(num_blocks));
+    std::iota(table.begin(), table.end(), 0);
+    std::shuffle(table.begin(), table.end(), rng);
+    lens.assign(static_cast<std::size_t>(seqs), kvl);
+    for (std::int32_t s = 0; s <= seqs; ++s) qo.push_back(s * ql);
+  }
+  std::int32_t run(std::int32_t threads) {
+    return kvpager_cpu_paged_attention_prefill(out.data(), q.data(), kv.data(), qo.data(), table.data(), lens.data(),
+                                               num_seqs, hq, hkv, dim, bs, max_blocks, num_blocks, scale, -1, 0.0F, dtype,
+                                               threads);
+  }
+  /// FLOPs the causal mask requires: 4 x dim x hq x sum over rows of visible positions.
+  [[nodiscard]] double flops() const {
+    double visible = 0;
+    for (std::int64_t i = 0; i < q_len; ++i) visible += static_cast<double>(kv_len - q_len + i + 1);
+    return 4.0 * dim * hq * visible * num_seqs;
+  }
+  [[nodiscard]] std::int64_t kv_bytes() const { return std::int64_t{num_seqs} * kv_len * 2 * hkv * dim * 2; }
+};
+
+/// Times each iteration by hand (UseManualTime), so the rate and its ratio to the baseline can be counters; one-thread
+/// runs on the thread's CPU clock (the kernel runs on the calling thread then), as their baselines are.
+/// Returns the fastest iteration's seconds: the rates and ratios compare best with best (the baselines are best-of
+/// too), which on a shared machine is what the code can do rather than what the neighbours left it.
+template <class Fn>
+double timed_loop(benchmark::State& state, Fn fn, bool thread_clock) {
+  double best = 1e30;
+  for (auto _ : state) {
+    const double t0 = now(thread_clock);
+    if (fn() != 0) state.SkipWithError("kernel failed");
+    const double s = now(thread_clock) - t0;
+    state.SetIterationTime(s);
+    best = std::min(best, s);
+  }
+  return best;
+}
+
+/// Prefill of a whole prompt (q_len = kv_len) or of a chunk over a cached prefix, bf16, one sequence:
+/// args {q_len, kv_len, threads (0 = all cores)}.
+void BM_PrefillFlops(benchmark::State& state) {
+  batch b(1, static_cast<std::int32_t>(state.range(0)), static_cast<std::int32_t>(state.range(1)), KVPAGER_DTYPE_BF16);
+  const auto threads = static_cast<std::int32_t>(state.range(2));
+  const double gemm = sgemm_rate(threads_of(threads)), peak = fma_peak(threads_of(threads));
+  const double best = timed_loop(state, [&] { return b.run(threads); }, threads == 1);
+  const double rate = b.flops() / best;
+  state.counters["GFLOPs"] = rate / 1e9;
+  state.counters["of_fma_peak"] = rate / peak;
+  if (gemm > 0) {
+    state.counters["sgemm_GFLOPs"] = gemm / 1e9;
+    state.counters["of_sgemm"] = rate / gemm;
+  }
+}
+BENCHMARK(BM_PrefillFlops)
+    ->Name("prefill_bf16_gqa4_d128/causal")
+    ->ArgNames({"q_len", "kv_len", "threads"})
+    ->Args({256, 256, 1})
+    ->Args({1024, 1024, 1})
+    ->Args({256, 2048, 1})
+    ->Args({1024, 1024, 0})
+    ->Args({2048, 2048, 0})
+    ->UseManualTime()
+    ->Unit(benchmark::kMillisecond);
+
+/// The tuned streaming read of `bytes` bytes on `threads` threads (bytes per second): 512-bit (or 256-bit) loads into
+/// four accumulators per thread, the buffer split evenly.
+double stream_rate(const std::uint16_t* data, std::int64_t bytes, unsigned threads);
+
+/// Decode-like calls: q_len rows per sequence over kv_len tokens, batch 8, fp16, all cores: KV bytes per second
+/// against the tuned streaming read of the same buffer (q_len 1 runs the decode kernel, see prefill.cpp).
+void BM_PrefillShort(benchmark::State& state) {
+  batch b(8, static_cast<std::int32_t>(state.range(0)), static_cast<std::int32_t>(state.range(1)), KVPAGER_DTYPE_FP16);
+  const double stream = stream_rate(b.kv.data(), b.kv_bytes(), cores());
+  const double best = timed_loop(state, [&] { return b.run(0); }, false);
+  const double rate = static_cast<double>(b.kv_bytes()) / best;
+  state.counters["KV_GBps"] = rate / 1e9;
+  state.counters["of_stream"] = rate / stream;
+  state.counters["stream_GBps"] = stream / 1e9;
+  // From q_len 4 at GQA 4 (16 FLOPs per fp16 KV byte) the call is compute-bound: its FLOP rate against the peak.
+  const double flops = b.flops() / best;
+  state.counters["GFLOPs"] = flops / 1e9;
+  state.counters["of_fma_peak"] = flops / fma_peak(cores());
+}
+BENCHMARK(BM_PrefillShort)
+    ->Name("prefill_fp16_b8_gqa4_d128/decode_like")
+    ->ArgNames({"q_len", "kv_len"})
+    ->Args({1, 4096})
+    ->Args({4, 4096})
+    ->Args({1, 128})
+    ->UseManualTime();
+
+#if defined(__x86_64__) && defined(__GNUC__) && !defined(__clang__)
+__attribute__((target("avx512f"))) std::uint64_t read_512(const unsigned char* p, std::int64_t n) {
+  __m512i a0 = _mm512_setzero_si512(), a1 = a0, a2 = a0, a3 = a0;
+  std::int64_t i = 0;
+  for (; i + 256 <= n; i += 256) {
+    a0 = _mm512_add_epi64(a0, _mm512_loadu_si512(p + i));
+    a1 = _mm512_add_epi64(a1, _mm512_loadu_si512(p + i + 64));
+    a2 = _mm512_add_epi64(a2, _mm512_loadu_si512(p + i + 128));
+    a3 = _mm512_add_epi64(a3, _mm512_loadu_si512(p + i + 192));
+  }
+  alignas(64) std::uint64_t o[8];
+  _mm512_store_si512(o, _mm512_add_epi64(_mm512_add_epi64(a0, a1), _mm512_add_epi64(a2, a3)));
+  return o[0] + o[7];
+}
+__attribute__((target("avx2"))) std::uint64_t read_256(const unsigned char* p, std::int64_t n) {
+  __m256i a0 = _mm256_setzero_si256(), a1 = a0, a2 = a0, a3 = a0;
+  std::int64_t i = 0;
+  for (; i + 128 <= n; i += 128) {
+    a0 = _mm256_add_epi64(a0, _mm256_loadu_si256(reinterpret_cast<const __m256i*>(p + i)));
+    a1 = _mm256_add_epi64(a1, _mm256_loadu_si256(reinterpret_cast<const __m256i*>(p + i + 32)));
+    a2 = _mm256_add_epi64(a2, _mm256_loadu_si256(reinterpret_cast<const __m256i*>(p + i + 64)));
+    a3 = _mm256_add_epi64(a3, _mm256_loadu_si256(reinterpret_cast<const __m256i*>(p + i + 96)));
+  }
+  alignas(32) std::uint64_t o[4];
+  _mm256_store_si256(reinterpret_cast<__m256i*>(o), _mm256_add_epi64(_mm256_add_epi64(a0, a1), _mm256_add_epi64(a2, a3)));
+  return o[0] + o[1] + o[2] + o[3];
+}
+#endif
+std::uint64_t read_words(const unsigned char* p, std::int64_t n) {
+  std::uint64_t a0 = 0, a1 = 0, a2 = 0, a3 = 0;
+  const auto* w = reinterpret_cast<const std::uint64_t*>(p);
+  for (std::int64_t i = 0; i + 4 <= n / 8; i += 4) {
+    a0 += w[i];
+    a1 += w[i + 1];
+    a2 += w[i + 2];
+    a3 += w[i + 3];
+  }
+  return a0 + a1 + a2 + a3;
+}
+
+double stream_rate(const std::uint16_t* data, std::int64_t bytes, unsigned threads) {
+  const auto* p = reinterpret_cast<const unsigned char*>(data);
+  const std::string_view path = kvpager_cpu_decode_path();
+  std::vector<std::uint64_t> sink(threads);
+  const double s = best_seconds(10, [&] {
+    on_threads(threads, [&](unsigned t) {
+      const std::int64_t b0 = bytes * t / threads / 256 * 256, b1 = bytes * (t + 1) / threads / 256 * 256;
+#if defined(__x86_64__) && defined(__GNUC__) && !defined(__clang__)
+      if (path == "avx512") {
+        sink[t] = read_512(p + b0, b1 - b0);
+        return;
+      }
+      if (path == "avx2") {
+        sink[t] = read_256(p + b0, b1 - b0);
+        return;
+      }
+#endif
+      sink[t] = read_words(p + b0, b1 - b0);
+    });
+  });
+  benchmark::DoNotOptimize(sink.data());
+  return static_cast<double>(bytes) / s;
+}
+
+}  // namespace
+
+BENCHMARK_MAIN();

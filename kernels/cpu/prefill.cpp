@@ -1,0 +1,494 @@
+// SPDX-License-Identifier: Apache-2.0
+// CPU paged prefill (extend) attention of the C ABI and of the C++ interface (kvpager/kernels/prefill.hpp): causal,
+// optional sliding window and logit soft cap, GQA/MQA, fp32/fp16/bf16 with fp32 accumulation. Every argument is
+// validated before any KV memory is touched. Work items are (sequence, KV head, tile of query positions), handed
+// to the process-wide worker pool (worker_pool.hpp), heaviest tiles (the last positions, which see the most KV)
+// first. The kernel is prefill_tiled.inc, compiled three times: AVX-512 and AVX2 under #pragma GCC target, and a
+// portable one; the path is the one the decode uses (kvpager_cpu_decode_path: the same CPU check and the same
+// KVPAGER_CPU_DISPATCH cap), so one process never mixes paths.
+#include <algorithm>
+#include <cmath>
+#include <cstddef>
+#include <cstdint>
+#include <cstring>
+#include <limits>
+#include <type_traits>
+#include <vector>
+
+#if defined(__x86_64__)
+// GCC 12 warns about the deliberately undefined vectors inside some AVX-512 intrinsics (GCC bug 105593).
+#pragma GCC diagnostic push
+#pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
+#pragma GCC diagnostic ignored "-Wuninitialized"
+#include <immintrin.h>
+#pragma GCC diagnostic pop
+#endif
+
+#include "kvpager/c/kernels.h"
+#include "kvpager/kernels/attention.hpp"
+#include "kvpager/kernels/float16.hpp"
+#include "kvpager/kernels/kernel_status.hpp"
+#include "kvpager/kernels/prefill.hpp"
+#include "kernels/common/checks.hpp"
+#include "kernels/common/decode_math.hpp"
+#include "worker_pool.hpp"
+
+namespace {
+
+using kvpager::detail::bf16_to_float;
+using kvpager::detail::float_to_bf16;
+using kvpager::detail::float_to_half;
+using kvpager::detail::half_to_float;
+
+float load_one(const void* base, std::int64_t i, std::int32_t dtype) noexcept {
+  if (dtype == KVPAGER_DTYPE_FP32) return static_cast<const float*>(base)[i];
+  const std::uint16_t x = static_cast<const std::uint16_t*>(base)[i];
+  return dtype == KVPAGER_DTYPE_FP16 ? half_to_float(x) : bf16_to_float(x);
+}
+void store_one(void* base, std::int64_t i, float v, std::int32_t dtype) noexcept {
+  if (dtype == KVPAGER_DTYPE_FP32) {
+    static_cast<float*>(base)[i] = v;
+  } else {
+    static_cast<std::uint16_t*>(base)[i] = dtype == KVPAGER_DTYPE_FP16 ? float_to_half(v) : float_to_bf16(v);
+  }
+}
+
+std::int32_t block_at(const kvpager::page_table_view& pt, std::int32_t seq, std::int64_t b) noexcept {
+  return pt.block_table != nullptr ? pt.block_table[std::int64_t{seq} * pt.row_stride + b]
+                                   : pt.indices[std::int64_t{pt.indptr[seq]} + b];
+}
+/// Tokens of CSR sequence `seq` in 64 bits (validate rejects more than INT32_MAX); 0 without pages.
+std::int64_t csr_length(const kvpager::page_table_view& pt, std::int32_t seq, std::int32_t bs) noexcept {
+  const std::int64_t pages = std::int64_t{pt.indptr[seq + 1]} - pt.indptr[seq];
+  return pages == 0 ? 0 : (pages - 1) * bs + pt.last_page_len[seq];
+}
+std::int32_t length_of(const kvpager::page_table_view& pt, std::int32_t seq, std::int32_t bs) noexcept {
+  return pt.block_table != nullptr ? pt.seq_lens[seq] : static_cast<std::int32_t>(csr_length(pt, seq, bs));
+}
+
+/// Portable path: one float per "vector"; the same tiled algorithm, which the compiler may still vectorize.
+namespace portable_path {
+struct isa {
+  using vec = float;
+  static constexpr int W = 1;
+  static constexpr int MR = 4;         // tokens (scores) or head dims (output) per register tile
+  static constexpr int NVB = 4;        // vectors of query rows per register tile
+  static constexpr int tile_rows = 16;  // query rows (positions x group heads) a work item aims for
+  template <int DT>
+  static vec load(const unsigned char* row, std::int64_t i) {
+    return load_one(row, i, DT);
+  }
+  template <int DT>
+  static void store(unsigned char* dst, std::int64_t i, vec v) {
+    store_one(dst, i, v, DT);
+  }
+  static vec loadf(const float* p) { return *p; }
+  static void storef(float* p, vec v) { *p = v; }
+  static vec zero() { return 0.0F; }
+  static vec set1(float x) { return x; }
+  static vec add(vec a, vec b) { return a + b; }
+  static vec sub(vec a, vec b) { return a - b; }
+  static vec mul(vec a, vec b) { return a * b; }
+  static vec div(vec a, vec b) { return a / b; }
+  static vec max(vec a, vec b) { return a > b ? a : b; }
+  static vec min(vec a, vec b) { return a < b ? a : b; }
+  static vec fma(vec a, vec b, vec c) { return a * b + c; }
+  static vec fnma(vec a, vec b, vec c) { return c - a * b; }
+  static vec floor(vec v) { return std::floor(v); }
+  static vec pow2i(vec n) { return std::ldexp(1.0F, static_cast<int>(n)); }
+  static vec zero_below(vec x, float limit, vec y) { return x >= limit ? y : 0.0F; }
+  static vec abs(vec v) { return std::fabs(v); }
+  static vec copysign(vec mag, vec sgn) { return std::copysign(mag, sgn); }
+  static vec select_lt(vec x, float limit, vec a, vec b) { return x < limit ? a : b; }
+};
+#include "prefill_tiled.inc"
+}  // namespace portable_path
+
+}  // namespace
+
+#if defined(__x86_64__) && defined(__GNUC__) && !defined(__clang__)
+#define KVPAGER_HAVE_X86_PATHS 1
+// The vector operations the prefill needs, per instruction set (the conversions round like decode.cpp's: fp16 by
+// the hardware, bf16 to nearest even with NaN kept quiet). Each path is compiled under its own #pragma GCC target
+// and reached only after the CPU was checked at run time; the library itself targets baseline x86-64.
+#pragma GCC push_options
+#pragma GCC target("avx2,fma,f16c")
+namespace {
+namespace avx2_path {
+struct isa {
+  using vec = __m256;
+  static constexpr int W = 8;
+  static constexpr int MR = 4;   // 4 x 3 accumulators + 3 row vectors + 1 broadcast = 16 registers
+  static constexpr int NVB = 3;
+  static constexpr int tile_rows = 96;  // 96 measured 5-15% faster than 48 at q_len >= 1024 (bench/RESULTS.md)
+  template <int DT>
+  static vec load(const unsigned char* row, std::int64_t i) {
+    if constexpr (DT == KVPAGER_DTYPE_FP32) {
+      return _mm256_loadu_ps(reinterpret_cast<const float*>(row) + i);
+    } else {
+      const __m128i h = _mm_loadu_si128(reinterpret_cast<const __m128i*>(reinterpret_cast<const std::uint16_t*>(row) + i));
+      if constexpr (DT == KVPAGER_DTYPE_FP16) return _mm256_cvtph_ps(h);
+      return _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(h), 16));
+    }
+  }
+  template <int DT>
+  static void store(unsigned char* dst, std::int64_t i, vec v) {
+    if constexpr (DT == KVPAGER_DTYPE_FP32) {
+      _mm256_storeu_ps(reinterpret_cast<float*>(dst) + i, v);
+    } else {
+      __m128i h;
+      if constexpr (DT == KVPAGER_DTYPE_FP16) {
+        h = _mm256_cvtps_ph(v, _MM_FROUND_TO_NEAREST_INT);
+      } else {
+        const __m256i x = _mm256_castps_si256(v);
+        const __m256i lsb = _mm256_and_si256(_mm256_srli_epi32(x, 16), _mm256_set1_epi32(1));
+        __m256i r = _mm256_srli_epi32(_mm256_add_epi32(x, _mm256_add_epi32(_mm256_set1_epi32(0x7FFF), lsb)), 16);
+        const __m256i nan = _mm256_or_si256(_mm256_srli_epi32(x, 16), _mm256_set1_epi32(0x40));
+        r = _mm256_blendv_epi8(r, nan, _mm256_castps_si256(_mm256_cmp_ps(v, v, _CMP_UNORD_Q)));
+        h = _mm256_castsi256_si128(_mm256_permute4x64_epi64(_mm256_packus_epi32(r, r), 0xD8));
+      }
+      _mm_storeu_si128(reinterpret_cast<__m128i*>(reinterpret_cast<std::uint16_t*>(dst) + i), h);
+    }
+  }
+  static vec loadf(const float* p) { return _mm256_loadu_ps(p); }
+  static void storef(float* p, vec v) { _mm256_storeu_ps(p, v); }
+  static vec zero() { return _mm256_setzero_ps(); }
+  static vec set1(float x) { return _mm256_set1_ps(x); }
+  static vec add(vec a, vec b) { return _mm256_add_ps(a, b); }
+  static vec sub(vec a, vec b) { return _mm256_sub_ps(a, b); }
+  static vec mul(vec a, vec b) { return _mm256_mul_ps(a, b); }
+  static vec div(vec a, vec b) { return _mm256_div_ps(a, b); }
+  static vec max(vec a, vec b) { return _mm256_max_ps(a, b); }
+  static vec min(vec a, vec b) { return _mm256_min_ps(a, b); }
+  static vec fma(vec a, vec b, vec c) { return _mm256_fmadd_ps(a, b, c); }
+  static vec fnma(vec a, vec b, vec c) { return _mm256_fnmadd_ps(a, b, c); }
+  static vec floor(vec v) { return _mm256_floor_ps(v); }
+  static vec pow2i(vec n) {
+    return _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_add_epi32(_mm256_cvtps_epi32(n), _mm256_set1_epi32(127)), 23));
+  }
+  static vec zero_below(vec x, float limit, vec y) {
+    return _mm256_and_ps(_mm256_cmp_ps(x, _mm256_set1_ps(limit), _CMP_GE_OQ), y);
+  }
+  static vec abs(vec v) { return _mm256_andnot_ps(_mm256_set1_ps(-0.0F), v); }
+  static vec copysign(vec mag, vec sgn) {
+    return _mm256_or_ps(_mm256_and_ps(_mm256_set1_ps(-0.0F), sgn), _mm256_andnot_ps(_mm256_set1_ps(-0.0F), mag));
+  }
+  /// a where x < limit, b elsewhere.
+  static vec select_lt(vec x, float limit, vec a, vec b) {
+    return _mm256_blendv_ps(b, a, _mm256_cmp_ps(x, _mm256_set1_ps(limit), _CMP_LT_OQ));
+  }
+};
+#include "prefill_tiled.inc"
+}  // namespace avx2_path
+}  // namespace
+#pragma GCC pop_options
+
+#pragma GCC push_options
+#pragma GCC target("avx512f,avx512bw,avx512dq,avx512vl,avx2,fma,f16c")
+namespace {
+namespace avx512_path {
+struct isa {
+  using vec = __m512;
+  static constexpr int W = 16;
+  static constexpr int MR = 8;   // 8 x 3 accumulators + 3 row vectors + 1 broadcast = 28 of 32 registers
+  static constexpr int NVB = 3;
+  static constexpr int tile_rows = 96;  // 96 measured 5-15% faster than 48 at q_len >= 1024 (bench/RESULTS.md)
+  template <int DT>
+  static vec load(const unsigned char* row, std::int64_t i) {
+    if constexpr (DT == KVPAGER_DTYPE_FP32) {
+      return _mm512_loadu_ps(reinterpret_cast<const float*>(row) + i);
+    } else {
+      const __m256i h =
+          _mm256_loadu_si256(reinterpret_cast<const __m256i*>(reinterpret_cast<const std::uint16_t*>(row) + i));
+      if constexpr (DT == KVPAGER_DTYPE_FP16) return _mm512_cvtph_ps(h);
+      return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(h), 16));
+    }
+  }
+  template <int DT>
+  static void store(unsigned char* dst, std::int64_t i, vec v) {
+    if constexpr (DT == KVPAGER_DTYPE_FP32) {
+      _mm512_storeu_ps(reinterpret_cast<float*>(dst) + i, v);
+    } else {
+      __m256i h;
+      if constexpr (DT == KVPAGER_DTYPE_FP16) {
+        h = _mm512_cvtps_ph(v, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+      } else {
+        const __m512i x = _mm512_castps_si512(v);
+        const __m512i lsb = _mm512_and_si512(_mm512_srli_epi32(x, 16), _mm512_set1_epi32(1));
+        __m512i r = _mm512_srli_epi32(_mm512_add_epi32(x, _mm512_add_epi32(_mm512_set1_epi32(0x7FFF), lsb)), 16);
+        const __m512i nan = _mm512_or_si512(_mm512_srli_epi32(x, 16), _mm512_set1_epi32(0x40));
+        r = _mm512_mask_mov_epi32(r, _mm512_cmp_ps_mask(v, v, _CMP_UNORD_Q), nan);
+        h = _mm512_cvtepi32_epi16(r);
+      }
+      _mm256_storeu_si256(reinterpret_cast<__m256i*>(reinterpret_cast<std::uint16_t*>(dst) + i), h);
+    }
+  }
+  static vec loadf(const float* p) { return _mm512_loadu_ps(p); }
+  static void storef(float* p, vec v) { _mm512_storeu_ps(p, v); }
+  static vec zero() { return _mm512_setzero_ps(); }
+  static vec set1(float x) { return _mm512_set1_ps(x); }
+  static vec add(vec a, vec b) { return _mm512_add_ps(a, b); }
+  static vec sub(vec a, vec b) { return _mm512_sub_ps(a, b); }
+  static vec mul(vec a, vec b) { return _mm512_mul_ps(a, b); }
+  static vec div(vec a, vec b) { return _mm512_div_ps(a, b); }
+  static vec max(vec a, vec b) { return _mm512_max_ps(a, b); }
+  static vec min(vec a, vec b) { return _mm512_min_ps(a, b); }
+  static vec fma(vec a, vec b, vec c) { return _mm512_fmadd_ps(a, b, c); }
+  static vec fnma(vec a, vec b, vec c) { return _mm512_fnmadd_ps(a, b, c); }
+  static vec floor(vec v) { return _mm512_roundscale_ps(v, _MM_FROUND_TO_NEG_INF | _MM_FROUND_NO_EXC); }
+  static vec pow2i(vec n) {
+    return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_add_epi32(_mm512_cvtps_epi32(n), _mm512_set1_epi32(127)), 23));
+  }
+  static vec zero_below(vec x, float limit, vec y) {
+    return _mm512_maskz_mov_ps(_mm512_cmp_ps_mask(x, _mm512_set1_ps(limit), _CMP_GE_OQ), y);
+  }
+  static vec abs(vec v) {
+    return _mm512_castsi512_ps(_mm512_and_si512(_mm512_castps_si512(v), _mm512_set1_epi32(0x7FFFFFFF)));
+  }
+  static vec copysign(vec mag, vec sgn) {
+    const __m512i m = _mm512_set1_epi32(0x7FFFFFFF);
+    return _mm512_castsi512_ps(_mm512_or_si512(_mm512_and_si512(_mm512_castps_si512(mag), m),
+                                               _mm512_andnot_si512(m, _mm512_castps_si512(sgn))));
+  }
+  /// a where x < limit, b elsewhere.
+  static vec select_lt(vec x, float limit, vec a, vec b) {
+    return _mm512_mask_blend_ps(_mm512_cmp_ps_mask(x, _mm512_set1_ps(limit), _CMP_LT_OQ), b, a);
+  }
+};
+#include "prefill_tiled.inc"
+}  // namespace avx512_path
+}  // namespace
+#pragma GCC pop_options
+#endif  // KVPAGER_HAVE_X86_PATHS
+
+namespace {
+
+using item_fn = void (*)(const kvpager::prefill_params&, std::int32_t, std::int32_t, std::int32_t, std::int32_t, float*,
+                         std::int64_t*);
+struct prefill_kernel {
+  item_fn fn;
+  std::int32_t W, tile_rows;
+  std::int64_t (*scratch)(std::int64_t, std::int64_t);
+};
+
+/// The decode's path choice (kvpager_cpu_decode_path: CPU features, capped by KVPAGER_CPU_DISPATCH).
+prefill_kernel pick_kernel() {
+  static const prefill_kernel k = [] {
+    const char* path = kvpager_cpu_decode_path();
+#if defined(KVPAGER_HAVE_X86_PATHS)
+    if (std::strcmp(path, "avx512") == 0)
+      return prefill_kernel{&avx512_path::prefill_item, avx512_path::isa::W, avx512_path::isa::tile_rows,
+                            &avx512_path::prefill_scratch_floats};
+    if (std::strcmp(path, "avx2") == 0)
+      return prefill_kernel{&avx2_path::prefill_item, avx2_path::isa::W, avx2_path::isa::tile_rows,
+                            &avx2_path::prefill_scratch_floats};
+#endif
+    (void)path;
+    return prefill_kernel{&portable_path::prefill_item, portable_path::isa::W, portable_path::isa::tile_rows,
+                          &portable_path::prefill_scratch_floats};
+  }();
+  return k;
+}
+
+/// Bytes the view spans (largest element offset plus one, times the element size); -1 for a negative stride or an
+/// extent beyond int64. The same rule as decode's.
+std::int64_t view_extent_bytes(const kvpager::paged_kv_view& kv) noexcept {
+  using kvpager::kernels::detail::checked_product;
+  using kvpager::kernels::detail::checked_sum;
+  std::int64_t last = kv.head_dim;
+  last = checked_sum(last, checked_product({std::int64_t{kv.num_blocks} - 1, kv.stride_block}));
+  last = checked_sum(last, checked_product({kv.stride_kv}));
+  last = checked_sum(last, checked_product({std::int64_t{kv.num_kv_heads} - 1, kv.stride_head}));
+  last = checked_sum(last, checked_product({std::int64_t{kv.block_size} - 1, kv.stride_token}));
+  return checked_product({last, kvpager::kernels::detail::elem_bytes(kv.dtype)});
+}
+
+/// Every argument, page tables and qo_indptr included, before any KV memory is read.
+std::int32_t validate(const kvpager::prefill_params& p) noexcept {
+  using namespace kvpager::kernels::detail;
+  const auto& kv = p.kv;
+  if (p.num_threads < 0) return KVPAGER_STATUS_INVALID_ARGUMENT;
+  if (const std::int32_t rc = check_decode_args(p.num_seqs, p.num_q_heads, kv.num_kv_heads, kv.head_dim, kv.block_size,
+                                                kv.dtype, kv.num_blocks, p.scale, 1);
+      rc != KVPAGER_STATUS_OK)
+    return rc;
+  if (const std::int32_t rc = check_window_and_cap(p.window_left, p.logits_soft_cap); rc != KVPAGER_STATUS_OK) return rc;
+  if (view_extent_bytes(kv) < 0) return KVPAGER_STATUS_INVALID_ARGUMENT;
+  if (p.num_seqs == 0) return KVPAGER_STATUS_OK;
+  const bool dense = p.pages.block_table != nullptr;
+  if (p.out == nullptr || p.query == nullptr || kv.data == nullptr || p.qo_indptr == nullptr ||
+      (dense ? p.pages.seq_lens == nullptr || p.pages.row_stride <= 0 || checked_product({p.num_seqs, p.pages.row_stride}) < 0
+             : p.pages.indptr == nullptr || p.pages.indices == nullptr || p.pages.last_page_len == nullptr))
+    return KVPAGER_STATUS_INVALID_ARGUMENT;
+  std::int64_t rows = 0;
+  if (const std::int32_t rc = check_qo_indptr(p.qo_indptr, p.num_seqs, p.num_q_heads, kv.head_dim, kv.dtype, &rows);
+      rc != KVPAGER_STATUS_OK)
+    return rc;
+  for (std::int32_t s = 0; s < p.num_seqs; ++s) {
+    std::int64_t blocks = 0, len = 0;
+    if (dense) {
+      len = p.pages.seq_lens[s];
+      if (const std::int32_t rc = check_seq_len(p.pages.seq_lens[s], kv.block_size, p.pages.row_stride);
+          rc != KVPAGER_STATUS_OK)
+        return rc;
+      blocks = blocks_for(p.pages.seq_lens[s], kv.block_size);
+    } else {
+      if (p.pages.indptr[s] < 0 || p.pages.indptr[s + 1] < p.pages.indptr[s]) return KVPAGER_STATUS_INVALID_ARGUMENT;
+      blocks = std::int64_t{p.pages.indptr[s + 1]} - p.pages.indptr[s];
+      len = blocks > 0 ? csr_length(p.pages, s, kv.block_size) : 0;
+      if (blocks > 0 && (p.pages.last_page_len[s] < 1 || p.pages.last_page_len[s] > kv.block_size ||
+                         len > std::numeric_limits<std::int32_t>::max()))
+        return KVPAGER_STATUS_SEQ_TOO_LONG;
+    }
+    if (std::int64_t{p.qo_indptr[s + 1]} - p.qo_indptr[s] > len) return KVPAGER_STATUS_INVALID_ARGUMENT;
+    for (std::int64_t b = 0; b < blocks; ++b) {
+      const std::int32_t id = block_at(p.pages, s, b);
+      if (id < 0 || id >= kv.num_blocks) return KVPAGER_STATUS_INVALID_BLOCK;
+    }
+  }
+  return KVPAGER_STATUS_OK;
+}
+
+/// A thread's buffers, reused across calls; `own` once the thread's thread_locals are gone (a call from a static
+/// object's destructor at exit), as decode does.
+struct item_buffers {
+  std::vector<float> scratch;
+  std::vector<std::int64_t> pos, tiles;
+  std::vector<float> workspace;  ///< a q_len = 1 batch's decode split workspace
+};
+item_buffers& buffers_or(item_buffers& own) noexcept {
+  thread_local bool destroyed = false;
+  thread_local struct holder {
+    item_buffers b;
+    holder() noexcept = default;
+    holder(const holder&) = delete;
+    holder& operator=(const holder&) = delete;
+    ~holder() { destroyed = true; }
+  } buffers;
+  return destroyed ? own : buffers.b;
+}
+
+/// A batch of one query row per sequence with no window and no soft cap is a decode: run the decode kernel, which
+/// vectorizes along head_dim (the tiles here put query rows in the vector lanes, and one row (MHA) or one group
+/// fills 1/W to group/W of them), with its split workspace in the calling thread's buffer (grown once, kept; splits
+/// happen only with fewer (sequence, KV head) items than twice the threads, so it stays small). When decode gains
+/// window and soft cap (issue 12), this shortcut can take those calls too.
+/// Returns -1 when the batch is not one.
+std::int32_t as_decode(const kvpager::prefill_params& p, item_buffers& b) noexcept {
+  if (p.window_left >= 0 || p.logits_soft_cap > 0.0F || p.num_seqs == 0) return -1;
+  for (std::int32_t s = 0; s < p.num_seqs; ++s)
+    if (p.qo_indptr[s + 1] - p.qo_indptr[s] != 1) return -1;
+  kvpager::decode_params d;
+  d.out = p.out;
+  d.query = p.query;
+  d.lse = p.lse;
+  d.kv = p.kv;
+  d.pages = p.pages;
+  d.num_seqs = p.num_seqs;
+  d.num_q_heads = p.num_q_heads;
+  d.scale = p.scale;
+  d.num_threads = p.num_threads;
+  // The split decode would choose for itself (its rule: a call under 8192 (token, query head) pairs runs on one
+  // thread), chosen here so that the workspace is sized for that split only, not for the most any call could take.
+  std::int32_t max_len = 0;
+  std::int64_t total_len = 0;
+  for (std::int32_t s = 0; s < p.num_seqs; ++s) {
+    const std::int32_t len = length_of(p.pages, s, p.kv.block_size);
+    max_len = std::max(max_len, len);
+    total_len += len;
+  }
+  const std::int32_t threads =
+      p.num_threads == 0 && total_len < 8192 && total_len * p.num_q_heads < 8192 ? 1 : p.num_threads;
+  d.num_splits = kvpager::plan_decode(p.num_seqs, p.kv.num_kv_heads, max_len, threads);
+  const std::int64_t bytes = kvpager::decode_workspace_size(d);
+  if (bytes < 0) return -1;
+  const auto floats = static_cast<std::size_t>((bytes + 3) / 4);
+  if (b.workspace.size() < floats) b.workspace.resize(floats);
+  d.workspace = b.workspace.data();
+  d.workspace_bytes = bytes;
+  const kvpager::status st = kvpager::paged_attention_decode_cpu(d);
+  return st ? KVPAGER_STATUS_OK : static_cast<std::int32_t>(st.detail());
+}
+
+std::int32_t prefill_cpu(const kvpager::prefill_params& p) noexcept {
+  if (const std::int32_t rc = validate(p); rc != KVPAGER_STATUS_OK) return rc;
+  item_buffers own_decode;
+  if (const std::int32_t rc = as_decode(p, buffers_or(own_decode)); rc >= 0) return rc;
+  const auto& kv = p.kv;
+  const prefill_kernel kernel = pick_kernel();
+  const std::int32_t group = p.num_q_heads / kv.num_kv_heads;
+  // Query positions per item: enough rows (positions x group heads) for the register tiles, at least one position.
+  const std::int32_t qt = std::max(1, kernel.tile_rows / group);
+  const std::int64_t max_rows = std::int64_t{qt} * group;
+  const std::int64_t M = (max_rows + kernel.W - 1) / kernel.W * kernel.W;
+  const std::int64_t hkv = kv.num_kv_heads;
+  // Items per sequence, as a prefix sum in the calling thread's buffer (grown once, then reused).
+  item_buffers own_main;
+  std::vector<std::int64_t>& first = buffers_or(own_main).tiles;
+  first.resize(static_cast<std::size_t>(p.num_seqs) + 1);
+  first[0] = 0;
+  std::int64_t work = 0;
+  for (std::int32_t s = 0; s < p.num_seqs; ++s) {
+    const std::int64_t q_len = std::int64_t{p.qo_indptr[s + 1]} - p.qo_indptr[s];
+    first[static_cast<std::size_t>(s) + 1] = first[static_cast<std::size_t>(s)] + (q_len + qt - 1) / qt * hkv;
+    work += q_len * length_of(p.pages, s, kv.block_size);
+  }
+  const std::int64_t items = first[static_cast<std::size_t>(p.num_seqs)];
+  // With all cores requested, a call this small runs on the calling thread: waking workers would cost more.
+  const std::int32_t threads = p.num_threads == 0 && work * p.num_q_heads * kv.head_dim < (std::int64_t{1} << 20) ? 1 : p.num_threads;
+  const std::int64_t scratch_floats = kernel.scratch(M, kv.head_dim);
+  const std::int64_t* starts = first.data();
+  kvpager::kernels::detail::parallel_for(items, threads, [&](std::int64_t item) {
+    item_buffers own;
+    item_buffers& b = buffers_or(own);
+    if (b.scratch.size() < static_cast<std::size_t>(scratch_floats)) b.scratch.resize(static_cast<std::size_t>(scratch_floats));
+    if (b.pos.size() < static_cast<std::size_t>(M)) b.pos.resize(static_cast<std::size_t>(M));
+    const auto seq = static_cast<std::int32_t>(std::upper_bound(starts, starts + p.num_seqs + 1, item) - starts - 1);
+    const std::int64_t local = item - starts[seq];
+    const std::int64_t tiles = (starts[seq + 1] - starts[seq]) / hkv;
+    const auto h = static_cast<std::int32_t>(local % hkv);
+    const std::int64_t tile = tiles - 1 - local / hkv;  // the last positions (most KV to read) are handed out first
+    const std::int32_t q_len = p.qo_indptr[seq + 1] - p.qo_indptr[seq];
+    const auto r0 = static_cast<std::int32_t>(tile * qt);
+    const std::int32_t r1 = std::min(q_len, r0 + qt);
+    kernel.fn(p, seq, h, r0, r1, b.scratch.data(), b.pos.data());
+  });
+  return KVPAGER_STATUS_OK;
+}
+
+}  // namespace
+
+extern "C" int32_t kvpager_cpu_paged_attention_prefill(void* out, const void* query, const void* kv_cache,
+                                                       const int32_t* qo_indptr, const int32_t* block_table,
+                                                       const int32_t* seq_lens, int32_t num_seqs, int32_t num_q_heads,
+                                                       int32_t num_kv_heads, int32_t head_dim, int32_t block_size,
+                                                       int32_t max_blocks_per_seq, int32_t num_blocks, float scale,
+                                                       int32_t window_left, float logits_soft_cap, int32_t dtype,
+                                                       int32_t num_threads) {
+  if (const int32_t rc = kvpager::kernels::detail::check_dense_prefill(
+          out, query, kv_cache, qo_indptr, block_table, seq_lens, num_seqs, num_q_heads, num_kv_heads, head_dim,
+          block_size, max_blocks_per_seq, num_blocks, scale, window_left, logits_soft_cap, dtype);
+      rc != KVPAGER_STATUS_OK)
+    return rc;
+  kvpager::prefill_params p;
+  p.out = out;
+  p.query = query;
+  p.kv = kvpager::paged_kv_view::hnd(kv_cache, dtype, num_blocks, num_kv_heads, block_size, head_dim);
+  p.pages.block_table = block_table;
+  p.pages.row_stride = max_blocks_per_seq;
+  p.pages.seq_lens = seq_lens;
+  p.qo_indptr = qo_indptr;
+  p.num_seqs = num_seqs;
+  p.num_q_heads = num_q_heads;
+  p.scale = scale;
+  p.window_left = window_left;
+  p.logits_soft_cap = logits_soft_cap;
+  p.num_threads = num_threads;
+  return prefill_cpu(p);
+}
+
+KVPAGER_NAMESPACE_BEGIN
+
+status paged_attention_prefill_cpu(const prefill_params& p) noexcept { return kernel_status(prefill_cpu(p)); }
+
+KVPAGER_NAMESPACE_END
