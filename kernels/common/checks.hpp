@@ -88,6 +88,14 @@ inline int32_t check_decode_args(int32_t num_seqs, int32_t num_q_heads, int32_t 
   return KVPAGER_STATUS_OK;
 }
 
+/// The attention variants of a decode (and prefill) call: window_left is -1 (no window) or a non-negative count of
+/// positions before the query's own; logits_soft_cap is 0 (none) or a positive finite cap. Anything else (a window
+/// below -1, a negative, NaN or infinite cap) is INVALID_ARGUMENT.
+inline int32_t check_window_and_cap(int32_t window_left, float logits_soft_cap) {
+  return window_left < -1 || !std::isfinite(logits_soft_cap) || logits_soft_cap < 0.0F ? KVPAGER_STATUS_INVALID_ARGUMENT
+                                                                                        : KVPAGER_STATUS_OK;
+}
+
 /// Every argument of the dense C ABI decode entry points (kvpager_cpu_paged_attention_decode and the CUDA ones) that
 /// can be checked without reading a page table: max_blocks_per_seq positive (else INVALID_ARGUMENT), then
 /// check_decode_args, then the pointers, which may be null only when num_seqs is 0. The CPU then checks every

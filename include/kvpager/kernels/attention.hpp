@@ -81,6 +81,12 @@ struct decode_params {
   page_table_view pages{};
   std::int32_t num_seqs = 0, num_q_heads = 0;
   float scale = 1.0F;
+  /// Sliding window: -1 = none; w >= 0: the query, at position p = seq_len - 1, attends only to KV positions
+  /// j >= p - w (blocks wholly before the window are not read). Below -1: invalid_argument.
+  std::int32_t window_left = -1;
+  /// Logit soft cap: 0 = none; cap > 0: each scaled score s becomes cap * tanh(s / cap) before the softmax (the LSE
+  /// output is then of the capped scores). Negative, NaN or infinite: invalid_argument.
+  float logits_soft_cap = 0.0F;
   std::int32_t num_splits = 0;   ///< KV chunks per sequence (at most 256); 0 = choose with plan_decode
   std::int32_t num_threads = 0;  ///< 0 = all cores
   /// fp32 merge workspace of a split decode, decode_workspace_size(p) bytes (suitably aligned for float). With it the
@@ -94,7 +100,8 @@ struct decode_params {
 inline constexpr std::int32_t max_planned_splits = 64;
 
 /// Host-side split choice: enough (sequence, KV head, split) work items to keep `threads` busy, chunks of at least
-/// 256 tokens, at most max_planned_splits.
+/// 256 tokens, at most max_planned_splits. max_seq_len: the most tokens a sequence of the batch reads (with a window,
+/// at most window_left + 1).
 [[nodiscard]] KVPAGER_KERNELS_EXPORT std::int32_t plan_decode(std::int32_t num_seqs, std::int32_t num_kv_heads,
                                                               std::int32_t max_seq_len, std::int32_t threads) noexcept;
 
