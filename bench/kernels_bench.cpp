@@ -202,10 +202,11 @@ struct setup {
   std::vector<std::uint16_t> kv, q, out;
   std::vector<std::int32_t> table, lens;
   std::int32_t next = 0;  // the layer the next call reads
-  setup(std::int32_t ctx, std::int32_t kv_heads, std::int32_t dt) : context(ctx), hkv(kv_heads), dtype(dt) {
+  /// hot: one layer however small (the compute-only benchmarks, whose pool stays in L2).
+  setup(std::int32_t ctx, std::int32_t kv_heads, std::int32_t dt, bool hot) : context(ctx), hkv(kv_heads), dtype(dt) {
     max_blocks = (ctx + bs - 1) / bs;
     num_blocks = batch * max_blocks;
-    layers = static_cast<std::int32_t>(std::max<std::int64_t>(1, (min_total_bytes + pool_bytes() - 1) / pool_bytes()));
+    layers = hot ? 1 : static_cast<std::int32_t>(std::max<std::int64_t>(1, (min_total_bytes + pool_bytes() - 1) / pool_bytes()));
     const std::uint16_t one = dt == KVPAGER_DTYPE_FP16 ? 0x3C00 : 0x3F80;
     kv.assign(static_cast<std::size_t>(pool_bytes() / 2) * static_cast<std::size_t>(layers), one);
     // Varied K values, so the scores and exponentials are not all equal.
@@ -231,10 +232,10 @@ struct setup {
 };
 
 /// One pool per shape, kept for the whole run (building a 512 MiB pool costs more than measuring it).
-setup& pool(std::int32_t ctx, std::int32_t kv_heads, std::int32_t dt) {
-  static std::map<std::tuple<std::int32_t, std::int32_t, std::int32_t>, std::unique_ptr<setup>> pools;
-  auto& p = pools[{ctx, kv_heads, dt}];
-  if (!p) p = std::make_unique<setup>(ctx, kv_heads, dt);
+setup& pool(std::int32_t ctx, std::int32_t kv_heads, std::int32_t dt, bool hot = false) {
+  static std::map<std::tuple<std::int32_t, std::int32_t, std::int32_t, bool>, std::unique_ptr<setup>> pools;
+  auto& p = pools[{ctx, kv_heads, dt, hot}];
+  if (!p) p = std::make_unique<setup>(ctx, kv_heads, dt, hot);
   return *p;
 }
 
@@ -289,6 +290,21 @@ BENCHMARK(BM_Decode)->Name("decode_b8_d128_short/ctx/kv_heads/dtype/threads")
     ->Args({16, 8, fp16, 0})->Args({16, 8, fp16, 1})->Args({128, 8, fp16, 1})->Args({128, 8, bf16, 1})
     ->Args({128, 32, fp16, 1})->Args({128, 32, bf16, 1})
     ->UseRealTime();
+
+/// Compute alone: one thread over a pool that stays in L3 (batch 8 x 64 tokens, 2 MiB at GQA 4), CPU time per call;
+/// what the kernel costs when memory is not the limit. Args: KV heads, dtype.
+void BM_DecodeHot(benchmark::State& state) {
+  setup& s = pool(64, static_cast<std::int32_t>(state.range(0)), static_cast<std::int32_t>(state.range(1)), true);
+  for (auto _ : state) {
+    if (decode(s, 1) != 0) state.SkipWithError("kernel failed");
+    benchmark::DoNotOptimize(s.out.data());
+  }
+  state.SetBytesProcessed(state.iterations() * s.kv_bytes());
+  state.counters["ns_per_token_kv_head"] = benchmark::Counter(
+      static_cast<double>(state.iterations()) * batch * 64 * s.hkv * 1e-9, benchmark::Counter::kIsRate | benchmark::Counter::kInvert);
+}
+BENCHMARK(BM_DecodeHot)->Name("decode_b8_d128_hot_one_thread/kv_heads/dtype")
+    ->Args({8, fp16})->Args({8, bf16})->Args({32, fp16})->Args({32, bf16});
 
 /// The baselines themselves on the GQA-4 fp16 pools: the tuned read, and memcpy of the same bytes (each thread its
 /// share, into a destination of the same size; bytes copied per second). Both walk the layers as the decode does.

@@ -85,9 +85,11 @@ KVPAGER_C_API int32_t kvpager_built_with_cuda(void);
 KVPAGER_C_API int32_t kvpager_cuda_device_count(int32_t* count);
 
 /**
- * The CPU decode path this process uses: "avx512" (AVX-512 F/BW/DQ/VL), "avx2" (AVX2 + FMA + F16C) or "portable",
+ * The CPU decode path this process uses: "avx512bf16" (AVX-512 F/BW/DQ/VL and AVX512_BF16: bf16 KV through
+ * vdpbf16ps, the query exact and the probabilities rounded to bf16 for the product with V), "avx512" (AVX-512
+ * F/BW/DQ/VL), "avx2" (AVX2 + FMA + F16C) or "portable",
  * chosen once at first use from what the CPU supports (the library itself targets baseline x86-64). The environment
- * variable KVPAGER_CPU_DISPATCH=portable|avx2|avx512 caps the choice (for tests and comparisons). The vector paths
+ * variable KVPAGER_CPU_DISPATCH=portable|avx2|avx512|avx512bf16 caps the choice (for tests and comparisons). The vector paths
  * are built with GCC; other compilers get the portable path.
  */
 KVPAGER_C_API const char* kvpager_cpu_decode_path(void);
