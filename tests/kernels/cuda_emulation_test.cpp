@@ -12,6 +12,7 @@
 
 #include <gtest/gtest.h>
 
+#include <iterator>
 #include <random>
 #include <utility>
 #include <vector>
@@ -161,11 +162,16 @@ TEST(CudaEmulation, WindowAndSoftCapMatchCpuBackend) {
     int32_t splits;
   };
   const variant variants[] = {{-1, 5.0F, 1}, {0, 0.0F, 1}, {37, 0.0F, 3}, {100, 2.5F, 4}, {5, 30.0F, 2}, {1000, 1.0F, 3}};
+  // Every variant with two dtypes of the three (the window and the cap do not depend on the dtype; the loads do).
   uint32_t seed = 300;
-  for (int32_t dtype : {KVPAGER_DTYPE_FP32, KVPAGER_DTYPE_FP16, KVPAGER_DTYPE_BF16})
-    for (const variant& v : variants) {
+  const int32_t dtypes[] = {KVPAGER_DTYPE_FP32, KVPAGER_DTYPE_FP16, KVPAGER_DTYPE_BF16};
+  for (size_t di = 0; di < 3; ++di) {
+    const int32_t dtype = dtypes[di];
+    for (size_t vi = 0; vi < std::size(variants); ++vi) {
+      const variant& v = variants[vi];
+      if ((di + vi) % 3 == 0) continue;
 #if defined(KVPAGER_TEST_REDUCED)
-      if (seed % 2 != 0) {  // sanitizer and no-exception builds: half of the matrix, every dtype
+      if (seed % 3 == 0) {  // sanitizer and no-exception builds: fewer still, every dtype
         ++seed;
         continue;
       }
@@ -181,6 +187,7 @@ TEST(CudaEmulation, WindowAndSoftCapMatchCpuBackend) {
       EXPECT_LE(diff.out, gpu_tolerance(dtype)) << what;
       EXPECT_LE(diff.lse, 1e-5) << what;
     }
+  }
 }
 
 TEST(CudaEmulation, LongSequenceManySplits) {
