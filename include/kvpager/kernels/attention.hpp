@@ -81,12 +81,6 @@ struct decode_params {
   page_table_view pages{};
   std::int32_t num_seqs = 0, num_q_heads = 0;
   float scale = 1.0F;
-  /// Sliding window: -1 = none; w >= 0: the query, at position p = seq_len - 1, attends only to KV positions
-  /// j >= p - w (blocks wholly before the window are not read). Below -1: invalid_argument.
-  std::int32_t window_left = -1;
-  /// Logit soft cap: 0 = none; cap > 0: each scaled score s becomes cap * tanh(s / cap) before the softmax (the LSE
-  /// output is then of the capped scores). Negative, NaN or infinite: invalid_argument.
-  float logits_soft_cap = 0.0F;
   std::int32_t num_splits = 0;   ///< KV chunks per sequence (at most 256); 0 = choose with plan_decode
   std::int32_t num_threads = 0;  ///< 0 = all cores
   /// fp32 merge workspace of a split decode, decode_workspace_size(p) bytes (suitably aligned for float). With it the
@@ -94,6 +88,12 @@ struct decode_params {
   /// that splits allocates its own per call (KVPAGER_STATUS_OUT_OF_MEMORY when that fails).
   void* workspace = nullptr;
   std::int64_t workspace_bytes = 0;  ///< size of `workspace`; smaller than the split needs: invalid_argument
+  /// Sliding window: -1 = none; w >= 0: the query, at position p = seq_len - 1, attends only to KV positions
+  /// j >= p - w (blocks wholly before the window are not read). Below -1: invalid_argument.
+  std::int32_t window_left = -1;
+  /// Logit soft cap: 0 = none; cap > 0: each scaled score s becomes cap * tanh(s / cap) before the softmax (the LSE
+  /// output is then of the capped scores). Negative, NaN or infinite: invalid_argument.
+  float logits_soft_cap = 0.0F;
 };
 
 /// The most KV splits plan_decode chooses (so the most a decode with num_splits = 0 uses).
