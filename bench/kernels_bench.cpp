@@ -333,7 +333,7 @@ void BM_DecodeHot(benchmark::State& state) {
       static_cast<double>(state.iterations()) * batch * 64 * s.hkv * 1e-9, benchmark::Counter::kIsRate | benchmark::Counter::kInvert);
 }
 BENCHMARK(BM_DecodeHot)->Name("decode_b8_d128_hot_one_thread/kv_heads/dtype")
-    ->Args({8, fp16})->Args({8, bf16})->Args({32, fp16})->Args({32, bf16});
+    ->Args({8, fp16})->Args({8, bf16})->Args({32, fp16})->Args({32, bf16})->Args({4, fp16});
 
 /// The baselines themselves on the GQA-4 fp16 pools: the tuned read, and memcpy of the same bytes (each thread its
 /// share, into a destination of the same size; bytes copied per second). Both walk the layers as the decode does.
