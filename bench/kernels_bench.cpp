@@ -1,98 +1,367 @@
 // SPDX-License-Identifier: Apache-2.0
-// CPU decode attention as KV bytes read per second, against a streaming read of the same bytes in the same run
-// (see bench/RESULTS.md). Shape: batch 8, 32 query heads over 8 KV heads (GQA 4), head_dim 128, block 16.
+// CPU decode attention as KV bytes read per second, against a tuned streaming read of the same bytes in the same run
+// (see bench/RESULTS.md): AVX-512 loads (AVX2 or scalar where the CPU lacks it, chosen at run time) into eight
+// independent accumulators, on all cores through a team of threads kept across iterations (woken like the kernels'
+// worker pool, so both pay the same wake-up cost). memcpy of the same bytes on all cores is reported beside it.
+// Every decode benchmark reports `x_read`: its bandwidth over the tuned read's of the same pool, measured just before.
+// Pools under 128 MiB are repeated as layers that successive calls walk (no call finds its KV in the cache).
+// Shapes: batch 8, 32 query heads over 8 KV heads (GQA 4) or 32 (MHA), head_dim 128, block 16, fp16 and bf16 KV.
 #include <kvpager/c/kernels.h>
 #include <kvpager/kvpager.hpp>
 
 #include <benchmark/benchmark.h>
 
-#include <cstdint>
+#if defined(__x86_64__)
+#pragma GCC diagnostic push
+#pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
+#pragma GCC diagnostic ignored "-Wuninitialized"
+#include <immintrin.h>
+#pragma GCC diagnostic pop
+#endif
+
 #include <algorithm>
+#include <chrono>
+#include <ctime>
+#include <condition_variable>
+#include <cstdint>
+#include <cstring>
+#include <functional>
+#include <map>
+#include <mutex>
 #include <numeric>
 #include <random>
 #include <thread>
+#include <tuple>
 #include <vector>
 
 namespace {
 
-constexpr std::int32_t batch = 8, hq = 32, hkv = 8, dim = 128, bs = 16;
+constexpr std::int32_t batch = 8, hq = 32, dim = 128, bs = 16;
+
+// ------------------------------------------------------------------------------------------- the tuned read
+/// Sums `bytes` bytes (a multiple of 8) as 64-bit integers; integer adds, so no denormal or NaN slows it down.
+using read_fn = std::uint64_t (*)(const unsigned char*, std::size_t);
+
+#if defined(__x86_64__) && defined(__GNUC__)
+__attribute__((target("avx512f"))) std::uint64_t read_avx512(const unsigned char* p, std::size_t bytes) {
+  __m512i a[8];
+  for (auto& x : a) x = _mm512_setzero_si512();
+  std::size_t i = 0;
+  for (; i + 512 <= bytes; i += 512)
+    for (int k = 0; k < 8; ++k) a[k] = _mm512_add_epi64(a[k], _mm512_loadu_si512(p + i + 64 * k));
+  for (int k = 1; k < 8; ++k) a[0] = _mm512_add_epi64(a[0], a[k]);
+  auto s = static_cast<std::uint64_t>(_mm512_reduce_add_epi64(a[0]));
+  for (; i < bytes; i += 8) {
+    std::uint64_t w;
+    std::memcpy(&w, p + i, 8);
+    s += w;
+  }
+  return s;
+}
+__attribute__((target("avx2"))) std::uint64_t read_avx2(const unsigned char* p, std::size_t bytes) {
+  __m256i a[8];
+  for (auto& x : a) x = _mm256_setzero_si256();
+  std::size_t i = 0;
+  for (; i + 256 <= bytes; i += 256)
+    for (int k = 0; k < 8; ++k)
+      a[k] = _mm256_add_epi64(a[k], _mm256_loadu_si256(reinterpret_cast<const __m256i*>(p + i + 32 * k)));
+  for (int k = 1; k < 8; ++k) a[0] = _mm256_add_epi64(a[0], a[k]);
+  alignas(32) std::uint64_t lanes[4];
+  _mm256_store_si256(reinterpret_cast<__m256i*>(lanes), a[0]);
+  std::uint64_t s = lanes[0] + lanes[1] + lanes[2] + lanes[3];
+  for (; i < bytes; i += 8) {
+    std::uint64_t w;
+    std::memcpy(&w, p + i, 8);
+    s += w;
+  }
+  return s;
+}
+#endif
+std::uint64_t read_scalar(const unsigned char* p, std::size_t bytes) {
+  std::uint64_t a[8] = {};
+  std::size_t i = 0;
+  for (; i + 64 <= bytes; i += 64)
+    for (int k = 0; k < 8; ++k) {
+      std::uint64_t w;
+      std::memcpy(&w, p + i + 8 * k, 8);
+      a[k] += w;
+    }
+  std::uint64_t s = std::accumulate(a, a + 8, std::uint64_t{0});
+  for (; i < bytes; i += 8) {
+    std::uint64_t w;
+    std::memcpy(&w, p + i, 8);
+    s += w;
+  }
+  return s;
+}
+
+/// The widest read this CPU runs, and its name.
+std::pair<read_fn, const char*> pick_read() {
+#if defined(__x86_64__) && defined(__GNUC__)
+  __builtin_cpu_init();
+  if (__builtin_cpu_supports("avx512f")) return {&read_avx512, "avx512"};
+  if (__builtin_cpu_supports("avx2")) return {&read_avx2, "avx2"};
+#endif
+  return {&read_scalar, "scalar"};
+}
+
+/// All cores: the caller and (cores - 1) threads that live as long as the team, woken per job through a condition
+/// variable (as the kernels' worker pool is).
+class team {
+ public:
+  team() {
+    const unsigned n = std::max(1U, std::thread::hardware_concurrency());
+    for (unsigned t = 1; t < n; ++t) threads_.emplace_back([this, t] { loop(t); });
+  }
+  team(const team&) = delete;
+  team& operator=(const team&) = delete;
+  ~team() {
+    {
+      const std::lock_guard<std::mutex> lk(m_);
+      stop_ = true;
+    }
+    cv_.notify_all();
+    for (auto& t : threads_) t.join();
+  }
+  [[nodiscard]] unsigned size() const { return static_cast<unsigned>(threads_.size()) + 1; }
+  /// Runs fn(t) for t in [0, size()) on the team; returns when all are done.
+  void run(const std::function<void(unsigned)>& fn) {
+    {
+      const std::lock_guard<std::mutex> lk(m_);
+      job_ = &fn;
+      finished_ = 0;
+      ++generation_;
+    }
+    cv_.notify_all();
+    fn(0);
+    std::unique_lock<std::mutex> lk(m_);
+    done_.wait(lk, [&] { return finished_ == threads_.size(); });
+  }
+
+ private:
+  void loop(unsigned t) {
+    std::uint64_t seen = 0;
+    for (;;) {
+      const std::function<void(unsigned)>* job = nullptr;
+      {
+        std::unique_lock<std::mutex> lk(m_);
+        cv_.wait(lk, [&] { return stop_ || generation_ != seen; });
+        if (stop_) return;
+        seen = generation_;
+        job = job_;
+      }
+      (*job)(t);
+      {
+        const std::lock_guard<std::mutex> lk(m_);
+        ++finished_;
+      }
+      done_.notify_one();
+    }
+  }
+  std::vector<std::thread> threads_;
+  std::mutex m_;
+  std::condition_variable cv_, done_;
+  const std::function<void(unsigned)>* job_ = nullptr;
+  std::uint64_t generation_ = 0;
+  std::size_t finished_ = 0;
+  bool stop_ = false;
+};
+
+team& the_team() {
+  static team t;
+  return t;
+}
+
+/// Thread t's part of [0, bytes): equal shares cut at 512-byte boundaries.
+std::pair<std::size_t, std::size_t> share(std::size_t bytes, unsigned t, unsigned n) {
+  const std::size_t lines = bytes / 512;
+  const std::size_t b = lines * t / n * 512, e = t + 1 == n ? bytes : lines * (t + 1) / n * 512;
+  return {b, e};
+}
+
+/// One tuned read of `bytes` bytes at `p` on all cores.
+std::uint64_t tuned_read(const unsigned char* p, std::size_t bytes) {
+  static const read_fn fn = pick_read().first;
+  team& tm = the_team();
+  std::vector<std::uint64_t> sums(tm.size() * 8, 0);  // 64 bytes apart: no false sharing
+  tm.run([&](unsigned t) {
+    const auto [b, e] = share(bytes, t, tm.size());
+    sums[t * 8] = fn(p + b, e - b);
+  });
+  return std::accumulate(sums.begin(), sums.end(), std::uint64_t{0});
+}
+
+// ------------------------------------------------------------------------------------------- the decode problem
+/// Pools smaller than this are repeated as `layers` copies that the calls walk in turn, as an engine's decode step
+/// walks its layers: a layer's KV is then not in the cache when its call starts (the L3 here is 32 MiB), for the
+/// decode and the tuned read alike.
+constexpr std::int64_t min_total_bytes = std::int64_t{128} << 20;
 
 struct setup {
-  std::int32_t context;
+  std::int32_t context, hkv, dtype, layers = 1;
   std::int32_t max_blocks, num_blocks;
   std::vector<std::uint16_t> kv, q, out;
   std::vector<std::int32_t> table, lens;
-  explicit setup(std::int32_t ctx) : context(ctx) {
+  std::int32_t next = 0;  // the layer the next call reads
+  /// hot: one layer however small (the compute-only benchmarks, whose pool stays in L2).
+  setup(std::int32_t ctx, std::int32_t kv_heads, std::int32_t dt, bool hot) : context(ctx), hkv(kv_heads), dtype(dt) {
     max_blocks = (ctx + bs - 1) / bs;
     num_blocks = batch * max_blocks;
-    kv.assign(static_cast<std::size_t>(num_blocks) * 2 * hkv * bs * dim, 0x3C00);  // fp16 1.0
-    q.assign(static_cast<std::size_t>(batch) * hq * dim, 0x3C00);
+    layers = hot ? 1 : static_cast<std::int32_t>(std::max<std::int64_t>(1, (min_total_bytes + pool_bytes() - 1) / pool_bytes()));
+    const std::uint16_t one = dt == KVPAGER_DTYPE_FP16 ? 0x3C00 : 0x3F80;
+    kv.assign(static_cast<std::size_t>(pool_bytes() / 2) * static_cast<std::size_t>(layers), one);
+    // Varied K values, so the scores and exponentials are not all equal.
+    std::mt19937 rng(7);
+    for (std::size_t i = 0; i < kv.size(); i += 61) kv[i] = static_cast<std::uint16_t>(one - (rng() & 0xFF));
+    q.assign(static_cast<std::size_t>(batch) * hq * dim, one);
     out.resize(q.size());
     table.resize(static_cast<std::size_t>(batch) * static_cast<std::size_t>(max_blocks));
     std::iota(table.begin(), table.end(), 0);
     std::shuffle(table.begin(), table.end(), std::mt19937(1));
     lens.assign(batch, ctx);
   }
+  /// Bytes of one layer's pool (every block is used).
+  [[nodiscard]] std::int64_t pool_bytes() const { return std::int64_t{num_blocks} * 2 * hkv * bs * dim * 2; }
+  /// KV bytes one decode call reads.
   [[nodiscard]] std::int64_t kv_bytes() const { return std::int64_t{batch} * context * 2 * hkv * dim * 2; }
+  /// The pool of the next layer (round robin).
+  const unsigned char* next_layer() {
+    const auto* p = reinterpret_cast<const unsigned char*>(kv.data()) + pool_bytes() * next;
+    next = (next + 1) % layers;
+    return p;
+  }
 };
 
+/// One pool per shape, kept for the whole run (building a 512 MiB pool costs more than measuring it).
+setup& pool(std::int32_t ctx, std::int32_t kv_heads, std::int32_t dt, bool hot = false) {
+  static std::map<std::tuple<std::int32_t, std::int32_t, std::int32_t, bool>, std::unique_ptr<setup>> pools;
+  auto& p = pools[{ctx, kv_heads, dt, hot}];
+  if (!p) p = std::make_unique<setup>(ctx, kv_heads, dt, hot);
+  return *p;
+}
+
+/// CPU time of the whole process (all threads), seconds: time the threads ran, stalls on memory included, but not
+/// time spent waiting for a core. On a machine shared with other work, bytes per CPU-second of the decode against
+/// those of the read (both on all cores) is the ratio the two would have alone, as long as both keep their threads
+/// busy; the wall-clock ratio is reported beside it.
+double process_cpu_seconds() {
+  timespec ts{};
+  clock_gettime(CLOCK_PROCESS_CPUTIME_ID, &ts);
+  return static_cast<double>(ts.tv_sec) + 1e-9 * static_cast<double>(ts.tv_nsec);
+}
+
+struct rates {
+  double wall = 0, cpu = 0;  ///< bytes per second of wall-clock time, and per second of (process CPU time / threads)
+};
+
+/// The tuned read walking the layers as the decode does (medians of 7 rounds over all layers, after 2), measured
+/// again by every decode benchmark just before it runs.
+rates read_rate(setup& s) {
+  const auto n = static_cast<std::size_t>(s.kv_bytes());
+  const double threads = the_team().size();
+  std::vector<double> wall, cpu;
+  for (int r = 0; r < 9; ++r) {
+    const auto t0 = std::chrono::steady_clock::now();
+    const double c0 = process_cpu_seconds();
+    for (std::int32_t l = 0; l < s.layers; ++l) benchmark::DoNotOptimize(tuned_read(s.next_layer(), n));
+    const double c1 = process_cpu_seconds();
+    const std::chrono::duration<double> dt = std::chrono::steady_clock::now() - t0;
+    if (r >= 2) {
+      wall.push_back(static_cast<double>(n) * s.layers / dt.count());
+      cpu.push_back(static_cast<double>(n) * s.layers / ((c1 - c0) / threads));
+    }
+  }
+  std::nth_element(wall.begin(), wall.begin() + 3, wall.end());
+  std::nth_element(cpu.begin(), cpu.begin() + 3, cpu.end());
+  return {wall[3], cpu[3]};
+}
+
+std::int32_t decode(setup& s, std::int32_t threads) {
+  return kvpager_cpu_paged_attention_decode(s.out.data(), s.q.data(), s.next_layer(), s.table.data(), s.lens.data(),
+                                            batch, hq, s.hkv, dim, bs, s.max_blocks, s.num_blocks, 0.088F, s.dtype,
+                                            threads);
+}
+
+/// Args: context, KV heads, dtype, threads (0 = all cores).
 void BM_Decode(benchmark::State& state) {
-  setup s(static_cast<std::int32_t>(state.range(0)));
+  setup& s = pool(static_cast<std::int32_t>(state.range(0)), static_cast<std::int32_t>(state.range(1)),
+                  static_cast<std::int32_t>(state.range(2)));
+  const auto threads = static_cast<std::int32_t>(state.range(3));
+  const rates read = read_rate(s);
+  if (decode(s, threads) != 0) state.SkipWithError("kernel failed");  // warm-up
+  const auto t0 = std::chrono::steady_clock::now();
+  const double c0 = process_cpu_seconds();
   for (auto _ : state) {
-    const auto rc = kvpager_cpu_paged_attention_decode(s.out.data(), s.q.data(), s.kv.data(), s.table.data(), s.lens.data(),
-                                                       batch, hq, hkv, dim, bs, s.max_blocks, s.num_blocks, 0.088F,
-                                                       KVPAGER_DTYPE_FP16, 0);
-    if (rc != 0) state.SkipWithError("kernel failed");
+    if (decode(s, threads) != 0) state.SkipWithError("kernel failed");
+    benchmark::DoNotOptimize(s.out.data());
+  }
+  const double c1 = process_cpu_seconds();
+  const std::chrono::duration<double> dt = std::chrono::steady_clock::now() - t0;
+  const double bytes = static_cast<double>(state.iterations()) * static_cast<double>(s.kv_bytes());
+  // The decode's threads: the calls' own choice (one for calls under 8192 (token, query head) pairs, see decode.cpp).
+  const bool one_thread = threads == 1 || (threads == 0 && std::int64_t{batch} * s.context * hq < 8192);
+  const double used = one_thread ? 1.0 : static_cast<double>(the_team().size());
+  state.SetBytesProcessed(state.iterations() * s.kv_bytes());
+  state.counters["read_GBps"] = read.wall / 1e9;
+  state.counters["x_read"] = bytes / dt.count() / read.wall;
+  state.counters["x_read_cpu"] = bytes / ((c1 - c0) / used) / read.cpu;
+}
+constexpr std::int64_t fp16 = KVPAGER_DTYPE_FP16, bf16 = KVPAGER_DTYPE_BF16;
+BENCHMARK(BM_Decode)->Name("decode_b8_d128/ctx/kv_heads/dtype/threads")
+    ->Args({1024, 8, fp16, 0})->Args({4096, 8, fp16, 0})->Args({16384, 8, fp16, 0})
+    ->Args({4096, 8, bf16, 0})->Args({16384, 8, bf16, 0})
+    ->Args({1024, 32, fp16, 0})->Args({4096, 32, fp16, 0})->Args({4096, 32, bf16, 0})
+    ->Args({4096, 8, fp16, 1})->Args({4096, 32, fp16, 1})
+    ->UseRealTime();
+/// Short calls (batch 8 x 128 tokens, and x 16 where the fixed cost shows): all cores, and one thread.
+BENCHMARK(BM_Decode)->Name("decode_b8_d128_short/ctx/kv_heads/dtype/threads")
+    ->Args({128, 8, fp16, 0})->Args({128, 8, bf16, 0})->Args({128, 32, fp16, 0})
+    ->Args({16, 8, fp16, 0})->Args({16, 8, fp16, 1})->Args({128, 8, fp16, 1})->Args({128, 8, bf16, 1})
+    ->Args({128, 32, fp16, 1})->Args({128, 32, bf16, 1})
+    ->UseRealTime();
+
+/// Compute alone: one thread over a pool that stays in L3 (batch 8 x 64 tokens, 2 MiB at GQA 4), CPU time per call;
+/// what the kernel costs when memory is not the limit. Args: KV heads, dtype.
+void BM_DecodeHot(benchmark::State& state) {
+  setup& s = pool(64, static_cast<std::int32_t>(state.range(0)), static_cast<std::int32_t>(state.range(1)), true);
+  for (auto _ : state) {
+    if (decode(s, 1) != 0) state.SkipWithError("kernel failed");
     benchmark::DoNotOptimize(s.out.data());
   }
   state.SetBytesProcessed(state.iterations() * s.kv_bytes());
+  state.counters["ns_per_token_kv_head"] = benchmark::Counter(
+      static_cast<double>(state.iterations()) * batch * 64 * s.hkv * 1e-9, benchmark::Counter::kIsRate | benchmark::Counter::kInvert);
 }
-BENCHMARK(BM_Decode)->Name("decode_fp16_b8_gqa4_d128/kvpager")->Arg(1024)->Arg(4096)->Arg(16384)->UseRealTime();
+BENCHMARK(BM_DecodeHot)->Name("decode_b8_d128_hot_one_thread/kv_heads/dtype")
+    ->Args({8, fp16})->Args({8, bf16})->Args({32, fp16})->Args({32, bf16})->Args({4, fp16});
 
-/// Short contexts, where a call's fixed cost shows: all cores against one thread (the baseline) on the same call.
-void BM_DecodeShort(benchmark::State& state) {
-  setup s(static_cast<std::int32_t>(state.range(0)));
-  const auto threads = static_cast<std::int32_t>(state.range(1));
+/// The baselines themselves on the GQA-4 fp16 pools: the tuned read, and memcpy of the same bytes (each thread its
+/// share, into a destination of the same size; bytes copied per second). Both walk the layers as the decode does.
+void BM_TunedRead(benchmark::State& state) {
+  setup& s = pool(static_cast<std::int32_t>(state.range(0)), 8, fp16);
+  const auto n = static_cast<std::size_t>(s.kv_bytes());
+  for (auto _ : state) benchmark::DoNotOptimize(tuned_read(s.next_layer(), n));
+  state.SetBytesProcessed(state.iterations() * s.kv_bytes());
+  state.SetLabel(pick_read().second);
+}
+BENCHMARK(BM_TunedRead)->Name("baseline/tuned_read")->Arg(128)->Arg(1024)->Arg(4096)->Arg(16384)->UseRealTime();
+
+void BM_Memcpy(benchmark::State& state) {
+  setup& s = pool(static_cast<std::int32_t>(state.range(0)), 8, fp16);
+  const auto n = static_cast<std::size_t>(s.kv_bytes());
+  std::vector<unsigned char> dst(n, 1);
+  team& tm = the_team();
   for (auto _ : state) {
-    const auto rc = kvpager_cpu_paged_attention_decode(s.out.data(), s.q.data(), s.kv.data(), s.table.data(), s.lens.data(),
-                                                       batch, hq, hkv, dim, bs, s.max_blocks, s.num_blocks, 0.088F,
-                                                       KVPAGER_DTYPE_FP16, threads);
-    if (rc != 0) state.SkipWithError("kernel failed");
-    benchmark::DoNotOptimize(s.out.data());
+    const unsigned char* src = s.next_layer();
+    tm.run([&](unsigned t) {
+      const auto [b, e] = share(n, t, tm.size());
+      std::memcpy(dst.data() + b, src + b, e - b);
+    });
+    benchmark::DoNotOptimize(dst.data());
   }
   state.SetBytesProcessed(state.iterations() * s.kv_bytes());
 }
-BENCHMARK(BM_DecodeShort)->Name("decode_fp16_b8_gqa4_d128_short/all_cores")->Args({16, 0})->Args({128, 0})->UseRealTime();
-BENCHMARK(BM_DecodeShort)->Name("decode_fp16_b8_gqa4_d128_short/one_thread_baseline")->Args({16, 1})->Args({128, 1})->UseRealTime();
-
-/// Baseline: a streaming read of the same KV bytes with all cores: 64-bit words summed into four independent
-/// accumulators (the compiler vectorizes it), so the loop is limited by memory, not by arithmetic.
-void BM_StreamRead(benchmark::State& state) {
-  setup s(static_cast<std::int32_t>(state.range(0)));
-  const auto threads = std::max(1U, std::thread::hardware_concurrency());
-  const auto* words = reinterpret_cast<const std::uint64_t*>(s.kv.data());
-  const std::size_t n = s.kv.size() / 4;
-  for (auto _ : state) {
-    std::vector<std::uint64_t> sums(threads, 0);
-    std::vector<std::thread> pool;
-    for (unsigned t = 0; t < threads; ++t)
-      pool.emplace_back([&, t] {
-        std::uint64_t a0 = 0, a1 = 0, a2 = 0, a3 = 0;
-        const std::size_t end = n * (t + 1) / threads / 4 * 4;
-        for (std::size_t i = n * t / threads / 4 * 4; i < end; i += 4) {
-          a0 += words[i];
-          a1 += words[i + 1];
-          a2 += words[i + 2];
-          a3 += words[i + 3];
-        }
-        sums[t] = a0 + a1 + a2 + a3;
-      });
-    for (auto& th : pool) th.join();
-    benchmark::DoNotOptimize(sums.data());
-  }
-  state.SetBytesProcessed(state.iterations() * s.kv_bytes());
-}
-BENCHMARK(BM_StreamRead)->Name("decode_fp16_b8_gqa4_d128/stream_read_baseline")->Arg(1024)->Arg(4096)->Arg(16384)->UseRealTime();
+BENCHMARK(BM_Memcpy)->Name("baseline/memcpy")->Arg(128)->Arg(4096)->Arg(16384)->UseRealTime();
 
 }  // namespace
 

@@ -88,6 +88,14 @@ inline int32_t check_decode_args(int32_t num_seqs, int32_t num_q_heads, int32_t 
   return KVPAGER_STATUS_OK;
 }
 
+/// The attention variants of a decode (and prefill) call: window_left is -1 (no window) or a non-negative count of
+/// positions before the query's own; logits_soft_cap is 0 (none) or a positive finite cap. Anything else (a window
+/// below -1, a negative, NaN or infinite cap) is INVALID_ARGUMENT.
+inline int32_t check_window_and_cap(int32_t window_left, float logits_soft_cap) {
+  return window_left < -1 || !std::isfinite(logits_soft_cap) || logits_soft_cap < 0.0F ? KVPAGER_STATUS_INVALID_ARGUMENT
+                                                                                        : KVPAGER_STATUS_OK;
+}
+
 /// Every argument of the dense C ABI decode entry points (kvpager_cpu_paged_attention_decode and the CUDA ones) that
 /// can be checked without reading a page table: max_blocks_per_seq positive (else INVALID_ARGUMENT), then
 /// check_decode_args, then the pointers, which may be null only when num_seqs is 0. The CPU then checks every
@@ -113,13 +121,6 @@ inline int64_t blocks_for(int32_t len, int32_t block_size) { return (int64_t{len
 /// A dense page table row: SEQ_TOO_LONG for a negative length or one needing more than max_blocks_per_seq blocks.
 inline int32_t check_seq_len(int32_t len, int32_t block_size, int64_t max_blocks_per_seq) {
   return len < 0 || blocks_for(len, block_size) > max_blocks_per_seq ? KVPAGER_STATUS_SEQ_TOO_LONG : KVPAGER_STATUS_OK;
-}
-
-/// The two prefill-only scalars (CPU and CUDA): window_left >= -1 (-1 = no window) and logits_soft_cap finite and
-/// non-negative (0 = off); else INVALID_ARGUMENT.
-inline int32_t check_window_and_cap(int32_t window_left, float logits_soft_cap) {
-  return window_left < -1 || !std::isfinite(logits_soft_cap) || logits_soft_cap < 0.0F ? KVPAGER_STATUS_INVALID_ARGUMENT
-                                                                                         : KVPAGER_STATUS_OK;
 }
 
 /// Every argument of the dense C ABI prefill entry points that can be checked without reading a page table, in this

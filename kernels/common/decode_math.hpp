@@ -24,6 +24,29 @@ KVPAGER_HOST_DEVICE inline void split_range(int32_t len, int32_t bs, int32_t spl
   t1 = static_cast<int32_t>(start + chunk < len ? start + chunk : len);
 }
 
+/// The first KV position the one query of a decode sees in a sequence of `len` tokens: the query sits at
+/// p = len - 1 and, with window_left >= 0, attends to positions j >= p - window_left; -1 (no window) gives 0.
+KVPAGER_HOST_DEVICE inline int32_t window_start(int32_t len, int32_t window_left) {
+  if (window_left < 0) return 0;
+  const int64_t first = static_cast<int64_t>(len) - 1 - window_left;
+  return first > 0 ? static_cast<int32_t>(first) : 0;
+}
+
+/// split_range over the tokens [w0, len) of a windowed sequence: the splits cut whole blocks counted from the block
+/// that holds w0, and the first one starts at w0 itself, so no split reads a block that lies entirely before the
+/// window. With w0 = 0 it is split_range.
+KVPAGER_HOST_DEVICE inline void split_range_from(int32_t w0, int32_t len, int32_t bs, int32_t splits, int32_t split,
+                                                 int32_t& t0, int32_t& t1) {
+  const int32_t first = w0 / bs * bs;
+  split_range(len - first, bs, splits, split, t0, t1);
+  t0 += first;
+  t1 += first;
+  if (t0 < w0) t0 = w0;  // only the first split: its end is at least one block past `first`, so t1 > w0
+}
+
+/// A scaled score after the logit soft cap: cap * tanh(s / cap) when cap > 0, s itself when cap is 0.
+KVPAGER_HOST_DEVICE inline float soft_cap(float s, float cap) { return cap > 0.0F ? cap * tanhf(s / cap) : s; }
+
 /// Natural log of the softmax denominator of the scaled scores, from the running max m and the sum l of exp(s - m);
 /// -inf for an empty sequence (l = 0).
 KVPAGER_HOST_DEVICE inline float lse_of(float m, float l) { return l > 0.0F ? m + logf(l) : -INFINITY; }

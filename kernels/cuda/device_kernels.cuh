@@ -67,13 +67,15 @@ __device__ __forceinline__ void unpack(const uint4& raw, float (&out)[N]) {
 /// before using them, and keeps one online softmax per query head of the current tile (up to kHeadTile heads, each
 /// K/V row read once per tile). Row-groups are merged with shuffles, warps through shared memory, all in fp32. With
 /// one split the result goes to `out` (and `lse`); with several, the unnormalized state (m, l, acc[D]) goes to
-/// part[seq][q head][split] for merge_kernel. Out-of-range block ids are never dereferenced: the token is skipped and
+/// part[seq][q head][split] for merge_kernel. With window_left >= 0 only the tokens [window_start, len) are read
+/// (the splits cover those alone); with cap > 0 each score s becomes cap * tanh(s / cap). Out-of-range block ids are never dereferenced: the token is skipped and
 /// *error set.
 template <class T, int D>
 __global__ void __launch_bounds__(kWarps * 32)
     decode_kernel(T* __restrict__ out, float* __restrict__ lse, float* __restrict__ part, const T* __restrict__ q,
                   const T* __restrict__ kv, const int32_t* __restrict__ table, const int32_t* __restrict__ lens, int hq,
-                  int hkv, int bs, int max_blocks, int num_blocks, float scale, int splits, int32_t* error) {
+                  int hkv, int bs, int max_blocks, int num_blocks, float scale, int window_left, float cap, int splits,
+                  int32_t* error) {
   using map = row_map<T, D>;
   constexpr int G = kHeadTile, U = map::kUnroll, E = map::kElems;
   __shared__ float sm[kWarps][G], sl[kWarps][G];
@@ -89,7 +91,8 @@ __global__ void __launch_bounds__(kWarps * 32)
   // KV heads beyond the grid's 65535 rows are walked by the same CTAs.
   for (int h = blockIdx.y; h < hkv; h += gridDim.y) {
     int t0 = 0, t1 = 0;
-    kvpager::kernels::detail::split_range(len, bs, splits, split, t0, t1);
+    kvpager::kernels::detail::split_range_from(kvpager::kernels::detail::window_start(len, window_left), len, bs, splits,
+                                               split, t0, t1);
     const int64_t head_stride = static_cast<int64_t>(bs) * D, half_stride = static_cast<int64_t>(hkv) * head_stride;
     constexpr int kStep = kWarps * map::kRows * U;  // tokens the CTA covers per step
     for (int g0 = 0; g0 < group; g0 += G) {
@@ -161,7 +164,7 @@ __global__ void __launch_bounds__(kWarps * 32)
             }
             KVPAGER_UNROLL
             for (int o = map::kLanes / 2; o > 0; o >>= 1) part_dot += __shfl_xor_sync(0xffffffffU, part_dot, o);
-            s[u] = valid[u] ? part_dot : -INFINITY;
+            s[u] = valid[u] ? kvpager::kernels::detail::soft_cap(part_dot, cap) : -INFINITY;
             m_new = fmaxf(m_new, s[u]);
           }
           if (m_new == -INFINITY) continue;  // nothing valid yet in this row-group

@@ -28,6 +28,8 @@ struct decode_args {
   const int32_t* lens;
   int32_t seqs, hq, hkv, dim, bs, max_blocks, num_blocks;
   float scale;
+  int32_t window_left;
+  float cap;
   int32_t splits;
   float* part;
   int32_t* error;
@@ -42,7 +44,8 @@ void launch_decode_dim(const decode_args& a) {
   const dim3 grid(static_cast<unsigned>(a.seqs), grid_rows(a.hkv), static_cast<unsigned>(a.splits));
   decode_kernel<T, D><<<grid, kWarps * 32, 0, a.stream>>>(static_cast<T*>(a.out), a.lse, a.part, static_cast<const T*>(a.q),
                                                           static_cast<const T*>(a.kv), a.table, a.lens, a.hq, a.hkv, a.bs,
-                                                          a.max_blocks, a.num_blocks, a.scale, a.splits, a.error);
+                                                          a.max_blocks, a.num_blocks, a.scale, a.window_left, a.cap,
+                                                          a.splits, a.error);
 }
 
 template <class T>
@@ -66,29 +69,44 @@ int32_t launch_decode(const decode_args& a) {
 
 extern "C" {
 
-int32_t kvpager_cuda_paged_attention_decode_split(void* out, float* lse, const void* query, const void* kv_cache,
-                                                  const int32_t* block_table, const int32_t* seq_lens, int32_t num_seqs,
-                                                  int32_t num_q_heads, int32_t num_kv_heads, int32_t head_dim,
-                                                  int32_t block_size, int32_t max_blocks_per_seq, int32_t num_blocks,
-                                                  float scale, int32_t dtype, int32_t num_splits, void* workspace,
-                                                  int64_t workspace_bytes, int32_t* error_flag, void* stream) {
+int32_t kvpager_cuda_paged_attention_decode_split_ex(void* out, float* lse, const void* query, const void* kv_cache,
+                                                     const int32_t* block_table, const int32_t* seq_lens,
+                                                     int32_t num_seqs, int32_t num_q_heads, int32_t num_kv_heads,
+                                                     int32_t head_dim, int32_t block_size, int32_t max_blocks_per_seq,
+                                                     int32_t num_blocks, float scale, int32_t window_left,
+                                                     float logits_soft_cap, int32_t dtype, int32_t num_splits,
+                                                     void* workspace, int64_t workspace_bytes, int32_t* error_flag,
+                                                     void* stream) {
   if (num_splits < 1 || workspace_bytes < 0) return KVPAGER_STATUS_INVALID_ARGUMENT;
   if (const int32_t rc = kvpager::kernels::detail::check_dense_decode(out, query, kv_cache, block_table, seq_lens, num_seqs,
                                                              num_q_heads, num_kv_heads, head_dim, block_size,
                                                              max_blocks_per_seq, num_blocks, scale, dtype, num_splits);
       rc != KVPAGER_STATUS_OK)
     return rc;
+  if (const int32_t rc = check_window_and_cap(window_left, logits_soft_cap); rc != KVPAGER_STATUS_OK) return rc;
   const int64_t need = kvpager::kernels::detail::decode_workspace_bytes(num_seqs, num_q_heads, head_dim, num_splits);
   if (workspace_bytes < need || (need > 0 && workspace == nullptr)) return KVPAGER_STATUS_INVALID_ARGUMENT;
   if (num_seqs == 0) return KVPAGER_STATUS_OK;
   const decode_args a{out, lse, query, kv_cache, block_table, seq_lens, num_seqs, num_q_heads, num_kv_heads, head_dim,
-                      block_size, max_blocks_per_seq, num_blocks, scale, num_splits, static_cast<float*>(workspace),
-                      error_flag, static_cast<cudaStream_t>(stream)};
+                      block_size, max_blocks_per_seq, num_blocks, scale, window_left, logits_soft_cap, num_splits,
+                      static_cast<float*>(workspace), error_flag, static_cast<cudaStream_t>(stream)};
   switch (dtype) {
     case KVPAGER_DTYPE_FP32: return launch_decode<float>(a);
     case KVPAGER_DTYPE_FP16: return launch_decode<__half>(a);
     default: return launch_decode<__nv_bfloat16>(a);
   }
+}
+
+int32_t kvpager_cuda_paged_attention_decode_split(void* out, float* lse, const void* query, const void* kv_cache,
+                                                  const int32_t* block_table, const int32_t* seq_lens, int32_t num_seqs,
+                                                  int32_t num_q_heads, int32_t num_kv_heads, int32_t head_dim,
+                                                  int32_t block_size, int32_t max_blocks_per_seq, int32_t num_blocks,
+                                                  float scale, int32_t dtype, int32_t num_splits, void* workspace,
+                                                  int64_t workspace_bytes, int32_t* error_flag, void* stream) {
+  return kvpager_cuda_paged_attention_decode_split_ex(out, lse, query, kv_cache, block_table, seq_lens, num_seqs,
+                                                      num_q_heads, num_kv_heads, head_dim, block_size,
+                                                      max_blocks_per_seq, num_blocks, scale, -1, 0.0F, dtype,
+                                                      num_splits, workspace, workspace_bytes, error_flag, stream);
 }
 
 int32_t kvpager_cuda_paged_attention_decode(void* out, const void* query, const void* kv_cache,

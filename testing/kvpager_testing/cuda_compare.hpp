@@ -44,8 +44,9 @@ std::vector<T> to_host(const T* d, size_t n) {
 /// One decode problem on the CPU backend and on the GPU with `splits` KV splits (1 = the unsplit entry point; the
 /// CPU runs with the same split count); worst relative differences of the outputs and (splits > 1) of the LSEs.
 inline gpu_vs_cpu run_decode_case(int32_t dtype, int32_t d, int32_t bs, int32_t hq, int32_t hkv,
-                                  const std::vector<int32_t>& lens, int32_t splits, uint32_t seed) {
-  const decode_problem pr(dtype, d, bs, hq, hkv, lens, splits, seed);
+                                  const std::vector<int32_t>& lens, int32_t splits, uint32_t seed,
+                                  int32_t window_left = -1, float logits_soft_cap = 0.0F) {
+  const decode_problem pr(dtype, d, bs, hq, hkv, lens, splits, seed, window_left, logits_soft_cap);
   bool ok = pr.cpu_ok;
   auto* dkv = to_device(pr.kv);
   auto* dq = to_device(pr.q);
@@ -60,7 +61,11 @@ inline gpu_vs_cpu run_decode_case(int32_t dtype, int32_t d, int32_t bs, int32_t 
   ok &= kvpager_cuda_decode_workspace_size(pr.S, hq, d, splits, &ws_bytes) == KVPAGER_STATUS_OK;
   void* ws = nullptr;
   if (ws_bytes > 0) ok &= cudaMalloc(&ws, static_cast<size_t>(ws_bytes)) == cudaSuccess;
-  if (splits == 1) {
+  if (window_left != -1 || logits_soft_cap != 0.0F) {
+    ok &= kvpager_cuda_paged_attention_decode_split_ex(dout, dlse, dq, dkv, dt, dl, pr.S, hq, hkv, d, bs, pr.maxb, pr.nb,
+                                                       pr.scale, window_left, logits_soft_cap, dtype, splits, ws,
+                                                       ws_bytes, derr, nullptr) == KVPAGER_STATUS_OK;
+  } else if (splits == 1) {
     ok &= kvpager_cuda_paged_attention_decode(dout, dq, dkv, dt, dl, pr.S, hq, hkv, d, bs, pr.maxb, pr.nb, pr.scale, dtype,
                                               derr, nullptr) == KVPAGER_STATUS_OK;
   } else {
@@ -71,7 +76,8 @@ inline gpu_vs_cpu run_decode_case(int32_t dtype, int32_t d, int32_t bs, int32_t 
   out = to_host(dout, out.size());
   lse = to_host(dlse, lse.size());
   ok &= to_host(derr, 1)[0] == 0;
-  gpu_vs_cpu worst = pr.compare(out, splits > 1 ? lse : std::vector<float>{});
+  const bool has_lse = splits > 1 || window_left != -1 || logits_soft_cap != 0.0F;
+  gpu_vs_cpu worst = pr.compare(out, has_lse ? lse : std::vector<float>{});
   worst.calls_ok = worst.calls_ok && ok;
   for (void* ptr : {static_cast<void*>(dkv), static_cast<void*>(dq), static_cast<void*>(dt), static_cast<void*>(dl),
                     static_cast<void*>(dout), static_cast<void*>(dlse), static_cast<void*>(derr), ws})

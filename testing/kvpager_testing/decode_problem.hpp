@@ -30,15 +30,18 @@ struct gpu_vs_cpu {
 struct decode_problem {
   int32_t dtype, d, bs, hq, hkv, splits, S, maxb = 1, nb = 3;
   float scale;
+  int32_t window_left = -1;    ///< decode_params::window_left
+  float logits_soft_cap = 0;   ///< decode_params::logits_soft_cap
   std::vector<int32_t> lens, table;
   std::vector<unsigned char> kv, q, cpu_out;
   std::vector<float> cpu_lse;
   bool cpu_ok = false;
 
   decode_problem(int32_t dtype_, int32_t d_, int32_t bs_, int32_t hq_, int32_t hkv_, std::vector<int32_t> lens_,
-                 int32_t splits_, uint32_t seed)
+                 int32_t splits_, uint32_t seed, int32_t window_left_ = -1, float logits_soft_cap_ = 0.0F)
       : dtype(dtype_), d(d_), bs(bs_), hq(hq_), hkv(hkv_), splits(splits_), S(static_cast<int32_t>(lens_.size())),
-        scale(1.0F / std::sqrt(static_cast<float>(d_))), lens(std::move(lens_)) {
+        scale(1.0F / std::sqrt(static_cast<float>(d_))), window_left(window_left_), logits_soft_cap(logits_soft_cap_),
+        lens(std::move(lens_)) {
     std::mt19937 rng(seed);
     std::uniform_real_distribution<float> uni(-1.0F, 1.0F);
     for (int32_t len : lens) {
@@ -83,6 +86,8 @@ struct decode_problem {
     p.num_seqs = S;
     p.num_q_heads = hq;
     p.scale = scale;
+    p.window_left = window_left;
+    p.logits_soft_cap = logits_soft_cap;
     p.num_splits = splits;
     return p;
   }

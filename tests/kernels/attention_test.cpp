@@ -60,7 +60,9 @@ double tolerance(std::int32_t dtype) {
 
 /// Builds a cache with shuffled block ids and NaN in every slot no sequence uses, runs the kernel and compares
 /// with the fp64 reference. Returns the worst error.
-double check(const problem& p, std::uint32_t seed, std::int32_t threads = 0) {
+/// window_left / logits_soft_cap other than -1 / 0 go through kvpager_cpu_paged_attention_decode_ex.
+double check(const problem& p, std::uint32_t seed, std::int32_t threads = 0, std::int32_t window_left = -1,
+             float logits_soft_cap = 0.0F) {
   std::mt19937 rng(seed);
   std::uniform_real_distribution<float> uni(-1.0F, 1.0F);
   const auto S = static_cast<std::int32_t>(p.lens.size());
@@ -85,30 +87,39 @@ double check(const problem& p, std::uint32_t seed, std::int32_t threads = 0) {
   tensor q(p.dtype, static_cast<std::size_t>(S * p.hq * p.d)), out(p.dtype, static_cast<std::size_t>(S * p.hq * p.d));
   for (std::size_t i = 0; i < static_cast<std::size_t>(S * p.hq * p.d); ++i) q.set(i, uni(rng));
   const float scale = 1.0F / std::sqrt(static_cast<float>(p.d));
-  const std::int32_t rc = kvpager_cpu_paged_attention_decode(out.data(), q.data(), kv.data(), table.data(), p.lens.data(), S, p.hq, p.hkv, p.d,
-                                                             p.bs, p.max_blocks, p.num_blocks, scale, p.dtype, threads);
+  const bool plain = window_left == -1 && logits_soft_cap == 0.0F;
+  const std::int32_t rc =
+      plain ? kvpager_cpu_paged_attention_decode(out.data(), q.data(), kv.data(), table.data(), p.lens.data(), S, p.hq,
+                                                 p.hkv, p.d, p.bs, p.max_blocks, p.num_blocks, scale, p.dtype, threads)
+            : kvpager_cpu_paged_attention_decode_ex(out.data(), q.data(), kv.data(), table.data(), p.lens.data(), S,
+                                                    p.hq, p.hkv, p.d, p.bs, p.max_blocks, p.num_blocks, scale,
+                                                    window_left, logits_soft_cap, p.dtype, threads);
   EXPECT_EQ(rc, KVPAGER_STATUS_OK);
   double worst = 0;
   const std::int32_t group = p.hq / p.hkv;
   for (std::int32_t s = 0; s < S; ++s)
     for (std::int32_t h = 0; h < p.hq; ++h) {
       const std::int32_t len = p.lens[static_cast<std::size_t>(s)];
+      // The query sits at len - 1; with a window it sees positions >= len - 1 - window_left only.
+      const std::int32_t first = window_left < 0 ? 0 : std::max(0, len - 1 - window_left);
       std::vector<double> sc(static_cast<std::size_t>(len));
       double mx = -INFINITY;
-      for (std::int32_t t = 0; t < len; ++t) {
+      for (std::int32_t t = first; t < len; ++t) {
         const std::int32_t blk = table[static_cast<std::size_t>(s * p.max_blocks + t / p.bs)];
         double dot = 0;
         for (std::int32_t d = 0; d < p.d; ++d)
           dot += q.get(static_cast<std::size_t>((s * p.hq + h) * p.d + d)) *
                  kv.get(static_cast<std::size_t>(blk) * block_elems + static_cast<std::size_t>(((h / group) * p.bs + t % p.bs) * p.d + d));
-        sc[static_cast<std::size_t>(t)] = dot * static_cast<double>(scale);
-        mx = std::max(mx, sc[static_cast<std::size_t>(t)]);
+        double x = dot * static_cast<double>(scale);
+        if (logits_soft_cap > 0.0F) x = logits_soft_cap * std::tanh(x / logits_soft_cap);
+        sc[static_cast<std::size_t>(t)] = x;
+        mx = std::max(mx, x);
       }
       double sum = 0;
-      for (double& x : sc) sum += (x = std::exp(x - mx));
+      for (std::int32_t t = first; t < len; ++t) sum += (sc[static_cast<std::size_t>(t)] = std::exp(sc[static_cast<std::size_t>(t)] - mx));
       for (std::int32_t d = 0; d < p.d; ++d) {
         double ref = 0;
-        for (std::int32_t t = 0; t < len; ++t) {
+        for (std::int32_t t = first; t < len; ++t) {
           const std::int32_t blk = table[static_cast<std::size_t>(s * p.max_blocks + t / p.bs)];
           ref += sc[static_cast<std::size_t>(t)] / sum *
                  kv.get(static_cast<std::size_t>(blk) * block_elems + static_cast<std::size_t>(((p.hkv + h / group) * p.bs + t % p.bs) * p.d + d));
@@ -151,6 +162,108 @@ TEST(CpuDecodeAttention, LongContextsAndThreadCounts) {
     p.num_blocks += 3;
     for (std::int32_t threads : {1, 2, 0}) EXPECT_LE(check(p, 77, threads), tolerance(dtype)) << threads;
   }
+}
+
+TEST(CpuDecodeAttention, WindowAndSoftCapMatchReference) {
+  // Windows of 0 (the query's own token), inside a block, across blocks and longer than the sequence, with and without
+  // a soft cap (small caps bend most scores), every dtype, GQA 4 and a group of 3, one thread and all (splits: the
+  // 4097-token sequence is split when threads would idle).
+  struct variant {
+    std::int32_t window;
+    float cap;
+  };
+  const variant variants[] = {{0, 0.0F}, {5, 0.0F}, {100, 0.0F}, {-1, 0.5F}, {37, 2.0F}, {5000, 30.0F}};
+  std::uint32_t seed = 900;
+  for (std::int32_t dtype : {KVPAGER_DTYPE_FP32, KVPAGER_DTYPE_FP16, KVPAGER_DTYPE_BF16})
+    for (const variant& v : variants) {
+      const std::int32_t hq = seed % 2 == 0 ? 8 : 6, hkv = 2, bs = seed % 3 == 0 ? 8 : 16;
+      problem p{dtype, hq, hkv, 128, bs, 0, 0, {1, 17, 300, 0, 4097}};
+      p.max_blocks = (4097 + bs - 1) / bs;
+      for (std::int32_t len : p.lens) p.num_blocks += (len + bs - 1) / bs;
+      p.num_blocks += 2;
+      for (std::int32_t threads : {1, 0})
+        EXPECT_LE(check(p, seed, threads, v.window, v.cap), tolerance(dtype))
+            << "dtype " << dtype << " window " << v.window << " cap " << v.cap << " threads " << threads;
+      ++seed;
+    }
+}
+
+TEST(CpuDecodeAttention, WindowSkipsBlocksBeforeIt) {
+  // Every block wholly before the window is poisoned with NaN: a window that read one would return NaN. The first
+  // visible block is read from the window's first position on (its earlier tokens are NaN too).
+  const std::int32_t hq = 4, hkv = 1, D = 64, bs = 16, len = 1000, window = 200;
+  const std::int32_t blocks = (len + bs - 1) / bs, first = len - 1 - window;
+  std::vector<float> kv(static_cast<std::size_t>(blocks) * 2 * hkv * bs * D, 0.25F), q(static_cast<std::size_t>(hq) * D, 0.5F);
+  for (std::int32_t t = 0; t < first; ++t)
+    for (std::int32_t kvi = 0; kvi < 2; ++kvi)
+      for (std::int32_t d = 0; d < D; ++d)
+        kv[static_cast<std::size_t>(((t / bs * 2 + kvi) * bs + t % bs) * D + d)] = std::numeric_limits<float>::quiet_NaN();
+  std::vector<std::int32_t> table(static_cast<std::size_t>(blocks)), lens = {len};
+  std::iota(table.begin(), table.end(), 0);
+  for (std::int32_t threads : {1, 0}) {
+    std::vector<float> out(q.size(), -1.0F);
+    ASSERT_EQ(kvpager_cpu_paged_attention_decode_ex(out.data(), q.data(), kv.data(), table.data(), lens.data(), 1, hq, hkv,
+                                                    D, bs, blocks, blocks, 0.125F, window, 0.0F, KVPAGER_DTYPE_FP32,
+                                                    threads),
+              KVPAGER_STATUS_OK);
+    for (float x : out) ASSERT_NEAR(x, 0.25F, 1e-6F) << "threads " << threads;
+  }
+  // The C++ interface with explicit splits and a CSR table: the same, and the LSE is that of the 201 equal scores.
+  std::vector<std::int32_t> indptr = {0, blocks}, last = {len - (blocks - 1) * bs};
+  for (std::int32_t splits : {1, 2, 7, 64}) {
+    std::vector<float> out(q.size(), -1.0F), lse(static_cast<std::size_t>(hq), 0.0F);
+    decode_params p;
+    p.out = out.data();
+    p.query = q.data();
+    p.lse = lse.data();
+    p.kv = paged_kv_view::hnd(kv.data(), KVPAGER_DTYPE_FP32, blocks, hkv, bs, D);
+    p.pages.indptr = indptr.data();
+    p.pages.indices = table.data();
+    p.pages.last_page_len = last.data();
+    p.num_seqs = 1;
+    p.num_q_heads = hq;
+    p.scale = 0.125F;
+    p.window_left = window;
+    p.num_splits = splits;
+    ASSERT_EQ(paged_attention_decode_cpu(p).detail(), KVPAGER_STATUS_OK) << splits;
+    for (float x : out) ASSERT_NEAR(x, 0.25F, 1e-6F) << "splits " << splits;
+    const double s = 0.125 * D * 0.5 * 0.25;
+    for (float x : lse) EXPECT_NEAR(x, s + std::log(window + 1.0), 1e-4) << "splits " << splits;
+  }
+}
+
+TEST(CpuDecodeAttention, BadWindowOrSoftCapRejectedAndOutputUntouched) {
+  const std::int32_t hq = 2, hkv = 1, D = 64, bs = 16;
+  std::vector<float> kv(4 * 2 * bs * D, 1.0F), q(hq * D, 1.0F), out(hq * D, 7.0F);
+  std::vector<std::int32_t> table = {0, 1, 2, 3}, lens = {40};
+  auto call = [&](std::int32_t window, float cap) {
+    return kvpager_cpu_paged_attention_decode_ex(out.data(), q.data(), kv.data(), table.data(), lens.data(), 1, hq, hkv,
+                                                 D, bs, 4, 4, 0.125F, window, cap, KVPAGER_DTYPE_FP32, 1);
+  };
+  EXPECT_EQ(call(-2, 0.0F), KVPAGER_STATUS_INVALID_ARGUMENT);
+  EXPECT_EQ(call(std::numeric_limits<std::int32_t>::min(), 0.0F), KVPAGER_STATUS_INVALID_ARGUMENT);
+  EXPECT_EQ(call(-1, -1.0F), KVPAGER_STATUS_INVALID_ARGUMENT);
+  EXPECT_EQ(call(-1, std::numeric_limits<float>::quiet_NaN()), KVPAGER_STATUS_INVALID_ARGUMENT);
+  EXPECT_EQ(call(-1, std::numeric_limits<float>::infinity()), KVPAGER_STATUS_INVALID_ARGUMENT);
+  EXPECT_EQ(call(3, -0.5F), KVPAGER_STATUS_INVALID_ARGUMENT);
+  EXPECT_TRUE(std::all_of(out.begin(), out.end(), [](float x) { return x == 7.0F; })) << "out written on error";
+  decode_params p;
+  p.out = out.data();
+  p.query = q.data();
+  p.kv = paged_kv_view::hnd(kv.data(), KVPAGER_DTYPE_FP32, 4, hkv, bs, D);
+  p.pages.block_table = table.data();
+  p.pages.row_stride = 4;
+  p.pages.seq_lens = lens.data();
+  p.num_seqs = 1;
+  p.num_q_heads = hq;
+  p.window_left = -3;
+  EXPECT_EQ(paged_attention_decode_cpu(p).detail(), KVPAGER_STATUS_INVALID_ARGUMENT);
+  p.window_left = -1;
+  p.logits_soft_cap = -2.0F;
+  EXPECT_EQ(paged_attention_decode_cpu(p).detail(), KVPAGER_STATUS_INVALID_ARGUMENT);
+  EXPECT_TRUE(std::all_of(out.begin(), out.end(), [](float x) { return x == 7.0F; })) << "out written on error";
+  // Edge values are valid: window 0 and a tiny cap.
+  EXPECT_EQ(call(0, 1e-6F), KVPAGER_STATUS_OK);
 }
 
 TEST(CpuDecodeAttention, WorksInAForkedChild) {

@@ -56,6 +56,24 @@ TEST(CudaDecodeAttention, SplitKvAndLseMatchCpuBackend) {
   EXPECT_LE(r.out, gpu_tolerance(KVPAGER_DTYPE_FP16));
 }
 
+TEST(CudaDecodeAttention, WindowAndSoftCapMatchCpuBackend) {
+  KVTEST_NEED_GPU();
+  struct variant {
+    int32_t window;
+    float cap;
+    int32_t splits;
+  };
+  const variant variants[] = {{0, 0.0F, 1}, {37, 0.0F, 3}, {-1, 2.0F, 1}, {1000, 30.0F, 8}, {100, 1.0F, 2}};
+  uint32_t seed = 500;
+  for (int32_t dtype : {KVPAGER_DTYPE_FP32, KVPAGER_DTYPE_FP16, KVPAGER_DTYPE_BF16})
+    for (const variant& v : variants) {
+      const auto r = run_decode_case(dtype, 128, 16, 32, 8, {1, 17, 300, 4097, 0}, v.splits, seed++, v.window, v.cap);
+      EXPECT_TRUE(r.calls_ok) << dtype << " window " << v.window << " cap " << v.cap;
+      EXPECT_LE(r.out, gpu_tolerance(dtype)) << dtype << " window " << v.window << " cap " << v.cap;
+      EXPECT_LE(r.lse, 1e-5) << dtype << " window " << v.window << " cap " << v.cap;
+    }
+}
+
 // Host-side checks of the split entry point and the workspace query: no device needed.
 TEST(CudaDecodeArguments, WorkspaceQueryAndHostChecks) {
   int64_t bytes = -1;
@@ -90,6 +108,16 @@ TEST(CudaDecodeArguments, WorkspaceQueryAndHostChecks) {
   EXPECT_EQ(kvpager_cuda_paged_attention_decode_split(dummy, nullptr, dummy, dummy, table, lens, 2, 8, 3, 128, 16, 4, 8, 0.1F,
                                                       KVPAGER_DTYPE_FP16, 1, nullptr, 0, nullptr, nullptr),
             kvpager_built_with_cuda() != 0 ? KVPAGER_STATUS_BAD_HEADS : KVPAGER_STATUS_NO_DEVICE);
+  // The window and soft cap of the _ex entry point: checked on the host, as the CPU function checks them.
+  auto call_ex = [&](int32_t window, float cap) {
+    return kvpager_cuda_paged_attention_decode_split_ex(dummy, nullptr, dummy, dummy, table, lens, 2, 8, 2, 128, 16, 4, 8,
+                                                        0.1F, window, cap, KVPAGER_DTYPE_FP16, 1, nullptr, 0, nullptr,
+                                                        nullptr);
+  };
+  EXPECT_EQ(call_ex(-2, 0.0F), expect_bad);
+  EXPECT_EQ(call_ex(-1, -1.0F), expect_bad);
+  EXPECT_EQ(call_ex(-1, std::numeric_limits<float>::quiet_NaN()), expect_bad);
+  EXPECT_EQ(call_ex(-1, std::numeric_limits<float>::infinity()), expect_bad);
 }
 
 // Issue 9, item 3 and the geometry rule: the CUDA entry points' host checks are the CPU ones (kernels/common/checks.hpp).

@@ -85,9 +85,11 @@ KVPAGER_C_API int32_t kvpager_built_with_cuda(void);
 KVPAGER_C_API int32_t kvpager_cuda_device_count(int32_t* count);
 
 /**
- * The CPU decode path this process uses: "avx512" (AVX-512 F/BW/DQ/VL), "avx2" (AVX2 + FMA + F16C) or "portable",
+ * The CPU decode path this process uses: "avx512bf16" (AVX-512 F/BW/DQ/VL and AVX512_BF16: bf16 KV through
+ * vdpbf16ps, the query exact and the probabilities rounded to bf16 for the product with V), "avx512" (AVX-512
+ * F/BW/DQ/VL), "avx2" (AVX2 + FMA + F16C) or "portable",
  * chosen once at first use from what the CPU supports (the library itself targets baseline x86-64). The environment
- * variable KVPAGER_CPU_DISPATCH=portable|avx2|avx512 caps the choice (for tests and comparisons). The vector paths
+ * variable KVPAGER_CPU_DISPATCH=portable|avx2|avx512|avx512bf16 caps the choice (for tests and comparisons). The vector paths
  * are built with GCC; other compilers get the portable path.
  */
 KVPAGER_C_API const char* kvpager_cpu_decode_path(void);
@@ -112,6 +114,24 @@ KVPAGER_C_API int32_t kvpager_cpu_paged_attention_decode(void* out, const void* 
                                                          int32_t head_dim, int32_t block_size,
                                                          int32_t max_blocks_per_seq, int32_t num_blocks, float scale,
                                                          int32_t dtype, int32_t num_threads);
+
+/**
+ * kvpager_cpu_paged_attention_decode with a sliding window and a logit soft cap (the plain function is this one with
+ * window_left = -1, logits_soft_cap = 0). The query of sequence s sits at position p = seq_lens[s] - 1 and, when
+ * window_left >= 0, attends only to KV positions j >= p - window_left (-1: no window); blocks wholly before the
+ * window are not read (split-KV work is planned over the window only). Score = scale * q.k; when
+ * logits_soft_cap > 0 it becomes logits_soft_cap * tanh(score / logits_soft_cap) before the softmax (0: no cap).
+ * A window_left below -1, or a negative, NaN or infinite logits_soft_cap, is KVPAGER_STATUS_INVALID_ARGUMENT
+ * (checked after the arguments of the plain function, before anything is read or written). Everything else as
+ * kvpager_cpu_paged_attention_decode.
+ */
+KVPAGER_C_API int32_t kvpager_cpu_paged_attention_decode_ex(void* out, const void* query, const void* kv_cache,
+                                                            const int32_t* block_table, const int32_t* seq_lens,
+                                                            int32_t num_seqs, int32_t num_q_heads, int32_t num_kv_heads,
+                                                            int32_t head_dim, int32_t block_size,
+                                                            int32_t max_blocks_per_seq, int32_t num_blocks, float scale,
+                                                            int32_t window_left, float logits_soft_cap, int32_t dtype,
+                                                            int32_t num_threads);
 
 /**
  * Paged prefill (extend) attention on the CPU: the new query rows of each sequence over its whole paged KV (cached
@@ -207,6 +227,19 @@ KVPAGER_C_API int32_t kvpager_cuda_paged_attention_decode_split(
     int32_t num_seqs, int32_t num_q_heads, int32_t num_kv_heads, int32_t head_dim, int32_t block_size,
     int32_t max_blocks_per_seq, int32_t num_blocks, float scale, int32_t dtype, int32_t num_splits, void* workspace,
     int64_t workspace_bytes, int32_t* error_flag, void* stream);
+
+/**
+ * kvpager_cuda_paged_attention_decode_split with a sliding window and a logit soft cap, with the meaning and the checks
+ * of kvpager_cpu_paged_attention_decode_ex (window_left -1 = none, logits_soft_cap 0 = none; a bad one is
+ * KVPAGER_STATUS_INVALID_ARGUMENT before anything is queued). Splits cover each sequence's window only (the blocks
+ * from the one that holds its first visible position), so plan num_splits with the longest window,
+ * min(seq_len, window_left + 1), as max_seq_len.
+ */
+KVPAGER_C_API int32_t kvpager_cuda_paged_attention_decode_split_ex(
+    void* out, float* lse, const void* query, const void* kv_cache, const int32_t* block_table, const int32_t* seq_lens,
+    int32_t num_seqs, int32_t num_q_heads, int32_t num_kv_heads, int32_t head_dim, int32_t block_size,
+    int32_t max_blocks_per_seq, int32_t num_blocks, float scale, int32_t window_left, float logits_soft_cap,
+    int32_t dtype, int32_t num_splits, void* workspace, int64_t workspace_bytes, int32_t* error_flag, void* stream);
 
 /**
  * Bytes of device workspace kvpager_cuda_paged_attention_decode_split needs, in *bytes: num_seqs x num_q_heads x

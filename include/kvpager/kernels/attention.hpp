@@ -88,13 +88,20 @@ struct decode_params {
   /// that splits allocates its own per call (KVPAGER_STATUS_OUT_OF_MEMORY when that fails).
   void* workspace = nullptr;
   std::int64_t workspace_bytes = 0;  ///< size of `workspace`; smaller than the split needs: invalid_argument
+  /// Sliding window: -1 = none; w >= 0: the query, at position p = seq_len - 1, attends only to KV positions
+  /// j >= p - w (blocks wholly before the window are not read). Below -1: invalid_argument.
+  std::int32_t window_left = -1;
+  /// Logit soft cap: 0 = none; cap > 0: each scaled score s becomes cap * tanh(s / cap) before the softmax (the LSE
+  /// output is then of the capped scores). Negative, NaN or infinite: invalid_argument.
+  float logits_soft_cap = 0.0F;
 };
 
 /// The most KV splits plan_decode chooses (so the most a decode with num_splits = 0 uses).
 inline constexpr std::int32_t max_planned_splits = 64;
 
 /// Host-side split choice: enough (sequence, KV head, split) work items to keep `threads` busy, chunks of at least
-/// 256 tokens, at most max_planned_splits.
+/// 256 tokens, at most max_planned_splits. max_seq_len: the most tokens a sequence of the batch reads (with a window,
+/// at most window_left + 1).
 [[nodiscard]] KVPAGER_KERNELS_EXPORT std::int32_t plan_decode(std::int32_t num_seqs, std::int32_t num_kv_heads,
                                                               std::int32_t max_seq_len, std::int32_t threads) noexcept;
 
