@@ -115,6 +115,69 @@ inline int32_t check_seq_len(int32_t len, int32_t block_size, int64_t max_blocks
   return len < 0 || blocks_for(len, block_size) > max_blocks_per_seq ? KVPAGER_STATUS_SEQ_TOO_LONG : KVPAGER_STATUS_OK;
 }
 
+/// The scalar and pointer arguments of every paged prefill entry point (CPU and CUDA), checked before any table is
+/// read, in this order: max_blocks_per_seq positive, num_seqs non-negative, scale finite, window_left >= -1 and
+/// logits_soft_cap not NaN or infinite (else INVALID_ARGUMENT); query heads (a positive multiple of the KV heads, else
+/// BAD_HEADS); the pool geometry (check_kv_geometry); then the pointers, which may be null only when num_seqs is 0.
+/// The rows (qo_indptr, seq_lens) come next: check_prefill_rows on the host (CPU), the prepare kernel on the device.
+inline int32_t check_prefill_args(const void* out, const void* query, const void* kv_cache, const int32_t* qo_indptr,
+                                  const int32_t* block_table, const int32_t* seq_lens, int32_t num_seqs,
+                                  int32_t num_q_heads, int32_t num_kv_heads, int32_t head_dim, int32_t block_size,
+                                  int32_t max_blocks_per_seq, int32_t num_blocks, float scale, int32_t window_left,
+                                  float logits_soft_cap, int32_t dtype) {
+  if (max_blocks_per_seq <= 0 || num_seqs < 0 || !std::isfinite(scale) || window_left < -1 ||
+      !std::isfinite(logits_soft_cap))
+    return KVPAGER_STATUS_INVALID_ARGUMENT;
+  if (num_kv_heads <= 0 || num_q_heads <= 0 || num_q_heads % num_kv_heads != 0) return KVPAGER_STATUS_BAD_HEADS;
+  if (const int32_t rc = check_kv_geometry(num_kv_heads, head_dim, block_size, dtype, num_blocks); rc != KVPAGER_STATUS_OK)
+    return rc;
+  if (num_seqs > 0 && (out == nullptr || query == nullptr || kv_cache == nullptr || qo_indptr == nullptr ||
+                       block_table == nullptr || seq_lens == nullptr))
+    return KVPAGER_STATUS_INVALID_ARGUMENT;
+  return KVPAGER_STATUS_OK;
+}
+
+/// The rows of a paged prefill, read on the host (host memory): qo_indptr[0] == 0 (else INVALID_ARGUMENT); then per
+/// sequence in order: qo_indptr[s + 1] >= qo_indptr[s] (else INVALID_ARGUMENT), seq_lens[s] within its page table row
+/// (check_seq_len: SEQ_TOO_LONG), q_len = qo_indptr[s + 1] - qo_indptr[s] <= seq_lens[s] (else INVALID_ARGUMENT);
+/// finally the query/output size, qo_indptr[num_seqs] x num_q_heads x head_dim x element bytes, within int64 (else
+/// INVALID_ARGUMENT). With num_seqs = 0 nothing is read (qo_indptr may be null). Block ids are checked after this.
+inline int32_t check_prefill_rows(const int32_t* qo_indptr, const int32_t* seq_lens, int32_t num_seqs,
+                                  int32_t num_q_heads, int32_t head_dim, int32_t block_size,
+                                  int32_t max_blocks_per_seq, int32_t dtype) {
+  if (num_seqs <= 0) return KVPAGER_STATUS_OK;
+  if (qo_indptr[0] != 0) return KVPAGER_STATUS_INVALID_ARGUMENT;
+  for (int32_t s = 0; s < num_seqs; ++s) {
+    if (qo_indptr[s + 1] < qo_indptr[s]) return KVPAGER_STATUS_INVALID_ARGUMENT;
+    if (const int32_t rc = check_seq_len(seq_lens[s], block_size, max_blocks_per_seq); rc != KVPAGER_STATUS_OK) return rc;
+    if (int64_t{qo_indptr[s + 1]} - qo_indptr[s] > seq_lens[s]) return KVPAGER_STATUS_INVALID_ARGUMENT;
+  }
+  if (checked_product({qo_indptr[num_seqs], num_q_heads, head_dim, elem_bytes(dtype)}) < 0)
+    return KVPAGER_STATUS_INVALID_ARGUMENT;
+  return KVPAGER_STATUS_OK;
+}
+
+/// Device workspace of a CUDA prefill: the tile offsets, int64 [num_seqs + 1]; -1 for a negative count.
+inline int64_t prefill_workspace_bytes(int32_t num_seqs) {
+  return num_seqs < 0 ? -1 : (int64_t{num_seqs} + 1) * 8;
+}
+
+/// kvpager_cuda_plan_prefill's arguments (checked the same with and without CUDA): a non-null output, non-negative
+/// total_q_rows and device, query heads a positive multiple of positive KV heads.
+inline int32_t check_prefill_plan_args(int32_t total_q_rows, int32_t num_q_heads, int32_t num_kv_heads, int32_t device,
+                                       const int32_t* num_ctas) {
+  if (num_ctas == nullptr || total_q_rows < 0 || device < 0) return KVPAGER_STATUS_INVALID_ARGUMENT;
+  if (num_kv_heads <= 0 || num_q_heads <= 0 || num_q_heads % num_kv_heads != 0) return KVPAGER_STATUS_BAD_HEADS;
+  return KVPAGER_STATUS_OK;
+}
+
+/// CTAs of a CUDA prefill grid: one per tile of 64 (query token, query head) rows, total_q_rows x num_q_heads / 64
+/// rounded up (sequence ends add a few more, walked by the same CTAs), at least 1 and at most 64 per SM.
+inline int32_t plan_prefill_ctas(int32_t total_q_rows, int32_t num_q_heads, int32_t sms) {
+  const int64_t tiles = (int64_t{total_q_rows} * num_q_heads + 63) / 64, cap = int64_t{sms} * 64;
+  return static_cast<int32_t>(tiles < 1 ? 1 : tiles > cap ? cap : tiles);
+}
+
 /// kv_append arguments (CPU and CUDA): num_tokens non-negative, the pool geometry (check_kv_geometry), the key and
 /// value size num_tokens x num_kv_heads x head_dim x element bytes within int64, and every pointer non-null unless
 /// num_tokens is 0. Slots are checked by the kernels (the CPU before writing anything).

@@ -1,0 +1,496 @@
+// SPDX-License-Identifier: Apache-2.0
+#pragma once
+// Device code of paged prefill (extend) attention, included by kernels/cuda/prefill.cu, which launches it. Like
+// device_kernels.cuh it also compiles as plain C++ over the CPU emulation of the CUDA execution model
+// (tests/kernels/cuda_emulation.hpp), so tests/kernels/cuda_prefill_emulation_test.cpp checks its logic everywhere.
+// What differs between the two builds sits behind three small wrappers in this file:
+//  - tile_mma: 16x16x16 matrix fragments. nvcuda::wmma (tensor cores, fp16/bf16 in, fp32 accumulate) under nvcc; a
+//    scalar version with the same per-warp contract in the emulation (operand fragments: the whole 16x16 tile;
+//    accumulator fragments: element e belongs to lane e % 32, which alone computes, stores and loads it). The kernel
+//    never touches a fragment's elements: it goes through shared memory (store, scale, load), so it relies on nothing
+//    WMMA leaves unspecified.
+//  - block_inclusive_sum: cub::BlockScan under nvcc, a shared-memory scan in the emulation.
+//  - warp_sum_lane0: cub::WarpReduce under nvcc (result in lane 0), a shuffle butterfly in the emulation.
+// Needs sm_80 or newer for bf16 fragments (the build's default is sm_90).
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
+
+#include <cstdint>
+
+#include "kvpager/c/kernels.h"
+
+#if defined(__CUDACC__)
+#include <mma.h>
+
+#include <cub/block/block_scan.cuh>
+#include <cub/warp/warp_reduce.cuh>
+#endif
+
+#ifndef KVPAGER_UNROLL
+#if defined(__CUDACC__)
+#define KVPAGER_UNROLL _Pragma("unroll")
+#else
+#define KVPAGER_UNROLL
+#endif
+#endif
+
+namespace kvpager::kernels::detail {
+
+// Element conversions (the same as device_kernels.cuh's, kept apart so that each header stands alone: both define
+// non-template kernels and are included by different translation units).
+__device__ __forceinline__ float pf_to_f(float x) { return x; }
+__device__ __forceinline__ float pf_to_f(__half x) { return __half2float(x); }
+__device__ __forceinline__ float pf_to_f(__nv_bfloat16 x) { return __bfloat162float(x); }
+template <class T> __device__ __forceinline__ T pf_from_f(float x);
+template <> __device__ __forceinline__ __half pf_from_f<__half>(float x) { return __float2half_rn(x); }
+template <> __device__ __forceinline__ __nv_bfloat16 pf_from_f<__nv_bfloat16>(float x) { return __float2bfloat16_rn(x); }
+
+constexpr int kPrefillWarps = 4;
+/// Rows of a prefill tile: (query token, query head of the KV head's group) pairs, token-major, 16 per warp.
+constexpr int kPrefillTileRows = 16 * kPrefillWarps;
+/// Threads of the single-CTA kernel that turns qo_indptr into the tile offsets.
+constexpr int kPrefillPrepThreads = 256;
+/// The running max of a row is only raised (and the output rescaled) when a new score exceeds it by more than this:
+/// exp(8) ~ 3e3 keeps P well inside fp16 and bf16, and the final division by the same sum makes the result exact.
+constexpr float kRescaleThreshold = 8.0F;
+
+namespace tile_mma {
+#if defined(__CUDACC__)
+namespace w = nvcuda::wmma;
+template <class T> using frag_a = w::fragment<w::matrix_a, 16, 16, 16, T, w::row_major>;    ///< A (m, k) = p[m * ldm + k]
+template <class T> using frag_bt = w::fragment<w::matrix_b, 16, 16, 16, T, w::col_major>;   ///< B (k, n) = p[n * ldm + k]
+template <class T> using frag_b = w::fragment<w::matrix_b, 16, 16, 16, T, w::row_major>;    ///< B (k, n) = p[k * ldm + n]
+using frag_acc = w::fragment<w::accumulator, 16, 16, 16, float>;
+template <class F, class T> __device__ __forceinline__ void load(F& f, const T* p, unsigned ldm) { w::load_matrix_sync(f, p, ldm); }
+__device__ __forceinline__ void load_acc(frag_acc& f, const float* p, unsigned ldm) { w::load_matrix_sync(f, p, ldm, w::mem_row_major); }
+__device__ __forceinline__ void store(float* p, const frag_acc& f, unsigned ldm) { w::store_matrix_sync(p, f, ldm, w::mem_row_major); }
+__device__ __forceinline__ void zero(frag_acc& f) { w::fill_fragment(f, 0.0F); }
+template <class A, class B> __device__ __forceinline__ void mma(frag_acc& c, const A& a, const B& b) { w::mma_sync(c, a, b, c); }
+__device__ __forceinline__ void sync_warp() { __syncwarp(); }
+__device__ __forceinline__ bool warp_any(bool v) { return __any_sync(0xffffffffU, v) != 0; }
+#else
+enum class layout { a, bt, b };
+template <class T, layout L> struct operand { float x[256]; };  ///< the whole tile, (row, col) = x[row * 16 + col]
+template <class T> using frag_a = operand<T, layout::a>;
+template <class T> using frag_bt = operand<T, layout::bt>;
+template <class T> using frag_b = operand<T, layout::b>;
+struct frag_acc { float x[256]; };  ///< element e is lane e % 32's
+inline unsigned lane_id() { return threadIdx.x % 32; }
+template <class T, layout L> void load(operand<T, L>& f, const T* p, unsigned ldm) {
+  for (unsigned r = 0; r < 16; ++r)
+    for (unsigned c = 0; c < 16; ++c) f.x[r * 16 + c] = pf_to_f(L == layout::bt ? p[c * ldm + r] : p[r * ldm + c]);
+}
+inline void load_acc(frag_acc& f, const float* p, unsigned ldm) {
+  for (unsigned e = lane_id(); e < 256; e += 32) f.x[e] = p[(e / 16) * ldm + e % 16];
+}
+inline void store(float* p, const frag_acc& f, unsigned ldm) {
+  for (unsigned e = lane_id(); e < 256; e += 32) p[(e / 16) * ldm + e % 16] = f.x[e];
+}
+inline void zero(frag_acc& f) {
+  for (float& v : f.x) v = 0.0F;
+}
+template <class T, layout LA, layout LB> void mma(frag_acc& c, const operand<T, LA>& a, const operand<T, LB>& b) {
+  for (unsigned e = lane_id(); e < 256; e += 32) {
+    float s = c.x[e];
+    for (unsigned k = 0; k < 16; ++k) s += a.x[(e / 16) * 16 + k] * b.x[k * 16 + e % 16];
+    c.x[e] = s;
+  }
+}
+inline void sync_warp() { __syncwarp(); }
+inline bool warp_any(bool v) {
+  float f = v ? 1.0F : 0.0F;
+  for (int o = 16; o > 0; o >>= 1) f = fmaxf(f, __shfl_xor_sync(0xffffffffU, f, o));
+  return f > 0.0F;
+}
+#endif
+}  // namespace tile_mma
+
+/// Inclusive prefix sum over the CTA's kThreads threads (every thread calls it) and the CTA's total.
+template <int kThreads>
+__device__ __forceinline__ void block_inclusive_sum(int64_t v, int64_t& inclusive, int64_t& total) {
+#if defined(__CUDACC__)
+  using scan = cub::BlockScan<long long, kThreads>;
+  __shared__ typename scan::TempStorage tmp;
+  __shared__ long long s_total;
+  long long inc = 0, agg = 0;
+  scan(tmp).InclusiveSum(static_cast<long long>(v), inc, agg);
+  if (threadIdx.x == kThreads - 1) s_total = agg;
+  __syncthreads();  // s_total visible, and tmp free for the next call
+  inclusive = inc;
+  total = s_total;
+  __syncthreads();
+#else
+  __shared__ int64_t buf[kThreads];
+  buf[threadIdx.x] = v;
+  __syncthreads();
+  for (unsigned o = 1; o < kThreads; o <<= 1) {
+    const int64_t add = threadIdx.x >= o ? buf[threadIdx.x - o] : 0;
+    __syncthreads();
+    buf[threadIdx.x] += add;
+    __syncthreads();
+  }
+  inclusive = buf[threadIdx.x];
+  total = buf[kThreads - 1];
+  __syncthreads();
+#endif
+}
+
+/// Sum of v over the warp, valid in lane 0 (cub::WarpReduce: the same shuffles as a hand-written tree).
+__device__ __forceinline__ float warp_sum_lane0(float v) {
+#if defined(__CUDACC__)
+  using reduce = cub::WarpReduce<float>;
+  __shared__ typename reduce::TempStorage tmp[kPrefillWarps];
+  return reduce(tmp[threadIdx.x / 32]).Sum(v);
+#else
+  for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffU, v, o);
+  return v;
+#endif
+}
+
+/// Max of v over the warp in every lane. Kept hand-written on purpose: a butterfly leaves the result in all 32 lanes
+/// in 5 shuffles, where cub::WarpReduce leaves it in lane 0 and a broadcast would cost a 6th on every KV chunk.
+__device__ __forceinline__ float warp_max_all(float v) {
+  for (int o = 16; o > 0; o >>= 1) v = fmaxf(v, __shfl_xor_sync(0xffffffffU, v, o));
+  return v;
+}
+
+/// Everything a prefill launch needs (passed by value to the kernels).
+struct prefill_params {
+  void* out;
+  const void* q;
+  const void* kv;
+  const int32_t* indptr;  ///< qo_indptr [num_seqs + 1], device
+  const int32_t* table;   ///< [num_seqs, max_blocks], device
+  const int32_t* lens;    ///< [num_seqs], device
+  int64_t* tiles;         ///< workspace: tile offsets [num_seqs + 1], written by prefill_prepare_kernel
+  int num_seqs, hq, hkv, d, bs, max_blocks, num_blocks;
+  float scale;
+  int window_left;
+  float cap;
+  int32_t* error;
+};
+
+/// Score of a query-key dot product: scaled, then soft-capped when cap > 0.
+__device__ __forceinline__ float prefill_score(float dot, float scale, float cap) {
+  const float s = dot * scale;
+  return cap > 0.0F ? cap * tanhf(s / cap) : s;
+}
+
+/// Grid 1, kPrefillPrepThreads threads: tiles[s] = first tile of sequence s (tiles[num_seqs] = total), a sequence of
+/// q_len query tokens having ceil(q_len x group / kPrefillTileRows) tiles. Checks the rows on the device as the host
+/// does on the CPU: qo_indptr[0] != 0 (then no tile at all) or a decreasing entry (that sequence gets no tile) is
+/// INVALID_ARGUMENT; a seq_len outside its page table row is SEQ_TOO_LONG and a q_len above it INVALID_ARGUMENT
+/// (their rows are written as zeros by the attention kernels).
+__global__ void __launch_bounds__(kPrefillPrepThreads) prefill_prepare_kernel(prefill_params a) {
+  __shared__ int s_bad;
+  if (threadIdx.x == 0) {
+    s_bad = a.indptr[0] != 0 ? 1 : 0;
+    a.tiles[0] = 0;
+    if (s_bad != 0 && a.error != nullptr) atomicExch(a.error, KVPAGER_STATUS_INVALID_ARGUMENT);
+  }
+  __syncthreads();
+  const bool bad = s_bad != 0;
+  const int group = a.hq / a.hkv;
+  int64_t carry = 0;
+  for (int base = 0; base < a.num_seqs; base += kPrefillPrepThreads) {  // the same trip count for every thread
+    const int s = base + static_cast<int>(threadIdx.x);
+    int64_t n = 0;
+    if (!bad && s < a.num_seqs) {
+      const int64_t q_len = static_cast<int64_t>(a.indptr[s + 1]) - a.indptr[s];
+      const int32_t len = a.lens[s];
+      int32_t rc = KVPAGER_STATUS_OK;
+      if (q_len < 0) {
+        rc = KVPAGER_STATUS_INVALID_ARGUMENT;
+      } else {
+        if (len < 0 || (static_cast<int64_t>(len) + a.bs - 1) / a.bs > a.max_blocks) rc = KVPAGER_STATUS_SEQ_TOO_LONG;
+        else if (q_len > len) rc = KVPAGER_STATUS_INVALID_ARGUMENT;
+        n = (q_len * group + kPrefillTileRows - 1) / kPrefillTileRows;
+      }
+      if (rc != KVPAGER_STATUS_OK && a.error != nullptr) atomicExch(a.error, rc);
+    }
+    int64_t inclusive = 0, total = 0;
+    block_inclusive_sum<kPrefillPrepThreads>(n, inclusive, total);
+    if (s < a.num_seqs) a.tiles[s + 1] = bad ? 0 : carry + inclusive;
+    carry += total;
+  }
+}
+
+/// One work item: a tile of rows [r0, r1) of sequence seq's (token, group head) rows over KV head h, and the KV
+/// positions [kv_begin, kv_end) any of its rows attends to (empty for a sequence the prepare kernel flagged).
+struct prefill_tile {
+  int seq, h, group;
+  int64_t r0, r1, row_base, q_len, kv_begin, kv_end;
+  int32_t len;
+  /// Position of flattened row r (token r / group of the new tokens).
+  __device__ __forceinline__ int64_t pos(int64_t r) const { return len - q_len + r / group; }
+  /// Element offset of row r's query (and output) vector.
+  __device__ __forceinline__ int64_t qoff(int64_t r, int hq, int d) const {
+    return ((row_base + r / group) * hq + static_cast<int64_t>(h) * group + r % group) * d;
+  }
+};
+
+__device__ __forceinline__ prefill_tile locate_tile(const prefill_params& a, int64_t item) {
+  prefill_tile t{};
+  const int64_t tile = item / a.hkv;
+  t.h = static_cast<int>(item % a.hkv);
+  t.group = a.hq / a.hkv;
+  int lo = 0, hi = a.num_seqs - 1;  // the last s with tiles[s] <= tile (sequences without tiles share offsets)
+  while (lo < hi) {
+    const int mid = (lo + hi + 1) / 2;
+    if (a.tiles[mid] <= tile) lo = mid;
+    else hi = mid - 1;
+  }
+  t.seq = lo;
+  t.row_base = a.indptr[lo];
+  t.q_len = static_cast<int64_t>(a.indptr[lo + 1]) - t.row_base;
+  t.len = a.lens[lo];
+  t.r0 = (tile - a.tiles[lo]) * kPrefillTileRows;
+  t.r1 = t.r0 + kPrefillTileRows < t.q_len * t.group ? t.r0 + kPrefillTileRows : t.q_len * t.group;
+  const bool ok = t.len >= 0 && (static_cast<int64_t>(t.len) + a.bs - 1) / a.bs <= a.max_blocks && t.q_len <= t.len;
+  if (!ok) return t;  // kv range empty: the rows are written as zeros
+  const int64_t p_lo = t.pos(t.r0), p_hi = t.pos(t.r1 - 1);
+  t.kv_end = p_hi + 1;
+  t.kv_begin = a.window_left >= 0 && p_lo - a.window_left > 0 ? p_lo - a.window_left : 0;
+  return t;
+}
+
+/// Whether row position p attends KV position j.
+__device__ __forceinline__ bool prefill_visible(int64_t j, int64_t p, int window_left) {
+  return j <= p && (window_left < 0 || j >= p - window_left);
+}
+
+/// Element offset of KV token j's K row of head h, or -1 (flagged) for a block id outside the pool.
+__device__ __forceinline__ int64_t prefill_kv_row(const prefill_params& a, const prefill_tile& t, int64_t j, int d) {
+  const int blk = a.table[static_cast<int64_t>(t.seq) * a.max_blocks + j / a.bs];
+  if (blk < 0 || blk >= a.num_blocks) {
+    if (a.error != nullptr) atomicExch(a.error, KVPAGER_STATUS_INVALID_BLOCK);
+    return -1;
+  }
+  const int64_t head_stride = static_cast<int64_t>(a.bs) * d;
+  return static_cast<int64_t>(blk) * 2 * a.hkv * head_stride + t.h * head_stride + (j % a.bs) * d;
+}
+
+/// Tensor-core prefill for fp16/bf16, persistent: grid (num_ctas), 4 warps; work items (tile, KV head) are walked
+/// with a stride of the grid. Per item the CTA stages the tile's 64 query rows (each warp keeps its 16 as fragments),
+/// then walks the tile's KV range in chunks of BN tokens read through the block table into shared memory; each warp
+/// computes S = Q K^T (fp32), its rows' online softmax in fp32 (two lanes per row), and O += P V with P in T, O in
+/// fp32 fragments. The output is normalized once at the end.
+template <class T, int D>
+__global__ void __launch_bounds__(kPrefillWarps * 32) prefill_mma_kernel(prefill_params a) {
+  constexpr int BN = D > 128 ? 16 : 32;  // KV tokens per chunk (registers: D/16 Q and O fragments per warp)
+  constexpr int LD = D + 8;              // padded row of staged Q/K/V (bank conflicts), a multiple of 8 elements
+  constexpr int kVec = 16 / static_cast<int>(sizeof(T)), kChunks = D / kVec;
+  constexpr int kQBytes = kPrefillTileRows * LD * static_cast<int>(sizeof(T));
+  constexpr int kKvBytes = 2 * BN * LD * static_cast<int>(sizeof(T));
+  __shared__ alignas(128) unsigned char s_stage[kQBytes > kKvBytes ? kQBytes : kKvBytes];  // Q, then K and V
+  __shared__ alignas(128) float s_scr[kPrefillWarps][16 * BN];  // S, then 16x16 pieces of O
+  __shared__ alignas(128) unsigned char s_p[kPrefillWarps][16 * BN * sizeof(T)];
+  __shared__ float s_alpha[kPrefillWarps][16], s_linv[kPrefillWarps][16];
+  __shared__ int s_tok_ok[BN];
+  T* const sq = reinterpret_cast<T*>(s_stage);
+  T* const sk = reinterpret_cast<T*>(s_stage);
+  T* const sv = sk + BN * LD;
+  const int warp = static_cast<int>(threadIdx.x) / 32, lane = static_cast<int>(threadIdx.x) % 32;
+  const int row = lane / 2, half = lane % 2;  // softmax: two lanes per row, BN/2 columns each
+  float* const scr = s_scr[warp];
+  T* const sp = reinterpret_cast<T*>(s_p[warp]);
+  const T* q = static_cast<const T*>(a.q);
+  const T* kv = static_cast<const T*>(a.kv);
+  const int64_t half_stride = static_cast<int64_t>(a.hkv) * a.bs * D;
+  const int64_t items = a.tiles[a.num_seqs] * a.hkv;
+  for (int64_t item = blockIdx.x; item < items; item += gridDim.x) {
+    const prefill_tile t = locate_tile(a, item);
+    for (int i = static_cast<int>(threadIdx.x); i < kPrefillTileRows * kChunks; i += kPrefillWarps * 32) {
+      const int rr = i / kChunks, c = i % kChunks;
+      const int64_t r = t.r0 + rr;
+      uint4 v{0, 0, 0, 0};
+      if (r < t.r1) v = *reinterpret_cast<const uint4*>(q + t.qoff(r, a.hq, D) + c * kVec);
+      *reinterpret_cast<uint4*>(sq + rr * LD + c * kVec) = v;
+    }
+    __syncthreads();
+    tile_mma::frag_a<T> qa[D / 16];
+    tile_mma::frag_acc o[D / 16];
+    KVPAGER_UNROLL
+    for (int k = 0; k < D / 16; ++k) {
+      tile_mma::load(qa[k], sq + warp * 16 * LD + k * 16, LD);
+      tile_mma::zero(o[k]);
+    }
+    __syncthreads();  // the stage is K/V from here on
+    const int64_t my_r = t.r0 + warp * 16 + row;
+    const bool row_ok = my_r < t.r1;
+    const int64_t p = t.pos(my_r);
+    float m = -INFINITY, l = 0.0F;
+    for (int64_t j0 = t.kv_begin / BN * BN; j0 < t.kv_end; j0 += BN) {
+      for (int i = static_cast<int>(threadIdx.x); i < BN * kChunks; i += kPrefillWarps * 32) {
+        const int n = i / kChunks, c = i % kChunks;
+        const int64_t j = j0 + n;
+        uint4 kr{0, 0, 0, 0}, vr{0, 0, 0, 0};
+        int64_t off = -1;
+        if (j >= t.kv_begin && j < t.kv_end) off = prefill_kv_row(a, t, j, D);
+        if (off >= 0) {
+          kr = *reinterpret_cast<const uint4*>(kv + off + c * kVec);
+          vr = *reinterpret_cast<const uint4*>(kv + off + half_stride + c * kVec);
+        }
+        if (c == 0) s_tok_ok[n] = off >= 0 ? 1 : 0;
+        *reinterpret_cast<uint4*>(sk + n * LD + c * kVec) = kr;
+        *reinterpret_cast<uint4*>(sv + n * LD + c * kVec) = vr;
+      }
+      __syncthreads();
+      KVPAGER_UNROLL
+      for (int nt = 0; nt < BN / 16; ++nt) {
+        tile_mma::frag_acc s;
+        tile_mma::zero(s);
+        KVPAGER_UNROLL
+        for (int k = 0; k < D / 16; ++k) {
+          tile_mma::frag_bt<T> kb;
+          tile_mma::load(kb, sk + nt * 16 * LD + k * 16, LD);
+          tile_mma::mma(s, qa[k], kb);
+        }
+        tile_mma::store(scr + nt * 16, s, BN);
+      }
+      tile_mma::sync_warp();
+      float sc[BN / 2];
+      float mx = -INFINITY;
+      KVPAGER_UNROLL
+      for (int c = 0; c < BN / 2; ++c) {
+        const int col = half * (BN / 2) + c;
+        const bool vis = row_ok && s_tok_ok[col] != 0 && prefill_visible(j0 + col, p, a.window_left);
+        sc[c] = vis ? prefill_score(scr[row * BN + col], a.scale, a.cap) : -INFINITY;
+        mx = fmaxf(mx, sc[c]);
+      }
+      mx = fmaxf(mx, __shfl_xor_sync(0xffffffffU, mx, 1));  // the row's other lane: one hand-written shuffle
+      float alpha = 1.0F;
+      bool rescale = false;
+      if (mx > m) {
+        if (m == -INFINITY) {
+          m = mx;  // O and l are still zero
+        } else if (mx > m + kRescaleThreshold) {
+          alpha = __expf(m - mx);
+          m = mx;
+          rescale = true;
+        }
+      }
+      l *= alpha;
+      KVPAGER_UNROLL
+      for (int c = 0; c < BN / 2; ++c) {
+        const float pr = sc[c] == -INFINITY ? 0.0F : __expf(sc[c] - m);
+        l += pr;
+        sp[row * BN + half * (BN / 2) + c] = pf_from_f<T>(pr);
+      }
+      if (half == 0) s_alpha[warp][row] = alpha;
+      const bool any_rescale = tile_mma::warp_any(rescale);
+      tile_mma::sync_warp();
+      if (any_rescale) {
+        KVPAGER_UNROLL
+        for (int f = 0; f < D / 16; ++f) {
+          tile_mma::store(scr, o[f], 16);
+          tile_mma::sync_warp();
+          for (int e = lane; e < 256; e += 32) scr[e] *= s_alpha[warp][e / 16];
+          tile_mma::sync_warp();
+          tile_mma::load_acc(o[f], scr, 16);
+          tile_mma::sync_warp();
+        }
+      }
+      tile_mma::frag_a<T> pa[BN / 16];
+      KVPAGER_UNROLL
+      for (int k = 0; k < BN / 16; ++k) tile_mma::load(pa[k], sp + k * 16, BN);
+      KVPAGER_UNROLL
+      for (int f = 0; f < D / 16; ++f) {
+        KVPAGER_UNROLL
+        for (int k = 0; k < BN / 16; ++k) {
+          tile_mma::frag_b<T> vb;
+          tile_mma::load(vb, sv + k * 16 * LD + f * 16, LD);
+          tile_mma::mma(o[f], pa[k], vb);
+        }
+      }
+      __syncthreads();  // K, V and P are rewritten by the next chunk
+    }
+    const float l_row = l + __shfl_xor_sync(0xffffffffU, l, 1);
+    if (half == 0) s_linv[warp][row] = l_row > 0.0F ? 1.0F / l_row : 0.0F;
+    tile_mma::sync_warp();
+    T* out = static_cast<T*>(a.out);
+    KVPAGER_UNROLL
+    for (int f = 0; f < D / 16; ++f) {
+      tile_mma::store(scr, o[f], 16);
+      tile_mma::sync_warp();
+      for (int e = lane; e < 256; e += 32) {
+        const int64_t r = t.r0 + warp * 16 + e / 16;
+        if (r < t.r1) out[t.qoff(r, a.hq, D) + f * 16 + e % 16] = pf_from_f<T>(scr[e] * s_linv[warp][e / 16]);
+      }
+      tile_mma::sync_warp();
+    }
+  }
+}
+
+/// fp32 prefill without tensor cores (CUDA cores, exact fp32), same grid and work items as prefill_mma_kernel, any
+/// head dim up to 256. Each warp takes its 16 rows one after another: lane i scores KV token j0 + i of a 32-token
+/// chunk against the row's query (staged in shared memory), the warp shares the chunk's max and its P, and each lane
+/// accumulates its own dims of P V (lane + 32 k).
+__global__ void __launch_bounds__(kPrefillWarps * 32) prefill_simt_kernel(prefill_params a) {
+  constexpr int kMaxPerLane = 256 / 32;
+  __shared__ float s_q[kPrefillWarps][256];
+  __shared__ float s_p[kPrefillWarps][32];
+  __shared__ int64_t s_off[kPrefillWarps][32];
+  __shared__ float s_linv[kPrefillWarps];
+  const int warp = static_cast<int>(threadIdx.x) / 32, lane = static_cast<int>(threadIdx.x) % 32;
+  const float* q = static_cast<const float*>(a.q);
+  const float* kv = static_cast<const float*>(a.kv);
+  float* out = static_cast<float*>(a.out);
+  const int D = a.d;
+  const int64_t half_stride = static_cast<int64_t>(a.hkv) * a.bs * D;
+  const int64_t items = a.tiles[a.num_seqs] * a.hkv;
+  for (int64_t item = blockIdx.x; item < items; item += gridDim.x) {
+    const prefill_tile t = locate_tile(a, item);
+    for (int i = 0; i < 16; ++i) {
+      const int64_t r = t.r0 + warp * 16 + i;
+      if (r >= t.r1) break;  // the same for the whole warp
+      const int64_t qo = t.qoff(r, a.hq, D), p = t.pos(r);
+      for (int d = lane; d < D; d += 32) s_q[warp][d] = q[qo + d];
+      float acc[kMaxPerLane] = {};
+      float m = -INFINITY, l = 0.0F;
+      int64_t begin = a.window_left >= 0 && p - a.window_left > t.kv_begin ? p - a.window_left : t.kv_begin;
+      const int64_t end = t.kv_end > p + 1 ? p + 1 : t.kv_end;
+      tile_mma::sync_warp();
+      for (int64_t j0 = begin; j0 < end; j0 += 32) {
+        const int64_t j = j0 + lane;
+        const int64_t off = j < end ? prefill_kv_row(a, t, j, D) : -1;
+        float s = -INFINITY;
+        if (off >= 0) {
+          float dot = 0.0F;
+          for (int d = 0; d < D; ++d) dot += s_q[warp][d] * kv[off + d];
+          s = prefill_score(dot, a.scale, a.cap);
+        }
+        const float mx = warp_max_all(s);
+        if (mx == -INFINITY) continue;  // the same for the whole warp
+        const float m_new = fmaxf(m, mx);
+        const float alpha = m == -INFINITY ? 0.0F : __expf(m - m_new);
+        const float pr = off >= 0 ? __expf(s - m_new) : 0.0F;
+        l = l * alpha + pr;
+        s_p[warp][lane] = pr;
+        s_off[warp][lane] = off;
+        tile_mma::sync_warp();
+        KVPAGER_UNROLL
+        for (int k = 0; k < kMaxPerLane; ++k) acc[k] *= alpha;
+        for (int jj = 0; jj < 32; ++jj) {
+          const float pj = s_p[warp][jj];
+          if (pj == 0.0F) continue;
+          const float* vrow = kv + s_off[warp][jj] + half_stride;
+          KVPAGER_UNROLL
+          for (int k = 0; k < kMaxPerLane; ++k)
+            if (lane + 32 * k < D) acc[k] += pj * vrow[lane + 32 * k];
+        }
+        m = m_new;
+        tile_mma::sync_warp();
+      }
+      const float total = warp_sum_lane0(l);
+      if (lane == 0) s_linv[warp] = total > 0.0F ? 1.0F / total : 0.0F;
+      tile_mma::sync_warp();
+      KVPAGER_UNROLL
+      for (int k = 0; k < kMaxPerLane; ++k)
+        if (lane + 32 * k < D) out[qo + lane + 32 * k] = acc[k] * s_linv[warp];
+      tile_mma::sync_warp();
+    }
+  }
+}
+
+}  // namespace kvpager::kernels::detail
