@@ -178,8 +178,9 @@ __device__ __forceinline__ float prefill_score(float dot, float scale, float cap
 
 /// Grid 1, kPrefillPrepThreads threads: tiles[s] = first tile of sequence s (tiles[num_seqs] = total), a sequence of
 /// q_len query tokens having ceil(q_len x group / kPrefillTileRows) tiles. Checks the rows on the device as the host
-/// does on the CPU: qo_indptr[0] != 0 (then no tile at all) or a decreasing entry (that sequence gets no tile) is
-/// INVALID_ARGUMENT; a seq_len outside its page table row is SEQ_TOO_LONG and a q_len above it INVALID_ARGUMENT
+/// does on the CPU: qo_indptr[0] != 0 (then no tile at all) or a decreasing entry is INVALID_ARGUMENT, and a
+/// sequence gets no tile unless 0 <= qo_indptr[s] <= qo_indptr[s + 1] <= qo_indptr[num_seqs] (so no row outside the
+/// caller's [qo_indptr[num_seqs], ...] buffers is ever touched); a seq_len outside its page table row is SEQ_TOO_LONG and a q_len above it INVALID_ARGUMENT
 /// (their rows are written as zeros by the attention kernels).
 __global__ void __launch_bounds__(kPrefillPrepThreads) prefill_prepare_kernel(prefill_params a) {
   __shared__ int s_bad;
@@ -191,15 +192,18 @@ __global__ void __launch_bounds__(kPrefillPrepThreads) prefill_prepare_kernel(pr
   __syncthreads();
   const bool bad = s_bad != 0;
   const int group = a.hq / a.hkv;
+  const int32_t total_rows = a.indptr[a.num_seqs];
   int64_t carry = 0;
   for (int base = 0; base < a.num_seqs; base += kPrefillPrepThreads) {  // the same trip count for every thread
     const int s = base + static_cast<int>(threadIdx.x);
     int64_t n = 0;
     if (!bad && s < a.num_seqs) {
-      const int64_t q_len = static_cast<int64_t>(a.indptr[s + 1]) - a.indptr[s];
+      const int32_t begin = a.indptr[s], end = a.indptr[s + 1];
+      const int64_t q_len = static_cast<int64_t>(end) - begin;
       const int32_t len = a.lens[s];
       int32_t rc = KVPAGER_STATUS_OK;
-      if (q_len < 0) {
+      // Rows only inside [0, qo_indptr[num_seqs]), the rows the caller's buffers hold, whatever a bad entry says.
+      if (begin < 0 || q_len < 0 || end > total_rows) {
         rc = KVPAGER_STATUS_INVALID_ARGUMENT;
       } else {
         if (len < 0 || (static_cast<int64_t>(len) + a.bs - 1) / a.bs > a.max_blocks) rc = KVPAGER_STATUS_SEQ_TOO_LONG;
@@ -282,9 +286,9 @@ __global__ void __launch_bounds__(kPrefillWarps * 32) prefill_mma_kernel(prefill
   constexpr int kVec = 16 / static_cast<int>(sizeof(T)), kChunks = D / kVec;
   constexpr int kQBytes = kPrefillTileRows * LD * static_cast<int>(sizeof(T));
   constexpr int kKvBytes = 2 * BN * LD * static_cast<int>(sizeof(T));
-  __shared__ alignas(128) unsigned char s_stage[kQBytes > kKvBytes ? kQBytes : kKvBytes];  // Q, then K and V
-  __shared__ alignas(128) float s_scr[kPrefillWarps][16 * BN];  // S, then 16x16 pieces of O
-  __shared__ alignas(128) unsigned char s_p[kPrefillWarps][16 * BN * sizeof(T)];
+  alignas(128) __shared__ unsigned char s_stage[kQBytes > kKvBytes ? kQBytes : kKvBytes];  // Q, then K and V
+  alignas(128) __shared__ float s_scr[kPrefillWarps][16 * BN];  // S, then 16x16 pieces of O
+  alignas(128) __shared__ unsigned char s_p[kPrefillWarps][16 * BN * sizeof(T)];
   __shared__ float s_alpha[kPrefillWarps][16], s_linv[kPrefillWarps][16];
   __shared__ int s_tok_ok[BN];
   T* const sq = reinterpret_cast<T*>(s_stage);

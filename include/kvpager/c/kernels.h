@@ -212,7 +212,8 @@ KVPAGER_C_API int32_t kvpager_cuda_plan_decode(int32_t num_seqs, int32_t num_kv_
  * (max_blocks_per_seq, num_seqs, scale, window_left >= -1, a finite logits_soft_cap: INVALID_ARGUMENT; heads:
  * BAD_HEADS; the pool geometry; the pointers), then a workspace smaller than needed (INVALID_ARGUMENT). The rows live
  * in device memory and are checked by the first kernel: qo_indptr[0] != 0 (nothing computed) or a decreasing entry
- * (that sequence skipped) sets *error_flag to KVPAGER_STATUS_INVALID_ARGUMENT; a seq_len beyond its page table row
+ * sets *error_flag to KVPAGER_STATUS_INVALID_ARGUMENT, and a sequence is only computed when 0 <= qo_indptr[s] <=
+ * qo_indptr[s + 1] <= qo_indptr[num_seqs], so no row outside the buffers' qo_indptr[num_seqs] rows is touched; a seq_len beyond its page table row
  * to KVPAGER_STATUS_SEQ_TOO_LONG and a q_len above its seq_len to KVPAGER_STATUS_INVALID_ARGUMENT, and those
  * sequences' rows are written as zeros; a block id outside the pool is never read (the token is skipped,
  * KVPAGER_STATUS_INVALID_BLOCK). The caller's out must hold qo_indptr[num_seqs] rows: the device cannot check that.
