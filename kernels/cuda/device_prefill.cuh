@@ -11,6 +11,9 @@
 //    WMMA leaves unspecified.
 //  - block_inclusive_sum: cub::BlockScan under nvcc, a shared-memory scan in the emulation.
 //  - warp_sum_lane0: cub::WarpReduce under nvcc (result in lane 0), a shuffle butterfly in the emulation.
+// Hand-written shuffles are kept where CUB would be slower: reductions whose result every lane needs (warp_max_all,
+// and the two-lane row max of the softmax: cub::WarpReduce leaves its result in one lane and a broadcast costs one
+// more shuffle each time), and, for the same reason, the sub-warp butterflies of decode_kernel in device_kernels.cuh.
 // Needs sm_80 or newer for bf16 fragments (the build's default is sm_90).
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
