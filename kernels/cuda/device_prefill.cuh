@@ -23,6 +23,7 @@
 #include "kvpager/c/kernels.h"
 
 #if defined(__CUDACC__)
+#include <cuda_pipeline.h>
 #include <mma.h>
 
 #include <cub/block/block_scan.cuh>
@@ -107,6 +108,23 @@ inline bool warp_any(bool v) {
 }
 #endif
 }  // namespace tile_mma
+
+/// 16-byte copies from global to shared memory that overlap with computation: cp.async under nvcc (committed as a
+/// group, waited for with wait_prior), plain copies in the emulation (where wait_prior has nothing to wait for).
+namespace async_copy {
+#if defined(__CUDACC__)
+__device__ __forceinline__ void copy16(void* smem, const void* gmem) { __pipeline_memcpy_async(smem, gmem, 16); }
+__device__ __forceinline__ void commit() { __pipeline_commit(); }
+__device__ __forceinline__ void wait_prior(int groups) {
+  if (groups == 0) __pipeline_wait_prior(0);
+  else __pipeline_wait_prior(1);
+}
+#else
+inline void copy16(void* smem, const void* gmem) { *static_cast<uint4*>(smem) = *static_cast<const uint4*>(gmem); }
+inline void commit() {}
+inline void wait_prior(int /*groups*/) {}
+#endif
+}  // namespace async_copy
 
 /// Inclusive prefix sum over the CTA's kThreads threads (every thread calls it) and the CTA's total.
 template <int kThreads>
@@ -279,7 +297,8 @@ __device__ __forceinline__ int64_t prefill_kv_row(const prefill_params& a, const
 
 /// Tensor-core prefill for fp16/bf16, persistent: grid (num_ctas), 4 warps; work items (tile, KV head) are walked
 /// with a stride of the grid. Per item the CTA stages the tile's 64 query rows (each warp keeps its 16 as fragments),
-/// then walks the tile's KV range in chunks of BN tokens read through the block table into shared memory; each warp
+/// then walks the tile's KV range in chunks of BN tokens read through the block table into shared memory, two stages
+/// (the next chunk's cp.async copies are in flight while the current one is computed); each warp
 /// computes S = Q K^T (fp32), its rows' online softmax in fp32 (two lanes per row), and O += P V with P in T, O in
 /// fp32 fragments. The output is normalized once at the end.
 template <class T, int D>
@@ -288,15 +307,14 @@ __global__ void __launch_bounds__(kPrefillWarps * 32) prefill_mma_kernel(prefill
   constexpr int LD = D + 8;              // padded row of staged Q/K/V (bank conflicts), a multiple of 8 elements
   constexpr int kVec = 16 / static_cast<int>(sizeof(T)), kChunks = D / kVec;
   constexpr int kQBytes = kPrefillTileRows * LD * static_cast<int>(sizeof(T));
-  constexpr int kKvBytes = 2 * BN * LD * static_cast<int>(sizeof(T));
+  constexpr int kKvBytes = 2 * 2 * BN * LD * static_cast<int>(sizeof(T));  // two stages of K and V
   alignas(128) __shared__ unsigned char s_stage[kQBytes > kKvBytes ? kQBytes : kKvBytes];  // Q, then K and V
   alignas(128) __shared__ float s_scr[kPrefillWarps][16 * BN];  // S, then 16x16 pieces of O
   alignas(128) __shared__ unsigned char s_p[kPrefillWarps][16 * BN * sizeof(T)];
   __shared__ float s_alpha[kPrefillWarps][16], s_linv[kPrefillWarps][16];
-  __shared__ int s_tok_ok[BN];
+  __shared__ int s_tok_ok[2][BN];
   T* const sq = reinterpret_cast<T*>(s_stage);
-  T* const sk = reinterpret_cast<T*>(s_stage);
-  T* const sv = sk + BN * LD;
+  T* const skv = reinterpret_cast<T*>(s_stage);  // stage st: K at skv + st * 2 * BN * LD, V BN * LD after it
   const int warp = static_cast<int>(threadIdx.x) / 32, lane = static_cast<int>(threadIdx.x) % 32;
   const int row = lane / 2, half = lane % 2;  // softmax: two lanes per row, BN/2 columns each
   float* const scr = s_scr[warp];
@@ -327,21 +345,36 @@ __global__ void __launch_bounds__(kPrefillWarps * 32) prefill_mma_kernel(prefill
     const bool row_ok = my_r < t.r1;
     const int64_t p = t.pos(my_r);
     float m = -INFINITY, l = 0.0F;
-    for (int64_t j0 = t.kv_begin / BN * BN; j0 < t.kv_end; j0 += BN) {
+    // Queues chunk [j0, j0 + BN) into stage st: tokens outside the tile's range or behind a bad block id are zeros
+    // (and masked through s_tok_ok).
+    auto load_chunk = [&](int st, int64_t j0) {
+      T* const dk = skv + st * 2 * BN * LD;
       for (int i = static_cast<int>(threadIdx.x); i < BN * kChunks; i += kPrefillWarps * 32) {
         const int n = i / kChunks, c = i % kChunks;
         const int64_t j = j0 + n;
-        uint4 kr{0, 0, 0, 0}, vr{0, 0, 0, 0};
-        int64_t off = -1;
-        if (j >= t.kv_begin && j < t.kv_end) off = prefill_kv_row(a, t, j, D);
+        const int64_t off = j >= t.kv_begin && j < t.kv_end ? prefill_kv_row(a, t, j, D) : -1;
+        T* const kd = dk + n * LD + c * kVec;
         if (off >= 0) {
-          kr = *reinterpret_cast<const uint4*>(kv + off + c * kVec);
-          vr = *reinterpret_cast<const uint4*>(kv + off + half_stride + c * kVec);
+          async_copy::copy16(kd, kv + off + c * kVec);
+          async_copy::copy16(kd + BN * LD, kv + off + half_stride + c * kVec);
+        } else {
+          *reinterpret_cast<uint4*>(kd) = uint4{0, 0, 0, 0};
+          *reinterpret_cast<uint4*>(kd + BN * LD) = uint4{0, 0, 0, 0};
         }
-        if (c == 0) s_tok_ok[n] = off >= 0 ? 1 : 0;
-        *reinterpret_cast<uint4*>(sk + n * LD + c * kVec) = kr;
-        *reinterpret_cast<uint4*>(sv + n * LD + c * kVec) = vr;
+        if (c == 0) s_tok_ok[st][n] = off >= 0 ? 1 : 0;
       }
+      async_copy::commit();
+    };
+    const int64_t first = t.kv_begin / BN * BN;
+    if (first < t.kv_end) load_chunk(0, first);
+    int st = 0;
+    for (int64_t j0 = first; j0 < t.kv_end; j0 += BN, st ^= 1) {
+      // The other stage was last read by the previous chunk, which ended with a barrier: refill it now.
+      const bool more = j0 + BN < t.kv_end;
+      if (more) load_chunk(st ^ 1, j0 + BN);
+      async_copy::wait_prior(more ? 1 : 0);  // this thread's copies of chunk j0 have landed
+      const T* const sk = skv + st * 2 * BN * LD;
+      const T* const sv = sk + BN * LD;
       __syncthreads();
       KVPAGER_UNROLL
       for (int nt = 0; nt < BN / 16; ++nt) {
@@ -361,7 +394,7 @@ __global__ void __launch_bounds__(kPrefillWarps * 32) prefill_mma_kernel(prefill
       KVPAGER_UNROLL
       for (int c = 0; c < BN / 2; ++c) {
         const int col = half * (BN / 2) + c;
-        const bool vis = row_ok && s_tok_ok[col] != 0 && prefill_visible(j0 + col, p, a.window_left);
+        const bool vis = row_ok && s_tok_ok[st][col] != 0 && prefill_visible(j0 + col, p, a.window_left);
         sc[c] = vis ? prefill_score(scr[row * BN + col], a.scale, a.cap) : -INFINITY;
         mx = fmaxf(mx, sc[c]);
       }
