@@ -115,45 +115,61 @@ inline int32_t check_seq_len(int32_t len, int32_t block_size, int64_t max_blocks
   return len < 0 || blocks_for(len, block_size) > max_blocks_per_seq ? KVPAGER_STATUS_SEQ_TOO_LONG : KVPAGER_STATUS_OK;
 }
 
-/// The scalar and pointer arguments of every paged prefill entry point (CPU and CUDA), checked before any table is
-/// read, in this order: max_blocks_per_seq positive, num_seqs non-negative, scale finite, window_left >= -1 and
-/// logits_soft_cap not NaN or infinite (else INVALID_ARGUMENT); query heads (a positive multiple of the KV heads, else
-/// BAD_HEADS); the pool geometry (check_kv_geometry); then the pointers, which may be null only when num_seqs is 0.
-/// The rows (qo_indptr, seq_lens) come next: check_prefill_rows on the host (CPU), the prepare kernel on the device.
-inline int32_t check_prefill_args(const void* out, const void* query, const void* kv_cache, const int32_t* qo_indptr,
-                                  const int32_t* block_table, const int32_t* seq_lens, int32_t num_seqs,
-                                  int32_t num_q_heads, int32_t num_kv_heads, int32_t head_dim, int32_t block_size,
-                                  int32_t max_blocks_per_seq, int32_t num_blocks, float scale, int32_t window_left,
-                                  float logits_soft_cap, int32_t dtype) {
-  if (max_blocks_per_seq <= 0 || num_seqs < 0 || !std::isfinite(scale) || window_left < -1 ||
-      !std::isfinite(logits_soft_cap))
-    return KVPAGER_STATUS_INVALID_ARGUMENT;
-  if (num_kv_heads <= 0 || num_q_heads <= 0 || num_q_heads % num_kv_heads != 0) return KVPAGER_STATUS_BAD_HEADS;
-  if (const int32_t rc = check_kv_geometry(num_kv_heads, head_dim, block_size, dtype, num_blocks); rc != KVPAGER_STATUS_OK)
+/// The two prefill-only scalars (CPU and CUDA): window_left >= -1 (-1 = no window) and logits_soft_cap finite and
+/// non-negative (0 = off); else INVALID_ARGUMENT.
+inline int32_t check_window_and_cap(int32_t window_left, float logits_soft_cap) {
+  return window_left < -1 || !std::isfinite(logits_soft_cap) || logits_soft_cap < 0.0F ? KVPAGER_STATUS_INVALID_ARGUMENT
+                                                                                         : KVPAGER_STATUS_OK;
+}
+
+/// Every argument of the dense C ABI prefill entry points that can be checked without reading a page table, in this
+/// order: max_blocks_per_seq positive, check_decode_args (num_seqs, scale, heads, geometry), check_window_and_cap,
+/// then the pointers, which may be null only when num_seqs is 0 (qo_indptr too).
+inline int32_t check_dense_prefill(const void* out, const void* query, const void* kv_cache, const int32_t* qo_indptr,
+                                   const int32_t* block_table, const int32_t* seq_lens, int32_t num_seqs,
+                                   int32_t num_q_heads, int32_t num_kv_heads, int32_t head_dim, int32_t block_size,
+                                   int32_t max_blocks_per_seq, int32_t num_blocks, float scale, int32_t window_left,
+                                   float logits_soft_cap, int32_t dtype) {
+  if (max_blocks_per_seq <= 0) return KVPAGER_STATUS_INVALID_ARGUMENT;
+  if (const int32_t rc = check_decode_args(num_seqs, num_q_heads, num_kv_heads, head_dim, block_size, dtype, num_blocks,
+                                           scale, 1);
+      rc != KVPAGER_STATUS_OK)
     return rc;
+  if (const int32_t rc = check_window_and_cap(window_left, logits_soft_cap); rc != KVPAGER_STATUS_OK) return rc;
   if (num_seqs > 0 && (out == nullptr || query == nullptr || kv_cache == nullptr || qo_indptr == nullptr ||
                        block_table == nullptr || seq_lens == nullptr))
     return KVPAGER_STATUS_INVALID_ARGUMENT;
   return KVPAGER_STATUS_OK;
 }
 
-/// The rows of a paged prefill, read on the host (host memory): qo_indptr[0] == 0 (else INVALID_ARGUMENT); then per
-/// sequence in order: qo_indptr[s + 1] >= qo_indptr[s] (else INVALID_ARGUMENT), seq_lens[s] within its page table row
-/// (check_seq_len: SEQ_TOO_LONG), q_len = qo_indptr[s + 1] - qo_indptr[s] <= seq_lens[s] (else INVALID_ARGUMENT);
-/// finally the query/output size, qo_indptr[num_seqs] x num_q_heads x head_dim x element bytes, within int64 (else
-/// INVALID_ARGUMENT). With num_seqs = 0 nothing is read (qo_indptr may be null). Block ids are checked after this.
+/// A prefill's query row offsets (host memory): qo_indptr[0] = 0 and never decreasing (else INVALID_ARGUMENT), and
+/// the query and output size, rows x num_q_heads x head_dim x element bytes, within int64. The row count goes to
+/// *rows. A null qo_indptr is accepted only with num_seqs = 0 (rows = 0).
+inline int32_t check_qo_indptr(const int32_t* qo_indptr, int32_t num_seqs, int32_t num_q_heads, int32_t head_dim,
+                               int32_t dtype, int64_t* rows) {
+  *rows = 0;
+  if (qo_indptr == nullptr) return num_seqs == 0 ? KVPAGER_STATUS_OK : KVPAGER_STATUS_INVALID_ARGUMENT;
+  if (qo_indptr[0] != 0) return KVPAGER_STATUS_INVALID_ARGUMENT;
+  for (int32_t s = 0; s < num_seqs; ++s)
+    if (qo_indptr[s + 1] < qo_indptr[s]) return KVPAGER_STATUS_INVALID_ARGUMENT;
+  *rows = qo_indptr[num_seqs];
+  return checked_product({*rows, num_q_heads, head_dim, elem_bytes(dtype)}) < 0 ? KVPAGER_STATUS_INVALID_ARGUMENT
+                                                                                 : KVPAGER_STATUS_OK;
+}
+
+/// Every row check of a prefill on the host (the CPU entry point; the CUDA prepare kernel makes the same checks on the
+/// device), in this order: check_qo_indptr (qo_indptr[0] = 0, never decreasing, the query size), then per sequence
+/// its length (check_seq_len: SEQ_TOO_LONG) and q_len = qo_indptr[s + 1] - qo_indptr[s] <= seq_lens[s] (else
+/// INVALID_ARGUMENT). The row count goes to *rows. Block ids come after this.
 inline int32_t check_prefill_rows(const int32_t* qo_indptr, const int32_t* seq_lens, int32_t num_seqs,
                                   int32_t num_q_heads, int32_t head_dim, int32_t block_size,
-                                  int32_t max_blocks_per_seq, int32_t dtype) {
-  if (num_seqs <= 0) return KVPAGER_STATUS_OK;
-  if (qo_indptr[0] != 0) return KVPAGER_STATUS_INVALID_ARGUMENT;
+                                  int32_t max_blocks_per_seq, int32_t dtype, int64_t* rows) {
+  if (const int32_t rc = check_qo_indptr(qo_indptr, num_seqs, num_q_heads, head_dim, dtype, rows); rc != KVPAGER_STATUS_OK)
+    return rc;
   for (int32_t s = 0; s < num_seqs; ++s) {
-    if (qo_indptr[s + 1] < qo_indptr[s]) return KVPAGER_STATUS_INVALID_ARGUMENT;
     if (const int32_t rc = check_seq_len(seq_lens[s], block_size, max_blocks_per_seq); rc != KVPAGER_STATUS_OK) return rc;
     if (int64_t{qo_indptr[s + 1]} - qo_indptr[s] > seq_lens[s]) return KVPAGER_STATUS_INVALID_ARGUMENT;
   }
-  if (checked_product({qo_indptr[num_seqs], num_q_heads, head_dim, elem_bytes(dtype)}) < 0)
-    return KVPAGER_STATUS_INVALID_ARGUMENT;
   return KVPAGER_STATUS_OK;
 }
 

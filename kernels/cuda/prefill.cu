@@ -58,7 +58,7 @@ int32_t kvpager_cuda_paged_attention_prefill(void* out, const void* query, const
                                              int32_t num_ctas, void* workspace, int64_t workspace_bytes,
                                              int32_t* error_flag, void* stream) {
   if (num_ctas < 1 || workspace_bytes < 0) return KVPAGER_STATUS_INVALID_ARGUMENT;
-  if (const int32_t rc = check_prefill_args(out, query, kv_cache, qo_indptr, block_table, seq_lens, num_seqs,
+  if (const int32_t rc = check_dense_prefill(out, query, kv_cache, qo_indptr, block_table, seq_lens, num_seqs,
                                             num_q_heads, num_kv_heads, head_dim, block_size, max_blocks_per_seq,
                                             num_blocks, scale, window_left, logits_soft_cap, dtype);
       rc != KVPAGER_STATUS_OK)

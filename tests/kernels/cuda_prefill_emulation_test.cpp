@@ -43,7 +43,7 @@ int32_t emulated_prefill(void* out, const void* q, const void* kv, const int32_t
                          int32_t maxb, int32_t nb, float scale, int32_t window, float cap, int32_t dtype,
                          int32_t num_ctas, void* ws, int64_t ws_bytes, int32_t* error) {
   if (num_ctas < 1 || ws_bytes < 0) return KVPAGER_STATUS_INVALID_ARGUMENT;
-  if (const int32_t rc = kk::check_prefill_args(out, q, kv, indptr, table, lens, num_seqs, hq, hkv, d, bs, maxb, nb,
+  if (const int32_t rc = kk::check_dense_prefill(out, q, kv, indptr, table, lens, num_seqs, hq, hkv, d, bs, maxb, nb,
                                                 scale, window, cap, dtype);
       rc != KVPAGER_STATUS_OK)
     return rc;
@@ -204,6 +204,8 @@ TEST(CudaPrefillEmulation, HostChecksRefuseBeforeAnyLaunch) {
   EXPECT_EQ(call(4, 2, 64, 16, pr.maxb, NAN, -1, 0, 1, 1, 16), KVPAGER_STATUS_INVALID_ARGUMENT);    // scale
   EXPECT_EQ(call(4, 2, 64, 16, pr.maxb, s, -2, 0, 1, 1, 16), KVPAGER_STATUS_INVALID_ARGUMENT);      // window
   EXPECT_EQ(call(4, 2, 64, 16, pr.maxb, s, -1, INFINITY, 1, 1, 16), KVPAGER_STATUS_INVALID_ARGUMENT);  // cap
+  EXPECT_EQ(call(4, 2, 64, 16, pr.maxb, s, -1, -1.0F, 1, 1, 16), KVPAGER_STATUS_INVALID_ARGUMENT);     // cap < 0
+  EXPECT_EQ(call(3, 2, 64, 16, pr.maxb, s, -2, 0, 1, 1, 16), KVPAGER_STATUS_BAD_HEADS);  // heads before the window
   EXPECT_EQ(call(3, 2, 64, 16, pr.maxb, s, -1, 0, 1, 1, 16), KVPAGER_STATUS_BAD_HEADS);
   EXPECT_EQ(call(4, 2, 72, 16, pr.maxb, s, -1, 0, 1, 1, 16), KVPAGER_STATUS_UNSUPPORTED_HEAD_DIM);
   EXPECT_EQ(call(4, 2, 64, 16, pr.maxb, s, -1, 0, 3, 1, 16), KVPAGER_STATUS_UNSUPPORTED_DTYPE);
@@ -220,20 +222,25 @@ TEST(CudaPrefillEmulation, HostChecksRefuseBeforeAnyLaunch) {
             KVPAGER_STATUS_OK);
 }
 
-// check_prefill_rows: the host-side row checks the CPU backend runs (the CUDA prepare kernel flags the same).
+// check_prefill_rows: the host-side row checks the CPU backend runs (the CUDA prepare kernel flags the same):
+// qo_indptr whole first, then per sequence its length and its q_len.
 TEST(CudaPrefillEmulation, HostRowChecksInOrder) {
   const std::vector<int32_t> lens = {10, 20};
+  int64_t total = -1;
   auto rows = [&](std::vector<int32_t> indptr, std::vector<int32_t> l, int32_t maxb = 2) {
-    return kk::check_prefill_rows(indptr.data(), l.data(), 2, 4, 64, 16, maxb, KVPAGER_DTYPE_FP16);
+    return kk::check_prefill_rows(indptr.data(), l.data(), 2, 4, 64, 16, maxb, KVPAGER_DTYPE_FP16, &total);
   };
   EXPECT_EQ(rows({0, 10, 30}, lens), KVPAGER_STATUS_OK);
+  EXPECT_EQ(total, 30);
   EXPECT_EQ(rows({0, 0, 0}, lens), KVPAGER_STATUS_OK);
   EXPECT_EQ(rows({1, 10, 30}, lens), KVPAGER_STATUS_INVALID_ARGUMENT);
   EXPECT_EQ(rows({0, 10, 5}, lens), KVPAGER_STATUS_INVALID_ARGUMENT);
   EXPECT_EQ(rows({0, 11, 30}, lens), KVPAGER_STATUS_INVALID_ARGUMENT);  // q_len above seq_len
   EXPECT_EQ(rows({0, 10, 30}, {10, 33}), KVPAGER_STATUS_SEQ_TOO_LONG);
   EXPECT_EQ(rows({0, 10, 30}, {-1, 20}), KVPAGER_STATUS_SEQ_TOO_LONG);
-  // Per sequence in order: sequence 0's bad length is found before sequence 1's decreasing entry.
-  EXPECT_EQ(rows({0, 10, 5}, {40, 20}), KVPAGER_STATUS_SEQ_TOO_LONG);
-  EXPECT_EQ(kk::check_prefill_rows(nullptr, nullptr, 0, 4, 64, 16, 1, KVPAGER_DTYPE_FP16), KVPAGER_STATUS_OK);
+  // qo_indptr is checked whole before any length: sequence 1's decrease is found before sequence 0's bad length.
+  EXPECT_EQ(rows({0, 10, 5}, {40, 20}), KVPAGER_STATUS_INVALID_ARGUMENT);
+  // Per sequence, its length before its q_len: sequence 0's q_len above its length before sequence 1's bad length.
+  EXPECT_EQ(rows({0, 11, 30}, {10, 40}), KVPAGER_STATUS_INVALID_ARGUMENT);
+  EXPECT_EQ(kk::check_prefill_rows(nullptr, nullptr, 0, 4, 64, 16, 1, KVPAGER_DTYPE_FP16, &total), KVPAGER_STATUS_OK);
 }

@@ -209,8 +209,9 @@ KVPAGER_C_API int32_t kvpager_cuda_plan_decode(int32_t num_seqs, int32_t num_kv_
  * is rewritten by every call, so calls sharing one must be on one stream). fp16 and bf16 run on tensor cores (WMMA
  * 16x16x16, fp32 accumulation and fp32 online softmax; sm_80 or newer), fp32 on CUDA cores in fp32.
  * Host checks, in this order: num_ctas < 1 or a negative workspace_bytes, then the CPU function's argument checks
- * (max_blocks_per_seq, num_seqs, scale, window_left >= -1, a finite logits_soft_cap: INVALID_ARGUMENT; heads:
- * BAD_HEADS; the pool geometry; the pointers), then a workspace smaller than needed (INVALID_ARGUMENT). The rows live
+ * (max_blocks_per_seq, num_seqs, scale, heads, the pool geometry, window_left >= -1 and logits_soft_cap finite and
+ * non-negative, the pointers: kernels/common/checks.hpp check_dense_prefill), then a workspace smaller than needed
+ * (INVALID_ARGUMENT). The rows live
  * in device memory and are checked by the first kernel: qo_indptr[0] != 0 (nothing computed) or a decreasing entry
  * sets *error_flag to KVPAGER_STATUS_INVALID_ARGUMENT, and a sequence is only computed when 0 <= qo_indptr[s] <=
  * qo_indptr[s + 1] <= qo_indptr[num_seqs], so no row outside the buffers' qo_indptr[num_seqs] rows is touched; a seq_len beyond its page table row
