@@ -286,13 +286,14 @@ __device__ __forceinline__ bool prefill_visible(int64_t j, int64_t p, int window
 
 /// Element offset of KV token j's K row of head h, or -1 (flagged) for a block id outside the pool.
 __device__ __forceinline__ int64_t prefill_kv_row(const prefill_params& a, const prefill_tile& t, int64_t j, int d) {
-  const int blk = a.table[static_cast<int64_t>(t.seq) * a.max_blocks + j / a.bs];
+  const int jj = static_cast<int>(j);  // j < seq_len <= INT32_MAX: 32-bit division on the hot path
+  const int blk = a.table[static_cast<int64_t>(t.seq) * a.max_blocks + jj / a.bs];
   if (blk < 0 || blk >= a.num_blocks) {
     if (a.error != nullptr) atomicExch(a.error, KVPAGER_STATUS_INVALID_BLOCK);
     return -1;
   }
   const int64_t head_stride = static_cast<int64_t>(a.bs) * d;
-  return static_cast<int64_t>(blk) * 2 * a.hkv * head_stride + t.h * head_stride + (j % a.bs) * d;
+  return static_cast<int64_t>(blk) * 2 * a.hkv * head_stride + t.h * head_stride + static_cast<int64_t>(jj % a.bs) * d;
 }
 
 /// Tensor-core prefill for fp16/bf16, persistent: grid (num_ctas), 4 warps; work items (tile, KV head) are walked
