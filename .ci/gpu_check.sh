@@ -18,7 +18,7 @@ cmake -S . -B build/gpu-min $gen -DCMAKE_BUILD_TYPE=Release -DCMAKE_CUDA_ARCHITE
 cmake --build build/gpu-min -j"$(nproc)" --target kvpager-gpu-check > "$out/build.txt" 2>&1 || { tail -50 "$out/build.txt"; exit 1; }
 build/gpu-min/kvpager-gpu-check > "$out/gpu_check.txt" 2>&1
 echo "kvpager-gpu-check rc=$?" | tee -a "$out/summary.txt"
-grep -E "FAIL|bw|failed|device 0" "$out/gpu_check.txt"
+grep -E "FAIL|bw|flop|failed|device 0" "$out/gpu_check.txt"
 if cmake -S . -B build/gpu $gen -DCMAKE_BUILD_TYPE=Release -DCMAKE_CUDA_ARCHITECTURES=90 -DKVPAGER_BUILD_EXAMPLES=OFF \
      > "$out/configure_full.txt" 2>&1; then
   cmake --build build/gpu -j"$(nproc)" --target cuda_test bench_cuda > "$out/build_full.txt" 2>&1 || tail -20 "$out/build_full.txt"

@@ -1,7 +1,8 @@
 // SPDX-License-Identifier: Apache-2.0
 // CUDA kernels against the hardware in the same run: decode attention as KV bytes read per second (against the
 // H200's 4.8 TB/s and a device-to-device cudaMemcpy of the same bytes), copy_blocks against cudaMemcpy of the same
-// bytes, swap against one large pinned cudaMemcpy. Runs only where a GPU is present (skips otherwise).
+// bytes, swap against one large pinned cudaMemcpy; paged prefill as achieved FLOP/s against the dense bf16
+// tensor-core peak (989 TFLOP/s on H100/H200 SXM). Runs only where a GPU is present (skips otherwise).
 #include <kvpager/c/kernels.h>
 
 #include <benchmark/benchmark.h>
@@ -13,6 +14,7 @@
 #include <vector>
 
 #include "kvpager_testing/cuda_compare.hpp"
+#include "kvpager_testing/cuda_prefill_compare.hpp"
 
 namespace {
 
@@ -38,6 +40,30 @@ void BM_CudaDecode(benchmark::State& state) {
                                                              benchmark::Counter::kIsIterationInvariantRate);
 }
 BENCHMARK(BM_CudaDecode)->Name("cuda_decode_fp16_gqa4_d128/kvpager")->Args({4096, 8})->Args({16384, 8})->Args({32768, 1})->Args({32768, 32})->UseManualTime();
+
+/// Prefill, bf16, 32 query / 8 KV heads, head_dim 128, causal: args (context, new tokens, sequences). FLOPs count the
+/// (query, key) pairs the causal mask keeps; the counter is the fraction of the dense bf16 tensor-core peak
+/// (issue 12 target: >= 0.5 at q_len >= 1024).
+void BM_CudaPrefill(benchmark::State& state) {
+  if (!have_gpu()) return state.SkipWithError("no CUDA device");
+  const kvpager_gpu_check::prefill_bench bench(static_cast<int32_t>(state.range(0)), static_cast<int32_t>(state.range(1)),
+                                               static_cast<int32_t>(state.range(2)));
+  if (!bench.ok) return state.SkipWithError("setup failed");
+  int32_t rc = KVPAGER_STATUS_OK;
+  time_gpu(state, [&] { rc |= bench.run(); });
+  if (rc != KVPAGER_STATUS_OK) state.SkipWithError("prefill failed");
+  state.counters["ctas"] = bench.ctas;
+  state.counters["TFLOPs"] = benchmark::Counter(bench.flops() / 1e12, benchmark::Counter::kIsIterationInvariantRate);
+  state.counters["fraction_of_bf16_peak"] =
+      benchmark::Counter(bench.flops() / kvpager_gpu_check::kH200DenseBf16Flops, benchmark::Counter::kIsIterationInvariantRate);
+}
+BENCHMARK(BM_CudaPrefill)
+    ->Name("cuda_prefill_bf16_gqa4_d128/kvpager")
+    ->Args({1024, 1024, 8})   // whole prompts
+    ->Args({4096, 4096, 2})
+    ->Args({4096, 1024, 8})   // 1024 new tokens over a 3072-token cached prefix
+    ->Args({8192, 256, 8})    // a chunk of chunked prefill
+    ->UseManualTime();
 
 void BM_CudaMemcpy(benchmark::State& state) {
   if (!have_gpu()) return state.SkipWithError("no CUDA device");

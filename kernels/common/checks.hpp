@@ -158,6 +158,43 @@ inline int32_t check_qo_indptr(const int32_t* qo_indptr, int32_t num_seqs, int32
                                                                                  : KVPAGER_STATUS_OK;
 }
 
+/// Every row check of a prefill on the host (the CPU entry point; the CUDA prepare kernel makes the same checks on the
+/// device), in this order: check_qo_indptr (qo_indptr[0] = 0, never decreasing, the query size), then per sequence
+/// its length (check_seq_len: SEQ_TOO_LONG) and q_len = qo_indptr[s + 1] - qo_indptr[s] <= seq_lens[s] (else
+/// INVALID_ARGUMENT). The row count goes to *rows. Block ids come after this.
+inline int32_t check_prefill_rows(const int32_t* qo_indptr, const int32_t* seq_lens, int32_t num_seqs,
+                                  int32_t num_q_heads, int32_t head_dim, int32_t block_size,
+                                  int32_t max_blocks_per_seq, int32_t dtype, int64_t* rows) {
+  if (const int32_t rc = check_qo_indptr(qo_indptr, num_seqs, num_q_heads, head_dim, dtype, rows); rc != KVPAGER_STATUS_OK)
+    return rc;
+  for (int32_t s = 0; s < num_seqs; ++s) {
+    if (const int32_t rc = check_seq_len(seq_lens[s], block_size, max_blocks_per_seq); rc != KVPAGER_STATUS_OK) return rc;
+    if (int64_t{qo_indptr[s + 1]} - qo_indptr[s] > seq_lens[s]) return KVPAGER_STATUS_INVALID_ARGUMENT;
+  }
+  return KVPAGER_STATUS_OK;
+}
+
+/// Device workspace of a CUDA prefill: the tile offsets, int64 [num_seqs + 1]; -1 for a negative count.
+inline int64_t prefill_workspace_bytes(int32_t num_seqs) {
+  return num_seqs < 0 ? -1 : (int64_t{num_seqs} + 1) * 8;
+}
+
+/// kvpager_cuda_plan_prefill's arguments (checked the same with and without CUDA): a non-null output, non-negative
+/// total_q_rows and device, query heads a positive multiple of positive KV heads.
+inline int32_t check_prefill_plan_args(int32_t total_q_rows, int32_t num_q_heads, int32_t num_kv_heads, int32_t device,
+                                       const int32_t* num_ctas) {
+  if (num_ctas == nullptr || total_q_rows < 0 || device < 0) return KVPAGER_STATUS_INVALID_ARGUMENT;
+  if (num_kv_heads <= 0 || num_q_heads <= 0 || num_q_heads % num_kv_heads != 0) return KVPAGER_STATUS_BAD_HEADS;
+  return KVPAGER_STATUS_OK;
+}
+
+/// CTAs of a CUDA prefill grid: one per tile of 64 (query token, query head) rows, total_q_rows x num_q_heads / 64
+/// rounded up (sequence ends add a few more, walked by the same CTAs), at least 1 and at most 64 per SM.
+inline int32_t plan_prefill_ctas(int32_t total_q_rows, int32_t num_q_heads, int32_t sms) {
+  const int64_t tiles = (int64_t{total_q_rows} * num_q_heads + 63) / 64, cap = int64_t{sms} * 64;
+  return static_cast<int32_t>(tiles < 1 ? 1 : tiles > cap ? cap : tiles);
+}
+
 /// kv_append arguments (CPU and CUDA): num_tokens non-negative, the pool geometry (check_kv_geometry), the key and
 /// value size num_tokens x num_kv_heads x head_dim x element bytes within int64, and every pointer non-null unless
 /// num_tokens is 0. Slots are checked by the kernels (the CPU before writing anything).

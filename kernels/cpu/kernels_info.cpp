@@ -29,4 +29,10 @@ int32_t kvpager_cuda_decode_workspace_size(int32_t num_seqs, int32_t num_q_heads
   return KVPAGER_STATUS_OK;
 }
 
+int32_t kvpager_cuda_prefill_workspace_size(int32_t num_seqs, int64_t* bytes) {
+  if (bytes == nullptr || num_seqs < 0) return KVPAGER_STATUS_INVALID_ARGUMENT;
+  *bytes = kvpager::kernels::detail::prefill_workspace_bytes(num_seqs);
+  return KVPAGER_STATUS_OK;
+}
+
 }  // extern "C"

@@ -29,6 +29,20 @@ int32_t kvpager_cuda_plan_decode(int32_t num_seqs, int32_t num_kv_heads, int32_t
   return KVPAGER_STATUS_NO_DEVICE;
 }
 
+int32_t kvpager_cuda_plan_prefill(int32_t total_q_rows, int32_t num_q_heads, int32_t num_kv_heads, int32_t device,
+                                  int32_t* num_ctas) {
+  if (const int32_t rc =
+          kvpager::kernels::detail::check_prefill_plan_args(total_q_rows, num_q_heads, num_kv_heads, device, num_ctas);
+      rc != KVPAGER_STATUS_OK)
+    return rc;
+  return KVPAGER_STATUS_NO_DEVICE;
+}
+int32_t kvpager_cuda_paged_attention_prefill(void*, const void*, const void*, const int32_t*, const int32_t*,
+                                             const int32_t*, int32_t, int32_t, int32_t, int32_t, int32_t, int32_t,
+                                             int32_t, float, int32_t, float, int32_t, int32_t, void*, int64_t,
+                                             int32_t*, void*) {
+  return KVPAGER_STATUS_NO_DEVICE;
+}
 int32_t kvpager_cuda_paged_attention_decode(void*, const void*, const void*, const int32_t*, const int32_t*, int32_t,
                                             int32_t, int32_t, int32_t, int32_t, int32_t, int32_t, float, int32_t,
                                             int32_t*, void*) {

@@ -50,6 +50,8 @@ inline float __shfl_xor_sync(unsigned /*mask: full only*/, float v, int lane_mas
   w->bar.arrive_and_wait();
   return r;
 }
+/// A barrier of the warp's 32 threads (full mask only), as the prefill kernels use between shared-memory phases.
+inline void __syncwarp(unsigned /*mask: full only*/ = 0xffffffffU) { kvpager_emulation::warp->bar.arrive_and_wait(); }
 inline int32_t atomicExch(int32_t* p, int32_t v) { return std::atomic_ref<int32_t>(*p).exchange(v); }
 inline float __expf(float x) { return std::exp(x); }
 inline int min(int a, int b) { return a < b ? a : b; }

@@ -16,6 +16,7 @@
 #include <vector>
 
 #include "kvpager_testing/cuda_compare.hpp"
+#include "kvpager_testing/cuda_prefill_compare.hpp"
 
 using namespace kvpager_gpu_check;
 
@@ -118,6 +119,104 @@ TEST(CudaDecodeArguments, WorkspaceQueryAndHostChecks) {
   EXPECT_EQ(call_ex(-1, -1.0F), expect_bad);
   EXPECT_EQ(call_ex(-1, std::numeric_limits<float>::quiet_NaN()), expect_bad);
   EXPECT_EQ(call_ex(-1, std::numeric_limits<float>::infinity()), expect_bad);
+}
+
+// Paged prefill on the GPU against the fp64 reference (the CPU backend is checked against the same reference in
+// attention tests; tests/kernels/cuda_prefill_emulation_test.cpp runs the same device code without a GPU).
+// (seq_len, q_len): one token, a prompt just over a block, extensions over cached prefixes (several tiles, a q_len
+// not a multiple of the tile), no new token, a decode-like single token after 520.
+TEST(CudaPrefillAttention, MatchesReferenceForEveryDtypeHeadDimBlockSizeWindowAndCap) {
+  KVTEST_NEED_GPU();
+  uint32_t seed = 5;
+  for (int32_t dtype : {KVPAGER_DTYPE_FP32, KVPAGER_DTYPE_FP16, KVPAGER_DTYPE_BF16})
+    for (int32_t d : {64, 80, 96, 112, 128, 256})
+      for (int32_t bs : {8, 16, 32}) {
+        const uint32_t k = seed++;
+        const int32_t window = k % 2 == 0 ? -1 : 45;
+        const float cap = (k / 2) % 2 == 0 ? 0.0F : 2.0F;
+        const prefill_problem pr(dtype, d, bs, 8, 2, window, cap, {{1, 1}, {bs + 1, bs + 1}, {300, 130}, {97, 0}, {520, 1}, {200, 200}}, k);
+        const auto r = run_prefill_case(pr);
+        const auto what = ::testing::Message() << "dtype " << dtype << " d " << d << " bs " << bs << " window " << window
+                                               << " cap " << cap;
+        EXPECT_TRUE(r.calls_ok) << what;
+        EXPECT_EQ(r.device_error, 0) << what;
+        EXPECT_LE(r.out, gpu_tolerance(dtype)) << what;
+      }
+}
+
+TEST(CudaPrefillAttention, GqaShapesAndGridSizes) {
+  KVTEST_NEED_GPU();
+  const std::pair<int32_t, int32_t> heads[] = {{32, 8}, {7, 1}, {4, 4}, {24, 2}};
+  uint32_t seed = 70;
+  for (int32_t dtype : {KVPAGER_DTYPE_FP16, KVPAGER_DTYPE_BF16})
+    for (const auto& [hq, hkv] : heads)
+      for (int32_t ctas : {0, 1, 3, 1000}) {  // planned, one CTA walking every tile, a few, more than tiles
+        const prefill_problem pr(dtype, 128, 16, hq, hkv, -1, 0.0F, {{700, 300}, {64, 64}, {33, 5}}, seed++);
+        const auto r = run_prefill_case(pr, ctas);
+        EXPECT_TRUE(r.calls_ok && r.device_error == 0) << hq << "/" << hkv << " ctas " << ctas;
+        EXPECT_LE(r.out, gpu_tolerance(dtype)) << hq << "/" << hkv << " ctas " << ctas;
+      }
+}
+
+TEST(CudaPrefillAttention, LongPromptOverAPrefix) {
+  KVTEST_NEED_GPU();
+  for (int32_t window : {-1, 1000}) {
+    const prefill_problem pr(KVPAGER_DTYPE_BF16, 128, 16, 8, 2, window, 0.0F, {{3000, 1100}}, 81);
+    const auto r = run_prefill_case(pr);
+    EXPECT_TRUE(r.calls_ok && r.device_error == 0) << window;
+    EXPECT_LE(r.out, gpu_tolerance(KVPAGER_DTYPE_BF16)) << window;
+  }
+}
+
+// Host-side: the workspace query and the plan need no GPU; the argument checks answer before any launch (a build
+// without CUDA answers NO_DEVICE for the call itself).
+TEST(CudaPrefillArguments, WorkspacePlanAndHostChecks) {
+  int64_t bytes = -1;
+  ASSERT_EQ(kvpager_cuda_prefill_workspace_size(5, &bytes), KVPAGER_STATUS_OK);
+  EXPECT_EQ(bytes, 6 * 8);
+  EXPECT_EQ(kvpager_cuda_prefill_workspace_size(-1, &bytes), KVPAGER_STATUS_INVALID_ARGUMENT);
+  EXPECT_EQ(kvpager_cuda_prefill_workspace_size(1, nullptr), KVPAGER_STATUS_INVALID_ARGUMENT);
+  int32_t ctas = -1;
+  const int32_t plan = kvpager_cuda_plan_prefill(4096, 32, 8, 0, &ctas);
+  if (have_gpu()) {
+    EXPECT_EQ(plan, KVPAGER_STATUS_OK);
+    EXPECT_GE(ctas, 1);
+  } else {
+    EXPECT_EQ(plan, KVPAGER_STATUS_NO_DEVICE);
+  }
+  EXPECT_EQ(kvpager_cuda_plan_prefill(-1, 32, 8, 0, &ctas), KVPAGER_STATUS_INVALID_ARGUMENT);
+  EXPECT_EQ(kvpager_cuda_plan_prefill(10, 32, 8, 0, nullptr), KVPAGER_STATUS_INVALID_ARGUMENT);
+  EXPECT_EQ(kvpager_cuda_plan_prefill(10, 30, 8, 0, &ctas), KVPAGER_STATUS_BAD_HEADS);
+  const bool cuda = kvpager_built_with_cuda() != 0;
+  char dummy[64] = {};
+  const int32_t indptr[2] = {0, 1}, table[1] = {0}, lens[1] = {1};
+  auto call = [&](int32_t hq, int32_t d, float scale, int32_t window, float cap, int32_t ctas_arg, void* ws, int64_t ws_bytes) {
+    return kvpager_cuda_paged_attention_prefill(dummy, dummy, dummy, indptr, table, lens, 1, hq, 2, d, 16, 4, 8, scale, window,
+                                                cap, KVPAGER_DTYPE_FP16, ctas_arg, ws, ws_bytes, nullptr, nullptr);
+  };
+  const int32_t bad = cuda ? KVPAGER_STATUS_INVALID_ARGUMENT : KVPAGER_STATUS_NO_DEVICE;
+  EXPECT_EQ(call(8, 128, 0.1F, -1, 0.0F, 0, dummy, 16), bad);                      // no CTA
+  EXPECT_EQ(call(8, 128, 0.1F, -1, 0.0F, 1, nullptr, 0), bad);                     // workspace missing
+  EXPECT_EQ(call(8, 128, 0.1F, -1, 0.0F, 1, dummy, 15), bad);                      // one byte short
+  EXPECT_EQ(call(8, 128, 0.1F, -2, 0.0F, 1, dummy, 16), bad);                      // window below -1
+  EXPECT_EQ(call(8, 128, 0.1F, -1, std::numeric_limits<float>::quiet_NaN(), 1, dummy, 16), bad);  // cap NaN
+  EXPECT_EQ(call(8, 128, std::numeric_limits<float>::infinity(), -1, 0.0F, 1, dummy, 16), bad);   // scale
+  EXPECT_EQ(call(7, 128, 0.1F, -1, 0.0F, 1, dummy, 16), cuda ? KVPAGER_STATUS_BAD_HEADS : KVPAGER_STATUS_NO_DEVICE);
+  EXPECT_EQ(call(8, 72, 0.1F, -1, 0.0F, 1, dummy, 16), cuda ? KVPAGER_STATUS_UNSUPPORTED_HEAD_DIM : KVPAGER_STATUS_NO_DEVICE);
+}
+
+TEST(CudaPrefillAttention, BadBlockIdAndBadRowsAreFlagged) {
+  KVTEST_NEED_GPU();
+  prefill_problem pr(KVPAGER_DTYPE_FP16, 64, 16, 4, 2, -1, 0.0F, {{40, 20}, {20, 20}}, 9);
+  pr.table[1] = pr.nb;  // outside the pool
+  EXPECT_EQ(run_prefill_case(pr).device_error, KVPAGER_STATUS_INVALID_BLOCK);
+  pr.table[1] = 0;
+  pr.lens[0] = 19;  // q_len 20 above it
+  EXPECT_EQ(run_prefill_case(pr).device_error, KVPAGER_STATUS_INVALID_ARGUMENT);
+  pr.lens[0] = 40;
+  pr.indptr[1] = 30;
+  pr.indptr[2] = 25;  // decreasing
+  EXPECT_EQ(run_prefill_case(pr).device_error, KVPAGER_STATUS_INVALID_ARGUMENT);
 }
 
 // Issue 9, item 3 and the geometry rule: the CUDA entry points' host checks are the CPU ones (kernels/common/checks.hpp).

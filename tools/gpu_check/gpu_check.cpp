@@ -1,15 +1,18 @@
 // SPDX-License-Identifier: Apache-2.0
 // kvpager-gpu-check: the CUDA kernels on a real GPU with nothing but the CUDA runtime and libkvpager_kernels, for GPU
 // machines that lack GoogleTest and Google Benchmark. Correctness: decode (unsplit and split-KV, LSE) against the CPU
-// backend, kv_append / copy_blocks / swap_blocks bit-exact against the CPU functions. Bandwidth (CUDA events, best
+// backend, paged prefill against an fp64 reference (every dtype and head dim, window, soft cap), kv_append /
+// copy_blocks / swap_blocks bit-exact against the CPU functions; prefill FLOP/s against the dense bf16 peak. Bandwidth (CUDA events, best
 // of several runs): decode as KV bytes read per second against 4.8 TB/s and a device-to-device cudaMemcpy of the
 // same bytes; copy_blocks against cudaMemcpy; a scattered swap-out against one large pinned cudaMemcpy.
 // Exit status: 0 all checks passed, 1 a check failed, 2 no GPU.   Usage: kvpager-gpu-check [--quick]
 #include <cstdio>
 #include <cstring>
 #include <string>
+#include <tuple>
 
 #include "kvpager_testing/cuda_compare.hpp"
+#include "kvpager_testing/cuda_prefill_compare.hpp"
 
 namespace {
 
@@ -50,6 +53,38 @@ void decode_correctness(bool quick) {
     check(r.calls_ok && r.out <= gpu_tolerance(KVPAGER_DTYPE_FP16) && r.lse <= 1e-5,
           "decode split 16, hq " + std::to_string(hq) + " hkv " + std::to_string(hkv));
   }
+}
+
+void prefill_correctness(bool quick) {
+  uint32_t seed = 101;
+  for (int32_t dtype : {KVPAGER_DTYPE_FP32, KVPAGER_DTYPE_FP16, KVPAGER_DTYPE_BF16})
+    for (int32_t d : {64, 80, 96, 112, 128, 256})
+      for (int32_t bs : {8, 16, 32}) {
+        if (quick && bs != 16) continue;
+        const uint32_t k = seed++;
+        const int32_t window = k % 2 == 0 ? -1 : 45;
+        const float cap = (k / 2) % 2 == 0 ? 0.0F : 2.0F;
+        const prefill_problem pr(dtype, d, bs, 8, 2, window, cap, {{1, 1}, {bs + 1, bs + 1}, {300, 130}, {97, 0}, {520, 1}}, k);
+        const auto r = run_prefill_case(pr);
+        char what[200];
+        std::snprintf(what, sizeof what, "prefill dtype %d d %d bs %d window %d cap %.1f: out err %.2e (tol %.0e), flag %d",
+                      dtype, d, bs, window, static_cast<double>(cap), r.out, gpu_tolerance(dtype), r.device_error);
+        check(r.calls_ok && r.device_error == 0 && r.out <= gpu_tolerance(dtype), what);
+      }
+}
+
+void prefill_throughput(int32_t ctx, int32_t q_len, int32_t batch) {
+  const prefill_bench bench(ctx, q_len, batch);
+  if (!bench.ok) {
+    check(false, "prefill throughput setup (device memory)");
+    return;
+  }
+  int32_t rc = 0;
+  const double sec = best_seconds(10, [&] { rc |= bench.run(); });
+  const double flops = bench.flops() / sec;
+  std::printf("[flop] prefill bf16 gqa4 d128 ctx %d q_len %d batch %d ctas %d: %.1f TFLOP/s = %.2f of the dense bf16 peak\n",
+              ctx, q_len, batch, bench.ctas, flops / 1e12, flops / kH200DenseBf16Flops);
+  check(rc == 0, "prefill throughput run returned OK");
 }
 
 void blocks_correctness() {
@@ -122,10 +157,14 @@ int main(int argc, char** argv) {
   cudaGetDeviceProperties(&prop, 0);
   std::printf("device 0: %s, %d SMs, CPU decode path %s\n", prop.name, prop.multiProcessorCount, kvpager_cpu_decode_path());
   decode_correctness(quick);
+  prefill_correctness(quick);
   blocks_correctness();
   for (const auto& [ctx, batch] : {std::pair{4096, 8}, std::pair{16384, 8}, std::pair{32768, 1}, std::pair{32768, 32}})
     decode_bandwidth(ctx, batch);
   block_bandwidth();
+  for (const auto& [ctx, q_len, batch] : {std::tuple{1024, 1024, 8}, std::tuple{4096, 4096, 2}, std::tuple{4096, 1024, 8},
+                                          std::tuple{8192, 256, 8}})
+    prefill_throughput(ctx, q_len, batch);
   std::printf("%d check(s) failed\n", failures);
   return failures == 0 ? 0 : 1;
 }

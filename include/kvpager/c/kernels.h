@@ -257,6 +257,52 @@ KVPAGER_C_API int32_t kvpager_cuda_decode_workspace_size(int32_t num_seqs, int32
 KVPAGER_C_API int32_t kvpager_cuda_plan_decode(int32_t num_seqs, int32_t num_kv_heads, int32_t max_seq_len,
                                                int32_t device, int32_t* num_splits);
 
+/**
+ * Paged prefill (extend) attention on the GPU: the CUDA counterpart of kvpager_cpu_paged_attention_prefill, same
+ * arguments and semantics (qo_indptr [num_seqs + 1], block_table, seq_lens: device memory; query and out:
+ * [qo_indptr[num_seqs], num_q_heads, head_dim]; query row i of sequence s sits at position p = seq_lens[s] - q_len + i
+ * and attends to KV positions j <= p, and j >= p - window_left when window_left >= 0; score = scale * q.k, soft-capped
+ * to cap * tanh(score / cap) when logits_soft_cap > 0; GQA as in decode), with num_threads replaced by num_ctas (the
+ * grid, >= 1, from kvpager_cuda_plan_prefill; any value gives the same result) and a workspace of
+ * kvpager_cuda_prefill_workspace_size bytes (8-byte aligned device memory, required when num_seqs > 0; its content
+ * is rewritten by every call, so calls sharing one must be on one stream). fp16 and bf16 run on tensor cores (WMMA
+ * 16x16x16, fp32 accumulation and fp32 online softmax; sm_80 or newer), fp32 on CUDA cores in fp32.
+ * Host checks, in this order: num_ctas < 1 or a negative workspace_bytes, then the CPU function's argument checks
+ * (max_blocks_per_seq, num_seqs, scale, heads, the pool geometry, window_left >= -1 and logits_soft_cap finite and
+ * non-negative, the pointers: kernels/common/checks.hpp check_dense_prefill), then a workspace smaller than needed
+ * (INVALID_ARGUMENT). The rows live
+ * in device memory and are checked by the first kernel: qo_indptr[0] != 0 (nothing computed) or a decreasing entry
+ * sets *error_flag to KVPAGER_STATUS_INVALID_ARGUMENT, and a sequence is only computed when 0 <= qo_indptr[s] <=
+ * qo_indptr[s + 1] <= qo_indptr[num_seqs], so no row outside the buffers' qo_indptr[num_seqs] rows is touched; a seq_len beyond its page table row
+ * to KVPAGER_STATUS_SEQ_TOO_LONG and a q_len above its seq_len to KVPAGER_STATUS_INVALID_ARGUMENT, and those
+ * sequences' rows are written as zeros; a block id outside the pool is never read (the token is skipped,
+ * KVPAGER_STATUS_INVALID_BLOCK). The caller's out must hold qo_indptr[num_seqs] rows: the device cannot check that.
+ * Two kernels are queued on `stream`; no allocation, no synchronization.
+ */
+KVPAGER_C_API int32_t kvpager_cuda_paged_attention_prefill(
+    void* out, const void* query, const void* kv_cache, const int32_t* qo_indptr, const int32_t* block_table,
+    const int32_t* seq_lens, int32_t num_seqs, int32_t num_q_heads, int32_t num_kv_heads, int32_t head_dim,
+    int32_t block_size, int32_t max_blocks_per_seq, int32_t num_blocks, float scale, int32_t window_left,
+    float logits_soft_cap, int32_t dtype, int32_t num_ctas, void* workspace, int64_t workspace_bytes,
+    int32_t* error_flag, void* stream);
+
+/**
+ * Bytes of device workspace kvpager_cuda_paged_attention_prefill needs for num_seqs sequences, in *bytes:
+ * (num_seqs + 1) x 8 (the tiles' offsets). Pure arithmetic (works without a GPU); KVPAGER_STATUS_INVALID_ARGUMENT
+ * for a null pointer or a negative count.
+ */
+KVPAGER_C_API int32_t kvpager_cuda_prefill_workspace_size(int32_t num_seqs, int64_t* bytes);
+
+/**
+ * Host-side grid plan of a prefill on `device`: one CTA per tile of 64 (query token, query head) rows, i.e.
+ * ceil(total_q_rows x num_q_heads / 64), at least 1 and at most 64 per streaming multiprocessor (the CTAs walk any
+ * further tiles). total_q_rows is qo_indptr[num_seqs], known on the host when the batch is built. Returns
+ * KVPAGER_STATUS_INVALID_ARGUMENT for a null num_ctas or a negative count or device, KVPAGER_STATUS_BAD_HEADS for
+ * heads as decode refuses them, KVPAGER_STATUS_NO_DEVICE without a usable device.
+ */
+KVPAGER_C_API int32_t kvpager_cuda_plan_prefill(int32_t total_q_rows, int32_t num_q_heads, int32_t num_kv_heads,
+                                                int32_t device, int32_t* num_ctas);
+
 KVPAGER_C_API int32_t kvpager_cuda_kv_append(void* kv_cache, const void* key, const void* value,
                                              const int64_t* slot_mapping, int32_t num_tokens, int32_t num_kv_heads,
                                              int32_t head_dim, int32_t block_size, int32_t num_blocks, int32_t dtype,
