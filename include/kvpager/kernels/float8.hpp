@@ -9,10 +9,7 @@
 /// NaN (sign kept). e4m3_to_float is exact (every e4m3 value is a float).
 
 #include <cstdint>
-
-#if !defined(__CUDA_ARCH__)
-#include <bit>
-#endif
+#include <cstring>
 
 #include "kvpager/core/config.hpp"
 
@@ -35,14 +32,18 @@ inline constexpr std::uint8_t e4m3_nan_code = 0x7F;
 #if defined(__CUDA_ARCH__)
   return __float_as_uint(f);
 #else
-  return std::bit_cast<std::uint32_t>(f);
+  std::uint32_t u = 0;  // memcpy, not std::bit_cast: the same code compiles in nvcc's host pass
+  std::memcpy(&u, &f, sizeof u);
+  return u;
 #endif
 }
 [[nodiscard]] KVPAGER_FP8_HOST_DEVICE inline float fp8_bits_float(std::uint32_t u) noexcept {
 #if defined(__CUDA_ARCH__)
   return __uint_as_float(u);
 #else
-  return std::bit_cast<float>(u);
+  float f = 0;
+  std::memcpy(&f, &u, sizeof f);
+  return f;
 #endif
 }
 

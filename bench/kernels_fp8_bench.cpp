@@ -1,0 +1,87 @@
+// SPDX-License-Identifier: Apache-2.0
+// CPU decode over an fp8 E4M3 KV pool against the same decode over an fp16 pool, same shapes, same run (issue 12,
+// point 3): decode is bound by the KV bytes it reads, and fp8 halves them. items_per_second is KV tokens attended per
+// second (batch x context per call), directly comparable between the two; bytes_per_second is the KV bytes actually
+// read (1 byte per element for fp8, 2 for fp16). bench/RESULTS.md records the ratios and the command.
+#include <kvpager/c/kernels.h>
+#include <kvpager/kernels/float16.hpp>
+#include <kvpager/kernels/float8.hpp>
+
+#include <benchmark/benchmark.h>
+
+#include <algorithm>
+#include <cstdint>
+#include <cstring>
+#include <numeric>
+#include <random>
+#include <vector>
+
+namespace {
+
+struct shape {
+  std::int32_t batch, hq, hkv, dim, bs;
+};
+constexpr shape kGqa4{8, 32, 8, 128, 16};  // Llama-3-8B-like: 32 query heads over 8 KV heads
+constexpr shape kMha{2, 32, 32, 128, 16};  // Llama-2-7B-like
+
+struct setup {
+  shape s;
+  std::int32_t context, max_blocks, num_blocks;
+  std::vector<std::uint8_t> kv;  // fp16 (2 bytes per element) or fp8 (1)
+  std::vector<std::uint16_t> q, out;
+  std::vector<std::int32_t> table, lens;
+  setup(shape sh, std::int32_t ctx, bool fp8) : s(sh), context(ctx) {
+    max_blocks = (ctx + s.bs - 1) / s.bs;
+    num_blocks = s.batch * max_blocks;
+    const auto elems = static_cast<std::size_t>(num_blocks) * 2 * static_cast<std::size_t>(s.hkv * s.bs * s.dim);
+    kv.resize(elems * (fp8 ? 1 : 2));
+    std::mt19937 rng(7);
+    std::uniform_real_distribution<float> uni(-1.0F, 1.0F);
+    for (std::size_t i = 0; i < elems; ++i) {
+      const float x = uni(rng);
+      if (fp8) {
+        kv[i] = kvpager::detail::float_to_e4m3(x / 0.005F);
+      } else {
+        const std::uint16_t h = kvpager::detail::float_to_half(x);
+        std::memcpy(kv.data() + 2 * i, &h, 2);
+      }
+    }
+    q.resize(static_cast<std::size_t>(s.batch * s.hq * s.dim));
+    for (auto& x : q) x = kvpager::detail::float_to_half(uni(rng));
+    out.resize(q.size());
+    table.resize(static_cast<std::size_t>(s.batch) * static_cast<std::size_t>(max_blocks));
+    std::iota(table.begin(), table.end(), 0);
+    std::shuffle(table.begin(), table.end(), std::mt19937(1));
+    lens.assign(static_cast<std::size_t>(s.batch), ctx);
+  }
+  [[nodiscard]] std::int64_t tokens() const { return std::int64_t{s.batch} * context; }
+  [[nodiscard]] std::int64_t kv_bytes(std::int64_t elem) const { return tokens() * 2 * s.hkv * s.dim * elem; }
+};
+
+template <bool Fp8>
+void BM_Decode(benchmark::State& state, shape sh) {
+  setup st(sh, static_cast<std::int32_t>(state.range(0)), Fp8);
+  for (auto _ : state) {
+    const auto rc =
+        Fp8 ? kvpager_cpu_paged_attention_decode_fp8(st.out.data(), st.q.data(), st.kv.data(), st.table.data(),
+                                                     st.lens.data(), sh.batch, sh.hq, sh.hkv, sh.dim, sh.bs,
+                                                     st.max_blocks, st.num_blocks, 0.088F, KVPAGER_DTYPE_FP16, 0.005F,
+                                                     0.005F, 0)
+            : kvpager_cpu_paged_attention_decode(st.out.data(), st.q.data(), st.kv.data(), st.table.data(),
+                                                 st.lens.data(), sh.batch, sh.hq, sh.hkv, sh.dim, sh.bs, st.max_blocks,
+                                                 st.num_blocks, 0.088F, KVPAGER_DTYPE_FP16, 0);
+    if (rc != 0) state.SkipWithError("kernel failed");
+    benchmark::DoNotOptimize(st.out.data());
+  }
+  state.SetItemsProcessed(state.iterations() * st.tokens());
+  state.SetBytesProcessed(state.iterations() * st.kv_bytes(Fp8 ? 1 : 2));
+}
+
+}  // namespace
+
+BENCHMARK_CAPTURE(BM_Decode<false>, gqa4_fp16, kGqa4)->Name("decode_b8_gqa4_d128/fp16_kv_baseline")->Arg(2048)->Arg(8192)->UseRealTime();
+BENCHMARK_CAPTURE(BM_Decode<true>, gqa4_fp8, kGqa4)->Name("decode_b8_gqa4_d128/fp8_kv")->Arg(2048)->Arg(8192)->UseRealTime();
+BENCHMARK_CAPTURE(BM_Decode<false>, mha_fp16, kMha)->Name("decode_b2_mha_d128/fp16_kv_baseline")->Arg(2048)->Arg(8192)->UseRealTime();
+BENCHMARK_CAPTURE(BM_Decode<true>, mha_fp8, kMha)->Name("decode_b2_mha_d128/fp8_kv")->Arg(2048)->Arg(8192)->UseRealTime();
+
+BENCHMARK_MAIN();
