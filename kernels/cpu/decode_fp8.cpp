@@ -88,6 +88,10 @@ struct isa {
   static float hmax(vec v) { return v; }
   static vec exp(vec x) { return std::exp(x); }
   static void prefetch(const unsigned char* p) { __builtin_prefetch(p); }
+  static void reduce_store(const vec (&a)[score_tokens][4], int valid, int gt, float* out, std::int64_t ld) {
+    for (int t = 0; t < valid; ++t)
+      for (int g = 0; g < gt; ++g) out[g * ld + t] = a[t][g];
+  }
 };
 #include "decode_fp8.inc"
 }  // namespace portable_fp8
@@ -156,6 +160,24 @@ struct isa {
     return _mm256_and_ps(_mm256_cmp_ps(x0, set1(-87.33654F), _CMP_GE_OQ), mul(y, p2));
   }
   static void prefetch(const unsigned char* p) { _mm_prefetch(reinterpret_cast<const char*>(p), _MM_HINT_T0); }
+  /// The 8 dot products of a[t][g] (t < 2, g < 4) with one shuffle tree (decode.cpp's AVX2 reduction); writes
+  /// out[g * ld + t] for t < valid, g < gt.
+  static void reduce_store(const vec (&a)[2][4], int valid, int gt, float* out, std::int64_t ld) {
+    vec p[4];
+    for (int j = 0; j < 4; ++j)
+      p[j] = _mm256_add_ps(_mm256_permute2f128_ps(a[0][j], a[1][j], 0x20), _mm256_permute2f128_ps(a[0][j], a[1][j], 0x31));
+    vec b[2];
+    for (int j = 0; j < 2; ++j) {
+      const __m256d x = _mm256_castps_pd(p[2 * j]), y = _mm256_castps_pd(p[2 * j + 1]);
+      b[j] = _mm256_add_ps(_mm256_castpd_ps(_mm256_unpacklo_pd(x, y)), _mm256_castpd_ps(_mm256_unpackhi_pd(x, y)));
+    }
+    const vec r = _mm256_add_ps(_mm256_shuffle_ps(b[0], b[1], _MM_SHUFFLE(2, 0, 2, 0)),
+                                _mm256_shuffle_ps(b[0], b[1], _MM_SHUFFLE(3, 1, 3, 1)));
+    alignas(32) float sums[8];  // sums[4 t + g] = dot(t, g)
+    _mm256_store_ps(sums, r);
+    for (int t = 0; t < valid; ++t)
+      for (int g = 0; g < gt; ++g) out[g * ld + t] = sums[4 * t + g];
+  }
 };
 #include "decode_fp8.inc"
 }  // namespace avx2_fp8
@@ -209,6 +231,30 @@ struct isa {
     return _mm512_maskz_mov_ps(_mm512_cmp_ps_mask(x0, set1(-87.33654F), _CMP_GE_OQ), mul(y, p2));
   }
   static void prefetch(const unsigned char* p) { _mm_prefetch(reinterpret_cast<const char*>(p), _MM_HINT_T0); }
+  /// The 16 dot products of a[t][g] (t, g < 4) with one shuffle tree (decode.cpp's AVX-512 reduction); writes
+  /// out[g * ld + t] for t < valid, g < gt.
+  static void reduce_store(const vec (&a)[4][4], int valid, int gt, float* out, std::int64_t ld) {
+    vec p[8];  // v[4t + g] = a[t][g]; p[j]: lanes 0-1 hold 8 partial sums of v[2j], lanes 2-3 those of v[2j+1]
+    for (int j = 0; j < 8; ++j) {
+      const vec x = a[(2 * j) / 4][(2 * j) % 4], y = a[(2 * j + 1) / 4][(2 * j + 1) % 4];
+      p[j] = _mm512_add_ps(_mm512_shuffle_f32x4(x, y, 0x44), _mm512_shuffle_f32x4(x, y, 0xEE));
+    }
+    vec b[4];
+    for (int i = 0; i < 4; ++i)
+      b[i] = _mm512_add_ps(_mm512_shuffle_f32x4(p[2 * i], p[2 * i + 1], 0x88),
+                           _mm512_shuffle_f32x4(p[2 * i], p[2 * i + 1], 0xDD));
+    vec c[2];
+    for (int i = 0; i < 2; ++i) {
+      const __m512d x = _mm512_castps_pd(b[2 * i]), y = _mm512_castps_pd(b[2 * i + 1]);
+      c[i] = _mm512_add_ps(_mm512_castpd_ps(_mm512_unpacklo_pd(x, y)), _mm512_castpd_ps(_mm512_unpackhi_pd(x, y)));
+    }
+    const vec r = _mm512_add_ps(_mm512_shuffle_ps(c[0], c[1], _MM_SHUFFLE(2, 0, 2, 0)),
+                                _mm512_shuffle_ps(c[0], c[1], _MM_SHUFFLE(3, 1, 3, 1)));
+    alignas(64) float sums[16];  // sums[4g + t] = dot(t, g)
+    _mm512_store_ps(sums, r);
+    for (int g = 0; g < gt; ++g)
+      for (int t = 0; t < valid; ++t) out[g * ld + t] = sums[4 * g + t];
+  }
 };
 #include "decode_fp8.inc"
 }  // namespace avx512_fp8
