@@ -74,6 +74,7 @@ struct isa {
   static constexpr int W = 1;
   static constexpr int score_tokens = 2;
   static constexpr int acc_vectors = 4;
+  static constexpr float unit = 1.0F;  ///< cvt8 returns the e4m3 value / unit
   static vec cvt8(const unsigned char* p) { return kvpager::detail::e4m3_to_float(*p); }
   static vec loadf(const float* p) { return *p; }
   static void storef(float* p, vec v) { *p = v; }
@@ -106,7 +107,7 @@ struct isa {
 // Each path under its own #pragma GCC target, reached only after the CPU was checked at run time (decode.cpp's
 // dispatch); the library itself targets baseline x86-64.
 #pragma GCC push_options
-#pragma GCC target("avx2,fma")
+#pragma GCC target("avx2,fma,f16c")
 namespace {
 namespace avx2_fp8 {
 struct isa {
@@ -114,17 +115,18 @@ struct isa {
   static constexpr int W = 8;
   static constexpr int score_tokens = 2;  // 2 tokens x 4 heads = 8 accumulators of 16 registers
   static constexpr int acc_vectors = 2;
-  /// 8 e4m3 bytes as floats: the 7 magnitude bits placed at fp32's exponent/mantissa boundary (bit 20) form
-  /// 2^(e-127) x (1 + m/8) (or m/8 x 2^-126 for e = 0), so one multiply by 2^120 rebases the exponent (bias 7 to 127)
-  /// for normals and subnormals alike; then the sign, and NaN for S.1111.111.
+  /// cvt8 returns the e4m3 value / 256: the e4m3 bits placed in an fp16 (sign at bit 15, exponent and mantissa at
+  /// bits 7-13) are an fp16 with the same exponent field and bias 15 instead of 7, i.e. the value x 2^-8, exactly,
+  /// subnormals included (F16C converts fp16 subnormals exactly, whatever MXCSR's DAZ); S.1111.111 becomes the fp16
+  /// NaN. The caller folds the 256 into the query scale and the output.
+  static constexpr float unit = 256.0F;
   static vec cvt8(const unsigned char* p) {
-    const __m256i x = _mm256_cvtepu8_epi32(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(p)));
-    const __m256i mag = _mm256_and_si256(x, _mm256_set1_epi32(0x7F));
-    const __m256 f = _mm256_mul_ps(_mm256_castsi256_ps(_mm256_slli_epi32(mag, 20)), _mm256_set1_ps(0x1p120F));
-    const __m256i sign = _mm256_and_si256(_mm256_slli_epi32(x, 24), _mm256_set1_epi32(INT32_MIN));
-    const __m256 v = _mm256_or_ps(f, _mm256_castsi256_ps(sign));
-    const __m256i nan = _mm256_cmpeq_epi32(mag, _mm256_set1_epi32(0x7F));
-    return _mm256_blendv_ps(v, _mm256_set1_ps(std::numeric_limits<float>::quiet_NaN()), _mm256_castsi256_ps(nan));
+    const __m128i x = _mm_cvtepu8_epi16(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(p)));
+    // (x << 8) >> 1 arithmetic: sign to bits 15 and 14, magnitude to bits 7-13; then clear bit 14.
+    __m128i h = _mm_and_si128(_mm_srai_epi16(_mm_slli_epi16(x, 8), 1), _mm_set1_epi16(static_cast<short>(0xBFFF)));
+    const __m128i nan = _mm_cmpeq_epi16(_mm_and_si128(x, _mm_set1_epi16(0x7F)), _mm_set1_epi16(0x7F));
+    h = _mm_or_si128(h, _mm_and_si128(nan, _mm_set1_epi16(0x7E00)));
+    return _mm256_cvtph_ps(h);
   }
   static vec loadf(const float* p) { return _mm256_loadu_ps(p); }
   static void storef(float* p, vec v) { _mm256_storeu_ps(p, v); }
@@ -185,7 +187,7 @@ struct isa {
 #pragma GCC pop_options
 
 #pragma GCC push_options
-#pragma GCC target("avx512f,avx512bw,avx512dq,avx512vl,avx2,fma")
+#pragma GCC target("avx512f,avx512bw,avx512dq,avx512vl,avx2,fma,f16c")
 namespace {
 namespace avx512_fp8 {
 struct isa {
@@ -193,16 +195,14 @@ struct isa {
   static constexpr int W = 16;
   static constexpr int score_tokens = 4;  // 4 tokens x 4 heads = 16 accumulators of 32 registers
   static constexpr int acc_vectors = 4;
-  /// 16 e4m3 bytes as floats, as the AVX2 path (the sign merged with one ternary-logic op).
+  /// 16 e4m3 bytes as floats / 256, as the AVX2 path (256-bit integer work, one 512-bit conversion).
+  static constexpr float unit = 256.0F;
   static vec cvt8(const unsigned char* p) {
-    const __m512i x = _mm512_cvtepu8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p)));
-    const __m512i mag = _mm512_and_si512(x, _mm512_set1_epi32(0x7F));
-    const __m512 f = _mm512_mul_ps(_mm512_castsi512_ps(_mm512_slli_epi32(mag, 20)), _mm512_set1_ps(0x1p120F));
-    // f | (x << 24 & 0x80000000): truth table A | (B & C) = 0xF8.
-    const __m512i v = _mm512_ternarylogic_epi32(_mm512_castps_si512(f), _mm512_slli_epi32(x, 24),
-                                                _mm512_set1_epi32(INT32_MIN), 0xF8);
-    const __mmask16 nan = _mm512_cmpeq_epi32_mask(mag, _mm512_set1_epi32(0x7F));
-    return _mm512_mask_mov_ps(_mm512_castsi512_ps(v), nan, _mm512_set1_ps(std::numeric_limits<float>::quiet_NaN()));
+    const __m256i x = _mm256_cvtepu8_epi16(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p)));
+    const __m256i h =
+        _mm256_and_si256(_mm256_srai_epi16(_mm256_slli_epi16(x, 8), 1), _mm256_set1_epi16(static_cast<short>(0xBFFF)));
+    const __mmask16 nan = _mm256_cmpeq_epi16_mask(_mm256_and_si256(x, _mm256_set1_epi16(0x7F)), _mm256_set1_epi16(0x7F));
+    return _mm512_cvtph_ps(_mm256_mask_mov_epi16(h, nan, _mm256_set1_epi16(0x7E00)));
   }
   static vec loadf(const float* p) { return _mm512_loadu_ps(p); }
   static void storef(float* p, vec v) { _mm512_storeu_ps(p, v); }

@@ -370,3 +370,35 @@ TEST(CpuFp8Geometry, OneBytePerElementEverywhere) {
   EXPECT_EQ(kv_layout::of(f16).pool_bytes(), 2 * l.pool_bytes());
   EXPECT_EQ(kv_bytes_per_block(g, 32), std::int64_t{2} * 16 * 8 * 128 * 32);
 }
+
+TEST(CpuFp8Decode, EveryCodeIsReadExactlyAndNaNPropagates) {
+  // The used slots cycle through all 254 finite codes (subnormals, zeros of both signs, +-448), so each path's
+  // e4m3 -> fp32 conversion is checked on every code against the reference's (exact) values.
+  for (const std::int32_t q_dtype : {KVPAGER_DTYPE_FP32, KVPAGER_DTYPE_BF16}) {
+    fp8_problem pr(q_dtype, 128, 16, 8, 2, {77, 64}, 21, 1.0F / 448, 1.0F / 448);
+    std::size_t next = 0;
+    for (std::int32_t s = 0; s < pr.S; ++s)
+      for (std::int32_t t = 0; t < pr.lens[static_cast<std::size_t>(s)]; ++t)
+        for (std::int32_t kvi = 0; kvi < 2; ++kvi)
+          for (std::int32_t h = 0; h < pr.hkv; ++h)
+            for (std::int32_t e = 0; e < pr.d; ++e) {
+              auto code = static_cast<std::uint8_t>(next++ * 37 % 256);
+              if ((code & 0x7F) == 0x7F) code = static_cast<std::uint8_t>(code ^ 0x01);  // no NaN here
+              pr.kv[pr.index(s, t, kvi, h, e)] = code;
+            }
+    pr.reference();
+    int32_t rc = -1;
+    const auto out = run_c(pr, 0, &rc);
+    ASSERT_EQ(rc, KVPAGER_STATUS_OK);
+    EXPECT_LE(pr.out_error(out), tolerance(q_dtype)) << q_dtype;
+    // A NaN code in one V element of a used token: that dimension of the heads reading it is NaN, nothing else.
+    pr.kv[pr.index(0, 3, 1, 1, 5)] = kvpager::detail::e4m3_nan_code;
+    const auto nan_out = run_c(pr, 0, &rc);
+    ASSERT_EQ(rc, KVPAGER_STATUS_OK);
+    for (std::int32_t qh = 0; qh < pr.hq; ++qh)
+      for (std::int32_t e = 0; e < pr.d; ++e) {
+        const double x = kvpager_fp8_test::get(nan_out, q_dtype, static_cast<std::size_t>(qh * pr.d + e));
+        EXPECT_EQ(std::isnan(x), qh / 4 == 1 && e == 5) << "head " << qh << " dim " << e;
+      }
+  }
+}
