@@ -78,7 +78,10 @@ KVPAGER_C_API int32_t kvpager_can_implement(int32_t num_blocks, int32_t block_si
  * bias 7, 3 mantissa bits, no infinities, largest magnitude 448, NaN = S.1111.111; one byte per element), read and
  * written by the _fp8 functions below with per-tensor scales: stored = e4m3(x / scale), x = e4m3 x scale (K with
  * k_scale, V with v_scale). Their query and output are fp32, fp16 or bf16 (q_dtype); the key and value they append
- * are fp32, fp16 or bf16 (src_dtype).
+ * are fp32, fp16 or bf16 (src_dtype). Prefill over an fp8 pool is not implemented yet (the prefill entry points take
+ * dtypes 0-2); it follows the same scheme as decode_fp8: k_scale folded into the softmax scale, v_scale into the
+ * output, KV rows read as bytes and converted with kvpager/kernels/float8.hpp (kernels/common/checks.hpp has
+ * check_decode_fp8_args for the scalar checks).
  */
 enum { KVPAGER_DTYPE_FP32 = 0, KVPAGER_DTYPE_FP16 = 1, KVPAGER_DTYPE_BF16 = 2, KVPAGER_DTYPE_FP8_E4M3 = 3 };
 
