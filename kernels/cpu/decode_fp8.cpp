@@ -121,9 +121,10 @@ struct isa {
   /// NaN. The caller folds the 256 into the query scale and the output.
   static constexpr float unit = 256.0F;
   static vec cvt8(const unsigned char* p) {
-    const __m128i x = _mm_cvtepu8_epi16(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(p)));
-    // (x << 8) >> 1 arithmetic: sign to bits 15 and 14, magnitude to bits 7-13; then clear bit 14.
-    __m128i h = _mm_and_si128(_mm_srai_epi16(_mm_slli_epi16(x, 8), 1), _mm_set1_epi16(static_cast<short>(0xBFFF)));
+    // Sign-extended to 16 bits and shifted left by 7: the magnitude lands at bits 7-13, the sign at bits 14 and 15
+    // (a negative byte's extension fills bit 15); clearing bit 14 leaves the fp16.
+    const __m128i x = _mm_cvtepi8_epi16(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(p)));
+    __m128i h = _mm_and_si128(_mm_slli_epi16(x, 7), _mm_set1_epi16(static_cast<short>(0xBFFF)));
     const __m128i nan = _mm_cmpeq_epi16(_mm_and_si128(x, _mm_set1_epi16(0x7F)), _mm_set1_epi16(0x7F));
     h = _mm_or_si128(h, _mm_and_si128(nan, _mm_set1_epi16(0x7E00)));
     return _mm256_cvtph_ps(h);
@@ -198,9 +199,8 @@ struct isa {
   /// 16 e4m3 bytes as floats / 256, as the AVX2 path (256-bit integer work, one 512-bit conversion).
   static constexpr float unit = 256.0F;
   static vec cvt8(const unsigned char* p) {
-    const __m256i x = _mm256_cvtepu8_epi16(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p)));
-    const __m256i h =
-        _mm256_and_si256(_mm256_srai_epi16(_mm256_slli_epi16(x, 8), 1), _mm256_set1_epi16(static_cast<short>(0xBFFF)));
+    const __m256i x = _mm256_cvtepi8_epi16(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p)));
+    const __m256i h = _mm256_and_si256(_mm256_slli_epi16(x, 7), _mm256_set1_epi16(static_cast<short>(0xBFFF)));
     const __mmask16 nan = _mm256_cmpeq_epi16_mask(_mm256_and_si256(x, _mm256_set1_epi16(0x7F)), _mm256_set1_epi16(0x7F));
     return _mm512_cvtph_ps(_mm256_mask_mov_epi16(h, nan, _mm256_set1_epi16(0x7E00)));
   }
