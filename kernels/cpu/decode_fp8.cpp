@@ -78,6 +78,8 @@ struct isa {
   static vec cvt8(const unsigned char* p) { return kvpager::detail::e4m3_to_float(*p); }
   static vec loadf(const float* p) { return *p; }
   static void storef(float* p, vec v) { *p = v; }
+  static vec loadq(const void* base, std::int64_t i, std::int32_t dtype) { return load_elem(base, i, dtype); }
+  static void storeq(void* base, std::int64_t i, vec v, std::int32_t dtype) { store_elem(base, i, v, dtype); }
   static vec zero() { return 0.0F; }
   static vec set1(float x) { return x; }
   static vec add(vec a, vec b) { return a + b; }
@@ -131,6 +133,26 @@ struct isa {
   }
   static vec loadf(const float* p) { return _mm256_loadu_ps(p); }
   static void storef(float* p, vec v) { _mm256_storeu_ps(p, v); }
+  /// 8 query elements of dtype as floats.
+  static vec loadq(const void* base, std::int64_t i, std::int32_t dtype) {
+    if (dtype == KVPAGER_DTYPE_FP32) return _mm256_loadu_ps(static_cast<const float*>(base) + i);
+    const __m128i h = _mm_loadu_si128(reinterpret_cast<const __m128i*>(static_cast<const std::uint16_t*>(base) + i));
+    if (dtype == KVPAGER_DTYPE_FP16) return _mm256_cvtph_ps(h);
+    return _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(h), 16));
+  }
+  /// 8 output elements as dtype (fp16 and bf16 rounded to nearest even by the portable conversions).
+  static void storeq(void* base, std::int64_t i, vec v, std::int32_t dtype) {
+    if (dtype == KVPAGER_DTYPE_FP32) {
+      _mm256_storeu_ps(static_cast<float*>(base) + i, v);
+    } else if (dtype == KVPAGER_DTYPE_FP16) {
+      _mm_storeu_si128(reinterpret_cast<__m128i*>(static_cast<std::uint16_t*>(base) + i),
+                       _mm256_cvtps_ph(v, _MM_FROUND_TO_NEAREST_INT));
+    } else {
+      alignas(32) float f[8];
+      _mm256_store_ps(f, v);
+      for (int k = 0; k < 8; ++k) store_elem(base, i + k, f[k], dtype);
+    }
+  }
   static vec zero() { return _mm256_setzero_ps(); }
   static vec set1(float x) { return _mm256_set1_ps(x); }
   static vec add(vec a, vec b) { return _mm256_add_ps(a, b); }
@@ -206,6 +228,26 @@ struct isa {
   }
   static vec loadf(const float* p) { return _mm512_loadu_ps(p); }
   static void storef(float* p, vec v) { _mm512_storeu_ps(p, v); }
+  /// 16 query elements of dtype as floats.
+  static vec loadq(const void* base, std::int64_t i, std::int32_t dtype) {
+    if (dtype == KVPAGER_DTYPE_FP32) return _mm512_loadu_ps(static_cast<const float*>(base) + i);
+    const __m256i h = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(static_cast<const std::uint16_t*>(base) + i));
+    if (dtype == KVPAGER_DTYPE_FP16) return _mm512_cvtph_ps(h);
+    return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(h), 16));
+  }
+  /// 16 output elements as dtype (fp16 rounded to nearest even by F16C, bf16 by the portable conversion).
+  static void storeq(void* base, std::int64_t i, vec v, std::int32_t dtype) {
+    if (dtype == KVPAGER_DTYPE_FP32) {
+      _mm512_storeu_ps(static_cast<float*>(base) + i, v);
+    } else if (dtype == KVPAGER_DTYPE_FP16) {
+      _mm256_storeu_si256(reinterpret_cast<__m256i*>(static_cast<std::uint16_t*>(base) + i),
+                          _mm512_cvtps_ph(v, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC));
+    } else {
+      alignas(64) float f[16];
+      _mm512_store_ps(f, v);
+      for (int k = 0; k < 16; ++k) store_elem(base, i + k, f[k], dtype);
+    }
+  }
   static vec zero() { return _mm512_setzero_ps(); }
   static vec set1(float x) { return _mm512_set1_ps(x); }
   static vec add(vec a, vec b) { return _mm512_add_ps(a, b); }
@@ -266,15 +308,20 @@ namespace {
 
 using item_fn = void (*)(const fp8_call&, std::int32_t, std::int32_t, std::int32_t, std::int32_t, std::int32_t,
                          std::int32_t, float*, float*, float*);
+using store_fn = void (*)(void*, std::int64_t, const float*, float, std::int32_t, std::int64_t);
+struct fp8_kernel {
+  item_fn item;
+  store_fn store;
+};
 
 /// The kernel of the path decode.cpp's dispatch chose (the same CPU check and KVPAGER_CPU_DISPATCH cap).
-item_fn pick_item() noexcept {
+fp8_kernel pick_kernel() noexcept {
 #if defined(KVPAGER_HAVE_X86_FP8_PATHS)
   const char* path = kvpager_cpu_decode_path();
-  if (std::strcmp(path, "avx512") == 0) return &avx512_fp8::decode_item;
-  if (std::strcmp(path, "avx2") == 0) return &avx2_fp8::decode_item;
+  if (std::strcmp(path, "avx512") == 0) return {&avx512_fp8::decode_item, &avx512_fp8::store_row};
+  if (std::strcmp(path, "avx2") == 0) return {&avx2_fp8::decode_item, &avx2_fp8::store_row};
 #endif
-  return &portable_fp8::decode_item;
+  return {&portable_fp8::decode_item, &portable_fp8::store_row};
 }
 
 /// Every argument, page tables included, before any KV memory is read.
@@ -338,7 +385,7 @@ std::int32_t decode_fp8_cpu(const kvpager::decode_params& p) noexcept {
   const fp8_call c{static_cast<const unsigned char*>(kv.data), &p.pages, p.query, D, kv.block_size, kv.stride_block,
                    kv.stride_kv, kv.stride_head, kv.stride_token, p.num_q_heads, group, p.q_dtype,
                    p.scale * p.k_scale};
-  const item_fn item = pick_item();
+  const fp8_kernel kernel = pick_kernel();
   const std::int32_t q_dtype = p.q_dtype;
   const float v_scale = p.v_scale;
   parallel_for(std::int64_t{p.num_seqs} * hkv * tiles * splits, threads, [&](std::int64_t it) {
@@ -351,12 +398,12 @@ std::int32_t decode_fp8_cpu(const kvpager::decode_params& p) noexcept {
     split_range(page_length(p.pages, seq, kv.block_size), kv.block_size, splits, split, t0, t1);
     float m[kItemHeads], l[kItemHeads];
     alignas(64) float acc[kItemHeads * kMaxHeadDim];
-    item(c, seq, h, g0, count, t0, t1, m, l, acc);
+    kernel.item(c, seq, h, g0, count, t0, t1, m, l, acc);
     for (std::int32_t g = 0; g < count; ++g) {
       const std::int64_t row = std::int64_t{seq} * p.num_q_heads + std::int64_t{h} * group + g0 + g;
       if (splits == 1) {  // the whole sequence: normalize and store here, no merge pass
         const float f = l[g] > 0.0F ? v_scale / l[g] : 0.0F;
-        for (std::int64_t d = 0; d < D; ++d) store_elem(p.out, row * D + d, acc[g * D + d] * f, q_dtype);
+        kernel.store(p.out, row, acc + g * D, f, q_dtype, D);
         if (p.lse != nullptr) p.lse[row] = lse_of(m[g], l[g]);
       } else {
         float* st = state(row, split);
@@ -383,8 +430,7 @@ std::int32_t decode_fp8_cpu(const kvpager::decode_params& p) noexcept {
         for (std::int64_t d = 0; d < D; ++d) o[d] += w * st[2 + d];
       }
     }
-    const float f = L > 0.0F ? 1.0F / L : 0.0F;
-    for (std::int64_t d = 0; d < D; ++d) store_elem(p.out, row * D + d, o[d] * f, q_dtype);
+    kernel.store(p.out, row, o, L > 0.0F ? 1.0F / L : 0.0F, q_dtype, D);
     if (p.lse != nullptr) p.lse[row] = lse_of(M, L);
   });
   return KVPAGER_STATUS_OK;
