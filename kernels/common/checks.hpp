@@ -20,8 +20,14 @@ inline bool supported_block_size(int32_t b) { return b == 8 || b == 16 || b == 3
 inline bool valid_dtype(int32_t dtype) {
   return dtype == KVPAGER_DTYPE_FP32 || dtype == KVPAGER_DTYPE_FP16 || dtype == KVPAGER_DTYPE_BF16;
 }
-/// Bytes of one element of a valid dtype.
-inline int64_t elem_bytes(int32_t dtype) { return dtype == KVPAGER_DTYPE_FP32 ? 4 : 2; }
+/// A KV pool's dtype as kvpager_can_implement accepts it: a valid_dtype or fp8 E4M3 (run by the _fp8 functions only).
+inline bool valid_kv_dtype(int32_t dtype) { return valid_dtype(dtype) || dtype == KVPAGER_DTYPE_FP8_E4M3; }
+/// Bytes of one element of a valid_kv_dtype.
+inline int64_t elem_bytes(int32_t dtype) {
+  return dtype == KVPAGER_DTYPE_FP32 ? 4 : dtype == KVPAGER_DTYPE_FP8_E4M3 ? 1 : 2;
+}
+/// A per-tensor fp8 scale: finite and positive.
+inline bool valid_fp8_scale(float s) { return std::isfinite(s) && s > 0.0F; }
 
 /// The product of non-negative factors in int64, or -1 when a factor is negative or the product overflows int64.
 inline int64_t checked_product(std::initializer_list<int64_t> factors) {
@@ -40,15 +46,22 @@ inline int64_t checked_sum(int64_t a, int64_t b) {
 /// order: KV heads (positive, else BAD_HEADS), head dim, dtype, block size (the UNSUPPORTED_* codes), then
 /// num_blocks (positive) and the pool's size in bytes, num_blocks x 2 x num_kv_heads x block_size x head_dim x
 /// element bytes, which must fit in int64 (else INVALID_ARGUMENT).
-inline int32_t check_kv_geometry(int32_t num_kv_heads, int32_t head_dim, int32_t block_size, int32_t dtype,
-                                 int32_t num_blocks) {
+/// `dtype_ok` says whether this entry point runs the pool's dtype: valid_dtype for the plain functions, valid_kv_dtype
+/// for kvpager_can_implement, fp8 only for the _fp8 functions.
+inline int32_t check_pool_geometry(int32_t num_kv_heads, int32_t head_dim, int32_t block_size, int32_t dtype,
+                                   int32_t num_blocks, bool dtype_ok) {
   if (num_kv_heads <= 0) return KVPAGER_STATUS_BAD_HEADS;
   if (!supported_head_dim(head_dim)) return KVPAGER_STATUS_UNSUPPORTED_HEAD_DIM;
-  if (!valid_dtype(dtype)) return KVPAGER_STATUS_UNSUPPORTED_DTYPE;
+  if (!dtype_ok) return KVPAGER_STATUS_UNSUPPORTED_DTYPE;
   if (!supported_block_size(block_size)) return KVPAGER_STATUS_UNSUPPORTED_BLOCK_SIZE;
   if (num_blocks <= 0 || checked_product({num_blocks, 2, num_kv_heads, block_size, head_dim, elem_bytes(dtype)}) < 0)
     return KVPAGER_STATUS_INVALID_ARGUMENT;
   return KVPAGER_STATUS_OK;
+}
+/// The plain (fp32/fp16/bf16) kernels' geometry check: an fp8 pool is UNSUPPORTED_DTYPE here.
+inline int32_t check_kv_geometry(int32_t num_kv_heads, int32_t head_dim, int32_t block_size, int32_t dtype,
+                                 int32_t num_blocks) {
+  return check_pool_geometry(num_kv_heads, head_dim, block_size, dtype, num_blocks, valid_dtype(dtype));
 }
 
 /// The most KV splits a decode call takes (CPU and CUDA).
@@ -205,6 +218,64 @@ inline int32_t check_append(const void* kv_cache, const void* key, const void* v
   if (const int32_t rc = check_kv_geometry(num_kv_heads, head_dim, block_size, dtype, num_blocks); rc != KVPAGER_STATUS_OK)
     return rc;
   if (checked_product({num_tokens, num_kv_heads, head_dim, elem_bytes(dtype)}) < 0) return KVPAGER_STATUS_INVALID_ARGUMENT;
+  if (num_tokens > 0 && (kv_cache == nullptr || key == nullptr || value == nullptr || slot_mapping == nullptr))
+    return KVPAGER_STATUS_INVALID_ARGUMENT;
+  return KVPAGER_STATUS_OK;
+}
+
+/// decode over an fp8 E4M3 pool (the _fp8 entry points, CPU and CUDA), in this order: num_seqs non-negative, scale
+/// finite, k_scale and v_scale finite and positive (else INVALID_ARGUMENT); query heads (BAD_HEADS); the pool geometry
+/// with dtype fp8; q_dtype, the dtype of query and output (fp32/fp16/bf16, else UNSUPPORTED_DTYPE); then the query and
+/// output size in q_dtype and the split workspace within int64 (INVALID_ARGUMENT).
+inline int32_t check_decode_fp8_args(int32_t num_seqs, int32_t num_q_heads, int32_t num_kv_heads, int32_t head_dim,
+                                     int32_t block_size, int32_t q_dtype, int32_t num_blocks, float scale,
+                                     float k_scale, float v_scale, int32_t num_splits) {
+  if (num_seqs < 0 || !std::isfinite(scale) || !valid_fp8_scale(k_scale) || !valid_fp8_scale(v_scale))
+    return KVPAGER_STATUS_INVALID_ARGUMENT;
+  if (num_kv_heads <= 0 || num_q_heads <= 0 || num_q_heads % num_kv_heads != 0) return KVPAGER_STATUS_BAD_HEADS;
+  if (const int32_t rc =
+          check_pool_geometry(num_kv_heads, head_dim, block_size, KVPAGER_DTYPE_FP8_E4M3, num_blocks, true);
+      rc != KVPAGER_STATUS_OK)
+    return rc;
+  if (!valid_dtype(q_dtype)) return KVPAGER_STATUS_UNSUPPORTED_DTYPE;
+  if (checked_product({num_seqs, num_q_heads, head_dim, elem_bytes(q_dtype)}) < 0 ||
+      decode_workspace_bytes(num_seqs, num_q_heads, head_dim, num_splits) < 0)
+    return KVPAGER_STATUS_INVALID_ARGUMENT;
+  return KVPAGER_STATUS_OK;
+}
+
+/// check_dense_decode for the _fp8 decode entry points: max_blocks_per_seq positive, check_decode_fp8_args, then the
+/// pointers (null only when num_seqs is 0).
+inline int32_t check_dense_decode_fp8(const void* out, const void* query, const void* kv_cache,
+                                      const int32_t* block_table, const int32_t* seq_lens, int32_t num_seqs,
+                                      int32_t num_q_heads, int32_t num_kv_heads, int32_t head_dim, int32_t block_size,
+                                      int32_t max_blocks_per_seq, int32_t num_blocks, float scale, int32_t q_dtype,
+                                      float k_scale, float v_scale, int32_t num_splits) {
+  if (max_blocks_per_seq <= 0) return KVPAGER_STATUS_INVALID_ARGUMENT;
+  if (const int32_t rc = check_decode_fp8_args(num_seqs, num_q_heads, num_kv_heads, head_dim, block_size, q_dtype,
+                                               num_blocks, scale, k_scale, v_scale, num_splits);
+      rc != KVPAGER_STATUS_OK)
+    return rc;
+  if (num_seqs > 0 &&
+      (out == nullptr || query == nullptr || kv_cache == nullptr || block_table == nullptr || seq_lens == nullptr))
+    return KVPAGER_STATUS_INVALID_ARGUMENT;
+  return KVPAGER_STATUS_OK;
+}
+
+/// kv_append_fp8 arguments (CPU and CUDA), in this order: num_tokens non-negative and both scales finite and positive
+/// (INVALID_ARGUMENT); the pool geometry with dtype fp8; src_dtype, the key/value dtype (fp32/fp16/bf16, else
+/// UNSUPPORTED_DTYPE); the key and value size in src_dtype within int64 and the pointers (INVALID_ARGUMENT).
+inline int32_t check_append_fp8(const void* kv_cache, const void* key, const void* value, const int64_t* slot_mapping,
+                                int32_t num_tokens, int32_t num_kv_heads, int32_t head_dim, int32_t block_size,
+                                int32_t num_blocks, int32_t src_dtype, float k_scale, float v_scale) {
+  if (num_tokens < 0 || !valid_fp8_scale(k_scale) || !valid_fp8_scale(v_scale)) return KVPAGER_STATUS_INVALID_ARGUMENT;
+  if (const int32_t rc =
+          check_pool_geometry(num_kv_heads, head_dim, block_size, KVPAGER_DTYPE_FP8_E4M3, num_blocks, true);
+      rc != KVPAGER_STATUS_OK)
+    return rc;
+  if (!valid_dtype(src_dtype)) return KVPAGER_STATUS_UNSUPPORTED_DTYPE;
+  if (checked_product({num_tokens, num_kv_heads, head_dim, elem_bytes(src_dtype)}) < 0)
+    return KVPAGER_STATUS_INVALID_ARGUMENT;
   if (num_tokens > 0 && (kv_cache == nullptr || key == nullptr || value == nullptr || slot_mapping == nullptr))
     return KVPAGER_STATUS_INVALID_ARGUMENT;
   return KVPAGER_STATUS_OK;

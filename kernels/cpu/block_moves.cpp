@@ -1,5 +1,6 @@
 // SPDX-License-Identifier: Apache-2.0
-// CPU block moves of the C ABI: kv_append (new tokens' K/V through the slot mapping), copy_blocks (within each
+// CPU block moves of the C ABI: kv_append (new tokens' K/V through the slot mapping; kv_append_fp8 quantizes them
+// into an fp8 E4M3 pool), copy_blocks (within each
 // layer's pool) and swap_blocks (between two pools). Every argument and every id is checked (kernels/common/checks.hpp)
 // before a byte is written.
 #include <cstddef>
@@ -7,6 +8,8 @@
 #include <cstring>
 
 #include "kvpager/c/kernels.h"
+#include "kvpager/kernels/float16.hpp"
+#include "kvpager/kernels/float8.hpp"
 #include "kernels/common/checks.hpp"
 
 extern "C" {
@@ -36,6 +39,42 @@ int32_t kvpager_cpu_kv_append(void* kv_cache, const void* key, const void* value
       const std::int64_t dst = b * 2 * half + h * head_stride + off * row;
       std::memcpy(cache + dst, k + src, static_cast<std::size_t>(row));
       std::memcpy(cache + dst + half, v + src, static_cast<std::size_t>(row));
+    }
+  }
+  return KVPAGER_STATUS_OK;
+}
+
+int32_t kvpager_cpu_kv_append_fp8(void* kv_cache, const void* key, const void* value, const int64_t* slot_mapping,
+                                  int32_t num_tokens, int32_t num_kv_heads, int32_t head_dim, int32_t block_size,
+                                  int32_t num_blocks, int32_t src_dtype, float k_scale, float v_scale) {
+  namespace kd = kvpager::kernels::detail;
+  if (const int32_t rc = kd::check_append_fp8(kv_cache, key, value, slot_mapping, num_tokens, num_kv_heads, head_dim,
+                                              block_size, num_blocks, src_dtype, k_scale, v_scale);
+      rc != KVPAGER_STATUS_OK)
+    return rc;
+  const std::int64_t slots = std::int64_t{num_blocks} * block_size;
+  for (int32_t t = 0; t < num_tokens; ++t)
+    if (slot_mapping[t] >= slots) return KVPAGER_STATUS_INVALID_BLOCK;
+  // Offsets in elements; the pool has one byte per element. Every offset is inside the buffers check_append_fp8
+  // bounded in int64.
+  const std::int64_t D = head_dim, head_stride = std::int64_t{block_size} * D, half = std::int64_t{num_kv_heads} * head_stride;
+  auto* cache = static_cast<std::uint8_t*>(kv_cache);
+  auto load = [src_dtype](const void* base, std::int64_t i) {
+    if (src_dtype == KVPAGER_DTYPE_FP32) return static_cast<const float*>(base)[i];
+    const std::uint16_t x = static_cast<const std::uint16_t*>(base)[i];
+    return src_dtype == KVPAGER_DTYPE_FP16 ? kvpager::detail::half_to_float(x) : kvpager::detail::bf16_to_float(x);
+  };
+  for (int32_t t = 0; t < num_tokens; ++t) {
+    const int64_t s = slot_mapping[t];
+    if (s < 0) continue;
+    const std::int64_t b = s / block_size, off = s % block_size;
+    for (int32_t h = 0; h < num_kv_heads; ++h) {
+      const std::int64_t src = (std::int64_t{t} * num_kv_heads + h) * D;
+      std::uint8_t* dst = cache + b * 2 * half + h * head_stride + off * D;
+      for (std::int64_t d = 0; d < D; ++d) {
+        dst[d] = kvpager::detail::float_to_e4m3(load(key, src + d) / k_scale);
+        dst[half + d] = kvpager::detail::float_to_e4m3(load(value, src + d) / v_scale);
+      }
     }
   }
   return KVPAGER_STATUS_OK;

@@ -33,6 +33,7 @@
 #include "kvpager/kernels/kernel_status.hpp"
 #include "kernels/common/checks.hpp"
 #include "kernels/common/decode_math.hpp"
+#include "kernels/cpu/decode_fp8.hpp"
 #include "worker_pool.hpp"
 
 namespace {
@@ -671,6 +672,12 @@ std::int64_t decode_workspace_size(const decode_params& p) noexcept {
                                                  p.num_splits == 0 ? max_planned_splits : p.num_splits);
 }
 
-status paged_attention_decode_cpu(const decode_params& p) noexcept { return kernel_status(decode_cpu(p)); }
+status paged_attention_decode_cpu(const decode_params& p) noexcept {
+  // An fp8 pool: decode_fp8.cpp (its own checks, q_dtype and scales). Otherwise query and output share the pool's
+  // dtype (q_dtype -1 or kv.dtype).
+  if (p.kv.dtype == KVPAGER_DTYPE_FP8_E4M3) return kernel_status(kernels::detail::decode_fp8_cpu(p));
+  if (p.q_dtype != -1 && p.q_dtype != p.kv.dtype) return kernel_status(KVPAGER_STATUS_UNSUPPORTED_DTYPE);
+  return kernel_status(decode_cpu(p));
+}
 
 KVPAGER_NAMESPACE_END

@@ -17,7 +17,9 @@ const char* kvpager_status_string(int32_t status) { return kvpager::kernel_statu
 
 int32_t kvpager_can_implement(int32_t num_blocks, int32_t block_size, int32_t num_kv_heads, int32_t head_dim,
                               int32_t dtype) {
-  return kvpager::kernels::detail::check_kv_geometry(num_kv_heads, head_dim, block_size, dtype, num_blocks);
+  // Every KV dtype the kernels store, fp8 E4M3 included (run by the _fp8 functions).
+  return kvpager::kernels::detail::check_pool_geometry(num_kv_heads, head_dim, block_size, dtype, num_blocks,
+                                                       kvpager::kernels::detail::valid_kv_dtype(dtype));
 }
 
 int32_t kvpager_cuda_decode_workspace_size(int32_t num_seqs, int32_t num_q_heads, int32_t head_dim, int32_t num_splits,

@@ -30,6 +30,10 @@ result<std::unique_ptr<cuda_executor>> cuda_executor::create(const cuda_executor
   if (const int32_t rc = kvpager_cuda_device_count(&n); rc != KVPAGER_STATUS_OK) return kernel_status(rc);  // unsupported
   // The geometry every kernel checks (kv_append would refuse each step otherwise).
   if (const status g = can_implement(cfg.geometry); !g.ok()) return g;
+  // An fp8 pool needs its per-tensor scales at every append (kvpager_cuda_kv_append_fp8); the executor's plans carry
+  // none, so it runs fp32/fp16/bf16 pools only.
+  if (cfg.geometry.dtype == kv_dtype::fp8_e4m3)
+    return status{errc::unsupported, "cuda_executor: fp8 KV pools are appended with kvpager_cuda_kv_append_fp8 (scales)"};
   const kv_layout layout = kv_layout::of(cfg.geometry);
   if (cfg.device_pool == nullptr || cfg.max_copies <= 0 || cfg.max_tokens <= 0 || cfg.max_swaps <= 0 ||
       cfg.num_host_blocks < 0 || (cfg.num_host_blocks > 0 && cfg.host_pool == nullptr) ||

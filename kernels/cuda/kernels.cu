@@ -1,6 +1,7 @@
 // SPDX-License-Identifier: Apache-2.0
 // CUDA entry points of the C ABI: paged decode attention (split-KV with a merge kernel), kv_append, copy_blocks,
-// swap_blocks. Host-side checks and launches; the kernels are in device_kernels.cuh. A launch or copy the runtime
+// swap_blocks, and the fp8 E4M3 pool's kv_append_fp8 and decode_fp8 (device_fp8.cuh).
+// Host-side checks and launches; the kernels are in device_kernels.cuh. A launch or copy the runtime
 // refuses is KVPAGER_STATUS_DEVICE_ERROR (cuda_status.hpp). Same semantics as the CPU backend
 // (kernels/cpu/decode.cpp, kernels/cpu/block_moves.cpp): tests/kernels/cuda_test.cpp compares them on a GPU, tests/kernels/cuda_emulation_test.cpp
 // runs the device code on CPU threads everywhere.
@@ -13,6 +14,7 @@
 #include "kvpager/c/kernels.h"
 #include "kernels/common/checks.hpp"
 #include "kernels/cuda/cuda_status.hpp"
+#include "kernels/cuda/device_fp8.cuh"
 #include "kernels/cuda/device_kernels.cuh"
 
 namespace {
@@ -65,9 +67,106 @@ int32_t launch_decode(const decode_args& a) {
   return launch_status();
 }
 
+/// decode_args of an fp8 pool: `scale` already multiplied by k_scale, the query/output dtype in T.
+template <class T, int D>
+void launch_decode_fp8_dim(const decode_args& a, float v_scale) {
+  const dim3 grid(static_cast<unsigned>(a.seqs), grid_rows(a.hkv), static_cast<unsigned>(a.splits));
+  decode_fp8_kernel<T, D><<<grid, kWarps * 32, 0, a.stream>>>(
+      static_cast<T*>(a.out), a.lse, a.part, static_cast<const T*>(a.q), static_cast<const uint8_t*>(a.kv), a.table,
+      a.lens, a.hq, a.hkv, a.bs, a.max_blocks, a.num_blocks, a.scale, v_scale, a.splits, a.error);
+}
+
+template <class T>
+int32_t launch_decode_fp8(const decode_args& a, float v_scale) {
+  switch (a.dim) {
+    case 64: launch_decode_fp8_dim<T, 64>(a, v_scale); break;
+    case 80: launch_decode_fp8_dim<T, 80>(a, v_scale); break;
+    case 96: launch_decode_fp8_dim<T, 96>(a, v_scale); break;
+    case 112: launch_decode_fp8_dim<T, 112>(a, v_scale); break;
+    case 128: launch_decode_fp8_dim<T, 128>(a, v_scale); break;
+    default: launch_decode_fp8_dim<T, 256>(a, v_scale); break;
+  }
+  if (a.splits > 1) {  // the partial states already carry v_scale: the plain merge applies
+    const dim3 grid(static_cast<unsigned>(a.seqs), grid_rows(a.hq));
+    merge_kernel<T><<<grid, 128, 0, a.stream>>>(static_cast<T*>(a.out), a.lse, a.part, a.hq, a.dim, a.splits);
+  }
+  return launch_status();
+}
+
 }  // namespace
 
 extern "C" {
+
+int32_t kvpager_cuda_paged_attention_decode_fp8_split(void* out, float* lse, const void* query, const void* kv_cache,
+                                                      const int32_t* block_table, const int32_t* seq_lens,
+                                                      int32_t num_seqs, int32_t num_q_heads, int32_t num_kv_heads,
+                                                      int32_t head_dim, int32_t block_size, int32_t max_blocks_per_seq,
+                                                      int32_t num_blocks, float scale, int32_t q_dtype, float k_scale,
+                                                      float v_scale, int32_t num_splits, void* workspace,
+                                                      int64_t workspace_bytes, int32_t* error_flag, void* stream) {
+  if (num_splits < 1 || workspace_bytes < 0) return KVPAGER_STATUS_INVALID_ARGUMENT;
+  if (const int32_t rc = check_dense_decode_fp8(out, query, kv_cache, block_table, seq_lens, num_seqs, num_q_heads,
+                                                num_kv_heads, head_dim, block_size, max_blocks_per_seq, num_blocks,
+                                                scale, q_dtype, k_scale, v_scale, num_splits);
+      rc != KVPAGER_STATUS_OK)
+    return rc;
+  const int64_t need = decode_workspace_bytes(num_seqs, num_q_heads, head_dim, num_splits);
+  if (workspace_bytes < need || (need > 0 && workspace == nullptr)) return KVPAGER_STATUS_INVALID_ARGUMENT;
+  if (num_seqs == 0) return KVPAGER_STATUS_OK;
+  const decode_args a{out, lse, query, kv_cache, block_table, seq_lens, num_seqs, num_q_heads, num_kv_heads, head_dim,
+                      block_size, max_blocks_per_seq, num_blocks, scale * k_scale, -1, 0.0F, num_splits,
+                      static_cast<float*>(workspace), error_flag, static_cast<cudaStream_t>(stream)};
+  switch (q_dtype) {
+    case KVPAGER_DTYPE_FP32: return launch_decode_fp8<float>(a, v_scale);
+    case KVPAGER_DTYPE_FP16: return launch_decode_fp8<__half>(a, v_scale);
+    default: return launch_decode_fp8<__nv_bfloat16>(a, v_scale);
+  }
+}
+
+int32_t kvpager_cuda_paged_attention_decode_fp8(void* out, const void* query, const void* kv_cache,
+                                                const int32_t* block_table, const int32_t* seq_lens, int32_t num_seqs,
+                                                int32_t num_q_heads, int32_t num_kv_heads, int32_t head_dim,
+                                                int32_t block_size, int32_t max_blocks_per_seq, int32_t num_blocks,
+                                                float scale, int32_t q_dtype, float k_scale, float v_scale,
+                                                int32_t* error_flag, void* stream) {
+  return kvpager_cuda_paged_attention_decode_fp8_split(out, nullptr, query, kv_cache, block_table, seq_lens, num_seqs,
+                                                       num_q_heads, num_kv_heads, head_dim, block_size,
+                                                       max_blocks_per_seq, num_blocks, scale, q_dtype, k_scale, v_scale,
+                                                       1, nullptr, 0, error_flag, stream);
+}
+
+int32_t kvpager_cuda_kv_append_fp8(void* kv_cache, const void* key, const void* value, const int64_t* slot_mapping,
+                                   int32_t num_tokens, int32_t num_kv_heads, int32_t head_dim, int32_t block_size,
+                                   int32_t num_blocks, int32_t src_dtype, float k_scale, float v_scale,
+                                   int32_t* error_flag, void* stream) {
+  if (const int32_t rc = check_append_fp8(kv_cache, key, value, slot_mapping, num_tokens, num_kv_heads, head_dim,
+                                          block_size, num_blocks, src_dtype, k_scale, v_scale);
+      rc != KVPAGER_STATUS_OK)
+    return rc;
+  if (num_tokens == 0) return KVPAGER_STATUS_OK;
+  const int64_t max_slot = static_cast<int64_t>(num_blocks) * block_size;
+  auto s = static_cast<cudaStream_t>(stream);
+  const dim3 grid(static_cast<unsigned>(num_tokens));
+  auto* cache = static_cast<uint8_t*>(kv_cache);
+  switch (src_dtype) {
+    case KVPAGER_DTYPE_FP32:
+      append_fp8_kernel<float><<<grid, 256, 0, s>>>(cache, static_cast<const float*>(key), static_cast<const float*>(value),
+                                                    slot_mapping, num_kv_heads, head_dim, block_size, max_slot, k_scale,
+                                                    v_scale, error_flag);
+      break;
+    case KVPAGER_DTYPE_FP16:
+      append_fp8_kernel<__half><<<grid, 256, 0, s>>>(cache, static_cast<const __half*>(key),
+                                                     static_cast<const __half*>(value), slot_mapping, num_kv_heads,
+                                                     head_dim, block_size, max_slot, k_scale, v_scale, error_flag);
+      break;
+    default:
+      append_fp8_kernel<__nv_bfloat16><<<grid, 256, 0, s>>>(cache, static_cast<const __nv_bfloat16*>(key),
+                                                            static_cast<const __nv_bfloat16*>(value), slot_mapping,
+                                                            num_kv_heads, head_dim, block_size, max_slot, k_scale,
+                                                            v_scale, error_flag);
+  }
+  return launch_status();
+}
 
 int32_t kvpager_cuda_paged_attention_decode_split_ex(void* out, float* lse, const void* query, const void* kv_cache,
                                                      const int32_t* block_table, const int32_t* seq_lens,

@@ -1,7 +1,7 @@
 // SPDX-License-Identifier: Apache-2.0
 // One geometry from cache to kernel, checked up front: kv_layout and paged_kv_view derive from a kv_geometry, and
 // can_implement (C: kvpager_can_implement) accepts a geometry exactly when every decode and kv_append call over it
-// accepts it, with the same code when it does not (CPU and, in a CUDA build, the CUDA entry points' host checks).
+// accepts it (for an fp8 pool: the _fp8 ones, while the plain ones answer UNSUPPORTED_DTYPE), with the same code when it does not (CPU and, in a CUDA build, the CUDA entry points' host checks).
 #include <kvpager/c/kernels.h>
 #include <kvpager/core/geometry.hpp>
 #include <kvpager/kernels/attention.hpp>
@@ -46,6 +46,7 @@ std::int32_t cpu_decode_rc(const kv_geometry& g) {
 std::int32_t cxx_decode_rc(const kv_geometry& g) {
   decode_params p;
   p.kv = paged_kv_view::hnd(nullptr, g);
+  if (g.dtype == kv_dtype::fp8_e4m3) p.q_dtype = KVPAGER_DTYPE_FP16;  // an fp8 pool's query and output dtype
   p.num_q_heads = g.num_kv_heads > 0 && g.num_kv_heads <= kMax / 2 ? 2 * g.num_kv_heads : 1;
   const status s = paged_attention_decode_cpu(p);
   return s.ok() ? KVPAGER_STATUS_OK : static_cast<std::int32_t>(s.detail());
@@ -58,6 +59,26 @@ std::int32_t cuda_decode_rc(const kv_geometry& g) {
   const std::int32_t hq = g.num_kv_heads > 0 && g.num_kv_heads <= kMax / 2 ? 2 * g.num_kv_heads : 1;
   return kvpager_cuda_paged_attention_decode(nullptr, nullptr, nullptr, nullptr, nullptr, 0, hq, g.num_kv_heads,
                                              g.head_dim, g.block_size, 1, g.num_blocks, 0.1F, dt(g), nullptr, nullptr);
+}
+std::int32_t cpu_decode_fp8_rc(const kv_geometry& g) {
+  const std::int32_t hq = g.num_kv_heads > 0 && g.num_kv_heads <= kMax / 2 ? 2 * g.num_kv_heads : 1;
+  return kvpager_cpu_paged_attention_decode_fp8(nullptr, nullptr, nullptr, nullptr, nullptr, 0, hq, g.num_kv_heads,
+                                                g.head_dim, g.block_size, 1, g.num_blocks, 0.1F, KVPAGER_DTYPE_FP16,
+                                                1.0F, 1.0F, 1);
+}
+std::int32_t cpu_append_fp8_rc(const kv_geometry& g) {
+  return kvpager_cpu_kv_append_fp8(nullptr, nullptr, nullptr, nullptr, 0, g.num_kv_heads, g.head_dim, g.block_size,
+                                   g.num_blocks, KVPAGER_DTYPE_FP16, 1.0F, 1.0F);
+}
+std::int32_t cuda_decode_fp8_rc(const kv_geometry& g) {
+  const std::int32_t hq = g.num_kv_heads > 0 && g.num_kv_heads <= kMax / 2 ? 2 * g.num_kv_heads : 1;
+  return kvpager_cuda_paged_attention_decode_fp8(nullptr, nullptr, nullptr, nullptr, nullptr, 0, hq, g.num_kv_heads,
+                                                 g.head_dim, g.block_size, 1, g.num_blocks, 0.1F, KVPAGER_DTYPE_FP16,
+                                                 1.0F, 1.0F, nullptr, nullptr);
+}
+std::int32_t cuda_append_fp8_rc(const kv_geometry& g) {
+  return kvpager_cuda_kv_append_fp8(nullptr, nullptr, nullptr, nullptr, 0, g.num_kv_heads, g.head_dim, g.block_size,
+                                    g.num_blocks, KVPAGER_DTYPE_FP16, 1.0F, 1.0F, nullptr, nullptr);
 }
 std::int32_t cuda_append_rc(const kv_geometry& g) {
   return kvpager_cuda_kv_append(nullptr, nullptr, nullptr, nullptr, 0, g.num_kv_heads, g.head_dim, g.block_size,
@@ -72,12 +93,29 @@ TEST(CanImplement, AgreesWithDecodeAndAppendOnEveryGeometry) {
     const std::int32_t rc = kvpager_can_implement(g.num_blocks, g.block_size, g.num_kv_heads, g.head_dim, dt(g));
     const auto where = ::testing::Message() << "blocks " << g.num_blocks << " bs " << g.block_size << " heads "
                                             << g.num_kv_heads << " dim " << g.head_dim << " dtype " << dt(g);
-    ASSERT_EQ(cpu_decode_rc(g), rc) << where;
     ASSERT_EQ(cxx_decode_rc(g), rc) << where;
-    ASSERT_EQ(cpu_append_rc(g), rc) << where;
-    if (KVPAGER_TEST_HAS_CUDA) {  // host-side checks: no device needed
-      ASSERT_EQ(cuda_decode_rc(g), rc) << where;
-      ASSERT_EQ(cuda_append_rc(g), rc) << where;
+    if (g.dtype == kv_dtype::fp8_e4m3) {
+      // fp8 pools: the _fp8 functions agree; the plain ones refuse the dtype (or an earlier field, same order).
+      ASSERT_EQ(cpu_decode_fp8_rc(g), rc) << where;
+      ASSERT_EQ(cpu_append_fp8_rc(g), rc) << where;
+      const std::int32_t plain = rc == KVPAGER_STATUS_BAD_HEADS || rc == KVPAGER_STATUS_UNSUPPORTED_HEAD_DIM
+                                     ? rc
+                                     : KVPAGER_STATUS_UNSUPPORTED_DTYPE;
+      ASSERT_EQ(cpu_decode_rc(g), plain) << where;
+      ASSERT_EQ(cpu_append_rc(g), plain) << where;
+      if (KVPAGER_TEST_HAS_CUDA) {
+        ASSERT_EQ(cuda_decode_fp8_rc(g), rc) << where;
+        ASSERT_EQ(cuda_append_fp8_rc(g), rc) << where;
+        ASSERT_EQ(cuda_decode_rc(g), plain) << where;
+        ASSERT_EQ(cuda_append_rc(g), plain) << where;
+      }
+    } else {
+      ASSERT_EQ(cpu_decode_rc(g), rc) << where;
+      ASSERT_EQ(cpu_append_rc(g), rc) << where;
+      if (KVPAGER_TEST_HAS_CUDA) {  // host-side checks: no device needed
+        ASSERT_EQ(cuda_decode_rc(g), rc) << where;
+        ASSERT_EQ(cuda_append_rc(g), rc) << where;
+      }
     }
     const status s = can_implement(g);
     ASSERT_EQ(s.ok(), rc == KVPAGER_STATUS_OK) << where;

@@ -107,9 +107,16 @@ for code in (-1, len(names), 2**31 - 1, -2**31):
 
 # num_blocks, block_size, num_kv_heads, head_dim, dtype -> the code decode and kv_append give for that pool
 for args, want in (((6, 16, 2, 64, 0), 0), ((6, 64, 2, 64, 0), 8), ((6, 16, 0, 64, 0), 5), ((6, 16, 2, 48, 1), 6),
-                   ((6, 16, 2, 64, 3), 7), ((0, 16, 2, 64, 2), 1)):
+                   ((6, 16, 2, 64, 4), 7), ((0, 16, 2, 64, 2), 1)):
     rc = lib.kvpager_can_implement(*args)
     assert rc == want, f"kvpager_can_implement{args} = {rc}, expected {want}"
     assert lib.kvpager_cpu_kv_append(None, None, None, None, 0, args[2], args[3], args[1], args[0], args[4]) == want, args
+
+# An fp8 E4M3 pool (dtype 3): accepted by can_implement and the _fp8 functions, refused by the plain kv_append.
+assert lib.kvpager_can_implement(6, 16, 2, 64, 3) == 0
+assert lib.kvpager_cpu_kv_append(None, None, None, None, 0, 2, 64, 16, 6, 3) == 7
+lib.kvpager_cpu_kv_append_fp8.argtypes = [ctypes.c_void_p] * 4 + [ctypes.c_int32] * 6 + [ctypes.c_float] * 2
+assert lib.kvpager_cpu_kv_append_fp8(None, None, None, None, 0, 2, 64, 16, 6, 1, 0.5, 0.25) == 0
+assert lib.kvpager_cpu_kv_append_fp8(None, None, None, None, 0, 2, 64, 16, 6, 1, 0.0, 0.25) == 1, "scale 0"
 
 print(f"ctypes: ok, path {lib.kvpager_cpu_decode_path().decode()}, worst error {worst:.2e}, prefill {worst_prefill:.2e}")

@@ -6,6 +6,10 @@
 #include "cuda_emulation.hpp"
 
 #include "kernels/cuda/device_kernels.cuh"
+#include "kernels/cuda/device_fp8.cuh"
+#include "fp8_problem.hpp"
+
+#include <cuda_fp8.h>
 #include "kvpager_testing/decode_problem.hpp"
 #include "kernels/common/checks.hpp"
 #include "abi_cases.hpp"
@@ -308,4 +312,177 @@ TEST(CudaEmulation, CopyWalksLayersBeyondTheGridRowsAndSkipsPairsOntoThemselves)
                             pairs.data(), nb, bb, &error);
   EXPECT_EQ(error, 0);
   EXPECT_EQ(emu, cpu);
+}
+
+// ------------------------------------------------------------------------------------------- fp8 E4M3 pools
+namespace {
+
+/// decode_fp8_kernel (and merge_kernel for several splits) on the emulation, as kernels.cu launches them.
+template <class T, int D>
+emulated run_fp8_dim(const kvpager_fp8_test::fp8_problem& pr, int32_t splits) {
+  emulated r;
+  r.out.assign(pr.out_bytes(), 0xFF);
+  r.lse.assign(static_cast<size_t>(pr.S * pr.hq), 12345.0F);
+  std::vector<float> part(splits > 1 ? static_cast<size_t>(pr.S) * pr.hq * splits * (D + 2) : 0);
+  auto* out = reinterpret_cast<T*>(r.out.data());
+  kvpager_emulation::launch(dim3(static_cast<unsigned>(pr.S), static_cast<unsigned>(pr.hkv), static_cast<unsigned>(splits)),
+                            dim3(kk::kWarps * 32), kk::decode_fp8_kernel<T, D>, out, r.lse.data(), part.data(),
+                            reinterpret_cast<const T*>(pr.q.data()), static_cast<const uint8_t*>(pr.kv.data()),
+                            pr.table.data(), pr.lens.data(), pr.hq, pr.hkv, pr.bs, pr.maxb, pr.nb, pr.scale * pr.k_scale,
+                            pr.v_scale, splits, &r.error);
+  if (splits > 1)
+    kvpager_emulation::launch(dim3(static_cast<unsigned>(pr.S), static_cast<unsigned>(pr.hq)), dim3(128),
+                              kk::merge_kernel<T>, out, r.lse.data(), static_cast<const float*>(part.data()), pr.hq, D,
+                              splits);
+  return r;
+}
+template <class T>
+emulated run_fp8_type(const kvpager_fp8_test::fp8_problem& pr, int32_t splits) {
+  switch (pr.d) {
+    case 64: return run_fp8_dim<T, 64>(pr, splits);
+    case 80: return run_fp8_dim<T, 80>(pr, splits);
+    case 96: return run_fp8_dim<T, 96>(pr, splits);
+    case 112: return run_fp8_dim<T, 112>(pr, splits);
+    case 128: return run_fp8_dim<T, 128>(pr, splits);
+    default: return run_fp8_dim<T, 256>(pr, splits);
+  }
+}
+emulated run_fp8(const kvpager_fp8_test::fp8_problem& pr, int32_t splits) {
+  switch (pr.q_dtype) {
+    case KVPAGER_DTYPE_FP32: return run_fp8_type<float>(pr, splits);
+    case KVPAGER_DTYPE_FP16: return run_fp8_type<__half>(pr, splits);
+    default: return run_fp8_type<__nv_bfloat16>(pr, splits);
+  }
+}
+
+/// The CPU fp8 backend's output and LSE for the same problem and split count.
+emulated cpu_fp8(const kvpager_fp8_test::fp8_problem& pr, int32_t splits) {
+  emulated r;
+  r.out.assign(pr.out_bytes(), 0);
+  r.lse.assign(static_cast<size_t>(pr.S * pr.hq), 0.0F);
+  kvpager::decode_params p;
+  p.out = r.out.data();
+  p.lse = r.lse.data();
+  p.query = pr.q.data();
+  p.kv = kvpager::paged_kv_view::hnd(pr.kv.data(), KVPAGER_DTYPE_FP8_E4M3, pr.nb, pr.hkv, pr.bs, pr.d);
+  p.pages.block_table = pr.table.data();
+  p.pages.row_stride = pr.maxb;
+  p.pages.seq_lens = pr.lens.data();
+  p.num_seqs = pr.S;
+  p.num_q_heads = pr.hq;
+  p.scale = pr.scale;
+  p.num_splits = splits;
+  p.q_dtype = pr.q_dtype;
+  p.k_scale = pr.k_scale;
+  p.v_scale = pr.v_scale;
+  r.error = kvpager::paged_attention_decode_cpu(p).ok() ? 0 : -1;
+  return r;
+}
+
+double max_diff(const kvpager_fp8_test::fp8_problem& pr, const std::vector<unsigned char>& a,
+                const std::vector<unsigned char>& b) {
+  double worst = 0;
+  for (size_t i = 0; i < pr.out_elems(); ++i) {
+    const double x = kvpager_fp8_test::get(a, pr.q_dtype, i), y = kvpager_fp8_test::get(b, pr.q_dtype, i);
+    worst = std::isnan(x) || std::isnan(y) ? INFINITY : std::max(worst, std::abs(x - y));
+  }
+  return worst;
+}
+
+}  // namespace
+
+TEST(CudaEmulation, Fp8DecodeMatchesCpuBackendAndReference) {
+  // GQA 4, a group of 7 (tiles of 4 + 3), GQA 2, a group of 5; one and three splits. Kept small: every emulated
+  // shuffle is a barrier of 32 threads.
+  const std::pair<int32_t, int32_t> heads[] = {{8, 2}, {7, 1}, {4, 2}, {10, 2}};
+  const int32_t block_sizes[] = {8, 16, 32};
+  uint32_t seed = 1;
+  for (int32_t q_dtype : {KVPAGER_DTYPE_FP32, KVPAGER_DTYPE_FP16, KVPAGER_DTYPE_BF16})
+    for (int32_t d : {64, 80, 96, 112, 128, 256}) {
+#if defined(KVPAGER_TEST_REDUCED)
+      if (seed % 3 != 1) {  // sanitizer and no-exception builds: a third of the matrix, every q dtype
+        ++seed;
+        continue;
+      }
+#endif
+      const auto [hq, hkv] = heads[seed % 4];
+      const int32_t bs = block_sizes[seed % 3];
+      const int32_t splits = seed % 2 == 0 ? 1 : 3;
+      const kvpager_fp8_test::fp8_problem pr(q_dtype, d, bs, hq, hkv, {bs + 1, 45, 0}, seed++);
+      const emulated gpu = run_fp8(pr, splits), cpu = cpu_fp8(pr, splits);
+      const auto what = ::testing::Message() << "q dtype " << q_dtype << " d " << d << " bs " << bs << " hq " << hq
+                                             << " hkv " << hkv << " splits " << splits;
+      ASSERT_EQ(cpu.error, 0) << what;
+      EXPECT_EQ(gpu.error, 0) << what;
+      EXPECT_LE(max_diff(pr, gpu.out, cpu.out), gpu_tolerance(q_dtype)) << what;
+      EXPECT_LE(pr.out_error(gpu.out), kvpager_fp8_test::tolerance(q_dtype)) << what;
+      EXPECT_LE(pr.lse_error(gpu.lse), 1e-5) << what;
+    }
+}
+
+TEST(CudaEmulation, Fp8DecodeFlagsBadBlocksAndNeverReadsThem) {
+  kvpager_fp8_test::fp8_problem pr(KVPAGER_DTYPE_FP32, 64, 16, 4, 2, {40, 20}, 5);
+  pr.table[1] = pr.nb;  // second block of the first sequence: outside the pool (ASan would see a read)
+  const emulated r = run_fp8(pr, 1);
+  EXPECT_EQ(r.error, KVPAGER_STATUS_INVALID_BLOCK);
+  // The second sequence does not use the bad entry: it still matches the reference.
+  for (size_t i = pr.out_elems() / 2; i < pr.out_elems(); ++i)
+    EXPECT_NEAR(kvpager_fp8_test::get(r.out, pr.q_dtype, i), pr.ref_out[i], 1e-5) << i;
+}
+
+TEST(CudaEmulation, Fp8AppendIsBitExactWithCpu) {
+  const int32_t hkv = 2, d = 80, bs = 8, nb = 6, tokens = 5;
+  const std::vector<int64_t> slots = {5 * bs + 3, -1, 2 * bs, 0, 4 * bs + 7};
+  std::mt19937 rng(8);
+  std::uniform_real_distribution<float> uni(-3.0F, 3.0F);
+  for (int32_t src : {KVPAGER_DTYPE_FP32, KVPAGER_DTYPE_FP16, KVPAGER_DTYPE_BF16}) {
+    std::vector<unsigned char> k(static_cast<size_t>(tokens * hkv * d) * kvpager_fp8_test::q_elem_bytes(src)), v(k.size());
+    for (size_t i = 0; i < static_cast<size_t>(tokens * hkv * d); ++i) {
+      kvpager_fp8_test::set(k, src, i, uni(rng));
+      kvpager_fp8_test::set(v, src, i, uni(rng));
+    }
+    std::vector<uint8_t> cpu(static_cast<size_t>(nb * 2 * hkv * bs * d));
+    for (auto& b : cpu) b = static_cast<uint8_t>(rng());
+    auto emu = cpu;
+    const float ks = 0.01F, vs = 0.0071F;
+    ASSERT_EQ(kvpager_cpu_kv_append_fp8(cpu.data(), k.data(), v.data(), slots.data(), tokens, hkv, d, bs, nb, src, ks, vs), 0);
+    int32_t error = 0;
+    auto launch = [&](auto tag, const std::vector<int64_t>& sl) {
+      using T = decltype(tag);
+      kvpager_emulation::launch(dim3(static_cast<unsigned>(sl.size())), dim3(256), kk::append_fp8_kernel<T>, emu.data(),
+                                reinterpret_cast<const T*>(k.data()), reinterpret_cast<const T*>(v.data()), sl.data(), hkv,
+                                d, bs, int64_t{nb} * bs, ks, vs, &error);
+    };
+    auto run_src = [&](const std::vector<int64_t>& sl) {
+      if (src == KVPAGER_DTYPE_FP32) launch(float{}, sl);
+      else if (src == KVPAGER_DTYPE_FP16) launch(__half{}, sl);
+      else launch(__nv_bfloat16{}, sl);
+    };
+    run_src(slots);
+    EXPECT_EQ(error, 0);
+    EXPECT_EQ(emu, cpu) << "src dtype " << src;
+    run_src({int64_t{nb} * bs});
+    EXPECT_EQ(error, KVPAGER_STATUS_INVALID_BLOCK);
+    EXPECT_EQ(emu, cpu) << "a slot beyond the pool writes nothing";
+  }
+}
+
+// kvpager/kernels/float8.hpp against NVIDIA's own conversions (cuda_fp8.h, host implementation): the same e4m3 code
+// for every float tried (saturating, as vLLM's fp8 KV cache converts), the same value for every code.
+TEST(CudaEmulation, Float8MatchesCudaFp8Header) {
+  for (int c = 0; c < 256; ++c) {
+    const __half_raw hr = __nv_cvt_fp8_to_halfraw(static_cast<__nv_fp8_storage_t>(c), __NV_E4M3);
+    const float nv = __half2float(__half(hr));
+    const float ours = kvpager::detail::e4m3_to_float(static_cast<uint8_t>(c));
+    if (std::isnan(nv)) EXPECT_TRUE(std::isnan(ours)) << c;
+    else EXPECT_EQ(ours, nv) << c;
+  }
+  std::mt19937 rng(17);
+  std::uniform_real_distribution<float> e(-12.0F, 10.0F);
+  for (int i = 0; i < 50000; ++i) {
+    const float x = std::exp2(e(rng)) * (i % 2 == 0 ? 1.0F : -1.0F);
+    ASSERT_EQ(kvpager::detail::float_to_e4m3(x), __nv_cvt_float_to_fp8(x, __NV_SATFINITE, __NV_E4M3)) << x;
+  }
+  for (const float x : {0.0F, -0.0F, 448.0F, 464.0F, 1e9F, -1e9F, INFINITY, -INFINITY})
+    EXPECT_EQ(kvpager::detail::float_to_e4m3(x), __nv_cvt_float_to_fp8(x, __NV_SATFINITE, __NV_E4M3)) << x;
 }

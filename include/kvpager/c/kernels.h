@@ -44,7 +44,8 @@ enum {
   KVPAGER_STATUS_SEQ_TOO_LONG = 4,     /**< a seq_len larger than max_blocks_per_seq x block_size (or negative) */
   KVPAGER_STATUS_BAD_HEADS = 5,        /**< num_kv_heads not positive, or num_q_heads not a positive multiple of it */
   KVPAGER_STATUS_UNSUPPORTED_HEAD_DIM = 6, /**< head_dim is not 64, 80, 96, 112, 128 or 256 */
-  KVPAGER_STATUS_UNSUPPORTED_DTYPE = 7,    /**< dtype is not 0 (fp32), 1 (fp16) or 2 (bf16) */
+  KVPAGER_STATUS_UNSUPPORTED_DTYPE = 7,    /**< dtype is not 0 (fp32), 1 (fp16) or 2 (bf16); or 3 (fp8) outside the
+                                                _fp8 functions and kvpager_can_implement */
   KVPAGER_STATUS_UNSUPPORTED_BLOCK_SIZE = 8, /**< block_size is not 8, 16 or 32 */
   KVPAGER_STATUS_OUT_OF_MEMORY = 9,   /**< a CPU decode's split workspace could not be allocated (nothing written) */
   KVPAGER_STATUS_DEVICE_ERROR = 10,   /**< the CUDA runtime or a kernel launch failed on a present device */
@@ -64,12 +65,25 @@ KVPAGER_C_API const char* kvpager_status_string(int32_t status);
  * accepted by every decode and kv_append call over it, and one it rejects is rejected by them with the same code.
  * Call it once when the cache is created (the CUTLASS can_implement pattern): a kernel never has to refuse a pool
  * shape mid-run. Pure arithmetic (no device needed).
+ * dtype KVPAGER_DTYPE_FP8_E4M3 is accepted here (element size 1): such a pool is run by the _fp8 functions
+ * (kvpager_cpu_kv_append_fp8, kvpager_cpu_paged_attention_decode_fp8 and their CUDA counterparts), which take the
+ * per-tensor scales; the plain decode and kv_append functions answer KVPAGER_STATUS_UNSUPPORTED_DTYPE for it.
  */
 KVPAGER_C_API int32_t kvpager_can_implement(int32_t num_blocks, int32_t block_size, int32_t num_kv_heads,
                                             int32_t head_dim, int32_t dtype);
 
-/** Element types: KV cache, query and output share one. */
-enum { KVPAGER_DTYPE_FP32 = 0, KVPAGER_DTYPE_FP16 = 1, KVPAGER_DTYPE_BF16 = 2 };
+/**
+ * Element types. The plain functions: KV cache, query and output share one of 0-2. KVPAGER_DTYPE_FP8_E4M3 (3) is a
+ * KV cache type only (OCP FP8 E4M3FN, as NVIDIA's __nv_fp8_e4m3 and vLLM's "fp8_e4m3": sign, 4 exponent bits with
+ * bias 7, 3 mantissa bits, no infinities, largest magnitude 448, NaN = S.1111.111; one byte per element), read and
+ * written by the _fp8 functions below with per-tensor scales: stored = e4m3(x / scale), x = e4m3 x scale (K with
+ * k_scale, V with v_scale). Their query and output are fp32, fp16 or bf16 (q_dtype); the key and value they append
+ * are fp32, fp16 or bf16 (src_dtype). Prefill over an fp8 pool is not implemented yet (the prefill entry points take
+ * dtypes 0-2); it follows the same scheme as decode_fp8: k_scale folded into the softmax scale, v_scale into the
+ * output, KV rows read as bytes and converted with kvpager/kernels/float8.hpp (kernels/common/checks.hpp has
+ * check_decode_fp8_args for the scalar checks).
+ */
+enum { KVPAGER_DTYPE_FP32 = 0, KVPAGER_DTYPE_FP16 = 1, KVPAGER_DTYPE_BF16 = 2, KVPAGER_DTYPE_FP8_E4M3 = 3 };
 
 /** Library version as major * 10000 + minor * 100 + patch. */
 KVPAGER_C_API int32_t kvpager_version(void);
@@ -169,6 +183,40 @@ KVPAGER_C_API int32_t kvpager_cpu_paged_attention_prefill(void* out, const void*
 KVPAGER_C_API int32_t kvpager_cpu_kv_append(void* kv_cache, const void* key, const void* value,
                                             const int64_t* slot_mapping, int32_t num_tokens, int32_t num_kv_heads,
                                             int32_t head_dim, int32_t block_size, int32_t num_blocks, int32_t dtype);
+
+/**
+ * kv_append into an fp8 E4M3 cache (KVPAGER_DTYPE_FP8_E4M3, default layout as above, one byte per element): key and
+ * value are contiguous [num_tokens, num_kv_heads, head_dim] of src_dtype (0 fp32, 1 fp16, 2 bf16), and each element
+ * is stored as e4m3(x / k_scale) (K) or e4m3(x / v_scale) (V), computed in fp32, rounded to nearest even and
+ * saturated to +-448 (a NaN stays NaN); a negative slot is skipped. Checks, in this order: num_tokens non-negative
+ * and k_scale, v_scale finite and > 0 (else KVPAGER_STATUS_INVALID_ARGUMENT); the geometry as kvpager_can_implement
+ * with dtype 3 (BAD_HEADS, UNSUPPORTED_HEAD_DIM, UNSUPPORTED_BLOCK_SIZE, INVALID_ARGUMENT); src_dtype (else
+ * UNSUPPORTED_DTYPE); the key/value size within int64 and the pointers (INVALID_ARGUMENT); every slot (INVALID_BLOCK
+ * for slot >= num_blocks x block_size), all before anything is written. With num_tokens = 0 every pointer may be
+ * NULL. The scales are the engine's (vLLM's k_scale / v_scale): per tensor, one pair per layer, the same pair for
+ * every append and decode of that layer.
+ */
+KVPAGER_C_API int32_t kvpager_cpu_kv_append_fp8(void* kv_cache, const void* key, const void* value,
+                                                const int64_t* slot_mapping, int32_t num_tokens, int32_t num_kv_heads,
+                                                int32_t head_dim, int32_t block_size, int32_t num_blocks,
+                                                int32_t src_dtype, float k_scale, float v_scale);
+
+/**
+ * Decode attention over an fp8 E4M3 cache: as kvpager_cpu_paged_attention_decode, with K read as e4m3 x k_scale
+ * and V as e4m3 x v_scale (fp32 arithmetic; the scales are folded into the query scale and the output), and query
+ * and out of q_dtype (0 fp32, 1 fp16, 2 bf16). Reads one byte per KV element. Checks, in this order:
+ * max_blocks_per_seq positive, num_seqs non-negative, scale finite, k_scale and v_scale finite and > 0 (else
+ * INVALID_ARGUMENT); the heads (BAD_HEADS); the geometry as kvpager_can_implement with dtype 3; q_dtype (else
+ * UNSUPPORTED_DTYPE); the query/output size and the pointers (INVALID_ARGUMENT); then every sequence length and block
+ * id (SEQ_TOO_LONG, INVALID_BLOCK) before anything is read from the cache or written to out.
+ */
+KVPAGER_C_API int32_t kvpager_cpu_paged_attention_decode_fp8(void* out, const void* query, const void* kv_cache,
+                                                             const int32_t* block_table, const int32_t* seq_lens,
+                                                             int32_t num_seqs, int32_t num_q_heads,
+                                                             int32_t num_kv_heads, int32_t head_dim, int32_t block_size,
+                                                             int32_t max_blocks_per_seq, int32_t num_blocks,
+                                                             float scale, int32_t q_dtype, float k_scale,
+                                                             float v_scale, int32_t num_threads);
 
 /**
  * Copies whole blocks (K and V, all heads) within each of num_layers caches: block_mapping is [num_pairs, 2]
@@ -307,6 +355,32 @@ KVPAGER_C_API int32_t kvpager_cuda_kv_append(void* kv_cache, const void* key, co
                                              const int64_t* slot_mapping, int32_t num_tokens, int32_t num_kv_heads,
                                              int32_t head_dim, int32_t block_size, int32_t num_blocks, int32_t dtype,
                                              int32_t* error_flag, void* stream);
+/**
+ * fp8 E4M3 cache (see KVPAGER_DTYPE_FP8_E4M3): the CUDA counterparts of kvpager_cpu_kv_append_fp8 and
+ * kvpager_cpu_paged_attention_decode_fp8, same arguments, same host checks in the same order, plus error_flag and
+ * stream as the other CUDA functions (slots and block ids are checked on the device). decode_fp8_split is
+ * kvpager_cuda_paged_attention_decode_split over an fp8 cache (workspace from kvpager_cuda_decode_workspace_size,
+ * which does not depend on the KV dtype); decode_fp8 is it with num_splits = 1.
+ */
+KVPAGER_C_API int32_t kvpager_cuda_kv_append_fp8(void* kv_cache, const void* key, const void* value,
+                                                 const int64_t* slot_mapping, int32_t num_tokens, int32_t num_kv_heads,
+                                                 int32_t head_dim, int32_t block_size, int32_t num_blocks,
+                                                 int32_t src_dtype, float k_scale, float v_scale, int32_t* error_flag,
+                                                 void* stream);
+KVPAGER_C_API int32_t kvpager_cuda_paged_attention_decode_fp8(void* out, const void* query, const void* kv_cache,
+                                                              const int32_t* block_table, const int32_t* seq_lens,
+                                                              int32_t num_seqs, int32_t num_q_heads,
+                                                              int32_t num_kv_heads, int32_t head_dim,
+                                                              int32_t block_size, int32_t max_blocks_per_seq,
+                                                              int32_t num_blocks, float scale, int32_t q_dtype,
+                                                              float k_scale, float v_scale, int32_t* error_flag,
+                                                              void* stream);
+KVPAGER_C_API int32_t kvpager_cuda_paged_attention_decode_fp8_split(
+    void* out, float* lse, const void* query, const void* kv_cache, const int32_t* block_table, const int32_t* seq_lens,
+    int32_t num_seqs, int32_t num_q_heads, int32_t num_kv_heads, int32_t head_dim, int32_t block_size,
+    int32_t max_blocks_per_seq, int32_t num_blocks, float scale, int32_t q_dtype, float k_scale, float v_scale,
+    int32_t num_splits, void* workspace, int64_t workspace_bytes, int32_t* error_flag, void* stream);
+
 /**
  * kv_caches: device array of num_layers device pointers; block_mapping: device [num_pairs, 2] int64. Host checks as
  * kvpager_cpu_copy_blocks (the ids, in device memory, are checked by the kernel, also when num_layers = 0 if

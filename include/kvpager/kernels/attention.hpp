@@ -57,7 +57,8 @@ struct paged_kv_view {
 
 static_assert(static_cast<std::int32_t>(kv_dtype::f32) == KVPAGER_DTYPE_FP32 &&
                   static_cast<std::int32_t>(kv_dtype::f16) == KVPAGER_DTYPE_FP16 &&
-                  static_cast<std::int32_t>(kv_dtype::bf16) == KVPAGER_DTYPE_BF16,
+                  static_cast<std::int32_t>(kv_dtype::bf16) == KVPAGER_DTYPE_BF16 &&
+                  static_cast<std::int32_t>(kv_dtype::fp8_e4m3) == KVPAGER_DTYPE_FP8_E4M3,
               "kv_dtype's values are the C ABI's dtype codes");
 
 /// Which blocks each sequence reads: dense (block_table != nullptr: row s at block_table + s * row_stride, length
@@ -74,7 +75,7 @@ struct page_table_view {
 };
 
 struct decode_params {
-  void* out = nullptr;          ///< [num_seqs, num_q_heads, head_dim], kv dtype, contiguous
+  void* out = nullptr;          ///< [num_seqs, num_q_heads, head_dim], contiguous, of the query dtype (q_dtype)
   const void* query = nullptr;  ///< same shape and dtype
   float* lse = nullptr;         ///< optional [num_seqs, num_q_heads]
   paged_kv_view kv{};
@@ -94,6 +95,14 @@ struct decode_params {
   /// Logit soft cap: 0 = none; cap > 0: each scaled score s becomes cap * tanh(s / cap) before the softmax (the LSE
   /// output is then of the capped scores). Negative, NaN or infinite: invalid_argument.
   float logits_soft_cap = 0.0F;
+  /// dtype of query and out: -1 (the default) = kv.dtype, the only choice for an fp32/fp16/bf16 pool (-1 or kv.dtype;
+  /// another value is KVPAGER_STATUS_UNSUPPORTED_DTYPE); an fp8 pool (kv.dtype = KVPAGER_DTYPE_FP8_E4M3) needs fp32, fp16 or bf16
+  /// here (-1 or any other value: UNSUPPORTED_DTYPE).
+  std::int32_t q_dtype = -1;
+  /// fp8 pools only (ignored otherwise): K = e4m3 x k_scale, V = e4m3 x v_scale (per tensor; finite and > 0, else
+  /// invalid_argument), as kvpager_cpu_kv_append_fp8 stored them. A window or soft cap over an fp8 pool is not
+  /// implemented yet: invalid_argument.
+  float k_scale = 1.0F, v_scale = 1.0F;
 };
 
 /// The most KV splits plan_decode chooses (so the most a decode with num_splits = 0 uses).

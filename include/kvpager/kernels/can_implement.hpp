@@ -3,7 +3,9 @@
 /// \file
 /// can_implement: whether the compiled kernels run a KV pool of a given geometry (CUTLASS's can_implement step),
 /// asked once when an engine creates its cache rather than discovered at the first kernel call. Accepts exactly what
-/// every decode and kv_append call accepts (kvpager_can_implement in the C ABI, the same check the kernels run).
+/// every decode and kv_append call accepts (kvpager_can_implement in the C ABI, the same check the kernels run); an
+/// fp8_e4m3 geometry is accepted and run by the _fp8 functions (kv_append_fp8, decode_fp8, or
+/// paged_attention_decode_cpu with decode_params::k_scale/v_scale/q_dtype).
 /// Needs libkvpager_kernels (kvpager::kernels).
 
 #include <cstdint>

@@ -37,7 +37,8 @@ class cpu_executor {
   [[nodiscard]] std::span<std::byte> host_bytes() noexcept { return host_; }
 
   /// Runs `plan`. `slots` is the plan's slot mapping; `k` and `v` hold the appended tokens' K and V in slot order,
-  /// each [num_tokens, num_kv_heads, head_dim]. Validates every block id and slot before touching a byte:
+  /// each [num_tokens, num_kv_heads, head_dim], in the pool's element type (copied as bytes: for an fp8 pool, the
+  /// e4m3 codes, already quantized; kvpager_cpu_kv_append_fp8 quantizes from fp32/fp16/bf16). Validates every block id and slot before touching a byte:
   /// errc::invalid_block (out of range) or errc::buffer_too_small (k/v shorter than the mapping needs). Allocates
   /// nothing.
   status execute(const step_plan& plan, std::span<const std::int64_t> slots, std::span<const std::byte> k,

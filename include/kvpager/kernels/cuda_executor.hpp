@@ -35,9 +35,9 @@ struct cuda_executor_config {
 
 class cuda_executor {
  public:
-  /// errc::unsupported without CUDA or a device; errc::invalid_argument for a bad configuration, including a
-  /// geometry the kernels reject (can_implement, whose status it returns); errc::device_error when a CUDA allocation
-  /// fails.
+  /// errc::unsupported without CUDA or a device, and for an fp8_e4m3 geometry (its appends need the per-tensor
+  /// scales of kvpager_cuda_kv_append_fp8); errc::invalid_argument for a bad configuration, including a geometry the
+  /// kernels reject (can_implement, whose status it returns); errc::device_error when a CUDA allocation fails.
   KVPAGER_KERNELS_EXPORT static result<std::unique_ptr<cuda_executor>> create(const cuda_executor_config& cfg);
   KVPAGER_KERNELS_EXPORT ~cuda_executor();
   cuda_executor(const cuda_executor&) = delete;

@@ -29,7 +29,8 @@ KVPAGER_NAMESPACE_BEGIN
       return "KVPAGER_STATUS_BAD_HEADS: num_kv_heads not positive, or num_q_heads not a positive multiple of it";
     case KVPAGER_STATUS_UNSUPPORTED_HEAD_DIM:
       return "KVPAGER_STATUS_UNSUPPORTED_HEAD_DIM: head_dim is not 64, 80, 96, 112, 128 or 256";
-    case KVPAGER_STATUS_UNSUPPORTED_DTYPE: return "KVPAGER_STATUS_UNSUPPORTED_DTYPE: dtype is not fp32, fp16 or bf16";
+    case KVPAGER_STATUS_UNSUPPORTED_DTYPE:
+      return "KVPAGER_STATUS_UNSUPPORTED_DTYPE: dtype is not fp32, fp16 or bf16 (fp8 KV: only the _fp8 functions)";
     case KVPAGER_STATUS_UNSUPPORTED_BLOCK_SIZE:
       return "KVPAGER_STATUS_UNSUPPORTED_BLOCK_SIZE: block_size is not 8, 16 or 32";
     case KVPAGER_STATUS_OUT_OF_MEMORY:

@@ -19,7 +19,7 @@ struct kv_layout {
   std::int32_t num_kv_heads = 1;
   std::int32_t block_size = 16;
   std::int32_t head_dim = 128;
-  std::int32_t elem_bytes = 2;  ///< 2 for fp16/bf16, 4 for fp32
+  std::int32_t elem_bytes = 2;  ///< 2 for fp16/bf16, 4 for fp32, 1 for fp8 E4M3
 
   /// The layout of a pool of geometry `g` (element size from its dtype).
   [[nodiscard]] static constexpr kv_layout of(const kv_geometry& g) noexcept {

@@ -1,0 +1,75 @@
+// SPDX-License-Identifier: Apache-2.0
+#pragma once
+// Page-table reading and checking for the CPU decode kernels that take a kvpager::decode_params (dense block table or
+// CSR indptr/indices/last_page_len): one definition of a sequence's length and blocks, and of the checks every
+// decode runs before reading KV (lengths, block ids). Used by decode_fp8.cpp; decode.cpp keeps its own copy of the
+// same rules for now (it is being reworked in parallel; the two can share this header once merged).
+#include <cstdint>
+#include <limits>
+
+#include "kvpager/c/kernels.h"
+#include "kvpager/kernels/attention.hpp"
+#include "kernels/common/checks.hpp"
+
+namespace kvpager::kernels::detail {
+
+/// Block `b` of sequence `seq`.
+inline std::int32_t page_block_at(const kvpager::page_table_view& pt, std::int32_t seq, std::int64_t b) noexcept {
+  return pt.block_table != nullptr ? pt.block_table[std::int64_t{seq} * pt.row_stride + b]
+                                   : pt.indices[std::int64_t{pt.indptr[seq]} + b];
+}
+/// Tokens of CSR sequence `seq`, (pages - 1) x block_size + last_page_len, in 64 bits (0 without pages).
+inline std::int64_t page_csr_length(const kvpager::page_table_view& pt, std::int32_t seq, std::int32_t bs) noexcept {
+  const std::int64_t pages = std::int64_t{pt.indptr[seq + 1]} - pt.indptr[seq];
+  return pages == 0 ? 0 : (pages - 1) * bs + pt.last_page_len[seq];
+}
+/// Tokens of sequence `seq` (after check_pages: at most INT32_MAX).
+inline std::int32_t page_length(const kvpager::page_table_view& pt, std::int32_t seq, std::int32_t bs) noexcept {
+  return pt.block_table != nullptr ? pt.seq_lens[seq] : static_cast<std::int32_t>(page_csr_length(pt, seq, bs));
+}
+
+/// The page tables of `num_seqs` sequences over a pool of `num_blocks` blocks of `bs` tokens: the table pointers
+/// (dense: seq_lens and a positive row_stride with num_seqs x row_stride within int64; CSR: indptr, indices,
+/// last_page_len) else INVALID_ARGUMENT; then per sequence its length (dense: check_seq_len; CSR: a non-negative,
+/// non-decreasing indptr else INVALID_ARGUMENT, last_page_len in [1, bs] and a length within INT32_MAX else
+/// SEQ_TOO_LONG) and every block id it uses (INVALID_BLOCK outside [0, num_blocks)).
+inline std::int32_t check_pages(const kvpager::page_table_view& pt, std::int32_t num_seqs, std::int32_t bs,
+                                std::int32_t num_blocks) noexcept {
+  if (num_seqs == 0) return KVPAGER_STATUS_OK;
+  const bool dense = pt.block_table != nullptr;
+  if (dense ? pt.seq_lens == nullptr || pt.row_stride <= 0 || checked_product({num_seqs, pt.row_stride}) < 0
+            : pt.indptr == nullptr || pt.indices == nullptr || pt.last_page_len == nullptr)
+    return KVPAGER_STATUS_INVALID_ARGUMENT;
+  for (std::int32_t s = 0; s < num_seqs; ++s) {
+    std::int64_t blocks = 0;
+    if (dense) {
+      const std::int32_t len = pt.seq_lens[s];
+      if (const std::int32_t rc = check_seq_len(len, bs, pt.row_stride); rc != KVPAGER_STATUS_OK) return rc;
+      blocks = blocks_for(len, bs);
+    } else {
+      if (pt.indptr[s] < 0 || pt.indptr[s + 1] < pt.indptr[s]) return KVPAGER_STATUS_INVALID_ARGUMENT;
+      blocks = std::int64_t{pt.indptr[s + 1]} - pt.indptr[s];
+      if (blocks > 0 && (pt.last_page_len[s] < 1 || pt.last_page_len[s] > bs ||
+                         page_csr_length(pt, s, bs) > std::numeric_limits<std::int32_t>::max()))
+        return KVPAGER_STATUS_SEQ_TOO_LONG;
+    }
+    for (std::int64_t b = 0; b < blocks; ++b) {
+      const std::int32_t id = page_block_at(pt, s, b);
+      if (id < 0 || id >= num_blocks) return KVPAGER_STATUS_INVALID_BLOCK;
+    }
+  }
+  return KVPAGER_STATUS_OK;
+}
+
+/// Bytes a paged_kv_view spans: its largest element offset plus one, times `elem_size`; -1 when a stride is negative
+/// or the extent overflows int64.
+inline std::int64_t view_extent_bytes(const kvpager::paged_kv_view& kv, std::int64_t elem_size) noexcept {
+  std::int64_t last = kv.head_dim;
+  last = checked_sum(last, checked_product({std::int64_t{kv.num_blocks} - 1, kv.stride_block}));
+  last = checked_sum(last, checked_product({kv.stride_kv}));
+  last = checked_sum(last, checked_product({std::int64_t{kv.num_kv_heads} - 1, kv.stride_head}));
+  last = checked_sum(last, checked_product({std::int64_t{kv.block_size} - 1, kv.stride_token}));
+  return checked_product({last, elem_size});
+}
+
+}  // namespace kvpager::kernels::detail
