@@ -79,6 +79,8 @@ def report(exe):
             check(close(1 - stored / alloc, summary["internal_waste"]), "%s: internal waste" % name)
             check(close(sum(float(r["kv_usage"]) for r in rs) / len(rs), summary["mean_kv_usage"], 1e-4),
                   "%s: mean KV usage" % name)
+            share = sum(int(r["stored_tokens"]) / int(r["pool_slots"]) for r in rs) / len(rs)
+            check(close(share, summary["mean_token_share"]), "%s: token share" % name)
             check(close(max(float(r["external_fragmentation"]) for r in rs),
                         summary["peak_external_fragmentation"], 1e-4), "%s: peak fragmentation" % name)
             for level, n in summary["health_steps"].items():

@@ -45,7 +45,7 @@ inline int32_t prefill_attention(void* out, const void* query, void* kv_cache, c
                                  const int32_t* block_table, const int32_t* seq_lens, int32_t num_seqs,
                                  int32_t num_q_heads, int32_t num_kv_heads, int32_t head_dim, int32_t block_size,
                                  int32_t max_blocks_per_seq, int32_t num_blocks, float scale, int32_t dtype,
-                                 std::vector<int32_t>& scratch_table, std::vector<int32_t>& scratch_lens) {
+                                 int32_t num_threads, std::vector<int32_t>& scratch_table, std::vector<int32_t>& scratch_lens) {
   const std::int32_t rows = qo_indptr[num_seqs];
   scratch_table.resize(static_cast<std::size_t>(rows) * static_cast<std::size_t>(max_blocks_per_seq));
   scratch_lens.resize(static_cast<std::size_t>(rows));
@@ -61,7 +61,7 @@ inline int32_t prefill_attention(void* out, const void* query, void* kv_cache, c
   }
   return kvpager_cpu_paged_attention_decode(out, query, kv_cache, scratch_table.data(), scratch_lens.data(), rows,
                                             num_q_heads, num_kv_heads, head_dim, block_size, max_blocks_per_seq,
-                                            num_blocks, scale, dtype, 0);
+                                            num_blocks, scale, dtype, num_threads);
 }
 
 /// The attention layer, its KV pool (a cpu_executor's) and the outputs waiting to be checked.
@@ -103,6 +103,8 @@ class attention_compute {
   /// Test hook (--inject-corruption): at the step numbered `step`, one V element of a running request's first
   /// block is overwritten, so the check must fail.
   void corrupt_at(std::int64_t step) noexcept { corrupt_step_ = step; }
+  /// Threads of the kernel calls (0: all cores).
+  void set_threads(std::int32_t n) noexcept { threads_ = n; }
 
   /// One step: `scheduled` as the scheduler output it, `tokens[i]` the token ids of scheduled[i]'s request,
   /// `table` the dense block table of the scheduled requests (rows of max_blocks_per_seq) and `seq_lens` their
@@ -179,7 +181,7 @@ class attention_compute {
       if (const int32_t rc = kvpager_cpu_paged_attention_decode(
               dout_.data(), dq_.data(), pool, dec_table_.data(), dec_lens_.data(),
               static_cast<std::int32_t>(dec_rows_.size()), q_heads, kv_heads, head_dim, geom_.block_size, max_blocks_,
-              geom_.num_blocks, scale, dtype, 0);
+              geom_.num_blocks, scale, dtype, threads_);
           rc != 0)
         return std::string("decode: ") + kvpager_status_string(rc);
     }
@@ -189,7 +191,7 @@ class attention_compute {
       if (const int32_t rc = prefill_attention(pout_.data(), pq_.data(), pool, pre_indptr_.data(), pre_table_.data(),
                                                pre_lens_.data(), static_cast<std::int32_t>(pre_rows_.size()), q_heads,
                                                kv_heads, head_dim, geom_.block_size, max_blocks_, geom_.num_blocks,
-                                               scale, dtype, scratch_table_, scratch_lens_);
+                                               scale, dtype, threads_, scratch_table_, scratch_lens_);
           rc != 0)
         return std::string("prefill: ") + kvpager_status_string(rc);
     }
@@ -380,6 +382,7 @@ class attention_compute {
   kvpager::cpu_executor exec_;
   std::int32_t max_blocks_;
   std::int64_t corrupt_step_ = -1;
+  std::int32_t threads_ = 0;
   std::vector<float> wq_, wk_, wv_;
   std::unordered_map<std::uint64_t, request_rows> rows_;
   stats st_;

@@ -73,6 +73,7 @@ struct settings {
   std::int64_t max_steps = 0;
   std::string compute = "none";
   std::string dtype = "fp32";
+  std::int32_t threads = 0;
   bool json = false;
   std::string report;
   bool quiet = false;
@@ -130,7 +131,7 @@ int main(int argc, char** argv) {
   app.add_option("trace", s.trace, "a manager-level kvtrace file (docs/KVTRACE.md); default: the built-in workload");
   app.add_option("--composition", s.composition, std::string("cache composition: ") + compositions +
                                                       " (default hybrid_swap)");
-  app.add_option("--blocks", s.blocks, "usable device blocks of the paged pool (default 2000; a trace's num_blocks - 1)")
+  app.add_option("--blocks", s.blocks, "usable device blocks of the paged pool (default 1030; a trace's num_blocks - 1)")
       ->check(CLI::Range(2, 1 << 24));
   app.add_option("--block-size", s.block_size, "tokens per block: 8, 16 or 32 (default 16)")
       ->check(CLI::IsMember({8, 16, 32}));
@@ -145,7 +146,7 @@ int main(int argc, char** argv) {
   app.add_option("--tuning", s.tuning, "dynamic batch size and block size advice: on or off (default on)")
       ->check(CLI::IsMember({"on", "off"}));
   app.add_option("--requests", s.requests, "requests of the built-in workload (default 400)")->check(positive_int);
-  app.add_option("--rate", s.rate, "Poisson arrivals per step (default 0.5; a trace: all at step 0)")
+  app.add_option("--rate", s.rate, "Poisson arrivals per step (default 0.3; a trace: all at step 0)")
       ->check(CLI::NonNegativeNumber);
   app.add_option("--seed", s.seed, "seed of the built-in workload and of the arrivals (default 2023)");
   app.add_option("--max-steps", s.max_steps, "stop each system after this many steps (default: until done)")
@@ -154,6 +155,8 @@ int main(int argc, char** argv) {
       ->check(CLI::IsMember({"none", "cpu"}));
   app.add_option("--dtype", s.dtype, "KV dtype of --compute cpu: fp32 or bf16 (default fp32)")
       ->check(CLI::IsMember({"fp32", "bf16"}));
+  app.add_option("--threads", s.threads, "threads of the kernel calls of --compute cpu (default 0: all cores)")
+      ->check(CLI::Range(0, 1024));
   app.add_flag("--json", s.json, "print one JSON document instead of the table");
   app.add_option("--report", s.report, "write steps.csv, chart.svg and metrics.prom into this directory");
   app.add_flag("--quiet", s.quiet, "no progress on stderr");
@@ -242,6 +245,7 @@ int main(int argc, char** argv) {
     attn = std::make_unique<kvsim::attention_compute>(w.num_blocks + 1, w.block_size, dtype, host_blocks,
                                                       max_blocks_per_seq, s.seed);
     attn->corrupt_at(s.corrupt_step);
+    attn->set_threads(s.threads);
     po.compute = attn.get();
   }
 

@@ -41,6 +41,9 @@ struct run_summary {
   double mean_batch = 0;            ///< running requests, mean over steps
   double completed_per_step = 0;    ///< completed / steps
   double mean_kv_usage = 0;         ///< mean over steps
+  /// Tokens whose KV the sequences hold, as a share of the pool's token slots, mean over steps (a block shared by
+  /// several sequences counts once per sequence: the capacity sharing gives).
+  double mean_token_share = 0;
   double internal_waste = 0;        ///< 1 - stored / allocated, token slots summed over steps
   double mean_external_fragmentation = 0;
   double peak_external_fragmentation = 0;
@@ -55,12 +58,13 @@ struct run_summary {
 /// The summary fields that follow from the samples.
 inline void summarize_samples(const std::vector<step_sample>& samples, run_summary& s) {
   s.steps = static_cast<std::int64_t>(samples.size());
-  double batch = 0, usage = 0, ext = 0;
+  double batch = 0, usage = 0, ext = 0, share = 0;
   std::int64_t alloc = 0, stored = 0;
   for (const step_sample& x : samples) {
     s.peak_batch = std::max(s.peak_batch, x.running);
     batch += x.running;
     usage += x.kv_usage;
+    share += x.pool_slots > 0 ? static_cast<double>(x.stored_tokens) / static_cast<double>(x.pool_slots) : 0.0;
     ext += x.external_fragmentation;
     s.peak_external_fragmentation = std::max(s.peak_external_fragmentation, x.external_fragmentation);
     alloc += x.allocated_slots;
@@ -71,6 +75,7 @@ inline void summarize_samples(const std::vector<step_sample>& samples, run_summa
     const auto n = static_cast<double>(samples.size());
     s.mean_batch = batch / n;
     s.mean_kv_usage = usage / n;
+    s.mean_token_share = share / n;
     s.mean_external_fragmentation = ext / n;
     s.completed_per_step = static_cast<double>(s.completed) / n;
   }

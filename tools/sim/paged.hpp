@@ -166,6 +166,9 @@ run_summary run_paged(const workload& w, Cache& cache, const paged_options& o, s
     ++step;
     if (o.progress && o.progress_every > 0 && step % o.progress_every == 0) o.progress(step, s.completed, total);
   }
+  // Requests still running when --max-steps stopped the run: their rows so far are checked too.
+  if (o.compute != nullptr && extras.error.empty())
+    for (const auto& [id, st] : live) o.compute->finish(id, sched.tokens(id));
   summarize_samples(samples, s);
   const kvpager::scheduler_stats fin = sched.stats();
   s.preemptions_swap = fin.preempted_swap;

@@ -27,6 +27,7 @@ using ordered_json = nlohmann::ordered_json;
   j["peak_batch"] = s.peak_batch;
   j["mean_batch"] = s.mean_batch;
   j["mean_kv_usage"] = s.mean_kv_usage;
+  j["mean_token_share"] = s.mean_token_share;
   j["internal_waste"] = s.internal_waste;
   j["mean_external_fragmentation"] = s.mean_external_fragmentation;
   j["peak_external_fragmentation"] = s.peak_external_fragmentation;
@@ -49,7 +50,7 @@ using ordered_json = nlohmann::ordered_json;
 /// The side-by-side table on stdout.
 inline void print_table(const run_summary& p, const run_summary& c) {
   auto row = [](const char* name, const std::string& a, const std::string& b) {
-    std::printf("  %-34s %16s %16s\n", name, a.c_str(), b.c_str());
+    std::printf("  %-36s %24s %24s\n", name, a.c_str(), b.c_str());
   };
   auto num = [](double v, const char* fmt) {
     char buf[64];
@@ -64,7 +65,8 @@ inline void print_table(const run_summary& p, const run_summary& c) {
   row("requests completed per step", num(p.completed_per_step, "%.4f"), num(c.completed_per_step, "%.4f"));
   row("batch size, peak", i64(p.peak_batch), i64(c.peak_batch));
   row("batch size, mean", num(p.mean_batch, "%.1f"), num(c.mean_batch, "%.1f"));
-  row("KV usage, mean (pool allocated)", pct(p.mean_kv_usage), pct(c.mean_kv_usage));
+  row("KV allocated, mean (share of pool)", pct(p.mean_kv_usage), pct(c.mean_kv_usage));
+  row("KV holding tokens, mean (share)", pct(p.mean_token_share), pct(c.mean_token_share));
   row("internal waste (allocated, empty)", pct(p.internal_waste), pct(c.internal_waste));
   row("external fragmentation, mean", pct(p.mean_external_fragmentation), pct(c.mean_external_fragmentation));
   row("external fragmentation, peak", pct(p.peak_external_fragmentation), pct(c.peak_external_fragmentation));

@@ -75,7 +75,7 @@ struct workload {
   std::string name;
   std::vector<sim_request> requests;  ///< in arrival order
   std::int32_t block_size = 16;
-  std::int32_t num_blocks = 2000;  ///< paged pool, usable blocks (15.6 GiB at 512 KiB per token)
+  std::int32_t num_blocks = 1030;  ///< paged pool, usable blocks (kvpager-plan: Llama-2-7B on a 24 GiB card)
   std::int32_t max_model_len = 2048;
   std::int32_t max_num_seqs = 256;
   std::int64_t max_num_batched_tokens = 8192;
@@ -88,7 +88,7 @@ struct workload {
 struct default_workload_options {
   std::uint64_t seed = 2023;
   std::int32_t num_requests = 400;
-  double arrivals_per_step = 0.5;   ///< Poisson arrivals: mean requests per scheduler step
+  double arrivals_per_step = 0.3;   ///< Poisson arrivals: mean requests per scheduler step
   double mean_prompt = 161, prompt_sigma = 1.0;
   double mean_output = 338, output_sigma = 0.9;
   /// System prompt lengths and their popularity (weights); a request has none with the remaining probability.
