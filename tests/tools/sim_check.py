@@ -101,7 +101,14 @@ def compute(exe):
         p = run([exe, "--json", "--quiet", "--compute", "cpu", "--requests", "40", "--rate", "4", "--blocks", "160",
                  "--tuning", "off"] + extra)
         check(p.returncode == 0, "%s: exit %d: %s" % (extra, p.returncode, p.stderr))
-        c = json.loads(p.stdout)["compute"]
+        doc = json.loads(p.stdout)
+        c, paged = doc["compute"], doc["paged"]
+        # What the check must have gone through: prefix hits, copy-on-write copies, recomputes, and swaps where
+        # the composition has a host pool.
+        check(paged["prefix_hit_rate"] > 0 and c["block_copies"] > 0, "%s: no prefix hit or no copy" % extra)
+        check(paged["preemptions_recompute"] > 0, "%s: no recompute" % extra)
+        if "vllm_v1" not in extra:
+            check(c["blocks_swapped_out"] > 0 and c["blocks_swapped_in"] > 0, "%s: no swap" % extra)
         check(c["ok"] and c["mismatches"] == 0, "%s: mismatches" % extra)
         check(c["rows_checked"] > 0 and c["requests_checked"] > 0, "%s: nothing checked" % extra)
         check(c["prefill_rows"] > 0 and c["rows"] > c["prefill_rows"], "%s: no prefill or no decode" % extra)
