@@ -146,7 +146,7 @@ int main(int argc, char** argv) {
   app.add_option("--tuning", s.tuning, "dynamic batch size and block size advice: on or off (default on)")
       ->check(CLI::IsMember({"on", "off"}));
   app.add_option("--requests", s.requests, "requests of the built-in workload (default 400)")->check(positive_int);
-  app.add_option("--rate", s.rate, "Poisson arrivals per step (default 0.3; a trace: all at step 0)")
+  app.add_option("--rate", s.rate, "Poisson arrivals per step, 0: all at step 0 (default 0.3; a trace: 0)")
       ->check(CLI::NonNegativeNumber);
   app.add_option("--seed", s.seed, "seed of the built-in workload and of the arrivals (default 2023)");
   app.add_option("--max-steps", s.max_steps, "stop each system after this many steps (default: until done)")
@@ -178,7 +178,7 @@ int main(int argc, char** argv) {
     kvsim::default_workload_options d;
     d.seed = s.seed;
     d.num_requests = s.requests;
-    if (s.rate > 0) d.arrivals_per_step = s.rate;
+    if (s.rate >= 0) d.arrivals_per_step = s.rate;
     w = kvsim::default_workload(d);
   } else {
     const kvreplay::read_result text = kvreplay::read_trace_file(s.trace);

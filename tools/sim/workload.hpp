@@ -88,7 +88,7 @@ struct workload {
 struct default_workload_options {
   std::uint64_t seed = 2023;
   std::int32_t num_requests = 400;
-  double arrivals_per_step = 0.3;   ///< Poisson arrivals: mean requests per scheduler step
+  double arrivals_per_step = 0.3;   ///< Poisson arrivals: mean requests per scheduler step (0: all at step 0)
   double mean_prompt = 161, prompt_sigma = 1.0;
   double mean_output = 338, output_sigma = 0.9;
   /// System prompt lengths and their popularity (weights); a request has none with the remaining probability.
@@ -108,7 +108,8 @@ struct default_workload_options {
     sim_request r;
     r.id = static_cast<std::uint64_t>(i) + 1;
     r.arrival = t;
-    t += rng.exponential(1.0 / o.arrivals_per_step);
+    const double gap = rng.exponential(1.0);  // drawn whatever the rate: the same requests at every rate
+    if (o.arrivals_per_step > 0) t += gap / o.arrivals_per_step;
     // System prompt by popularity.
     double u = rng.uniform();
     for (std::size_t k = 0; k < o.system_prompts.size(); ++k) {
