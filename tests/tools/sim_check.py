@@ -98,8 +98,8 @@ def report(exe):
 def compute(exe):
     # A small pool under a burst of arrivals: swaps (hybrid_swap), recomputes, copy-on-write of forks.
     for extra in (["--dtype", "fp32"], ["--dtype", "bf16", "--composition", "vllm_v1"]):
-        p = run([exe, "--json", "--quiet", "--compute", "cpu", "--requests", "40", "--rate", "4", "--blocks", "160",
-                 "--tuning", "off"] + extra)
+        p = run([exe, "--json", "--quiet", "--compute", "cpu", "--requests", "24", "--rate", "4", "--blocks", "90",
+                 "--max-model-len", "1024", "--tuning", "off"] + extra)
         check(p.returncode == 0, "%s: exit %d: %s" % (extra, p.returncode, p.stderr))
         doc = json.loads(p.stdout)
         c, paged = doc["compute"], doc["paged"]
@@ -117,7 +117,8 @@ def compute(exe):
 
 
 def corruption(exe):
-    p = run([exe, "--quiet", "--compute", "cpu", "--requests", "30", "--inject-corruption", "40"])
+    p = run([exe, "--quiet", "--compute", "cpu", "--requests", "12", "--max-model-len", "1024",
+             "--inject-corruption", "30"])
     check(p.returncode == 2, "a corrupted KV value exited %d (expected 2): %s" % (p.returncode, p.stderr))
     check("differ from the reference" in p.stderr, "no mismatch message: %s" % p.stderr)
     print("ok: " + p.stderr.strip())
