@@ -106,8 +106,8 @@ inline run_summary run_contiguous(const workload& w, const contiguous_options& o
     if (o.max_steps > 0 && step >= o.max_steps) break;
     while (next < w.requests.size() && w.requests[next].arrival <= static_cast<double>(step)) {
       const sim_request& r = w.requests[next++];
-      if (static_cast<std::int64_t>(r.prompt.size()) >= o.max_model_len) {
-        ++s.aborted;  // can never run
+      if (static_cast<std::int64_t>(r.prompt.size()) >= o.max_model_len || o.max_model_len > o.pool_tokens) {
+        s.aborted += 1 + static_cast<std::int64_t>(r.child_ids.size());  // can never run
         continue;
       }
       waiting.push_back({r.prompt, 0, 0, r.max_new, r.gen_seed, r.child_ids.empty() ? nullptr : &r, -1});

@@ -18,6 +18,7 @@
 #include <CLI/CLI.hpp>
 #include <nlohmann/json.hpp>
 
+#include <bit>
 #include <chrono>
 #include <cstdint>
 #include <cstdio>
@@ -26,6 +27,7 @@
 #include <iostream>
 #include <limits>
 #include <memory>
+#include <new>
 #include <string>
 #include <vector>
 
@@ -123,7 +125,9 @@ int run_composition(Cache& cache, const kvsim::workload& w, const kvsim::paged_o
 
 }  // namespace
 
-int main(int argc, char** argv) {
+namespace {
+
+int run_main(int argc, char** argv) {
   CLI::App app{"kvpager-sim: a serving workload through kvpager's scheduler and paged cache, against contiguous "
                "allocation"};
   settings s;
@@ -133,8 +137,8 @@ int main(int argc, char** argv) {
                                                       " (default hybrid_swap)");
   app.add_option("--blocks", s.blocks, "usable device blocks of the paged pool (default 1030; a trace's num_blocks - 1)")
       ->check(CLI::Range(2, 1 << 24));
-  app.add_option("--block-size", s.block_size, "tokens per block: 8, 16 or 32 (default 16)")
-      ->check(CLI::IsMember({8, 16, 32}));
+  app.add_option("--block-size", s.block_size, "tokens per block, a power of two (default 16; --compute cpu: 8, 16 or 32)")
+      ->check(CLI::Range(1, 4096));
   app.add_option("--max-model-len", s.max_model_len, "longest sequence; the contiguous reservation (default 2048)")
       ->check(positive_int);
   app.add_option("--host-blocks", s.host_blocks, "host (swap) pool blocks of hybrid_swap (default: blocks / 4)")
@@ -199,6 +203,10 @@ int main(int argc, char** argv) {
   if (s.blocks > 0) w.num_blocks = s.blocks;
   if (s.block_size > 0) w.block_size = s.block_size;
   if (s.max_model_len > 0) w.max_model_len = s.max_model_len;
+  if (!std::has_single_bit(static_cast<std::uint32_t>(w.block_size))) {
+    std::fprintf(stderr, "kvpager-sim: the block size must be a power of two, not %d\n", w.block_size);
+    return 1;
+  }
   const bool compute = s.compute == "cpu";
   if (compute && w.block_size != 8 && w.block_size != 16 && w.block_size != 32) {
     std::fprintf(stderr, "kvpager-sim: --compute cpu needs block size 8, 16 or 32 (the kernels'), not %d\n",
@@ -385,4 +393,15 @@ int main(int argc, char** argv) {
     }
   }
   return exit_status;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  try {
+    return run_main(argc, argv);
+  } catch (const std::bad_alloc&) {  // a pool (--blocks, --compute cpu) or a trace too large for this machine
+    std::fprintf(stderr, "kvpager-sim: out of memory\n");
+    return 1;
+  }
 }
