@@ -130,7 +130,7 @@ inline bool write_svg(const std::string& path, const std::string& title, const s
     }
     return o;
   };
-  char buf[256];
+  char buf[512];
   std::snprintf(buf, sizeof buf,
                 "<svg xmlns=\"http://www.w3.org/2000/svg\" version=\"1.1\" width=\"%.0f\" height=\"%.0f\" "
                 "viewBox=\"0 0 %.0f %.0f\" font-family=\"sans-serif\" font-size=\"12\">\n",
@@ -160,6 +160,14 @@ inline bool write_svg(const std::string& path, const std::string& title, const s
     std::snprintf(buf, sizeof buf, "<text x=\"%.1f\" y=\"%.1f\" text-anchor=\"end\">0</text>\n", left - 6,
                   y0 + panel_h);
     f << buf;
+    for (int q = 0; q <= 4; ++q) {  // step ticks
+      const double x = left + pw * q / 4.0;
+      std::snprintf(buf, sizeof buf,
+                    "<line x1=\"%.1f\" y1=\"%.1f\" x2=\"%.1f\" y2=\"%.1f\" stroke=\"#999\"/>"
+                    "<text x=\"%.1f\" y=\"%.1f\" text-anchor=\"middle\" font-size=\"10\">%.0f</text>\n",
+                    x, y0 + panel_h, x, y0 + panel_h + 4, x, y0 + panel_h + 14, steps * q / 4.0);
+      f << buf;
+    }
     for (const auto* v : {&paged, &contiguous}) {
       if (v->empty()) continue;
       f << "<polyline fill=\"none\" stroke-width=\"1.5\" stroke=\"" << (v == &paged ? "#1f77b4" : "#ff7f0e")
@@ -174,8 +182,8 @@ inline bool write_svg(const std::string& path, const std::string& title, const s
       f << "\"/>\n";
     }
   }
-  std::snprintf(buf, sizeof buf, "<text x=\"%.1f\" y=\"%.1f\" text-anchor=\"end\">step %.0f</text>\n", width - right,
-                height - 6, steps);
+  std::snprintf(buf, sizeof buf, "<text x=\"%.1f\" y=\"%.1f\" text-anchor=\"end\">scheduler steps</text>\n",
+                width - right, height - 6);
   f << buf << "</svg>\n";
   return static_cast<bool>(f);
 }
