@@ -107,7 +107,7 @@ inline bool write_svg(const std::string& path, const std::string& title, const s
                       const std::vector<step_sample>& contiguous) {
   std::ofstream f(path);
   if (!f) return false;
-  constexpr double width = 960, panel_h = 150, left = 70, right = 20, top = 50, gap = 40;
+  constexpr double width = 1100, panel_h = 150, left = 70, right = 20, top = 50, gap = 40;
   struct panel {
     const char* name;
     double (*get)(const step_sample&);
