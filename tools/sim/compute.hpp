@@ -153,7 +153,6 @@ class attention_compute {
       return std::string("kv_append: ") + kvpager_status_string(rc);
     // Attention: one decode call for the single-token rows, one prefill call for the prompt chunks.
     const float scale = 1.0F / std::sqrt(float{head_dim});
-    out_.resize(q.size());
     dec_table_.clear(), dec_lens_.clear(), dec_rows_.clear(), pre_table_.clear(), pre_lens_.clear();
     pre_indptr_.assign(1, 0);
     pre_rows_.clear();
@@ -388,7 +387,7 @@ class attention_compute {
   stats st_;
   // Per-step buffers, reused.
   std::vector<float> proj_;
-  std::vector<std::byte> k_, v_, q_, out_, dq_, dout_, pq_, pout_;
+  std::vector<std::byte> k_, v_, q_, dq_, dout_, pq_, pout_;
   std::vector<std::int32_t> dec_table_, dec_lens_, pre_table_, pre_lens_, pre_indptr_, scratch_table_, scratch_lens_;
   std::vector<std::size_t> dec_rows_, pre_rows_;
   std::vector<float> kt_, vv_, qq_, scores_;
