@@ -1,0 +1,128 @@
+# SPDX-License-Identifier: Apache-2.0
+"""Checks of kvpager-sim (Python standard library only).
+
+  sim_check.py report EXE      the default workload: its thresholds (paged waste <= 4%, contiguous waste >= 60%,
+                               a larger batch for paged), --report's SVG parses as XML, the CSV agrees with --json,
+                               the Prometheus text is there
+  sim_check.py compute EXE     --compute cpu on a small workload (fp32 and bf16, with swaps and copies): exit 0, every
+                               row checked and matching
+  sim_check.py corruption EXE  --compute cpu with a KV value overwritten mid-run: exit 2 and the mismatch named
+"""
+import csv
+import json
+import math
+import subprocess
+import sys
+import tempfile
+import xml.etree.ElementTree as ET
+
+
+def run(args):
+    return subprocess.run(args, capture_output=True, text=True, timeout=600)
+
+
+def fail(msg):
+    print("FAIL: " + msg)
+    sys.exit(1)
+
+
+def check(cond, msg):
+    if not cond:
+        fail(msg)
+
+
+def close(a, b, tol=1e-5):
+    return math.isclose(a, b, rel_tol=tol, abs_tol=tol)
+
+
+def report(exe):
+    with tempfile.TemporaryDirectory() as d:
+        p = run([exe, "--json", "--quiet", "--report", d])
+        check(p.returncode == 0, "exit %d: %s" % (p.returncode, p.stderr))
+        doc = json.loads(p.stdout)
+        paged, cont = doc["paged"], doc["contiguous"]
+        samples = doc["workload"]["samples"]
+        check(paged["completed"] == samples, "paged completed %d of %d" % (paged["completed"], samples))
+        check(cont["completed"] == samples, "contiguous completed %d of %d" % (cont["completed"], samples))
+        check(paged["internal_waste"] <= 0.04, "paged waste %.4f > 4%%" % paged["internal_waste"])
+        check(cont["internal_waste"] >= 0.60, "contiguous waste %.4f < 60%%" % cont["internal_waste"])
+        check(paged["mean_batch"] > cont["mean_batch"], "paged mean batch not larger")
+        check(paged["peak_batch"] > cont["peak_batch"], "paged peak batch not larger")
+        check(paged["prefix_hit_rate"] > 0, "no prefix hit in a workload of shared system prompts")
+        check(paged["last_snapshot"]["steps"] == paged["steps"], "last snapshot is not the last step's")
+
+        # The SVG is well-formed XML: an <svg> with two lines (paged, contiguous) in each of four panels.
+        root = ET.parse(d + "/chart.svg").getroot()
+        check(root.tag == "{http://www.w3.org/2000/svg}svg", "root is %s" % root.tag)
+        lines = root.findall("{http://www.w3.org/2000/svg}polyline")
+        check(len(lines) == 8, "%d polylines, expected 8" % len(lines))
+        for line in lines:
+            pts = line.get("points").split()
+            check(len(pts) >= 2, "a line with fewer than 2 points")
+
+        # The CSV agrees with --json: every summary field recomputed from the per-step rows.
+        rows = {"paged": [], "contiguous": []}
+        with open(d + "/steps.csv", newline="") as f:
+            for r in csv.DictReader(f):
+                rows[r["system"]].append(r)
+        for name, summary in (("paged", paged), ("contiguous", cont)):
+            rs = rows[name]
+            check(len(rs) == summary["steps"], "%s: %d rows for %d steps" % (name, len(rs), summary["steps"]))
+            check([int(r["step"]) for r in rs] == list(range(len(rs))), "%s: steps not 0..n-1" % name)
+            running = [int(r["running"]) for r in rs]
+            check(max(running) == summary["peak_batch"], "%s: peak batch" % name)
+            check(close(sum(running) / len(rs), summary["mean_batch"]), "%s: mean batch" % name)
+            check(int(rs[-1]["completed"]) == summary["completed"], "%s: completed" % name)
+            check(close(int(rs[-1]["completed"]) / len(rs), summary["completed_per_step"]), "%s: per step" % name)
+            alloc = sum(int(r["allocated_slots"]) for r in rs)
+            stored = sum(int(r["stored_tokens"]) for r in rs)
+            check(close(1 - stored / alloc, summary["internal_waste"]), "%s: internal waste" % name)
+            check(close(sum(float(r["kv_usage"]) for r in rs) / len(rs), summary["mean_kv_usage"], 1e-4),
+                  "%s: mean KV usage" % name)
+            share = sum(int(r["stored_tokens"]) / int(r["pool_slots"]) for r in rs) / len(rs)
+            check(close(share, summary["mean_token_share"]), "%s: token share" % name)
+            check(close(max(float(r["external_fragmentation"]) for r in rs),
+                        summary["peak_external_fragmentation"], 1e-4), "%s: peak fragmentation" % name)
+            for level, n in summary["health_steps"].items():
+                check(sum(1 for r in rs if r["health"] == level) == n, "%s: steps at %s" % (name, level))
+        check(int(rows["paged"][-1]["swaps"]) == paged["swap_outs"] + paged["swap_ins"], "paged swaps")
+        check(int(rows["paged"][-1]["preemptions"]) == paged["preemptions"], "paged preemptions")
+
+        with open(d + "/metrics.prom") as f:
+            prom = f.read()
+        check("# TYPE" in prom and "kvpager:num_requests_running" in prom, "metrics.prom has no Prometheus text")
+    print("ok: paged waste %.2f%%, contiguous waste %.2f%%, mean batch %.1f vs %.1f" %
+          (100 * paged["internal_waste"], 100 * cont["internal_waste"], paged["mean_batch"], cont["mean_batch"]))
+
+
+def compute(exe):
+    # A small pool under a burst of arrivals: swaps (hybrid_swap), recomputes, copy-on-write of forks.
+    for extra in (["--dtype", "fp32"], ["--dtype", "bf16", "--composition", "vllm_v1"]):
+        p = run([exe, "--json", "--quiet", "--compute", "cpu", "--requests", "24", "--rate", "4", "--blocks", "90",
+                 "--max-model-len", "1024", "--tuning", "off"] + extra)
+        check(p.returncode == 0, "%s: exit %d: %s" % (extra, p.returncode, p.stderr))
+        doc = json.loads(p.stdout)
+        c, paged = doc["compute"], doc["paged"]
+        # What the check must have gone through: prefix hits, copy-on-write copies, recomputes, and swaps where
+        # the composition has a host pool.
+        check(paged["prefix_hit_rate"] > 0 and c["block_copies"] > 0, "%s: no prefix hit or no copy" % extra)
+        check(paged["preemptions_recompute"] > 0, "%s: no recompute" % extra)
+        if "vllm_v1" not in extra:
+            check(c["blocks_swapped_out"] > 0 and c["blocks_swapped_in"] > 0, "%s: no swap" % extra)
+        check(c["ok"] and c["mismatches"] == 0, "%s: mismatches" % extra)
+        check(c["rows_checked"] > 0 and c["requests_checked"] > 0, "%s: nothing checked" % extra)
+        check(c["prefill_rows"] > 0 and c["rows"] > c["prefill_rows"], "%s: no prefill or no decode" % extra)
+        print("ok %s: %d rows checked, max error %.3g, %d blocks swapped out, %d copies" %
+              (extra, c["rows_checked"], c["max_error"], c["blocks_swapped_out"], c["block_copies"]))
+
+
+def corruption(exe):
+    p = run([exe, "--quiet", "--compute", "cpu", "--requests", "12", "--max-model-len", "1024",
+             "--inject-corruption", "30"])
+    check(p.returncode == 2, "a corrupted KV value exited %d (expected 2): %s" % (p.returncode, p.stderr))
+    check("differ from the reference" in p.stderr, "no mismatch message: %s" % p.stderr)
+    print("ok: " + p.stderr.strip())
+
+
+if __name__ == "__main__":
+    {"report": report, "compute": compute, "corruption": corruption}[sys.argv[1]](sys.argv[2])

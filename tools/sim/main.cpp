@@ -1,0 +1,407 @@
+// SPDX-License-Identifier: Apache-2.0
+// kvpager-sim: a serving simulator that shows what paged KV management buys. It runs a workload through
+// kvpager::scheduler over a paged_kv_cache composition (measured with the library's monitor) and the same workload
+// over contiguous allocation (each request reserves max_model_len tokens, first fit), and prints both side by side.
+// With --compute cpu it also runs one attention layer on the CPU kernels every step and checks every output against
+// attention computed without a cache. docs/sim.md describes the workload, the measures and the options.
+//
+//   kvpager-sim [TRACE.kvtrace] [--composition NAME] [--blocks N] [--block-size B] [--max-model-len L]
+//               [--host-blocks N] [--preemption MODE] [--admission RULE] [--tuning on|off] [--requests N]
+//               [--rate R] [--seed S] [--max-steps N] [--compute none|cpu] [--dtype fp32|bf16] [--json]
+//               [--report DIR] [--quiet]
+//
+// Exit status: 0 on success; 1 on a usage error (an unknown composition lists the choices) or an unreadable trace;
+// 2 when --compute cpu finds an output that differs from the reference (or a kernel refuses a call).
+//
+// CLI11 reports command-line errors by exception; this tool is therefore built with exceptions even in the
+// -fno-exceptions preset (the library headers it uses never throw).
+#include <CLI/CLI.hpp>
+#include <nlohmann/json.hpp>
+
+#include <bit>
+#include <chrono>
+#include <cstdint>
+#include <cstdio>
+#include <filesystem>
+#include <fstream>
+#include <iostream>
+#include <limits>
+#include <memory>
+#include <new>
+#include <string>
+#include <vector>
+
+#include <unistd.h>
+
+#include <kvpager/allocator/free_list_allocator.hpp>
+#include <kvpager/cache/compositions.hpp>
+#include <kvpager/cache/paged_kv_cache.hpp>
+#include <kvpager/eviction/lru_eviction.hpp>
+#include <kvpager/kernels/can_implement.hpp>
+#include <kvpager/monitor/json.hpp>
+#include <kvpager/monitor/prometheus.hpp>
+#include <kvpager/sharing/prefix_caching.hpp>
+#include <kvpager/swap/hybrid_swap.hpp>
+
+#include "compute.hpp"
+#include "contiguous.hpp"
+#include "kvtrace.hpp"
+#include "paged.hpp"
+#include "report.hpp"
+#include "workload.hpp"
+
+namespace {
+
+/// The compositions compiled in (each is one instantiation of the scheduler and the cache: keep the list short).
+/// vllm_v1: vLLM v1's KV-cache manager (kvpager::vllm_v1_cache: free queue as LRU, prefix caching, recompute).
+/// hybrid_swap: the same with a host pool: a victim is swapped out while the host pool has room, else recomputed.
+using hybrid_swap_cache = kvpager::paged_kv_cache<kvpager::free_list_allocator, kvpager::lru_eviction,
+                                                  kvpager::prefix_caching, kvpager::hybrid_swap>;
+constexpr const char* compositions = "hybrid_swap, vllm_v1";
+
+struct settings {
+  std::string trace;
+  std::string composition = "hybrid_swap";
+  std::int32_t blocks = 0;  // 0: the workload's
+  std::int32_t block_size = 0;
+  std::int32_t max_model_len = 0;
+  std::int32_t host_blocks = -1;  // -1: a quarter of the device pool (hybrid_swap)
+  std::string preemption = "cache_policy";
+  std::string admission = "watermark";
+  std::string tuning = "on";
+  std::int32_t requests = 400;
+  double rate = -1;  // < 0: the workload's
+  std::uint64_t seed = 2023;
+  std::int64_t max_steps = 0;
+  std::string compute = "none";
+  std::string dtype = "fp32";
+  std::int32_t threads = 0;
+  bool json = false;
+  std::string report;
+  bool quiet = false;
+  std::int64_t corrupt_step = -1;  // hidden test hook
+};
+
+/// KV bytes of one token over all layers for the byte figures: Llama-2-7B in fp16 (32 layers x 2 x 4096 x 2 bytes
+/// = 512 KiB, the seed's "16 KB per token" per layer).
+constexpr std::int64_t bytes_per_token = 32LL * 2 * 4096 * 2;
+
+/// Progress on stderr: one line updated in place on a terminal, plain lines (every 10%) otherwise.
+struct progress_line {
+  bool tty = isatty(2) != 0;
+  bool quiet = false;
+  std::int64_t last_decile = -1;
+  void operator()(const char* what, std::int64_t step, std::int64_t done, std::int64_t total) {
+    if (quiet || total <= 0) return;
+    if (tty) {
+      std::fprintf(stderr, "\r%-10s step %7lld  %6lld/%lld requests done", what, static_cast<long long>(step),
+                   static_cast<long long>(done), static_cast<long long>(total));
+      std::fflush(stderr);
+      return;
+    }
+    const std::int64_t decile = done * 10 / total;
+    if (decile == last_decile) return;
+    last_decile = decile;
+    std::fprintf(stderr, "%s: step %lld, %lld/%lld requests done\n", what, static_cast<long long>(step),
+                 static_cast<long long>(done), static_cast<long long>(total));
+  }
+  void end() {
+    if (!quiet && tty) std::fprintf(stderr, "\r%60s\r", "");
+    last_decile = -1;
+  }
+};
+
+struct outcome {
+  kvsim::run_summary summary;
+  kvsim::paged_extras extras;
+  std::vector<kvsim::step_sample> samples;
+};
+
+template <class Cache>
+int run_composition(Cache& cache, const kvsim::workload& w, const kvsim::paged_options& o, outcome& out) {
+  out.summary = kvsim::run_paged(w, cache, o, out.samples, out.extras);
+  return out.extras.error.empty() ? 0 : 2;
+}
+
+}  // namespace
+
+namespace {
+
+int run_main(int argc, char** argv) {
+  CLI::App app{"kvpager-sim: a serving workload through kvpager's scheduler and paged cache, against contiguous "
+               "allocation"};
+  settings s;
+  const CLI::Range positive_int(1, std::numeric_limits<std::int32_t>::max());
+  app.add_option("trace", s.trace, "a manager-level kvtrace file (docs/KVTRACE.md); default: the built-in workload");
+  app.add_option("--composition", s.composition, std::string("cache composition: ") + compositions +
+                                                      " (default hybrid_swap)");
+  app.add_option("--blocks", s.blocks, "usable device blocks of the paged pool (default 1030; a trace's num_blocks - 1)")
+      ->check(CLI::Range(2, 1 << 24));
+  app.add_option("--block-size", s.block_size, "tokens per block, a power of two (default 16; --compute cpu: 8, 16 or 32)")
+      ->check(CLI::Range(1, 4096));
+  app.add_option("--max-model-len", s.max_model_len, "longest sequence; the contiguous reservation (default 2048)")
+      ->check(positive_int);
+  app.add_option("--host-blocks", s.host_blocks, "host (swap) pool blocks of hybrid_swap (default: blocks / 4)")
+      ->check(CLI::Range(0, 1 << 24));
+  app.add_option("--preemption", s.preemption, "cache_policy, recompute, swap or adaptive (default cache_policy)")
+      ->check(CLI::IsMember({"cache_policy", "recompute", "swap", "adaptive"}));
+  app.add_option("--admission", s.admission, "watermark (1% kept free) or headroom (the seed's free >= 1.1 x needed)")
+      ->check(CLI::IsMember({"watermark", "headroom"}));
+  app.add_option("--tuning", s.tuning, "dynamic batch size and block size advice: on or off (default on)")
+      ->check(CLI::IsMember({"on", "off"}));
+  app.add_option("--requests", s.requests, "requests of the built-in workload (default 400)")->check(positive_int);
+  app.add_option("--rate", s.rate, "Poisson arrivals per step, 0: all at step 0 (default 0.3; a trace: 0)")
+      ->check(CLI::NonNegativeNumber);
+  app.add_option("--seed", s.seed, "seed of the built-in workload and of the arrivals (default 2023)");
+  app.add_option("--max-steps", s.max_steps, "stop each system after this many steps (default: until done)")
+      ->check(CLI::NonNegativeNumber);
+  app.add_option("--compute", s.compute, "none, or cpu: attention on the CPU kernels every step, checked at the end")
+      ->check(CLI::IsMember({"none", "cpu"}));
+  app.add_option("--dtype", s.dtype, "KV dtype of --compute cpu: fp32 or bf16 (default fp32)")
+      ->check(CLI::IsMember({"fp32", "bf16"}));
+  app.add_option("--threads", s.threads, "threads of the kernel calls of --compute cpu (default 0: all cores)")
+      ->check(CLI::Range(0, 1024));
+  app.add_flag("--json", s.json, "print one JSON document instead of the table");
+  app.add_option("--report", s.report, "write steps.csv, chart.svg and metrics.prom into this directory");
+  app.add_flag("--quiet", s.quiet, "no progress on stderr");
+  app.add_option("--inject-corruption", s.corrupt_step, "")->group("");  // test hook: corrupt KV at this step
+  try {
+    app.parse(argc, argv);
+  } catch (const CLI::ParseError& e) {
+    return app.exit(e) == 0 ? 0 : 1;
+  }
+  if (s.composition != "hybrid_swap" && s.composition != "vllm_v1") {
+    std::fprintf(stderr, "kvpager-sim: unknown composition '%s'; choose one of: %s\n", s.composition.c_str(),
+                 compositions);
+    return 1;
+  }
+
+  // The workload.
+  kvsim::workload w;
+  if (s.trace.empty()) {
+    kvsim::default_workload_options d;
+    d.seed = s.seed;
+    d.num_requests = s.requests;
+    if (s.rate >= 0) d.arrivals_per_step = s.rate;
+    w = kvsim::default_workload(d);
+  } else {
+    const kvreplay::read_result text = kvreplay::read_trace_file(s.trace);
+    if (!text.text) {
+      std::fprintf(stderr, "kvpager-sim: %s\n", text.error.c_str());
+      return 1;
+    }
+    const kvreplay::parse_result t = kvreplay::parse_kvtrace(*text.text, s.trace);
+    if (!t.value) {
+      std::fprintf(stderr, "kvpager-sim: %s\n", t.error.c_str());
+      return 1;
+    }
+    if (const std::string err = kvsim::workload_from_trace(*t.value, std::max(s.rate, 0.0), s.seed, w); !err.empty()) {
+      std::fprintf(stderr, "kvpager-sim: %s: %s\n", s.trace.c_str(), err.c_str());
+      return 1;
+    }
+  }
+  if (s.blocks > 0) w.num_blocks = s.blocks;
+  if (s.block_size > 0) w.block_size = s.block_size;
+  if (s.max_model_len > 0) w.max_model_len = s.max_model_len;
+  if (!std::has_single_bit(static_cast<std::uint32_t>(w.block_size))) {
+    std::fprintf(stderr, "kvpager-sim: the block size must be a power of two, not %d\n", w.block_size);
+    return 1;
+  }
+  const bool compute = s.compute == "cpu";
+  if (compute && w.block_size != 8 && w.block_size != 16 && w.block_size != 32) {
+    std::fprintf(stderr, "kvpager-sim: --compute cpu needs block size 8, 16 or 32 (the kernels'), not %d\n",
+                 w.block_size);
+    return 1;
+  }
+  const std::int32_t max_blocks_per_seq = (w.max_model_len + w.block_size - 1) / w.block_size;
+  const std::int32_t host_blocks =
+      s.composition == "vllm_v1" ? 0 : (s.host_blocks >= 0 ? s.host_blocks : w.num_blocks / 4);
+
+  // The scheduler's configuration.
+  kvsim::paged_options po;
+  po.sched.max_num_seqs = w.max_num_seqs;
+  po.sched.max_num_batched_tokens = w.max_num_batched_tokens;
+  po.sched.preemption = s.preemption == "recompute" ? kvpager::preemption_mode::recompute
+                        : s.preemption == "swap"    ? kvpager::preemption_mode::swap
+                        : s.preemption == "adaptive" ? kvpager::preemption_mode::adaptive
+                                                     : kvpager::preemption_mode::cache_policy;
+  po.sched.admit_rule =
+      s.admission == "headroom" ? kvpager::admission_rule::request_headroom : kvpager::admission_rule::watermark;
+  if (s.tuning == "on") {
+    po.sched.batch_tuning.enabled = true;
+    po.sched.batch_tuning.max_seqs = w.max_num_seqs;
+    po.sched.advise_block_size = true;
+  }
+  if (const kvpager::status st = po.sched.validate(); !st) {
+    std::fprintf(stderr, "kvpager-sim: scheduler configuration: %s\n", st.message());
+    return 1;
+  }
+  const std::int64_t bytes_per_block = bytes_per_token * w.block_size;
+  po.bytes_per_block = bytes_per_block;
+  po.max_steps = s.max_steps;
+  progress_line progress;
+  progress.quiet = s.quiet;
+  po.progress_every = 50;
+  po.progress = [&](std::int64_t step, std::int64_t done, std::int64_t total) {
+    progress("paged", step, done, total);
+  };
+
+  // --compute cpu: one attention layer over a pool of the cache's geometry.
+  std::unique_ptr<kvsim::attention_compute> attn;
+  const kvpager::kv_dtype dtype = s.dtype == "bf16" ? kvpager::kv_dtype::bf16 : kvpager::kv_dtype::f32;
+  if (compute) {
+    attn = std::make_unique<kvsim::attention_compute>(w.num_blocks + 1, w.block_size, dtype, host_blocks,
+                                                      max_blocks_per_seq, s.seed);
+    attn->corrupt_at(s.corrupt_step);
+    attn->set_threads(s.threads);
+    po.compute = attn.get();
+  }
+
+  // The paged run, over the chosen composition (one reserved null block, as vLLM).
+  const kvpager::cache_config cc{.block_size = w.block_size,
+                                 .num_blocks = w.num_blocks + 1,
+                                 .reserved_blocks = 1,
+                                 .max_blocks_per_seq = max_blocks_per_seq,
+                                 .num_host_blocks = host_blocks};
+  outcome paged;
+  int rc = 0;
+  if (s.composition == "vllm_v1") {
+    auto cache = kvpager::vllm_v1_cache::create(cc);
+    if (!cache) {
+      std::fprintf(stderr, "kvpager-sim: cannot create the cache: %s\n", cache.error().message());
+      return 1;
+    }
+    rc = run_composition(*cache, w, po, paged);
+  } else {
+    auto cache = hybrid_swap_cache::create(cc);
+    if (!cache) {
+      std::fprintf(stderr, "kvpager-sim: cannot create the cache: %s\n", cache.error().message());
+      return 1;
+    }
+    rc = run_composition(*cache, w, po, paged);
+  }
+  progress.end();
+  if (rc != 0) {
+    std::fprintf(stderr, "kvpager-sim: --compute cpu: %s\n", paged.extras.error.c_str());
+    return 2;
+  }
+
+  // The contiguous baseline over a pool of the same bytes.
+  kvsim::contiguous_options co;
+  co.pool_tokens = std::int64_t{w.num_blocks} * w.block_size;
+  co.bytes_per_token = bytes_per_token;
+  co.max_model_len = w.max_model_len;
+  co.max_num_seqs = w.max_num_seqs;
+  co.max_num_batched_tokens = w.max_num_batched_tokens;
+  co.max_steps = s.max_steps;
+  std::vector<kvsim::step_sample> contiguous_samples;
+  const kvsim::run_summary contiguous = kvsim::run_contiguous(w, co, contiguous_samples);
+
+  const kvsim::workload_summary ws = kvsim::summarize(w);
+  const double pool_gib = static_cast<double>(co.pool_tokens * bytes_per_token) / (1024.0 * 1024.0 * 1024.0);
+  char title[512];
+  std::snprintf(title, sizeof title,
+                "kvpager-sim: workload %s (%lld requests, %lld samples), %d blocks x %d tokens (%.1f GiB of KV at "
+                "512 KiB/token), max_model_len %d, %s",
+                w.name.c_str(), static_cast<long long>(ws.requests), static_cast<long long>(ws.samples),
+                w.num_blocks, w.block_size, pool_gib, w.max_model_len, s.composition.c_str());
+
+  // Verdict of the compute check.
+  int exit_status = 0;
+  if (attn) {
+    const auto& c = attn->counters();
+    if (c.mismatches > 0) exit_status = 2;
+  }
+
+  if (s.json) {
+    kvsim::ordered_json doc;
+    doc["workload"] = {{"name", w.name},
+                       {"requests", ws.requests},
+                       {"samples", ws.samples},
+                       {"prompt_tokens", ws.prompt_tokens},
+                       {"output_tokens", ws.output_tokens},
+                       {"last_arrival_step", ws.last_arrival}};
+    doc["settings"] = {{"composition", s.composition},
+                       {"blocks", w.num_blocks},
+                       {"block_size", w.block_size},
+                       {"host_blocks", host_blocks},
+                       {"max_model_len", w.max_model_len},
+                       {"max_num_seqs", w.max_num_seqs},
+                       {"max_num_batched_tokens", w.max_num_batched_tokens},
+                       {"preemption", s.preemption},
+                       {"admission", s.admission},
+                       {"tuning", s.tuning},
+                       {"bytes_per_token", bytes_per_token}};
+    doc["paged"] = kvsim::to_json(paged.summary);
+    doc["paged"]["dropped_forks"] = paged.extras.dropped_forks;
+    if (paged.extras.advised_block_size) doc["paged"]["advised_block_size"] = *paged.extras.advised_block_size;
+    nlohmann::json last;
+    kvpager::to_json(last, paged.extras.last);
+    doc["paged"]["last_snapshot"] = last;
+    doc["contiguous"] = kvsim::to_json(contiguous);
+    if (attn) {
+      const auto& c = attn->counters();
+      doc["compute"] = {{"dtype", s.dtype},
+                        {"rows", c.rows},
+                        {"prefill_rows", c.prefill_rows},
+                        {"rows_checked", c.rows_checked},
+                        {"requests_checked", c.requests_checked},
+                        {"mismatches", c.mismatches},
+                        {"max_error", c.max_error},
+                        {"block_copies", c.copies},
+                        {"blocks_swapped_out", c.swap_outs},
+                        {"blocks_swapped_in", c.swap_ins},
+                        {"kernel_s", c.kernel_s},
+                        {"reference_s", c.reference_s},
+                        {"ok", c.mismatches == 0}};
+    }
+    std::cout << doc.dump(2) << '\n';
+  } else {
+    std::printf("%s\npreemption %s, admission %s, tuning %s\n\n", title, s.preemption.c_str(), s.admission.c_str(),
+                s.tuning.c_str());
+    kvsim::print_table(paged.summary, contiguous);
+    if (paged.extras.advised_block_size)
+      std::printf("\nblock size advice (tuning): %d tokens for these lengths\n", *paged.extras.advised_block_size);
+    if (attn) {
+      const auto& c = attn->counters();
+      std::printf("\n--compute cpu (%s, 2 query heads, 1 KV head, head_dim 64): %lld rows (%lld prompt), %lld block "
+                  "copies, %lld/%lld blocks swapped out/in; kernels %.2f s, reference %.2f s\n",
+                  s.dtype.c_str(), static_cast<long long>(c.rows), static_cast<long long>(c.prefill_rows),
+                  static_cast<long long>(c.copies), static_cast<long long>(c.swap_outs),
+                  static_cast<long long>(c.swap_ins), c.kernel_s, c.reference_s);
+      std::printf("check against attention over contiguous K/V: %lld rows of %lld requests, max error %.3g: %s\n",
+                  static_cast<long long>(c.rows_checked), static_cast<long long>(c.requests_checked), c.max_error,
+                  c.mismatches == 0 ? "all match" : "MISMATCH");
+    }
+  }
+  if (attn && attn->counters().mismatches > 0)
+    std::fprintf(stderr, "kvpager-sim: --compute cpu: %lld rows differ from the reference; first: %s\n",
+                 static_cast<long long>(attn->counters().mismatches), attn->counters().first_mismatch.c_str());
+
+  if (!s.report.empty()) {
+    std::error_code ec;
+    std::filesystem::create_directories(s.report, ec);
+    const std::string dir = s.report + "/";
+    std::string prom;
+    kvpager::write_prometheus(prom, paged.extras.last);
+    std::ofstream pf(dir + "metrics.prom");
+    pf << prom;
+    if (ec || !pf || !kvsim::write_csv(dir + "steps.csv", paged.samples, contiguous_samples) ||
+        !kvsim::write_svg(dir + "chart.svg", title, paged.samples, contiguous_samples)) {
+      std::fprintf(stderr, "kvpager-sim: cannot write the report into %s\n", s.report.c_str());
+      return 1;
+    }
+  }
+  return exit_status;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  try {
+    return run_main(argc, argv);
+  } catch (const std::bad_alloc&) {  // a pool (--blocks, --compute cpu) or a trace too large for this machine
+    std::fprintf(stderr, "kvpager-sim: out of memory\n");
+    return 1;
+  }
+}
