@@ -11,7 +11,7 @@
 // Every step, in the order of the step plan (core/step_plan.hpp): the plan's swap-outs, swap-ins and copies through
 // kvpager::cpu_executor; the K/V of the step's tokens through kvpager_cpu_kv_append and the step's slot mapping;
 // attention of every computed token through the block tables the cache exports: decode rows with
-// kvpager_cpu_paged_attention_decode, prompt chunks with prefill_attention (below). Each request keeps the output
+// kvpager_cpu_paged_attention_decode, prompt chunks with kvpager_cpu_paged_attention_prefill. Each request keeps the output
 // row of every position it computed (the last time: a recompute overwrites). When the request finishes, its rows
 // are compared with causal attention over its tokens' K/V laid out contiguously (fp32, no cache, no kernel).
 
@@ -35,33 +35,17 @@
 
 namespace kvsim {
 
-/// Prefill attention over a paged KV pool, with the signature and semantics of issue 12's
-/// kvpager_cpu_paged_attention_prefill (no window, no soft cap): query row i of sequence s sits at position
-/// p = seq_lens[s] - q_len + i (q_len = qo_indptr[s + 1] - qo_indptr[s]) and attends to KV positions j <= p.
-/// Until that kernel is in the library, each row is computed by the decode kernel as a sequence of length p + 1 over
-/// the same block-table row: exactly the same causal attention. `scratch` holds the expanded table. The one place
-/// to switch to the prefill kernel.
+/// Prefill attention over a paged KV pool: the prompt rows of each sequence (qo_indptr, CSR) over its whole paged KV
+/// (cached prefix included), causal, through the library's kvpager_cpu_paged_attention_prefill (no window, no cap).
 inline int32_t prefill_attention(void* out, const void* query, void* kv_cache, const int32_t* qo_indptr,
                                  const int32_t* block_table, const int32_t* seq_lens, int32_t num_seqs,
                                  int32_t num_q_heads, int32_t num_kv_heads, int32_t head_dim, int32_t block_size,
                                  int32_t max_blocks_per_seq, int32_t num_blocks, float scale, int32_t dtype,
-                                 int32_t num_threads, std::vector<int32_t>& scratch_table, std::vector<int32_t>& scratch_lens) {
-  const std::int32_t rows = qo_indptr[num_seqs];
-  scratch_table.resize(static_cast<std::size_t>(rows) * static_cast<std::size_t>(max_blocks_per_seq));
-  scratch_lens.resize(static_cast<std::size_t>(rows));
-  for (std::int32_t s = 0; s < num_seqs; ++s) {
-    const std::int32_t q_len = qo_indptr[s + 1] - qo_indptr[s];
-    for (std::int32_t i = 0; i < q_len; ++i) {
-      const auto r = static_cast<std::size_t>(qo_indptr[s] + i);
-      std::memcpy(scratch_table.data() + r * static_cast<std::size_t>(max_blocks_per_seq),
-                  block_table + static_cast<std::size_t>(s) * static_cast<std::size_t>(max_blocks_per_seq),
-                  static_cast<std::size_t>(max_blocks_per_seq) * sizeof(int32_t));
-      scratch_lens[r] = seq_lens[s] - q_len + i + 1;
-    }
-  }
-  return kvpager_cpu_paged_attention_decode(out, query, kv_cache, scratch_table.data(), scratch_lens.data(), rows,
-                                            num_q_heads, num_kv_heads, head_dim, block_size, max_blocks_per_seq,
-                                            num_blocks, scale, dtype, num_threads);
+                                 int32_t num_threads) {
+  return kvpager_cpu_paged_attention_prefill(out, query, kv_cache, qo_indptr, block_table, seq_lens, num_seqs,
+                                             num_q_heads, num_kv_heads, head_dim, block_size, max_blocks_per_seq,
+                                             num_blocks, scale, /*window_left=*/-1, /*logits_soft_cap=*/0.0F, dtype,
+                                             num_threads);
 }
 
 /// The attention layer, its KV pool (a cpu_executor's) and the outputs waiting to be checked.
@@ -190,7 +174,7 @@ class attention_compute {
       if (const int32_t rc = prefill_attention(pout_.data(), pq_.data(), pool, pre_indptr_.data(), pre_table_.data(),
                                                pre_lens_.data(), static_cast<std::int32_t>(pre_rows_.size()), q_heads,
                                                kv_heads, head_dim, geom_.block_size, max_blocks_, geom_.num_blocks,
-                                               scale, dtype, threads_, scratch_table_, scratch_lens_);
+                                               scale, dtype, threads_);
           rc != 0)
         return std::string("prefill: ") + kvpager_status_string(rc);
     }
@@ -388,7 +372,7 @@ class attention_compute {
   // Per-step buffers, reused.
   std::vector<float> proj_;
   std::vector<std::byte> k_, v_, q_, dq_, dout_, pq_, pout_;
-  std::vector<std::int32_t> dec_table_, dec_lens_, pre_table_, pre_lens_, pre_indptr_, scratch_table_, scratch_lens_;
+  std::vector<std::int32_t> dec_table_, dec_lens_, pre_table_, pre_lens_, pre_indptr_;
   std::vector<std::size_t> dec_rows_, pre_rows_;
   std::vector<float> kt_, vv_, qq_, scores_;
 };
