@@ -9,6 +9,8 @@
 // The seed's own demo prints the same levels; its fifth sample also carries 2 preemptions, which the seed's health
 // rule does not read (recorded here as the counter an engine would report).
 #include <kvpager/kvpager.hpp>
+#include <kvpager/monitor/health.hpp>
+#include <kvpager/monitor/prometheus.hpp>
 
 #include <chrono>
 #include <cstdint>
