@@ -3,6 +3,8 @@
 // a snapshot + record + health check (target: under 1 us), the Prometheus text (target: under 20 us) and the JSON
 // text of a snapshot, and the scheduler step of 256 running requests under memory pressure as the baseline.
 #include <kvpager/kvpager.hpp>
+#include <kvpager/monitor/health.hpp>
+#include <kvpager/monitor/prometheus.hpp>
 #include <kvpager/monitor/json.hpp>
 
 #include <benchmark/benchmark.h>

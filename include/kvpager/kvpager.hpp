@@ -5,6 +5,14 @@
 /// API: core (status, block_pool), the policy concepts and every shipped policy, and paged_kv_cache.
 /// prefix_caching (and the compositions built on it, such as vllm_v1_cache) hash blocks with xxHash: they are
 /// included when <xxhash.h> is available (Debian: libxxhash-dev), which is the core's only external header.
+///
+/// Monitoring: the snapshot (monitor/metrics.hpp: metrics_snapshot, take_snapshot) is included here. The parts
+/// whose standard headers would cost every consumer's compile (bench/RESULTS.md, "Consumer build") are included
+/// on their own by the code that uses them:
+///   #include <kvpager/monitor/health.hpp>      // health_check and metrics_recorder (<chrono>, which in C++20
+///                                              // brings <sstream>); monitor/recorder.hpp for the recorder alone
+///   #include <kvpager/monitor/prometheus.hpp>  // write_prometheus (<charconv>, <string>)
+///   #include <kvpager/monitor/json.hpp>        // metrics_json_writer (nlohmann-json)
 
 #include "kvpager/core/assert.hpp"
 #include "kvpager/core/block_pool.hpp"
@@ -45,10 +53,7 @@
 #include "kvpager/kernels/cpu_executor.hpp"
 #include "kvpager/kernels/kv_layout.hpp"
 #include "kvpager/sched/scheduler.hpp"
-#include "kvpager/monitor/health.hpp"
 #include "kvpager/monitor/metrics.hpp"
-#include "kvpager/monitor/prometheus.hpp"
-#include "kvpager/monitor/recorder.hpp"
 #include "kvpager/tuning/block_size_advisor.hpp"
 #include "kvpager/sizing/kv_sizing.hpp"
 #include "kvpager/sizing/model_shape.hpp"

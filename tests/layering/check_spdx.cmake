@@ -6,7 +6,7 @@ file(GLOB_RECURSE files RELATIVE ${ROOT}
   ${ROOT}/include/*.hpp ${ROOT}/include/*.h ${ROOT}/kernels/*.cpp ${ROOT}/kernels/*.hpp ${ROOT}/kernels/*.cu
   ${ROOT}/kernels/*.cuh ${ROOT}/kernels/*.inc ${ROOT}/tests/*.cpp ${ROOT}/tests/*.hpp ${ROOT}/tests/*.cmake
   ${ROOT}/tests/*.py ${ROOT}/bench/*.cpp ${ROOT}/bench/*.hpp ${ROOT}/tools/*.cpp ${ROOT}/tools/*.hpp
-  ${ROOT}/examples/*.cpp ${ROOT}/testing/*.hpp)
+  ${ROOT}/examples/*.cpp ${ROOT}/examples/*.hpp ${ROOT}/testing/*.hpp)
 # Not recursive: GLOB_RECURSE would also find the CMakeLists.txt of build trees inside the source tree.
 file(GLOB lists RELATIVE ${ROOT}
   ${ROOT}/CMakeLists.txt ${ROOT}/cmake/* ${ROOT}/kernels/CMakeLists.txt ${ROOT}/tests/CMakeLists.txt

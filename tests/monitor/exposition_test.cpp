@@ -3,6 +3,7 @@
 // any values, the buffer check, and JSON equal to the snapshot. The real parser's check is
 // monitor.prometheus_text_parses_with_the_prometheus_client (check_prometheus.py).
 #include <kvpager/kvpager.hpp>
+#include <kvpager/monitor/prometheus.hpp>
 #include <kvpager/monitor/json.hpp>
 
 #include <gtest/gtest.h>

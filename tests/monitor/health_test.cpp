@@ -2,6 +2,7 @@
 // Health levels: the seed's monitor demo, its check order at every threshold, the usage band, validated thresholds,
 // and swaps counted over the recorder's window.
 #include <kvpager/kvpager.hpp>
+#include <kvpager/monitor/health.hpp>
 
 #include <gtest/gtest.h>
 

@@ -2,6 +2,7 @@
 // metrics_snapshot from a real cache and scheduler, the cache's swap and waste counters, the scheduler's admission
 // answers, and the recorder's bounded history and windows.
 #include <kvpager/kvpager.hpp>
+#include <kvpager/monitor/health.hpp>
 
 #include <gtest/gtest.h>
 

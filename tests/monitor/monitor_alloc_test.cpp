@@ -3,6 +3,8 @@
 // the Prometheus text or the JSON allocates nothing after the first call. This executable replaces the global
 // operator new to count allocations (so it is a test executable of its own).
 #include <kvpager/kvpager.hpp>
+#include <kvpager/monitor/health.hpp>
+#include <kvpager/monitor/prometheus.hpp>
 #include <kvpager/monitor/json.hpp>
 
 #include <gtest/gtest.h>

@@ -22,7 +22,6 @@
 
 #include <array>
 #include <charconv>
-#include <cmath>
 #include <cstddef>
 #include <cstdint>
 #include <cstring>
@@ -31,6 +30,7 @@
 #include <string_view>
 
 #include "kvpager/core/config.hpp"
+#include "kvpager/core/float_checks.hpp"
 #include "kvpager/core/status.hpp"
 #include "kvpager/monitor/metrics.hpp"
 
@@ -164,9 +164,9 @@ struct prom_sink {
     char* end = p + prom_value_chars;
     if (!v.is_double) {
       p = std::to_chars(p, end, v.i).ptr;
-    } else if (std::isnan(v.d)) {
+    } else if (detail::is_nan(v.d)) {
       put(std::string_view("NaN"));
-    } else if (std::isinf(v.d)) {
+    } else if (!detail::is_finite(v.d)) {
       put(v.d > 0 ? std::string_view("+Inf") : std::string_view("-Inf"));
     } else {
       p = std::to_chars(p, end, v.d).ptr;

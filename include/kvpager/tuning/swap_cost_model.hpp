@@ -16,10 +16,10 @@
 /// preemption_mode::adaptive (scheduler_config::swap_cost). A value type; nothing allocates, every call is
 /// noexcept.
 
-#include <cmath>
 #include <cstdint>
 
 #include "kvpager/core/config.hpp"
+#include "kvpager/core/float_checks.hpp"
 #include "kvpager/core/geometry.hpp"
 #include "kvpager/core/status.hpp"
 
@@ -51,7 +51,7 @@ struct swap_cost_model {
       return status{errc::invalid_argument, "swap_cost_model: link_bytes_per_second must be positive and finite"};
     if (!positive(prefill_seconds_per_token))
       return status{errc::invalid_argument, "swap_cost_model: prefill_seconds_per_token must be positive and finite"};
-    if (!(frequency_penalty >= 0.0 && std::isfinite(frequency_penalty)))
+    if (!(frequency_penalty >= 0.0 && detail::is_finite(frequency_penalty)))
       return status{errc::invalid_argument, "swap_cost_model: frequency_penalty must be finite and not negative"};
     if (!(rate_smoothing > 0.0 && rate_smoothing <= 1.0))
       return status{errc::invalid_argument, "swap_cost_model: rate_smoothing must be in (0, 1]"};
@@ -60,7 +60,7 @@ struct swap_cost_model {
     return ok_status();
   }
 
-  [[nodiscard]] static bool positive(double x) noexcept { return x > 0.0 && std::isfinite(x); }
+  [[nodiscard]] static bool positive(double x) noexcept { return x > 0.0 && detail::is_finite(x); }
 };
 
 /// What a preemption should do with its victim.
@@ -94,9 +94,9 @@ class adaptive_preemption {
   /// The factor on the raw swap cost: 1 + frequency_penalty x swap_rate().
   [[nodiscard]] double swap_penalty() const noexcept { return 1.0 + model_.frequency_penalty * rate_; }
 
-  /// Seconds to swap `blocks` blocks out and back in, penalty included (HUGE_VAL for an invalid model).
+  /// Seconds to swap `blocks` blocks out and back in, penalty included (infinity for an invalid model).
   [[nodiscard]] double swap_seconds(std::int64_t blocks) const noexcept {
-    if (!valid_) return HUGE_VAL;  // no usable model: never cheaper than recompute
+    if (!valid_) return detail::infinity;  // no usable model: never cheaper than recompute
     const double bytes = 2.0 * static_cast<double>(blocks > 0 ? blocks : 0) * static_cast<double>(model_.block_bytes);
     return bytes / bandwidth_ * swap_penalty();
   }
@@ -133,7 +133,7 @@ class adaptive_preemption {
   }
 
   /// Sets the swap rate (a policy rebuilt with a new model keeps its history); a negative or NaN rate counts as 0.
-  void restore_swap_rate(double rate) noexcept { rate_ = rate > 0.0 && std::isfinite(rate) ? rate : 0.0; }
+  void restore_swap_rate(double rate) noexcept { rate_ = rate > 0.0 && detail::is_finite(rate) ? rate : 0.0; }
 
   /// End of a step that swapped `swap_outs` victims out (negative counts as 0): the swap rate follows.
   void end_step(std::int32_t swap_outs) noexcept {
