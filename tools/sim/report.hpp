@@ -137,7 +137,12 @@ inline bool write_svg(const std::string& path, const std::string& title, const s
                 width, height, width, height);
   f << "<?xml version=\"1.0\" encoding=\"UTF-8\"?>\n" << buf;
   f << "<rect width=\"100%\" height=\"100%\" fill=\"white\"/>\n";
-  f << "<text x=\"" << left << "\" y=\"22\" font-size=\"15\">" << esc(title) << "</text>\n";
+  // A long title (a trace's path, say) is squeezed to the chart's width rather than cut off at its edge.
+  const double title_room = width - left - 10;
+  const bool squeeze = static_cast<double>(title.size()) * 7.4 > title_room;
+  f << "<text x=\"" << left << "\" y=\"22\" font-size=\"14\"";
+  if (squeeze) f << " textLength=\"" << static_cast<long long>(title_room) << "\" lengthAdjust=\"spacingAndGlyphs\"";
+  f << ">" << esc(title) << "</text>\n";
   f << "<text x=\"" << left << "\" y=\"40\"><tspan fill=\"#1f77b4\">&#9632; paged (kvpager)</tspan>  "
        "<tspan fill=\"#ff7f0e\">&#9632; contiguous (max_model_len reserved per request)</tspan></text>\n";
   for (std::size_t k = 0; k < 4; ++k) {
