@@ -107,7 +107,7 @@ inline bool write_svg(const std::string& path, const std::string& title, const s
                       const std::vector<step_sample>& contiguous) {
   std::ofstream f(path);
   if (!f) return false;
-  constexpr double width = 1100, panel_h = 150, left = 70, right = 20, top = 50, gap = 40;
+  constexpr double width = 1100, panel_h = 150, left = 70, right = 20, top = 66, gap = 40;
   struct panel {
     const char* name;
     double (*get)(const step_sample&);
@@ -137,13 +137,20 @@ inline bool write_svg(const std::string& path, const std::string& title, const s
                 width, height, width, height);
   f << "<?xml version=\"1.0\" encoding=\"UTF-8\"?>\n" << buf;
   f << "<rect width=\"100%\" height=\"100%\" fill=\"white\"/>\n";
-  // A long title (a trace's path, say) is squeezed to the chart's width rather than cut off at its edge.
-  const double title_room = width - left - 10;
-  const bool squeeze = static_cast<double>(title.size()) * 7.4 > title_room;
-  f << "<text x=\"" << left << "\" y=\"22\" font-size=\"14\"";
-  if (squeeze) f << " textLength=\"" << static_cast<long long>(title_room) << "\" lengthAdjust=\"spacingAndGlyphs\"";
-  f << ">" << esc(title) << "</text>\n";
-  f << "<text x=\"" << left << "\" y=\"40\"><tspan fill=\"#1f77b4\">&#9632; paged (kvpager)</tspan>  "
+  // The title on two lines, broken at the last ", " that leaves the first line within the chart's width (a long
+  // trace path may still run past the edge of the second).
+  const std::size_t fit = static_cast<std::size_t>((width - left - 10) / 7.6);
+  std::string line1 = title, line2;
+  if (title.size() > fit) {
+    const std::size_t cut = title.rfind(", ", fit);
+    if (cut != std::string::npos) {
+      line1 = title.substr(0, cut + 1);
+      line2 = title.substr(cut + 2);
+    }
+  }
+  f << "<text x=\"" << left << "\" y=\"20\" font-size=\"14\">" << esc(line1) << "</text>\n";
+  if (!line2.empty()) f << "<text x=\"" << left << "\" y=\"38\" font-size=\"14\">" << esc(line2) << "</text>\n";
+  f << "<text x=\"" << left << "\" y=\"56\"><tspan fill=\"#1f77b4\">&#9632; paged (kvpager)</tspan>  "
        "<tspan fill=\"#ff7f0e\">&#9632; contiguous (max_model_len reserved per request)</tspan></text>\n";
   for (std::size_t k = 0; k < 4; ++k) {
     const panel& pn = panels[k];
