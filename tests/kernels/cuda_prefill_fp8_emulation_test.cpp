@@ -14,6 +14,7 @@
 
 #include <cmath>
 #include <cstdint>
+#include <cstring>
 #include <utility>
 #include <vector>
 
@@ -139,6 +140,44 @@ TEST(CudaPrefillFp8Emulation, BadBlockIdIsFlaggedAndNeverRead) {
     const size_t first = static_cast<size_t>(pr.indptr[1]) * static_cast<size_t>(pr.hq * pr.d);
     for (size_t i = first; i < pr.ref.size(); ++i)
       ASSERT_NEAR(pr.value(r.out, i), pr.ref[i], tolerance(q_dtype) * (1 + std::abs(pr.ref[i]))) << i;
+  }
+}
+
+// With unit scales, the fp8 kernels are the plain kernels over the decoded pool, bit for bit: the same pool stored as
+// fp8 and as the query dtype (every e4m3 value is exact in fp32, fp16 and bf16) gives the same output and LSE bytes.
+TEST(CudaPrefillFp8Emulation, UnitScalesEqualThePlainKernelOverTheDecodedPool) {
+  for (int32_t q_dtype : {KVPAGER_DTYPE_FP32, KVPAGER_DTYPE_FP16, KVPAGER_DTYPE_BF16}) {
+    prefill_problem pr(q_dtype, 64, 16, 4, 2, 9, 3.0F, {{70, 70}, {33, 9}}, 11, false);
+    pr.use_fp8_kv(1.0F, 1.0F);
+    const emulated fp8 = run(pr, 3);
+    // The decoded pool in the query dtype.
+    std::vector<unsigned char> plain_kv(pr.kv.size());
+    for (size_t i = 0; i < pr.kv8.size(); ++i) {
+      const float x = kvpager::detail::e4m3_to_float(pr.kv8[i]);
+      if (q_dtype == KVPAGER_DTYPE_FP32) {
+        std::memcpy(plain_kv.data() + 4 * i, &x, 4);
+      } else {
+        const uint16_t h = q_dtype == KVPAGER_DTYPE_FP16 ? kvpager::detail::float_to_half(x) : kvpager::detail::float_to_bf16(x);
+        std::memcpy(plain_kv.data() + 2 * i, &h, 2);
+      }
+    }
+    std::vector<unsigned char> out(pr.q.size(), 0xFF);
+    std::vector<float> lse(fp8.lse.size(), NAN);
+    std::vector<int64_t> ws(static_cast<size_t>(pr.S) + 1, -7);
+    int32_t error = 0;
+    const kk::prefill_params a{out.data(), pr.q.data(), plain_kv.data(), pr.indptr.data(), pr.table.data(),
+                               pr.lens.data(), ws.data(), pr.S, pr.hq, pr.hkv, pr.d, pr.bs, pr.maxb, pr.nb, pr.scale,
+                               pr.window_left, pr.cap, &error, lse.data(), 1.0F};
+    kvpager_emulation::launch(dim3(1), dim3(kk::kPrefillPrepThreads), kk::prefill_prepare_kernel<>, a);
+    const dim3 grid(3), block(kk::kPrefillWarps * 32);
+    if (q_dtype == KVPAGER_DTYPE_FP32) kvpager_emulation::launch(grid, block, kk::prefill_simt_kernel<float>, a);
+    else if (q_dtype == KVPAGER_DTYPE_FP16) kvpager_emulation::launch(grid, block, kk::prefill_mma_kernel<__half, 64>, a);
+    else kvpager_emulation::launch(grid, block, kk::prefill_mma_kernel<__nv_bfloat16, 64>, a);
+    EXPECT_EQ(fp8.error, 0);
+    EXPECT_EQ(error, 0);
+    EXPECT_EQ(fp8.out, out) << q_dtype;
+    EXPECT_EQ(std::memcmp(fp8.lse.data(), lse.data(), lse.size() * sizeof(float)), 0) << q_dtype;
+    EXPECT_LE(pr.compare(out), tolerance(q_dtype)) << q_dtype;  // and both are right
   }
 }
 
