@@ -171,9 +171,9 @@ __device__ __forceinline__ int64_t prefill_kv_row(const prefill_params& a, const
 /// (the next chunk's cp.async copies are in flight while the current one is computed); each warp
 /// computes S = Q K^T (fp32), its rows' online softmax in fp32 (two lanes per row), and O += P V with P in T, O in
 /// fp32 fragments. The output is normalized once at the end (times a.v_scale), and each row's LSE written when a.lse
-/// is set. KV = T reads the pool as T with cp.async; KV = uint8_t reads an fp8 E4M3 pool: 16 bytes per thread and
-/// copy through registers (cp.async cannot convert), each byte decoded to T on its way into shared memory (exact:
-/// every e4m3 value is an fp16 and a bf16 value), so the tensor-core part is the same for both.
+/// is set. KV = T reads the pool as T with cp.async; KV = uint8_t reads an fp8 E4M3 pool through registers (16-byte
+/// loads issued before the current chunk's math, cp.async cannot convert), each byte decoded to T on its way into
+/// shared memory after it (exact: every e4m3 value is an fp16 and a bf16 value), so the tensor-core part is the same.
 template <class T, int D, class KV = T>
 __global__ void __launch_bounds__(kPrefillWarps * 32) prefill_mma_kernel(prefill_params a) {
   static_assert(std::is_same_v<KV, T> || std::is_same_v<KV, uint8_t>, "KV is the query type or fp8 E4M3 bytes");
@@ -223,61 +223,90 @@ __global__ void __launch_bounds__(kPrefillWarps * 32) prefill_mma_kernel(prefill
     // (and masked through s_tok_ok).
     auto load_chunk = [&](int st, int64_t j0) {
       T* const dk = skv + st * 2 * BN * LD;
-      if constexpr (std::is_same_v<KV, uint8_t>) {  // fp8: 16 bytes (16 elements) per copy, decoded in registers
-        constexpr int kChunks8 = D / 16;
-        for (int i = static_cast<int>(threadIdx.x); i < BN * kChunks8; i += kPrefillWarps * 32) {
-          const int n = i / kChunks8, c = i % kChunks8;
-          const int64_t j = j0 + n;
-          const int64_t off = j >= t.kv_begin && j < t.kv_end ? prefill_kv_row(a, t, j, D) : -1;
-          T* const kd = dk + n * LD + c * 16;
-          uint4 raw[2] = {uint4{0, 0, 0, 0}, uint4{0, 0, 0, 0}};
-          if (off >= 0) {
-            raw[0] = *reinterpret_cast<const uint4*>(kv + off + c * 16);
-            raw[1] = *reinterpret_cast<const uint4*>(kv + off + half_stride + c * 16);
-          }
-          KVPAGER_UNROLL
-          for (int kvi = 0; kvi < 2; ++kvi) {  // K, then V: 16 bytes -> 16 elements of T -> two 16-byte stores
-            const uint32_t w[4] = {raw[kvi].x, raw[kvi].y, raw[kvi].z, raw[kvi].w};
-            uint32_t packed[8];
-            KVPAGER_UNROLL
-            for (int x = 0; x < 8; ++x) {
-              const uint32_t lo = t_bits<T>(kv_to_f(static_cast<uint8_t>(w[x / 2] >> (16 * (x % 2)))));
-              const uint32_t hi = t_bits<T>(kv_to_f(static_cast<uint8_t>(w[x / 2] >> (16 * (x % 2) + 8))));
-              packed[x] = lo | (hi << 16);
-            }
-            *reinterpret_cast<uint4*>(kd + kvi * BN * LD) = uint4{packed[0], packed[1], packed[2], packed[3]};
-            *reinterpret_cast<uint4*>(kd + kvi * BN * LD + 8) = uint4{packed[4], packed[5], packed[6], packed[7]};
-          }
-          if (c == 0) s_tok_ok[st][n] = off >= 0 ? 1 : 0;
+      for (int i = static_cast<int>(threadIdx.x); i < BN * kChunks; i += kPrefillWarps * 32) {
+        const int n = i / kChunks, c = i % kChunks;
+        const int64_t j = j0 + n;
+        const int64_t off = j >= t.kv_begin && j < t.kv_end ? prefill_kv_row(a, t, j, D) : -1;
+        T* const kd = dk + n * LD + c * kVec;
+        if (off >= 0) {
+          async_copy::copy16(kd, kv + off + c * kVec);
+          async_copy::copy16(kd + BN * LD, kv + off + half_stride + c * kVec);
+        } else {
+          *reinterpret_cast<uint4*>(kd) = uint4{0, 0, 0, 0};
+          *reinterpret_cast<uint4*>(kd + BN * LD) = uint4{0, 0, 0, 0};
         }
-        // Plain stores, no copy group: the barrier before the chunk's use makes them visible. (The load is not
-        // overlapped with the previous chunk's math as cp.async does for fp16/bf16 pools; it reads half the bytes.)
-      } else {
-        for (int i = static_cast<int>(threadIdx.x); i < BN * kChunks; i += kPrefillWarps * 32) {
-          const int n = i / kChunks, c = i % kChunks;
-          const int64_t j = j0 + n;
-          const int64_t off = j >= t.kv_begin && j < t.kv_end ? prefill_kv_row(a, t, j, D) : -1;
-          T* const kd = dk + n * LD + c * kVec;
-          if (off >= 0) {
-            async_copy::copy16(kd, kv + off + c * kVec);
-            async_copy::copy16(kd + BN * LD, kv + off + half_stride + c * kVec);
-          } else {
-            *reinterpret_cast<uint4*>(kd) = uint4{0, 0, 0, 0};
-            *reinterpret_cast<uint4*>(kd + BN * LD) = uint4{0, 0, 0, 0};
-          }
-          if (c == 0) s_tok_ok[st][n] = off >= 0 ? 1 : 0;
+        if (c == 0) s_tok_ok[st][n] = off >= 0 ? 1 : 0;
+      }
+      async_copy::commit();
+    };
+    // fp8 pools: cp.async cannot convert, so a chunk goes through registers in two steps, the second chunk's loads
+    // in flight while the current one is computed as cp.async does for fp16/bf16: fetch8 issues this thread's 16-byte
+    // loads of K and V (16 elements each) into raw8; store8 decodes them to T (exact) and writes them to a stage.
+    constexpr int kChunks8 = D / 16, kPieces8 = (BN * kChunks8 + kPrefillWarps * 32 - 1) / (kPrefillWarps * 32);
+    uint4 raw8[kPieces8][2];
+    bool ok8[kPieces8];
+    auto fetch8 = [&](int64_t j0) {
+      KVPAGER_UNROLL
+      for (int pc = 0; pc < kPieces8; ++pc) {
+        const int i = static_cast<int>(threadIdx.x) + pc * kPrefillWarps * 32;
+        const int n = i / kChunks8, c = i % kChunks8;
+        const int64_t j = j0 + n;
+        const int64_t off = i < BN * kChunks8 && j >= t.kv_begin && j < t.kv_end ? prefill_kv_row(a, t, j, D) : -1;
+        ok8[pc] = off >= 0;
+        raw8[pc][0] = raw8[pc][1] = uint4{0, 0, 0, 0};
+        if (off >= 0) {
+          raw8[pc][0] = *reinterpret_cast<const uint4*>(kv + off + c * 16);
+          raw8[pc][1] = *reinterpret_cast<const uint4*>(kv + off + half_stride + c * 16);
         }
-        async_copy::commit();
       }
     };
+    auto store8 = [&](int st) {
+      KVPAGER_UNROLL
+      for (int pc = 0; pc < kPieces8; ++pc) {
+        const int i = static_cast<int>(threadIdx.x) + pc * kPrefillWarps * 32;
+        if (i >= BN * kChunks8) break;
+        const int n = i / kChunks8, c = i % kChunks8;
+        T* const kd = skv + st * 2 * BN * LD + n * LD + c * 16;
+        KVPAGER_UNROLL
+        for (int kvi = 0; kvi < 2; ++kvi) {  // K, then V: 16 bytes -> 16 elements of T -> two 16-byte stores
+          const uint32_t w[4] = {raw8[pc][kvi].x, raw8[pc][kvi].y, raw8[pc][kvi].z, raw8[pc][kvi].w};
+          uint32_t packed[8];
+          KVPAGER_UNROLL
+          for (int x = 0; x < 8; ++x) {
+            const uint32_t lo = t_bits<T>(kv_to_f(static_cast<uint8_t>(w[x / 2] >> (16 * (x % 2)))));
+            const uint32_t hi = t_bits<T>(kv_to_f(static_cast<uint8_t>(w[x / 2] >> (16 * (x % 2) + 8))));
+            packed[x] = lo | (hi << 16);
+          }
+          *reinterpret_cast<uint4*>(kd + kvi * BN * LD) = uint4{packed[0], packed[1], packed[2], packed[3]};
+          *reinterpret_cast<uint4*>(kd + kvi * BN * LD + 8) = uint4{packed[4], packed[5], packed[6], packed[7]};
+        }
+        if (c == 0) s_tok_ok[st][n] = ok8[pc] ? 1 : 0;
+      }
+    };
+    constexpr bool kFp8 = std::is_same_v<KV, uint8_t>;
+    (void)load_chunk;  // each instantiation uses one of the two load paths
+    (void)fetch8;
+    (void)store8;
     const int64_t first = t.kv_begin / BN * BN;
-    if (first < t.kv_end) load_chunk(0, first);
+    if (first < t.kv_end) {
+      if constexpr (kFp8) {
+        fetch8(first);
+        store8(0);
+      } else {
+        load_chunk(0, first);
+      }
+    }
     int st = 0;
     for (int64_t j0 = first; j0 < t.kv_end; j0 += BN, st ^= 1) {
-      // The other stage was last read by the previous chunk, which ended with a barrier: refill it now.
+      // The other stage was last read by the previous chunk, which ended with a barrier: refill it now (fp8: fetch
+      // now, decode into it after this chunk's math, before the barrier that ends it).
       const bool more = j0 + BN < t.kv_end;
-      if (more) load_chunk(st ^ 1, j0 + BN);
-      async_copy::wait_prior(more ? 1 : 0);  // this thread's copies of chunk j0 have landed
+      if constexpr (kFp8) {
+        if (more) fetch8(j0 + BN);
+      } else {
+        if (more) load_chunk(st ^ 1, j0 + BN);
+        async_copy::wait_prior(more ? 1 : 0);  // this thread's copies of chunk j0 have landed
+      }
       const T* const sk = skv + st * 2 * BN * LD;
       const T* const sv = sk + BN * LD;
       __syncthreads();
@@ -347,6 +376,9 @@ __global__ void __launch_bounds__(kPrefillWarps * 32) prefill_mma_kernel(prefill
           tile_mma::load(vb, sv + k * 16 * LD + f * 16, LD);
           tile_mma::mma(o[f], pa[k], vb);
         }
+      }
+      if constexpr (kFp8) {
+        if (more) store8(st ^ 1);  // the next chunk, made visible by the barrier below
       }
       __syncthreads();  // K, V and P are rewritten by the next chunk
     }
