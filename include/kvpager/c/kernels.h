@@ -78,7 +78,7 @@ KVPAGER_C_API int32_t kvpager_can_implement(int32_t num_blocks, int32_t block_si
  * bias 7, 3 mantissa bits, no infinities, largest magnitude 448, NaN = S.1111.111; one byte per element), read and
  * written by the _fp8 functions below with per-tensor scales: stored = e4m3(x / scale), x = e4m3 x scale (K with
  * k_scale, V with v_scale). Their query and output are fp32, fp16 or bf16 (q_dtype); the key and value they append
- * are fp32, fp16 or bf16 (src_dtype). Prefill over an fp8 pool: kvpager_cuda_paged_attention_prefill_fp8 (the plain
+ * are fp32, fp16 or bf16 (src_dtype). Prefill over an fp8 pool: the _prefill_fp8 functions (the plain
  * prefill entry points take dtypes 0-2), the same scheme as decode_fp8: k_scale folded into the softmax scale, v_scale
  * into the output, KV rows read as bytes and converted with kvpager/kernels/float8.hpp.
  */
@@ -348,7 +348,8 @@ KVPAGER_C_API int32_t kvpager_cuda_prefill_workspace_size(int32_t num_seqs, int6
  * as e4m3 x k_scale and V as e4m3 x v_scale (k_scale folded into the score scale, before the soft cap; v_scale into
  * the output) and query, out of q_dtype (0 fp32, 1 fp16, 2 bf16); lse as there, of the scores over the dequantized K.
  * The argument list of kvpager_cpu_paged_attention_prefill_fp8 with num_threads replaced by the CUDA prefill's own
- * (num_ctas, workspace, workspace_bytes, error_flag, stream; workspace and plan as for the plain prefill). fp16 and
+ * (num_ctas, workspace, workspace_bytes, error_flag, stream; workspace and plan as for the plain prefill) and lse
+ * after out, as in kvpager_cuda_paged_attention_prefill. fp16 and
  * bf16 queries run on tensor cores: each KV tile is read as bytes and decoded to the query type (exact) on its way
  * into shared memory; an fp32 query runs on CUDA cores. Host checks, in this order: num_ctas < 1 or a negative
  * workspace_bytes, then max_blocks_per_seq, num_seqs, scale, k_scale and v_scale (finite and > 0, else
