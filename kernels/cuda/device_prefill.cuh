@@ -9,9 +9,13 @@
 #include <cuda_fp16.h>
 
 #include <cstdint>
+#include <cstring>
+#include <type_traits>
 
+#include "kernels/common/decode_math.hpp"
 #include "kernels/cuda/device_primitives.cuh"
 #include "kvpager/c/kernels.h"
+#include "kvpager/kernels/float8.hpp"
 
 namespace kvpager::kernels::detail {
 
@@ -37,7 +41,22 @@ struct prefill_params {
   int window_left;
   float cap;
   int32_t* error;
+  float* lse;     ///< [rows, hq] natural log of each row's softmax denominator, or null
+  float v_scale;  ///< multiplies the output (fp8 KV: the V scale; 1 otherwise). `scale` already holds k_scale.
 };
+
+/// The 16 bits of x rounded to T (fp16 or bf16; exact for a decoded e4m3 value), little-endian packing order.
+template <class T>
+__device__ __forceinline__ uint32_t t_bits(float x) {
+  const T h = pf_from_f<T>(x);
+  uint16_t b = 0;
+  memcpy(&b, &h, sizeof b);  // no type punning through pointers: a 2-byte copy of a register
+  return b;
+}
+
+/// A KV element as float: the stored value, or an fp8 E4M3 byte decoded (exact, kvpager/kernels/float8.hpp).
+__device__ __forceinline__ float kv_to_f(float x) { return x; }
+__device__ __forceinline__ float kv_to_f(uint8_t x) { return kvpager::detail::e4m3_to_float(x); }
 
 /// Score of a query-key dot product: scaled, then soft-capped when cap > 0.
 __device__ __forceinline__ float prefill_score(float dot, float scale, float cap) {
@@ -51,7 +70,9 @@ __device__ __forceinline__ float prefill_score(float dot, float scale, float cap
 /// sequence gets no tile unless 0 <= qo_indptr[s] <= qo_indptr[s + 1] <= qo_indptr[num_seqs] (so no row outside the
 /// caller's [qo_indptr[num_seqs], ...] buffers is ever touched); a seq_len outside its page table row is SEQ_TOO_LONG and a q_len above it INVALID_ARGUMENT
 /// (their rows are written as zeros by the attention kernels).
-__global__ void __launch_bounds__(kPrefillPrepThreads) prefill_prepare_kernel(prefill_params a) {
+/// A template (of its thread count) only so that every translation unit that includes this header may instantiate it.
+template <int kThreads = kPrefillPrepThreads>
+__global__ void __launch_bounds__(kThreads) prefill_prepare_kernel(prefill_params a) {
   __shared__ int s_bad;
   if (threadIdx.x == 0) {
     s_bad = a.indptr[0] != 0 ? 1 : 0;
@@ -63,7 +84,7 @@ __global__ void __launch_bounds__(kPrefillPrepThreads) prefill_prepare_kernel(pr
   const int group = a.hq / a.hkv;
   const int32_t total_rows = a.indptr[a.num_seqs];
   int64_t carry = 0;
-  for (int base = 0; base < a.num_seqs; base += kPrefillPrepThreads) {  // the same trip count for every thread
+  for (int base = 0; base < a.num_seqs; base += kThreads) {  // the same trip count for every thread
     const int s = base + static_cast<int>(threadIdx.x);
     int64_t n = 0;
     if (!bad && s < a.num_seqs) {
@@ -82,7 +103,7 @@ __global__ void __launch_bounds__(kPrefillPrepThreads) prefill_prepare_kernel(pr
       if (rc != KVPAGER_STATUS_OK && a.error != nullptr) atomicExch(a.error, rc);
     }
     int64_t inclusive = 0, total = 0;
-    block_inclusive_sum<kPrefillPrepThreads>(n, inclusive, total);
+    block_inclusive_sum<kThreads>(n, inclusive, total);
     if (s < a.num_seqs) a.tiles[s + 1] = bad ? 0 : carry + inclusive;
     carry += total;
   }
@@ -149,9 +170,13 @@ __device__ __forceinline__ int64_t prefill_kv_row(const prefill_params& a, const
 /// then walks the tile's KV range in chunks of BN tokens read through the block table into shared memory, two stages
 /// (the next chunk's cp.async copies are in flight while the current one is computed); each warp
 /// computes S = Q K^T (fp32), its rows' online softmax in fp32 (two lanes per row), and O += P V with P in T, O in
-/// fp32 fragments. The output is normalized once at the end.
-template <class T, int D>
+/// fp32 fragments. The output is normalized once at the end (times a.v_scale), and each row's LSE written when a.lse
+/// is set. KV = T reads the pool as T with cp.async; KV = uint8_t reads an fp8 E4M3 pool through registers (16-byte
+/// loads issued before the current chunk's math, cp.async cannot convert), each byte decoded to T on its way into
+/// shared memory after it (exact: every e4m3 value is an fp16 and a bf16 value), so the tensor-core part is the same.
+template <class T, int D, class KV = T>
 __global__ void __launch_bounds__(kPrefillWarps * 32) prefill_mma_kernel(prefill_params a) {
+  static_assert(std::is_same_v<KV, T> || std::is_same_v<KV, uint8_t>, "KV is the query type or fp8 E4M3 bytes");
   constexpr int BN = D > 128 ? 16 : 32;  // KV tokens per chunk (registers: D/16 Q and O fragments per warp)
   constexpr int LD = D + 8;              // padded row of staged Q/K/V (bank conflicts), a multiple of 8 elements
   constexpr int kVec = 16 / static_cast<int>(sizeof(T)), kChunks = D / kVec;
@@ -169,7 +194,7 @@ __global__ void __launch_bounds__(kPrefillWarps * 32) prefill_mma_kernel(prefill
   float* const scr = s_scr[warp];
   T* const sp = reinterpret_cast<T*>(s_p[warp]);
   const T* q = static_cast<const T*>(a.q);
-  const T* kv = static_cast<const T*>(a.kv);
+  const KV* kv = static_cast<const KV*>(a.kv);
   const int64_t half_stride = static_cast<int64_t>(a.hkv) * a.bs * D;
   const int64_t items = a.tiles[a.num_seqs] * a.hkv;
   for (int64_t item = blockIdx.x; item < items; item += gridDim.x) {
@@ -214,14 +239,74 @@ __global__ void __launch_bounds__(kPrefillWarps * 32) prefill_mma_kernel(prefill
       }
       async_copy::commit();
     };
+    // fp8 pools: cp.async cannot convert, so a chunk goes through registers in two steps, the second chunk's loads
+    // in flight while the current one is computed as cp.async does for fp16/bf16: fetch8 issues this thread's 16-byte
+    // loads of K and V (16 elements each) into raw8; store8 decodes them to T (exact) and writes them to a stage.
+    constexpr int kChunks8 = D / 16, kPieces8 = (BN * kChunks8 + kPrefillWarps * 32 - 1) / (kPrefillWarps * 32);
+    uint4 raw8[kPieces8][2];
+    bool ok8[kPieces8];
+    auto fetch8 = [&](int64_t j0) {
+      KVPAGER_UNROLL
+      for (int pc = 0; pc < kPieces8; ++pc) {
+        const int i = static_cast<int>(threadIdx.x) + pc * kPrefillWarps * 32;
+        const int n = i / kChunks8, c = i % kChunks8;
+        const int64_t j = j0 + n;
+        const int64_t off = i < BN * kChunks8 && j >= t.kv_begin && j < t.kv_end ? prefill_kv_row(a, t, j, D) : -1;
+        ok8[pc] = off >= 0;
+        raw8[pc][0] = raw8[pc][1] = uint4{0, 0, 0, 0};
+        if (off >= 0) {
+          raw8[pc][0] = *reinterpret_cast<const uint4*>(kv + off + c * 16);
+          raw8[pc][1] = *reinterpret_cast<const uint4*>(kv + off + half_stride + c * 16);
+        }
+      }
+    };
+    auto store8 = [&](int st) {
+      KVPAGER_UNROLL
+      for (int pc = 0; pc < kPieces8; ++pc) {
+        const int i = static_cast<int>(threadIdx.x) + pc * kPrefillWarps * 32;
+        if (i >= BN * kChunks8) break;
+        const int n = i / kChunks8, c = i % kChunks8;
+        T* const kd = skv + st * 2 * BN * LD + n * LD + c * 16;
+        KVPAGER_UNROLL
+        for (int kvi = 0; kvi < 2; ++kvi) {  // K, then V: 16 bytes -> 16 elements of T -> two 16-byte stores
+          const uint32_t w[4] = {raw8[pc][kvi].x, raw8[pc][kvi].y, raw8[pc][kvi].z, raw8[pc][kvi].w};
+          uint32_t packed[8];
+          KVPAGER_UNROLL
+          for (int x = 0; x < 8; ++x) {
+            const uint32_t lo = t_bits<T>(kv_to_f(static_cast<uint8_t>(w[x / 2] >> (16 * (x % 2)))));
+            const uint32_t hi = t_bits<T>(kv_to_f(static_cast<uint8_t>(w[x / 2] >> (16 * (x % 2) + 8))));
+            packed[x] = lo | (hi << 16);
+          }
+          *reinterpret_cast<uint4*>(kd + kvi * BN * LD) = uint4{packed[0], packed[1], packed[2], packed[3]};
+          *reinterpret_cast<uint4*>(kd + kvi * BN * LD + 8) = uint4{packed[4], packed[5], packed[6], packed[7]};
+        }
+        if (c == 0) s_tok_ok[st][n] = ok8[pc] ? 1 : 0;
+      }
+    };
+    constexpr bool kFp8 = std::is_same_v<KV, uint8_t>;
+    (void)load_chunk;  // each instantiation uses one of the two load paths
+    (void)fetch8;
+    (void)store8;
     const int64_t first = t.kv_begin / BN * BN;
-    if (first < t.kv_end) load_chunk(0, first);
+    if (first < t.kv_end) {
+      if constexpr (kFp8) {
+        fetch8(first);
+        store8(0);
+      } else {
+        load_chunk(0, first);
+      }
+    }
     int st = 0;
     for (int64_t j0 = first; j0 < t.kv_end; j0 += BN, st ^= 1) {
-      // The other stage was last read by the previous chunk, which ended with a barrier: refill it now.
+      // The other stage was last read by the previous chunk, which ended with a barrier: refill it now (fp8: fetch
+      // now, decode into it after this chunk's math, before the barrier that ends it).
       const bool more = j0 + BN < t.kv_end;
-      if (more) load_chunk(st ^ 1, j0 + BN);
-      async_copy::wait_prior(more ? 1 : 0);  // this thread's copies of chunk j0 have landed
+      if constexpr (kFp8) {
+        if (more) fetch8(j0 + BN);
+      } else {
+        if (more) load_chunk(st ^ 1, j0 + BN);
+        async_copy::wait_prior(more ? 1 : 0);  // this thread's copies of chunk j0 have landed
+      }
       const T* const sk = skv + st * 2 * BN * LD;
       const T* const sv = sk + BN * LD;
       __syncthreads();
@@ -292,10 +377,17 @@ __global__ void __launch_bounds__(kPrefillWarps * 32) prefill_mma_kernel(prefill
           tile_mma::mma(o[f], pa[k], vb);
         }
       }
+      if constexpr (kFp8) {
+        if (more) store8(st ^ 1);  // the next chunk, made visible by the barrier below
+      }
       __syncthreads();  // K, V and P are rewritten by the next chunk
     }
     const float l_row = l + __shfl_xor_sync(0xffffffffU, l, 1);
-    if (half == 0) s_linv[warp][row] = l_row > 0.0F ? 1.0F / l_row : 0.0F;
+    if (half == 0) {
+      s_linv[warp][row] = l_row > 0.0F ? a.v_scale / l_row : 0.0F;
+      // m is the row's reference max (within kRescaleThreshold of the true one) and l_row its sum of exp(s - m).
+      if (a.lse != nullptr && row_ok) a.lse[t.qoff(my_r, a.hq, 1)] = lse_of(m, l_row);
+    }
     tile_mma::sync_warp();
     T* out = static_cast<T*>(a.out);
     KVPAGER_UNROLL
@@ -315,6 +407,8 @@ __global__ void __launch_bounds__(kPrefillWarps * 32) prefill_mma_kernel(prefill
 /// head dim up to 256. Each warp takes its 16 rows one after another: lane i scores KV token j0 + i of a 32-token
 /// chunk against the row's query (staged in shared memory), the warp shares the chunk's max and its P, and each lane
 /// accumulates its own dims of P V (lane + 32 k).
+/// KV = float reads an fp32 pool, KV = uint8_t an fp8 E4M3 one (each byte decoded to fp32, exact).
+template <class KV = float>
 __global__ void __launch_bounds__(kPrefillWarps * 32) prefill_simt_kernel(prefill_params a) {
   constexpr int kMaxPerLane = 256 / 32;
   __shared__ float s_q[kPrefillWarps][256];
@@ -323,7 +417,7 @@ __global__ void __launch_bounds__(kPrefillWarps * 32) prefill_simt_kernel(prefil
   __shared__ float s_linv[kPrefillWarps];
   const int warp = static_cast<int>(threadIdx.x) / 32, lane = static_cast<int>(threadIdx.x) % 32;
   const float* q = static_cast<const float*>(a.q);
-  const float* kv = static_cast<const float*>(a.kv);
+  const KV* kv = static_cast<const KV*>(a.kv);
   float* out = static_cast<float*>(a.out);
   const int D = a.d;
   const int64_t half_stride = static_cast<int64_t>(a.hkv) * a.bs * D;
@@ -346,7 +440,7 @@ __global__ void __launch_bounds__(kPrefillWarps * 32) prefill_simt_kernel(prefil
         float s = -INFINITY;
         if (off >= 0) {
           float dot = 0.0F;
-          for (int d = 0; d < D; ++d) dot += s_q[warp][d] * kv[off + d];
+          for (int d = 0; d < D; ++d) dot += s_q[warp][d] * kv_to_f(kv[off + d]);
           s = prefill_score(dot, a.scale, a.cap);
         }
         const float mx = warp_max_all(s);
@@ -363,16 +457,19 @@ __global__ void __launch_bounds__(kPrefillWarps * 32) prefill_simt_kernel(prefil
         for (int jj = 0; jj < 32; ++jj) {
           const float pj = s_p[warp][jj];
           if (pj == 0.0F) continue;
-          const float* vrow = kv + s_off[warp][jj] + half_stride;
+          const KV* vrow = kv + s_off[warp][jj] + half_stride;
           KVPAGER_UNROLL
           for (int k = 0; k < kMaxPerLane; ++k)
-            if (lane + 32 * k < D) acc[k] += pj * vrow[lane + 32 * k];
+            if (lane + 32 * k < D) acc[k] += pj * kv_to_f(vrow[lane + 32 * k]);
         }
         m = m_new;
         tile_mma::sync_warp();
       }
       const float total = warp_sum_lane0(l);
-      if (lane == 0) s_linv[warp] = total > 0.0F ? 1.0F / total : 0.0F;
+      if (lane == 0) {
+        s_linv[warp] = total > 0.0F ? a.v_scale / total : 0.0F;
+        if (a.lse != nullptr) a.lse[qo / D] = lse_of(m, total);
+      }
       tile_mma::sync_warp();
       KVPAGER_UNROLL
       for (int k = 0; k < kMaxPerLane; ++k)

@@ -37,10 +37,16 @@ int32_t kvpager_cuda_plan_prefill(int32_t total_q_rows, int32_t num_q_heads, int
     return rc;
   return KVPAGER_STATUS_NO_DEVICE;
 }
-int32_t kvpager_cuda_paged_attention_prefill(void*, const void*, const void*, const int32_t*, const int32_t*,
-                                             const int32_t*, int32_t, int32_t, int32_t, int32_t, int32_t, int32_t,
-                                             int32_t, float, int32_t, float, int32_t, int32_t, void*, int64_t,
-                                             int32_t*, void*) {
+int32_t kvpager_cuda_paged_attention_prefill(void*, float*, const void*, const void*, const int32_t*,
+                                             const int32_t*, const int32_t*, int32_t, int32_t, int32_t, int32_t,
+                                             int32_t, int32_t, int32_t, float, int32_t, float, int32_t, int32_t, void*,
+                                             int64_t, int32_t*, void*) {
+  return KVPAGER_STATUS_NO_DEVICE;
+}
+int32_t kvpager_cuda_paged_attention_prefill_fp8(void*, float*, const void*, const void*, const int32_t*,
+                                                 const int32_t*, const int32_t*, int32_t, int32_t, int32_t, int32_t,
+                                                 int32_t, int32_t, int32_t, float, int32_t, float, int32_t, float,
+                                                 float, int32_t, void*, int64_t, int32_t*, void*) {
   return KVPAGER_STATUS_NO_DEVICE;
 }
 int32_t kvpager_cuda_paged_attention_decode(void*, const void*, const void*, const int32_t*, const int32_t*, int32_t,

@@ -24,12 +24,17 @@ struct prefill_vs_ref {
   bool calls_ok = true;  ///< the plan, the call and the synchronization returned OK
   int32_t device_error = 0;
   double out = 0;  ///< worst relative difference against the fp64 reference
+  double lse = 0;  ///< worst absolute difference of the LSE against the reference's
 };
 
-/// One prefill problem on the GPU (num_ctas 0: as kvpager_cuda_plan_prefill plans it) against its fp64 reference.
+/// One prefill problem on the GPU (num_ctas 0: as kvpager_cuda_plan_prefill plans it) against its fp64 reference,
+/// with the LSE output; over the fp8 pool (kvpager_cuda_paged_attention_prefill_fp8) when the problem has one.
 inline prefill_vs_ref run_prefill_case(const prefill_problem& pr, int32_t num_ctas = 0) {
   prefill_vs_ref r;
-  auto* dkv = to_device(pr.kv);
+  const bool fp8 = !pr.kv8.empty();
+  auto* dkv = fp8 ? to_device(pr.kv8) : to_device(pr.kv);
+  std::vector<float> lse(static_cast<size_t>(pr.rows) * static_cast<size_t>(pr.hq), -1.0F);
+  auto* dlse = to_device(lse);
   auto* dq = to_device(pr.q);
   auto* di = to_device(pr.indptr);
   auto* dt = to_device(pr.table);
@@ -42,14 +47,19 @@ inline prefill_vs_ref run_prefill_case(const prefill_problem& pr, int32_t num_ct
   r.calls_ok = kvpager_cuda_prefill_workspace_size(pr.S, &ws_bytes) == KVPAGER_STATUS_OK &&
                cudaMalloc(&ws, static_cast<size_t>(std::max<int64_t>(ws_bytes, 8))) == cudaSuccess;
   if (num_ctas == 0) r.calls_ok &= kvpager_cuda_plan_prefill(pr.rows, pr.hq, pr.hkv, 0, &num_ctas) == KVPAGER_STATUS_OK;
-  r.calls_ok &= kvpager_cuda_paged_attention_prefill(dout, dq, dkv, di, dt, dl, pr.S, pr.hq, pr.hkv, pr.d, pr.bs, pr.maxb,
-                                                     pr.nb, pr.scale, pr.window_left, pr.cap, pr.dtype, num_ctas, ws,
-                                                     ws_bytes, derr, nullptr) == KVPAGER_STATUS_OK;
+  r.calls_ok &= (fp8 ? kvpager_cuda_paged_attention_prefill_fp8(
+                           dout, dlse, dq, dkv, di, dt, dl, pr.S, pr.hq, pr.hkv, pr.d, pr.bs, pr.maxb, pr.nb, pr.scale,
+                           pr.window_left, pr.cap, pr.dtype, pr.k_scale, pr.v_scale, num_ctas, ws, ws_bytes, derr, nullptr)
+                     : kvpager_cuda_paged_attention_prefill(dout, dlse, dq, dkv, di, dt, dl, pr.S, pr.hq, pr.hkv, pr.d,
+                                                            pr.bs, pr.maxb, pr.nb, pr.scale, pr.window_left, pr.cap,
+                                                            pr.dtype, num_ctas, ws, ws_bytes, derr, nullptr)) ==
+                    KVPAGER_STATUS_OK;
   r.calls_ok &= cudaDeviceSynchronize() == cudaSuccess;
   out = to_host(dout, out.size());
   r.device_error = to_host(derr, 1)[0];
   r.out = pr.compare(out);
-  for (void* p : {static_cast<void*>(dkv), static_cast<void*>(dq), static_cast<void*>(di), static_cast<void*>(dt),
+  r.lse = pr.compare_lse(to_host(dlse, lse.size()));
+  for (void* p : {static_cast<void*>(dlse), static_cast<void*>(dkv), static_cast<void*>(dq), static_cast<void*>(di), static_cast<void*>(dt),
                   static_cast<void*>(dl), static_cast<void*>(dout), static_cast<void*>(derr), ws})
     cudaFree(p);
   return r;
@@ -100,7 +110,7 @@ struct prefill_bench {
   }
   /// Queues one prefill; returns its status.
   int32_t run() const {
-    return kvpager_cuda_paged_attention_prefill(out, q, kv, indptr, table, lens, batch, hq, hkv, d, bs, maxb, nb, 0.088F,
+    return kvpager_cuda_paged_attention_prefill(out, nullptr, q, kv, indptr, table, lens, batch, hq, hkv, d, bs, maxb, nb, 0.088F,
                                                 -1, 0.0F, KVPAGER_DTYPE_BF16, ctas, ws, ws_bytes, nullptr, nullptr);
   }
 };

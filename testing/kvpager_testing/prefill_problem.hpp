@@ -1,10 +1,13 @@
 // SPDX-License-Identifier: Apache-2.0
 #pragma once
 // A paged prefill problem with its fp64 reference answer (host only, no CUDA runtime): random K/V/query in the given
-// dtype behind shuffled block ids, sequences given as (seq_len, q_len), and the comparison of a backend's output with
-// the reference. Shared by the CUDA emulation test, the GPU tests and the GPU benchmark.
+// dtype behind shuffled block ids, sequences given as (seq_len, q_len), and the comparison of a backend's output (and
+// LSE) with the reference. use_fp8_kv turns it into a problem over an fp8 E4M3 pool (the same K/V quantized with
+// per-tensor scales, the reference recomputed from the stored fp8 values). Shared by the CUDA emulation test, the GPU
+// tests and the GPU benchmark.
 #include <kvpager/c/kernels.h>
 #include <kvpager/kernels/float16.hpp>
+#include <kvpager/kernels/float8.hpp>
 
 #include <algorithm>
 #include <cmath>
@@ -24,6 +27,9 @@ struct prefill_problem {
   std::vector<int32_t> lens, indptr, table;
   std::vector<unsigned char> kv, q;
   std::vector<double> ref;  ///< [rows, hq, d]
+  std::vector<double> lse;  ///< [rows, hq]: log of each row's softmax denominator (of the scaled, capped scores)
+  std::vector<unsigned char> kv8;  ///< the pool in fp8 E4M3 (use_fp8_kv), else empty
+  float k_scale = 1.0F, v_scale = 1.0F;
 
   /// seqs: (seq_len, q_len) per sequence. With reference = false the fp64 answer is not computed (benchmarks).
   prefill_problem(int32_t dtype_, int32_t d_, int32_t bs_, int32_t hq_, int32_t hkv_, int32_t window, float cap_,
@@ -84,9 +90,27 @@ struct prefill_problem {
            static_cast<size_t>(d);
   }
 
+  /// Quantizes the pool to fp8 E4M3 with per-tensor scales (K element x stored as e4m3(x / k_scale), V with v_scale,
+  /// as kv_append_fp8 stores them) into kv8, and recomputes the reference over the dequantized values.
+  void use_fp8_kv(float k_scale_, float v_scale_) {
+    k_scale = k_scale_;
+    v_scale = v_scale_;
+    const size_t n = kv.size() / esz(), half = static_cast<size_t>(hkv) * static_cast<size_t>(bs) * static_cast<size_t>(d);
+    kv8.resize(n);
+    for (size_t i = 0; i < n; ++i)
+      kv8[i] = kvpager::detail::float_to_e4m3(static_cast<float>(value(kv, i)) / ((i / half) % 2 == 0 ? k_scale : v_scale));
+    compute_reference();
+  }
+  /// KV element i (K or V: v) as the backend sees it: the stored value, or the fp8 byte times its scale.
+  [[nodiscard]] double kv_value(size_t i, int v) const {
+    if (kv8.empty()) return value(kv, i);
+    return static_cast<double>(kvpager::detail::e4m3_to_float(kv8[i])) * (v == 0 ? k_scale : v_scale);
+  }
+
   /// Attention of every query row in fp64 over the stored (already rounded) values.
   void compute_reference() {
     ref.assign(static_cast<size_t>(rows) * static_cast<size_t>(hq) * static_cast<size_t>(d), 0.0);
+    lse.assign(static_cast<size_t>(rows) * static_cast<size_t>(hq), 0.0);
     const int32_t group = hq / hkv;
     std::vector<double> w;
     for (int32_t s = 0; s < S; ++s) {
@@ -102,7 +126,7 @@ struct prefill_problem {
           for (int64_t j = lo; j <= p; ++j) {
             const size_t ki = kv_index(s, h / group, static_cast<int32_t>(j), 0);
             double dot = 0;
-            for (int32_t e = 0; e < d; ++e) dot += value(q, qi + static_cast<size_t>(e)) * value(kv, ki + static_cast<size_t>(e));
+            for (int32_t e = 0; e < d; ++e) dot += value(q, qi + static_cast<size_t>(e)) * kv_value(ki + static_cast<size_t>(e), 0);
             double sc = dot * static_cast<double>(scale);
             if (cap > 0.0F) sc = cap * std::tanh(sc / cap);
             w[static_cast<size_t>(j - lo)] = sc;
@@ -110,10 +134,11 @@ struct prefill_problem {
           }
           double sum = 0;
           for (double& x : w) sum += (x = std::exp(x - mx));
+          lse[qi / static_cast<size_t>(d)] = mx + std::log(sum);
           for (int64_t j = lo; j <= p; ++j) {
             const size_t vi = kv_index(s, h / group, static_cast<int32_t>(j), 1);
             for (int32_t e = 0; e < d; ++e)
-              ref[qi + static_cast<size_t>(e)] += w[static_cast<size_t>(j - lo)] / sum * value(kv, vi + static_cast<size_t>(e));
+              ref[qi + static_cast<size_t>(e)] += w[static_cast<size_t>(j - lo)] / sum * kv_value(vi + static_cast<size_t>(e), 1);
           }
         }
       }
@@ -126,6 +151,15 @@ struct prefill_problem {
     for (size_t i = 0; i < ref.size(); ++i) {
       const double b = value(out, i);
       worst = std::max(worst, std::isnan(b) ? 1e9 : std::abs(ref[i] - b) / (1.0 + std::abs(ref[i])));
+    }
+    return worst;
+  }
+  /// Worst |lse_ref - lse| over every (row, head) (NaN counts as 1e9).
+  [[nodiscard]] double compare_lse(const std::vector<float>& got) const {
+    double worst = got.size() == lse.size() ? 0.0 : 1e9;
+    for (size_t i = 0; i < lse.size() && i < got.size(); ++i) {
+      const double b = got[i];
+      worst = std::max(worst, std::isnan(b) ? 1e9 : std::abs(lse[i] - b));
     }
     return worst;
   }

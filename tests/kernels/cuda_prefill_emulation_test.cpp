@@ -2,8 +2,8 @@
 // The CUDA prefill kernels (kernels/cuda/device_prefill.cuh) compiled as plain C++ over the emulation of the CUDA
 // execution model (cuda_emulation.hpp), the tensor-core fragments through their scalar stand-in, run on CPU threads
 // against an fp64 reference: every dtype and head dim, with and without a sliding window and a soft cap, GQA, empty
-// and decode-like query ranges, several tiles per sequence and fewer CTAs than tiles; and the device-side checks of
-// the rows and block ids. Only a GPU run (tests/kernels/cuda_test.cpp) checks what nvcc and the tensor cores make of it.
+// and decode-like query ranges, several tiles per sequence and fewer CTAs than tiles, with the LSE output; and the
+// device-side checks of the rows and block ids. Only a GPU run (tests/kernels/cuda_test.cpp) checks what nvcc and the tensor cores make of it.
 #include "cuda_emulation.hpp"
 
 #include "kernels/common/checks.hpp"
@@ -22,6 +22,9 @@ using kvpager_gpu_check::prefill_problem;
 namespace kk = kvpager::kernels::detail;
 
 double tolerance(int32_t dtype) { return dtype == KVPAGER_DTYPE_FP32 ? 1e-5 : dtype == KVPAGER_DTYPE_FP16 ? 2e-3 : 1.6e-2; }
+/// The LSE is computed in fp32 from scores of the rounded query and KV (the same as the reference's): fp32 rounding of
+/// the dot products, the online max and the sum only; P rounded to T does not enter it.
+constexpr double kLseTolerance = 2e-4;
 
 template <class T>
 void launch_attention(const kk::prefill_params& a, unsigned ctas) {
@@ -38,7 +41,7 @@ void launch_attention(const kk::prefill_params& a, unsigned ctas) {
 
 /// kvpager_cuda_paged_attention_prefill as kernels/cuda/prefill.cu writes it (host checks, prepare kernel, attention
 /// kernel), on the emulation; the status the kernels flag comes back in *error.
-int32_t emulated_prefill(void* out, const void* q, const void* kv, const int32_t* indptr, const int32_t* table,
+int32_t emulated_prefill(void* out, float* lse, const void* q, const void* kv, const int32_t* indptr, const int32_t* table,
                          const int32_t* lens, int32_t num_seqs, int32_t hq, int32_t hkv, int32_t d, int32_t bs,
                          int32_t maxb, int32_t nb, float scale, int32_t window, float cap, int32_t dtype,
                          int32_t num_ctas, void* ws, int64_t ws_bytes, int32_t* error) {
@@ -50,12 +53,12 @@ int32_t emulated_prefill(void* out, const void* q, const void* kv, const int32_t
   if (num_seqs == 0) return KVPAGER_STATUS_OK;
   if (ws == nullptr || ws_bytes < kk::prefill_workspace_bytes(num_seqs)) return KVPAGER_STATUS_INVALID_ARGUMENT;
   const kk::prefill_params a{out, q, kv, indptr, table, lens, static_cast<int64_t*>(ws), num_seqs, hq, hkv, d, bs,
-                             maxb, nb, scale, window, cap, error};
-  kvpager_emulation::launch(dim3(1), dim3(kk::kPrefillPrepThreads), kk::prefill_prepare_kernel, a);
+                             maxb, nb, scale, window, cap, error, lse, 1.0F};
+  kvpager_emulation::launch(dim3(1), dim3(kk::kPrefillPrepThreads), kk::prefill_prepare_kernel<>, a);
   const auto ctas = static_cast<unsigned>(num_ctas);
   switch (dtype) {
     case KVPAGER_DTYPE_FP32:
-      kvpager_emulation::launch(dim3(ctas), dim3(kk::kPrefillWarps * 32), kk::prefill_simt_kernel, a);
+      kvpager_emulation::launch(dim3(ctas), dim3(kk::kPrefillWarps * 32), kk::prefill_simt_kernel<float>, a);
       break;
     case KVPAGER_DTYPE_FP16: launch_attention<__half>(a, ctas); break;
     default: launch_attention<__nv_bfloat16>(a, ctas); break;
@@ -66,14 +69,17 @@ int32_t emulated_prefill(void* out, const void* q, const void* kv, const int32_t
 struct emulated {
   int32_t rc = 0, error = 0;
   std::vector<unsigned char> out;
+  std::vector<float> lse;  ///< [rows, hq], NaN where not written; empty when run without LSE
 };
 
 emulated run(const prefill_problem& pr, int32_t num_ctas, const std::vector<int32_t>* table = nullptr,
-             const std::vector<int32_t>* indptr = nullptr, const std::vector<int32_t>* lens = nullptr) {
+             const std::vector<int32_t>* indptr = nullptr, const std::vector<int32_t>* lens = nullptr,
+             bool with_lse = true) {
   emulated r;
   r.out.assign(pr.q.size(), 0xFF);  // NaN in every dtype: every row must be written
+  if (with_lse) r.lse.assign(static_cast<size_t>(pr.rows) * static_cast<size_t>(pr.hq), NAN);
   std::vector<int64_t> ws(static_cast<size_t>(pr.S) + 1, -7);
-  r.rc = emulated_prefill(r.out.data(), pr.q.data(), pr.kv.data(), (indptr ? *indptr : pr.indptr).data(),
+  r.rc = emulated_prefill(r.out.data(), with_lse ? r.lse.data() : nullptr, pr.q.data(), pr.kv.data(), (indptr ? *indptr : pr.indptr).data(),
                           (table ? *table : pr.table).data(), (lens ? *lens : pr.lens).data(), pr.S, pr.hq, pr.hkv,
                           pr.d, pr.bs, pr.maxb, pr.nb, pr.scale, pr.window_left, pr.cap, pr.dtype, num_ctas, ws.data(),
                           static_cast<int64_t>(ws.size() * 8), &r.error);
@@ -105,6 +111,7 @@ TEST(CudaPrefillEmulation, MatchesFp64ReferenceForEveryDtypeHeadDimWindowAndCap)
       EXPECT_EQ(r.rc, KVPAGER_STATUS_OK) << what;
       EXPECT_EQ(r.error, 0) << what;
       EXPECT_LE(pr.compare(r.out), tolerance(dtype)) << what;
+      EXPECT_LE(pr.compare_lse(r.lse), kLseTolerance) << what;
     }
 }
 
@@ -121,6 +128,7 @@ TEST(CudaPrefillEmulation, WindowAndCapCombinationsAndGridSizes) {
         const emulated r = run(pr, ctas);
         EXPECT_EQ(r.error, 0);
         EXPECT_LE(pr.compare(r.out), tolerance(dtype)) << dtype << " window " << window << " cap " << cap << " ctas " << ctas;
+        EXPECT_LE(pr.compare_lse(r.lse), kLseTolerance) << dtype << " window " << window << " cap " << cap;
       }
 }
 
@@ -133,6 +141,8 @@ TEST(CudaPrefillEmulation, RisingScoresRescaleExactly) {
   const emulated r = run(pr, 2);
   EXPECT_EQ(r.error, 0);
   EXPECT_LE(pr.compare(r.out), tolerance(KVPAGER_DTYPE_FP16));
+  // The LSE comes from the lazily raised reference max and its sum: still the true log-sum-exp.
+  EXPECT_LE(pr.compare_lse(r.lse), kLseTolerance);
 }
 
 TEST(CudaPrefillEmulation, BadBlockIdIsFlaggedAndNeverRead) {
@@ -142,7 +152,7 @@ TEST(CudaPrefillEmulation, BadBlockIdIsFlaggedAndNeverRead) {
     for (int32_t bad : {pr.nb, -1}) {
       auto table = pr.table;
       table[1] = bad;  // second block of the first sequence
-      const emulated r = run(pr, 2, &table);
+      const emulated r = run(pr, 2, &table, nullptr, nullptr, /*with_lse=*/false);  // and no LSE requested
       EXPECT_EQ(r.error, KVPAGER_STATUS_INVALID_BLOCK) << bad;
       // The second sequence does not use the bad entry: its rows still match.
       const size_t first = static_cast<size_t>(pr.indptr[1]) * static_cast<size_t>(pr.hq * pr.d);
@@ -169,6 +179,7 @@ TEST(CudaPrefillEmulation, BadRowsAreFlaggedOnTheDevice) {
     const emulated r = run(pr, 2, nullptr, nullptr, &lens);
     EXPECT_EQ(r.error, KVPAGER_STATUS_SEQ_TOO_LONG);
     for (size_t i = first; i < pr.ref.size(); ++i) ASSERT_EQ(pr.value(r.out, i), 0.0) << i;
+    for (size_t i = first / static_cast<size_t>(pr.d); i < r.lse.size(); ++i) ASSERT_EQ(r.lse[i], -INFINITY) << i;
   }
   {  // qo_indptr[0] != 0: nothing computed, nothing written
     auto indptr = pr.indptr;
@@ -194,7 +205,7 @@ TEST(CudaPrefillEmulation, HostChecksRefuseBeforeAnyLaunch) {
   int32_t error = 0;
   auto call = [&](int32_t hq, int32_t hkv, int32_t d, int32_t bs, int32_t maxb, float scale, int32_t window, float cap,
                   int32_t dtype, int32_t ctas, int64_t ws_bytes, const void* q = nullptr) {
-    return emulated_prefill(out.data(), q ? q : pr.q.data(), pr.kv.data(), pr.indptr.data(), pr.table.data(),
+    return emulated_prefill(out.data(), nullptr, q ? q : pr.q.data(), pr.kv.data(), pr.indptr.data(), pr.table.data(),
                             pr.lens.data(), pr.S, hq, hkv, d, bs, maxb, pr.nb, scale, window, cap, dtype, ctas, ws.data(),
                             ws_bytes, &error);
   };
@@ -211,13 +222,13 @@ TEST(CudaPrefillEmulation, HostChecksRefuseBeforeAnyLaunch) {
   EXPECT_EQ(call(4, 2, 64, 16, pr.maxb, s, -1, 0, 3, 1, 16), KVPAGER_STATUS_UNSUPPORTED_DTYPE);
   EXPECT_EQ(call(4, 2, 64, 12, pr.maxb, s, -1, 0, 1, 1, 16), KVPAGER_STATUS_UNSUPPORTED_BLOCK_SIZE);
   EXPECT_EQ(call(4, 2, 64, 16, pr.maxb, s, -1, 0, 1, 1, 15), KVPAGER_STATUS_INVALID_ARGUMENT);      // workspace
-  EXPECT_EQ(emulated_prefill(out.data(), nullptr, pr.kv.data(), pr.indptr.data(), pr.table.data(), pr.lens.data(), pr.S,
+  EXPECT_EQ(emulated_prefill(out.data(), nullptr, nullptr, pr.kv.data(), pr.indptr.data(), pr.table.data(), pr.lens.data(), pr.S,
                              4, 2, 64, 16, pr.maxb, pr.nb, s, -1, 0, 1, 1, ws.data(), 16, &error),
             KVPAGER_STATUS_INVALID_ARGUMENT);
   EXPECT_EQ(error, 0);
   for (unsigned char b : out) ASSERT_EQ(b, 0xAB) << "a refused call wrote its output";
   // Nothing to do: OK with every pointer null.
-  EXPECT_EQ(emulated_prefill(nullptr, nullptr, nullptr, nullptr, nullptr, nullptr, 0, 4, 2, 64, 16, 1, 1, s, -1, 0, 1, 1,
+  EXPECT_EQ(emulated_prefill(nullptr, nullptr, nullptr, nullptr, nullptr, nullptr, nullptr, 0, 4, 2, 64, 16, 1, 1, s, -1, 0, 1, 1,
                              nullptr, 0, nullptr),
             KVPAGER_STATUS_OK);
 }

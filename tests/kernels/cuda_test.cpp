@@ -141,7 +141,32 @@ TEST(CudaPrefillAttention, MatchesReferenceForEveryDtypeHeadDimBlockSizeWindowAn
         EXPECT_TRUE(r.calls_ok) << what;
         EXPECT_EQ(r.device_error, 0) << what;
         EXPECT_LE(r.out, gpu_tolerance(dtype)) << what;
+        EXPECT_LE(r.lse, 1e-3) << what;
       }
+}
+
+// Prefill over an fp8 E4M3 pool against the fp64 reference from the stored fp8 values (the emulation test runs the
+// same device code without a GPU): every query dtype and head dim, block sizes, window and cap, with the LSE.
+TEST(CudaPrefillAttention, Fp8PoolMatchesReferenceFromStoredValues) {
+  KVTEST_NEED_GPU();
+  uint32_t seed = 300;
+  for (int32_t q_dtype : {KVPAGER_DTYPE_FP32, KVPAGER_DTYPE_FP16, KVPAGER_DTYPE_BF16})
+    for (int32_t d : {64, 80, 96, 112, 128, 256}) {
+      const uint32_t k = seed++;
+      const int32_t bs = k % 3 == 0 ? 8 : k % 3 == 1 ? 16 : 32;
+      const int32_t window = k % 2 == 0 ? -1 : 45;
+      const float cap = (k / 2) % 2 == 0 ? 0.0F : 2.0F;
+      prefill_problem pr(q_dtype, d, bs, 8, 2, window, cap, {{1, 1}, {bs + 1, bs + 1}, {300, 130}, {97, 0}, {520, 1}}, k,
+                         false);
+      pr.use_fp8_kv(0.01F, 0.05F);
+      const auto r = run_prefill_case(pr);
+      const auto what = ::testing::Message() << "q_dtype " << q_dtype << " d " << d << " bs " << bs << " window "
+                                             << window << " cap " << cap;
+      EXPECT_TRUE(r.calls_ok) << what;
+      EXPECT_EQ(r.device_error, 0) << what;
+      EXPECT_LE(r.out, gpu_tolerance(q_dtype)) << what;
+      EXPECT_LE(r.lse, 1e-3) << what;
+    }
 }
 
 TEST(CudaPrefillAttention, GqaShapesAndGridSizes) {
@@ -191,7 +216,7 @@ TEST(CudaPrefillArguments, WorkspacePlanAndHostChecks) {
   char dummy[64] = {};
   const int32_t indptr[2] = {0, 1}, table[1] = {0}, lens[1] = {1};
   auto call = [&](int32_t hq, int32_t d, float scale, int32_t window, float cap, int32_t ctas_arg, void* ws, int64_t ws_bytes) {
-    return kvpager_cuda_paged_attention_prefill(dummy, dummy, dummy, indptr, table, lens, 1, hq, 2, d, 16, 4, 8, scale, window,
+    return kvpager_cuda_paged_attention_prefill(dummy, nullptr, dummy, dummy, indptr, table, lens, 1, hq, 2, d, 16, 4, 8, scale, window,
                                                 cap, KVPAGER_DTYPE_FP16, ctas_arg, ws, ws_bytes, nullptr, nullptr);
   };
   const int32_t bad = cuda ? KVPAGER_STATUS_INVALID_ARGUMENT : KVPAGER_STATUS_NO_DEVICE;
@@ -203,6 +228,15 @@ TEST(CudaPrefillArguments, WorkspacePlanAndHostChecks) {
   EXPECT_EQ(call(8, 128, std::numeric_limits<float>::infinity(), -1, 0.0F, 1, dummy, 16), bad);   // scale
   EXPECT_EQ(call(7, 128, 0.1F, -1, 0.0F, 1, dummy, 16), cuda ? KVPAGER_STATUS_BAD_HEADS : KVPAGER_STATUS_NO_DEVICE);
   EXPECT_EQ(call(8, 72, 0.1F, -1, 0.0F, 1, dummy, 16), cuda ? KVPAGER_STATUS_UNSUPPORTED_HEAD_DIM : KVPAGER_STATUS_NO_DEVICE);
+  // The fp8 prefill: its scales and q_dtype are checked on the host too (NO_DEVICE without CUDA).
+  auto call8 = [&](int32_t q_dtype, float k_scale, float v_scale) {
+    return kvpager_cuda_paged_attention_prefill_fp8(dummy, nullptr, dummy, dummy, indptr, table, lens, 1, 8, 2, 128, 16,
+                                                    4, 8, 0.1F, -1, 0.0F, q_dtype, k_scale, v_scale, 1, dummy, 16,
+                                                    nullptr, nullptr);
+  };
+  EXPECT_EQ(call8(KVPAGER_DTYPE_FP16, 0.0F, 1.0F), bad);
+  EXPECT_EQ(call8(KVPAGER_DTYPE_FP16, 1.0F, std::numeric_limits<float>::infinity()), bad);
+  EXPECT_EQ(call8(KVPAGER_DTYPE_FP8_E4M3, 1.0F, 1.0F), cuda ? KVPAGER_STATUS_UNSUPPORTED_DTYPE : KVPAGER_STATUS_NO_DEVICE);
 }
 
 TEST(CudaPrefillAttention, BadBlockIdAndBadRowsAreFlagged) {

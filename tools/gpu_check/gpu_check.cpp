@@ -1,7 +1,7 @@
 // SPDX-License-Identifier: Apache-2.0
 // kvpager-gpu-check: the CUDA kernels on a real GPU with nothing but the CUDA runtime and libkvpager_kernels, for GPU
 // machines that lack GoogleTest and Google Benchmark. Correctness: decode (unsplit and split-KV, LSE) against the CPU
-// backend, paged prefill against an fp64 reference (every dtype and head dim, window, soft cap), kv_append /
+// backend, paged prefill against an fp64 reference (every dtype and head dim, window, soft cap, LSE, fp8 KV), kv_append /
 // copy_blocks / swap_blocks bit-exact against the CPU functions; prefill FLOP/s against the dense bf16 peak. Bandwidth (CUDA events, best
 // of several runs): decode as KV bytes read per second against 4.8 TB/s and a device-to-device cudaMemcpy of the
 // same bytes; copy_blocks against cudaMemcpy; a scattered swap-out against one large pinned cudaMemcpy.
@@ -64,12 +64,19 @@ void prefill_correctness(bool quick) {
         const uint32_t k = seed++;
         const int32_t window = k % 2 == 0 ? -1 : 45;
         const float cap = (k / 2) % 2 == 0 ? 0.0F : 2.0F;
-        const prefill_problem pr(dtype, d, bs, 8, 2, window, cap, {{1, 1}, {bs + 1, bs + 1}, {300, 130}, {97, 0}, {520, 1}}, k);
-        const auto r = run_prefill_case(pr);
-        char what[200];
-        std::snprintf(what, sizeof what, "prefill dtype %d d %d bs %d window %d cap %.1f: out err %.2e (tol %.0e), flag %d",
-                      dtype, d, bs, window, static_cast<double>(cap), r.out, gpu_tolerance(dtype), r.device_error);
-        check(r.calls_ok && r.device_error == 0 && r.out <= gpu_tolerance(dtype), what);
+        for (const bool fp8 : {false, true}) {  // the dtype's own pool, then an fp8 E4M3 pool (prefill_fp8)
+          if (fp8 && bs != 16) continue;
+          prefill_problem pr(dtype, d, bs, 8, 2, window, cap, {{1, 1}, {bs + 1, bs + 1}, {300, 130}, {97, 0}, {520, 1}}, k,
+                             !fp8);
+          if (fp8) pr.use_fp8_kv(0.01F, 0.05F);
+          const auto r = run_prefill_case(pr);
+          char what[240];
+          std::snprintf(what, sizeof what,
+                        "prefill%s dtype %d d %d bs %d window %d cap %.1f: out err %.2e (tol %.0e), lse err %.2e, flag %d",
+                        fp8 ? " fp8-kv" : "", dtype, d, bs, window, static_cast<double>(cap), r.out, gpu_tolerance(dtype),
+                        r.lse, r.device_error);
+          check(r.calls_ok && r.device_error == 0 && r.out <= gpu_tolerance(dtype) && r.lse <= 1e-3, what);
+        }
       }
 }
 

@@ -78,10 +78,9 @@ KVPAGER_C_API int32_t kvpager_can_implement(int32_t num_blocks, int32_t block_si
  * bias 7, 3 mantissa bits, no infinities, largest magnitude 448, NaN = S.1111.111; one byte per element), read and
  * written by the _fp8 functions below with per-tensor scales: stored = e4m3(x / scale), x = e4m3 x scale (K with
  * k_scale, V with v_scale). Their query and output are fp32, fp16 or bf16 (q_dtype); the key and value they append
- * are fp32, fp16 or bf16 (src_dtype). Prefill over an fp8 pool is not implemented yet (the prefill entry points take
- * dtypes 0-2); it follows the same scheme as decode_fp8: k_scale folded into the softmax scale, v_scale into the
- * output, KV rows read as bytes and converted with kvpager/kernels/float8.hpp (kernels/common/checks.hpp has
- * check_decode_fp8_args for the scalar checks).
+ * are fp32, fp16 or bf16 (src_dtype). Prefill over an fp8 pool: the _prefill_fp8 functions (the plain
+ * prefill entry points take dtypes 0-2), the same scheme as decode_fp8: k_scale folded into the softmax scale, v_scale
+ * into the output, KV rows read as bytes and converted with kvpager/kernels/float8.hpp.
  */
 enum { KVPAGER_DTYPE_FP32 = 0, KVPAGER_DTYPE_FP16 = 1, KVPAGER_DTYPE_BF16 = 2, KVPAGER_DTYPE_FP8_E4M3 = 3 };
 
@@ -313,7 +312,10 @@ KVPAGER_C_API int32_t kvpager_cuda_plan_decode(int32_t num_seqs, int32_t num_kv_
  * to cap * tanh(score / cap) when logits_soft_cap > 0; GQA as in decode), with num_threads replaced by num_ctas (the
  * grid, >= 1, from kvpager_cuda_plan_prefill; any value gives the same result) and a workspace of
  * kvpager_cuda_prefill_workspace_size bytes (8-byte aligned device memory, required when num_seqs > 0; its content
- * is rewritten by every call, so calls sharing one must be on one stream). fp16 and bf16 run on tensor cores (WMMA
+ * is rewritten by every call, so calls sharing one must be on one stream). lse: NULL, or device float
+ * [qo_indptr[num_seqs], num_q_heads] that receives, per query row and head, the natural log of its softmax denominator
+ * over the scaled (and soft-capped) scores, as the split decode's lse (-INFINITY for a row the device flagged and wrote
+ * as zeros); with it, partial attentions over disjoint KV ranges can be merged. fp16 and bf16 run on tensor cores (WMMA
  * 16x16x16, fp32 accumulation and fp32 online softmax; sm_80 or newer), fp32 on CUDA cores in fp32.
  * Host checks, in this order: num_ctas < 1 or a negative workspace_bytes, then the CPU function's argument checks
  * (max_blocks_per_seq, num_seqs, scale, heads, the pool geometry, window_left >= -1 and logits_soft_cap finite and
@@ -328,7 +330,7 @@ KVPAGER_C_API int32_t kvpager_cuda_plan_decode(int32_t num_seqs, int32_t num_kv_
  * Two kernels are queued on `stream`; no allocation, no synchronization.
  */
 KVPAGER_C_API int32_t kvpager_cuda_paged_attention_prefill(
-    void* out, const void* query, const void* kv_cache, const int32_t* qo_indptr, const int32_t* block_table,
+    void* out, float* lse, const void* query, const void* kv_cache, const int32_t* qo_indptr, const int32_t* block_table,
     const int32_t* seq_lens, int32_t num_seqs, int32_t num_q_heads, int32_t num_kv_heads, int32_t head_dim,
     int32_t block_size, int32_t max_blocks_per_seq, int32_t num_blocks, float scale, int32_t window_left,
     float logits_soft_cap, int32_t dtype, int32_t num_ctas, void* workspace, int64_t workspace_bytes,
@@ -340,6 +342,27 @@ KVPAGER_C_API int32_t kvpager_cuda_paged_attention_prefill(
  * for a null pointer or a negative count.
  */
 KVPAGER_C_API int32_t kvpager_cuda_prefill_workspace_size(int32_t num_seqs, int64_t* bytes);
+
+/**
+ * Paged prefill over an fp8 E4M3 cache (see KVPAGER_DTYPE_FP8_E4M3): kvpager_cuda_paged_attention_prefill with K read
+ * as e4m3 x k_scale and V as e4m3 x v_scale (k_scale folded into the score scale, before the soft cap; v_scale into
+ * the output) and query, out of q_dtype (0 fp32, 1 fp16, 2 bf16); lse as there, of the scores over the dequantized K.
+ * The argument list of kvpager_cpu_paged_attention_prefill_fp8 with num_threads replaced by the CUDA prefill's own
+ * (num_ctas, workspace, workspace_bytes, error_flag, stream; workspace and plan as for the plain prefill) and lse
+ * after out, as in kvpager_cuda_paged_attention_prefill. fp16 and
+ * bf16 queries run on tensor cores: each KV tile is read as bytes and decoded to the query type (exact) on its way
+ * into shared memory; an fp32 query runs on CUDA cores. Host checks, in this order: num_ctas < 1 or a negative
+ * workspace_bytes, then max_blocks_per_seq, num_seqs, scale, k_scale and v_scale (finite and > 0, else
+ * INVALID_ARGUMENT), heads, the pool geometry with dtype 3, q_dtype (UNSUPPORTED_DTYPE), the query size, window_left
+ * and logits_soft_cap, the pointers (kernels/common/checks.hpp check_dense_prefill_fp8), then the workspace; the rows
+ * and block ids are checked on the device as for the plain prefill.
+ */
+KVPAGER_C_API int32_t kvpager_cuda_paged_attention_prefill_fp8(
+    void* out, float* lse, const void* query, const void* kv_cache, const int32_t* qo_indptr, const int32_t* block_table,
+    const int32_t* seq_lens, int32_t num_seqs, int32_t num_q_heads, int32_t num_kv_heads, int32_t head_dim,
+    int32_t block_size, int32_t max_blocks_per_seq, int32_t num_blocks, float scale, int32_t window_left,
+    float logits_soft_cap, int32_t q_dtype, float k_scale, float v_scale, int32_t num_ctas, void* workspace,
+    int64_t workspace_bytes, int32_t* error_flag, void* stream);
 
 /**
  * Host-side grid plan of a prefill on `device`: one CTA per tile of 64 (query token, query head) rows, i.e.
