@@ -262,6 +262,27 @@ inline int32_t check_dense_decode_fp8(const void* out, const void* query, const 
   return KVPAGER_STATUS_OK;
 }
 
+/// check_dense_prefill for the _fp8 prefill entry points, in this order: max_blocks_per_seq positive,
+/// check_decode_fp8_args (num_seqs, scale, k_scale and v_scale, heads, geometry with dtype fp8, q_dtype, sizes in
+/// q_dtype), check_window_and_cap, then the pointers (null only when num_seqs is 0, qo_indptr too).
+inline int32_t check_dense_prefill_fp8(const void* out, const void* query, const void* kv_cache,
+                                       const int32_t* qo_indptr, const int32_t* block_table, const int32_t* seq_lens,
+                                       int32_t num_seqs, int32_t num_q_heads, int32_t num_kv_heads, int32_t head_dim,
+                                       int32_t block_size, int32_t max_blocks_per_seq, int32_t num_blocks, float scale,
+                                       int32_t window_left, float logits_soft_cap, int32_t q_dtype, float k_scale,
+                                       float v_scale) {
+  if (max_blocks_per_seq <= 0) return KVPAGER_STATUS_INVALID_ARGUMENT;
+  if (const int32_t rc = check_decode_fp8_args(num_seqs, num_q_heads, num_kv_heads, head_dim, block_size, q_dtype,
+                                               num_blocks, scale, k_scale, v_scale, 1);
+      rc != KVPAGER_STATUS_OK)
+    return rc;
+  if (const int32_t rc = check_window_and_cap(window_left, logits_soft_cap); rc != KVPAGER_STATUS_OK) return rc;
+  if (num_seqs > 0 && (out == nullptr || query == nullptr || kv_cache == nullptr || qo_indptr == nullptr ||
+                       block_table == nullptr || seq_lens == nullptr))
+    return KVPAGER_STATUS_INVALID_ARGUMENT;
+  return KVPAGER_STATUS_OK;
+}
+
 /// kv_append_fp8 arguments (CPU and CUDA), in this order: num_tokens non-negative and both scales finite and positive
 /// (INVALID_ARGUMENT); the pool geometry with dtype fp8; src_dtype, the key/value dtype (fp32/fp16/bf16, else
 /// UNSUPPORTED_DTYPE); the key and value size in src_dtype within int64 and the pointers (INVALID_ARGUMENT).

@@ -33,6 +33,7 @@
 #include "kernels/common/checks.hpp"
 #include "kernels/common/decode_math.hpp"
 #include "kernels/cpu/decode_fp8.hpp"
+#include "kernels/cpu/fp8_convert.hpp"
 #include "kernels/cpu/page_tables.hpp"
 #include "worker_pool.hpp"
 
@@ -117,20 +118,9 @@ struct isa {
   static constexpr int W = 8;
   static constexpr int score_tokens = 2;  // 2 tokens x 4 heads = 8 accumulators of 16 registers
   static constexpr int acc_vectors = 2;
-  /// cvt8 returns the e4m3 value / 256: the e4m3 bits placed in an fp16 (sign at bit 15, exponent and mantissa at
-  /// bits 7-13) are an fp16 with the same exponent field and bias 15 instead of 7, i.e. the value x 2^-8, exactly,
-  /// subnormals included (F16C converts fp16 subnormals exactly, whatever MXCSR's DAZ); S.1111.111 becomes the fp16
-  /// NaN. The caller folds the 256 into the query scale and the output.
-  static constexpr float unit = 256.0F;
-  static vec cvt8(const unsigned char* p) {
-    // Sign-extended to 16 bits and shifted left by 7: the magnitude lands at bits 7-13, the sign at bits 14 and 15
-    // (a negative byte's extension fills bit 15); clearing bit 14 leaves the fp16.
-    const __m128i x = _mm_cvtepi8_epi16(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(p)));
-    __m128i h = _mm_and_si128(_mm_slli_epi16(x, 7), _mm_set1_epi16(static_cast<short>(0xBFFF)));
-    const __m128i nan = _mm_cmpeq_epi16(_mm_and_si128(x, _mm_set1_epi16(0x7F)), _mm_set1_epi16(0x7F));
-    h = _mm_or_si128(h, _mm_and_si128(nan, _mm_set1_epi16(0x7E00)));
-    return _mm256_cvtph_ps(h);
-  }
+  /// cvt8 returns the e4m3 value / 256 (fp8_convert.hpp); the caller folds the 256 into the query scale and the output.
+  static constexpr float unit = kvpager::kernels::detail::kE4m3VectorUnit;
+  static vec cvt8(const unsigned char* p) { return kvpager::kernels::detail::e4m3x8_div256(p); }
   static vec loadf(const float* p) { return _mm256_loadu_ps(p); }
   static void storef(float* p, vec v) { _mm256_storeu_ps(p, v); }
   /// 8 query elements of dtype as floats.
@@ -218,14 +208,9 @@ struct isa {
   static constexpr int W = 16;
   static constexpr int score_tokens = 4;  // 4 tokens x 4 heads = 16 accumulators of 32 registers
   static constexpr int acc_vectors = 4;
-  /// 16 e4m3 bytes as floats / 256, as the AVX2 path (256-bit integer work, one 512-bit conversion).
-  static constexpr float unit = 256.0F;
-  static vec cvt8(const unsigned char* p) {
-    const __m256i x = _mm256_cvtepi8_epi16(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p)));
-    const __m256i h = _mm256_and_si256(_mm256_slli_epi16(x, 7), _mm256_set1_epi16(static_cast<short>(0xBFFF)));
-    const __mmask16 nan = _mm256_cmpeq_epi16_mask(_mm256_and_si256(x, _mm256_set1_epi16(0x7F)), _mm256_set1_epi16(0x7F));
-    return _mm512_cvtph_ps(_mm256_mask_mov_epi16(h, nan, _mm256_set1_epi16(0x7E00)));
-  }
+  /// 16 e4m3 bytes as floats / 256 (fp8_convert.hpp), as the AVX2 path.
+  static constexpr float unit = kvpager::kernels::detail::kE4m3VectorUnit;
+  static vec cvt8(const unsigned char* p) { return kvpager::kernels::detail::e4m3x16_div256(p); }
   static vec loadf(const float* p) { return _mm512_loadu_ps(p); }
   static void storef(float* p, vec v) { _mm512_storeu_ps(p, v); }
   /// 16 query elements of dtype as floats.
