@@ -53,6 +53,7 @@ struct fp8_call {
   std::int64_t D, bs, stride_block, stride_kv, stride_head, stride_token;
   std::int32_t hq, group, q_dtype;
   float qscale;  ///< scale x k_scale
+  float cap;     ///< logit soft cap (0: none)
 };
 
 float load_elem(const void* base, std::int64_t i, std::int32_t dtype) noexcept {
@@ -316,12 +317,12 @@ std::int32_t validate_fp8(const kvpager::decode_params& p) noexcept {
   if (p.num_threads < 0 || p.num_splits < 0 || p.workspace_bytes < 0 ||
       reinterpret_cast<std::uintptr_t>(p.workspace) % alignof(float) != 0)
     return KVPAGER_STATUS_INVALID_ARGUMENT;
-  // Sliding window and soft cap are not implemented over fp8 pools yet: refused, not ignored.
-  if (p.window_left != -1 || p.logits_soft_cap != 0.0F) return KVPAGER_STATUS_INVALID_ARGUMENT;
   if (const std::int32_t rc =
           kd::check_decode_fp8_args(p.num_seqs, p.num_q_heads, kv.num_kv_heads, kv.head_dim, kv.block_size, p.q_dtype,
                                     kv.num_blocks, p.scale, p.k_scale, p.v_scale, std::max(p.num_splits, 1));
       rc != KVPAGER_STATUS_OK)
+    return rc;
+  if (const std::int32_t rc = kd::check_window_and_cap(p.window_left, p.logits_soft_cap); rc != KVPAGER_STATUS_OK)
     return rc;
   if (kd::view_extent_bytes(kv, 1) < 0) return KVPAGER_STATUS_INVALID_ARGUMENT;
   if (p.num_seqs == 0) return KVPAGER_STATUS_OK;
@@ -343,7 +344,8 @@ std::int32_t decode_fp8_cpu(const kvpager::decode_params& p) noexcept {
   std::int32_t max_len = 0;
   std::int64_t total_len = 0;
   for (std::int32_t s = 0; s < p.num_seqs; ++s) {
-    const std::int32_t len = page_length(p.pages, s, kv.block_size);
+    const std::int32_t full = page_length(p.pages, s, kv.block_size);
+    const std::int32_t len = full - window_start(full, p.window_left);  // the tokens the query sees
     max_len = std::max(max_len, len);
     total_len += len;
   }
@@ -371,7 +373,7 @@ std::int32_t decode_fp8_cpu(const kvpager::decode_params& p) noexcept {
   auto state = [&](std::int64_t row, std::int64_t split) { return part + (row * splits + split) * (D + 2); };
   const fp8_call c{static_cast<const unsigned char*>(kv.data), &p.pages, p.query, D, kv.block_size, kv.stride_block,
                    kv.stride_kv, kv.stride_head, kv.stride_token, p.num_q_heads, group, p.q_dtype,
-                   p.scale * p.k_scale};
+                   p.scale * p.k_scale, p.logits_soft_cap};
   const fp8_kernel kernel = pick_kernel();
   const std::int32_t q_dtype = p.q_dtype;
   const float v_scale = p.v_scale;
@@ -382,7 +384,8 @@ std::int32_t decode_fp8_cpu(const kvpager::decode_params& p) noexcept {
     const auto seq = static_cast<std::int32_t>(it / splits / tiles / hkv);
     const std::int32_t g0 = tile * kItemHeads, count = std::min(kItemHeads, group - g0);
     std::int32_t t0 = 0, t1 = 0;
-    split_range(page_length(p.pages, seq, kv.block_size), kv.block_size, splits, split, t0, t1);
+    const std::int32_t len = page_length(p.pages, seq, kv.block_size);
+    split_range_from(window_start(len, p.window_left), len, kv.block_size, splits, split, t0, t1);
     float m[kItemHeads], l[kItemHeads];
     alignas(64) float acc[kItemHeads * kMaxHeadDim];
     kernel.item(c, seq, h, g0, count, t0, t1, m, l, acc);

@@ -327,6 +327,70 @@ TEST(CpuFp8Prefill, SingleRowEqualsFp8Decode) {
   }
 }
 
+// The fp8 decode (C++: decode_params over an fp8 view) takes a window and a soft cap: it equals the tiled prefill of
+// one row per sequence with the same window and cap (checked against the reference above), splits and LSE included.
+TEST(CpuFp8Prefill, DecodeWithWindowAndCapEqualsSingleRowPrefill) {
+  struct variant {
+    std::int32_t window;
+    float cap;
+    std::int32_t splits;
+  };
+  const variant variants[] = {{0, 0.0F, 1}, {37, 0.0F, 3}, {-1, 2.0F, 1}, {1000, 30.0F, 0}, {100, 1.0F, 2}};
+  std::uint32_t seed = 800;
+  for (const variant& v : variants)
+    for (const std::int32_t q_dtype : {KVPAGER_DTYPE_FP32, KVPAGER_DTYPE_BF16}) {
+      shape sh;
+      sh.q_dtype = q_dtype;
+      sh.hq = 8;
+      sh.hkv = 2;
+      sh.d = 128;
+      sh.lens = {1, 17, 300, 130};
+      sh.q_lens = {1, 1, 1, 1};
+      sh.window = v.window;
+      sh.cap = v.cap;
+      const fixture f(sh, seed++);
+      std::vector<unsigned char> pre(f.out_bytes(), 0xAB), dec(f.out_bytes(), 0xCD);
+      std::vector<float> pre_lse(static_cast<std::size_t>(4 * sh.hq)), dec_lse(pre_lse.size());
+      ASSERT_TRUE(paged_attention_prefill_cpu(f.params(pre.data(), pre_lse.data())));
+      decode_params d;
+      d.out = dec.data();
+      d.query = f.q.data();
+      d.lse = dec_lse.data();
+      d.kv = f.view;
+      d.pages.block_table = f.table.data();
+      d.pages.row_stride = f.max_blocks;
+      d.pages.seq_lens = sh.lens.data();
+      d.num_seqs = 4;
+      d.num_q_heads = sh.hq;
+      d.scale = f.scale();
+      d.num_splits = v.splits;
+      d.window_left = v.window;
+      d.logits_soft_cap = v.cap;
+      d.q_dtype = q_dtype;
+      d.k_scale = sh.k_scale;
+      d.v_scale = sh.v_scale;
+      const auto what = ::testing::Message() << "window " << v.window << " cap " << v.cap << " splits " << v.splits
+                                             << " q_dtype " << q_dtype;
+      ASSERT_TRUE(paged_attention_decode_cpu(d)) << what;
+      double worst = 0;
+      for (std::size_t i = 0; i < dec.size() / q_elem_bytes(q_dtype); ++i) {
+        const double x = kvpager_fp8_test::get(pre, q_dtype, i), y = kvpager_fp8_test::get(dec, q_dtype, i);
+        worst = std::isnan(y) ? INFINITY : std::max(worst, std::abs(x - y) / (1.0 + std::abs(x)));
+      }
+      EXPECT_LT(worst, tolerance(q_dtype)) << what;
+      for (std::size_t i = 0; i < pre_lse.size(); ++i)
+        EXPECT_NEAR(dec_lse[i], pre_lse[i], 1e-4 * (1.0 + std::abs(pre_lse[i]))) << what << " lse " << i;
+      // A bad window or cap is refused before anything is written.
+      const auto before = dec;
+      d.window_left = -2;
+      EXPECT_EQ(static_cast<std::int32_t>(paged_attention_decode_cpu(d).detail()), KVPAGER_STATUS_INVALID_ARGUMENT);
+      d.window_left = v.window;
+      d.logits_soft_cap = -1.0F;
+      EXPECT_EQ(static_cast<std::int32_t>(paged_attention_decode_cpu(d).detail()), KVPAGER_STATUS_INVALID_ARGUMENT);
+      EXPECT_EQ(dec, before) << what;
+    }
+}
+
 TEST(CpuFp8Prefill, EmptyBatchAndAllZeroQueryLengths) {
   shape sh;
   sh.lens = {20, 5};
