@@ -392,6 +392,7 @@ item_buffers& buffers_or(item_buffers& own) noexcept {
 /// fills 1/W to group/W of them), with its split workspace in the calling thread's buffer (grown once, kept; splits
 /// happen only with fewer (sequence, KV head) items than twice the threads, so it stays small). When decode gains
 /// window and soft cap (issue 12), this shortcut can take those calls too.
+/// Over an fp8 pool (fp8) it is the fp8 decode (decode_fp8.cpp) with the call's q_dtype and scales.
 /// Returns -1 when the batch is not one.
 std::int32_t as_decode(const kvpager::prefill_params& p, bool fp8, item_buffers& b) noexcept {
   if (p.window_left >= 0 || p.logits_soft_cap > 0.0F || p.num_seqs == 0) return -1;
