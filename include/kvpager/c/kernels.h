@@ -223,9 +223,9 @@ KVPAGER_C_API int32_t kvpager_cpu_paged_attention_decode_fp8(void* out, const vo
  * read one byte per element and converted to fp32 once), and query and out of q_dtype (0 fp32, 1 fp16, 2 bf16).
  * Checks, in this order, before anything is read from the cache or written to out: max_blocks_per_seq positive,
  * num_seqs non-negative, scale finite, k_scale and v_scale finite and > 0 (else INVALID_ARGUMENT); the heads
- * (BAD_HEADS); the geometry as kvpager_can_implement with dtype 3; q_dtype (else UNSUPPORTED_DTYPE); the query size in
- * q_dtype (INVALID_ARGUMENT); window_left and logits_soft_cap (INVALID_ARGUMENT); the pointers (NULL only with
- * num_seqs = 0); then qo_indptr, every sequence length, q_len and block id as the plain prefill. A batch of one query
+ * (BAD_HEADS); the geometry as kvpager_can_implement with dtype 3; q_dtype (else UNSUPPORTED_DTYPE); window_left and
+ * logits_soft_cap (INVALID_ARGUMENT); the pointers (NULL only with num_seqs = 0); then qo_indptr (the query size
+ * counted in q_dtype), every sequence length, q_len and block id as the plain prefill. A batch of one query
  * row per sequence without window or cap runs the fp8 decode kernel (the result of
  * kvpager_cpu_paged_attention_decode_fp8 on the same arguments).
  */
