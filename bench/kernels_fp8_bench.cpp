@@ -1,6 +1,6 @@
 // SPDX-License-Identifier: Apache-2.0
-// CPU decode over an fp8 E4M3 KV pool against the same decode over an fp16 pool, same shapes, same run (issue 12,
-// point 3): decode is bound by the KV bytes it reads, and fp8 halves them. items_per_second is KV tokens attended per
+// CPU decode (and prefill) over an fp8 E4M3 KV pool against the same call over an fp16 pool, same shapes, same run
+// (issue 12, point 3): decode is bound by the KV bytes it reads, and fp8 halves them. items_per_second is KV tokens attended per
 // second (batch x context per call), directly comparable between the two; bytes_per_second is the KV bytes actually
 // read (1 byte per element for fp8, 2 for fp16). bench/RESULTS.md records the ratios and the command.
 #include <kvpager/c/kernels.h>
@@ -92,6 +92,35 @@ void BM_Decode(benchmark::State& state, shape sh) {
 void BM_DecodeFp16(benchmark::State& state, shape sh) { BM_Decode<false>(state, sh); }
 void BM_DecodeFp8(benchmark::State& state, shape sh) { BM_Decode<true>(state, sh); }
 
+/// Prefill of the last q_len tokens of every sequence (range(1)) over its context (range(0)), all cores: fp16 KV
+/// (kvpager_cpu_paged_attention_prefill) or fp8 (kvpager_cpu_paged_attention_prefill_fp8), fp16 query and output.
+/// items_per_second: query rows per second; bytes_per_second: the KV bytes of the pool's visible part.
+template <bool Fp8>
+void BM_Prefill(benchmark::State& state, shape sh) {
+  setup st(sh, static_cast<std::int32_t>(state.range(0)), Fp8);
+  const auto q_len = static_cast<std::int32_t>(state.range(1));
+  std::vector<std::int32_t> qo(static_cast<std::size_t>(sh.batch) + 1);
+  for (std::size_t s = 0; s < qo.size(); ++s) qo[s] = static_cast<std::int32_t>(s) * q_len;
+  std::vector<std::uint16_t> q(static_cast<std::size_t>(sh.batch * q_len * sh.hq * sh.dim), 0x3000), out(q.size());
+  for (auto _ : state) {
+    const auto rc =
+        Fp8 ? kvpager_cpu_paged_attention_prefill_fp8(out.data(), q.data(), st.kv.data(), qo.data(), st.table.data(),
+                                                      st.lens.data(), sh.batch, sh.hq, sh.hkv, sh.dim, sh.bs,
+                                                      st.max_blocks, st.num_blocks, 0.088F, -1, 0.0F,
+                                                      KVPAGER_DTYPE_FP16, 0.005F, 0.005F, 0)
+            : kvpager_cpu_paged_attention_prefill(out.data(), q.data(), st.kv.data(), qo.data(), st.table.data(),
+                                                  st.lens.data(), sh.batch, sh.hq, sh.hkv, sh.dim, sh.bs, st.max_blocks,
+                                                  st.num_blocks, 0.088F, -1, 0.0F, KVPAGER_DTYPE_FP16, 0);
+    if (rc != 0) state.SkipWithError("kernel failed");
+    benchmark::DoNotOptimize(out.data());
+  }
+  state.SetItemsProcessed(state.iterations() * sh.batch * q_len);
+  state.SetBytesProcessed(state.iterations() * st.kv_bytes(Fp8 ? 1 : 2));
+}
+
+void BM_PrefillFp16(benchmark::State& state, shape sh) { BM_Prefill<false>(state, sh); }
+void BM_PrefillFp8(benchmark::State& state, shape sh) { BM_Prefill<true>(state, sh); }
+
 }  // namespace
 
 // The fastest repetition of each is the figure least disturbed by other load on a shared machine (bench/RESULTS.md).
@@ -111,5 +140,11 @@ BENCHMARK_CAPTURE(BM_DecodeFp16, one_fp16, kOne)
     ->Name("decode_b1_gqa4_d128_in_cache_one_thread/fp16_kv_baseline")->Args({256, 1})->UseRealTime()->ComputeStatistics("min", fastest);
 BENCHMARK_CAPTURE(BM_DecodeFp8, one_fp8, kOne)
     ->Name("decode_b1_gqa4_d128_in_cache_one_thread/fp8_kv")->Args({256, 1})->UseRealTime()->ComputeStatistics("min", fastest);
+
+// Prefill chunks over a cached context: q_len 16 (KV-bound: few rows per KV byte) and 256 (compute-bound).
+BENCHMARK_CAPTURE(BM_PrefillFp16, gqa4_fp16, kGqa4)
+    ->Name("prefill_b8_gqa4_d128/fp16_kv_baseline")->Args({2048, 16})->Args({2048, 256})->UseRealTime()->ComputeStatistics("min", fastest);
+BENCHMARK_CAPTURE(BM_PrefillFp8, gqa4_fp8, kGqa4)
+    ->Name("prefill_b8_gqa4_d128/fp8_kv")->Args({2048, 16})->Args({2048, 256})->UseRealTime()->ComputeStatistics("min", fastest);
 
 BENCHMARK_MAIN();

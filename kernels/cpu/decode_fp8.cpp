@@ -33,6 +33,7 @@
 #include "kernels/common/checks.hpp"
 #include "kernels/common/decode_math.hpp"
 #include "kernels/cpu/decode_fp8.hpp"
+#include "kernels/cpu/fp8_convert.hpp"
 #include "kernels/cpu/page_tables.hpp"
 #include "worker_pool.hpp"
 
@@ -52,6 +53,7 @@ struct fp8_call {
   std::int64_t D, bs, stride_block, stride_kv, stride_head, stride_token;
   std::int32_t hq, group, q_dtype;
   float qscale;  ///< scale x k_scale
+  float cap;     ///< logit soft cap (0: none)
 };
 
 float load_elem(const void* base, std::int64_t i, std::int32_t dtype) noexcept {
@@ -117,20 +119,9 @@ struct isa {
   static constexpr int W = 8;
   static constexpr int score_tokens = 2;  // 2 tokens x 4 heads = 8 accumulators of 16 registers
   static constexpr int acc_vectors = 2;
-  /// cvt8 returns the e4m3 value / 256: the e4m3 bits placed in an fp16 (sign at bit 15, exponent and mantissa at
-  /// bits 7-13) are an fp16 with the same exponent field and bias 15 instead of 7, i.e. the value x 2^-8, exactly,
-  /// subnormals included (F16C converts fp16 subnormals exactly, whatever MXCSR's DAZ); S.1111.111 becomes the fp16
-  /// NaN. The caller folds the 256 into the query scale and the output.
-  static constexpr float unit = 256.0F;
-  static vec cvt8(const unsigned char* p) {
-    // Sign-extended to 16 bits and shifted left by 7: the magnitude lands at bits 7-13, the sign at bits 14 and 15
-    // (a negative byte's extension fills bit 15); clearing bit 14 leaves the fp16.
-    const __m128i x = _mm_cvtepi8_epi16(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(p)));
-    __m128i h = _mm_and_si128(_mm_slli_epi16(x, 7), _mm_set1_epi16(static_cast<short>(0xBFFF)));
-    const __m128i nan = _mm_cmpeq_epi16(_mm_and_si128(x, _mm_set1_epi16(0x7F)), _mm_set1_epi16(0x7F));
-    h = _mm_or_si128(h, _mm_and_si128(nan, _mm_set1_epi16(0x7E00)));
-    return _mm256_cvtph_ps(h);
-  }
+  /// cvt8 returns the e4m3 value / 256 (fp8_convert.hpp); the caller folds the 256 into the query scale and the output.
+  static constexpr float unit = kvpager::kernels::detail::kE4m3VectorUnit;
+  static vec cvt8(const unsigned char* p) { return kvpager::kernels::detail::e4m3x8_div256(p); }
   static vec loadf(const float* p) { return _mm256_loadu_ps(p); }
   static void storef(float* p, vec v) { _mm256_storeu_ps(p, v); }
   /// 8 query elements of dtype as floats.
@@ -218,14 +209,9 @@ struct isa {
   static constexpr int W = 16;
   static constexpr int score_tokens = 4;  // 4 tokens x 4 heads = 16 accumulators of 32 registers
   static constexpr int acc_vectors = 4;
-  /// 16 e4m3 bytes as floats / 256, as the AVX2 path (256-bit integer work, one 512-bit conversion).
-  static constexpr float unit = 256.0F;
-  static vec cvt8(const unsigned char* p) {
-    const __m256i x = _mm256_cvtepi8_epi16(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p)));
-    const __m256i h = _mm256_and_si256(_mm256_slli_epi16(x, 7), _mm256_set1_epi16(static_cast<short>(0xBFFF)));
-    const __mmask16 nan = _mm256_cmpeq_epi16_mask(_mm256_and_si256(x, _mm256_set1_epi16(0x7F)), _mm256_set1_epi16(0x7F));
-    return _mm512_cvtph_ps(_mm256_mask_mov_epi16(h, nan, _mm256_set1_epi16(0x7E00)));
-  }
+  /// 16 e4m3 bytes as floats / 256 (fp8_convert.hpp), as the AVX2 path.
+  static constexpr float unit = kvpager::kernels::detail::kE4m3VectorUnit;
+  static vec cvt8(const unsigned char* p) { return kvpager::kernels::detail::e4m3x16_div256(p); }
   static vec loadf(const float* p) { return _mm512_loadu_ps(p); }
   static void storef(float* p, vec v) { _mm512_storeu_ps(p, v); }
   /// 16 query elements of dtype as floats.
@@ -331,12 +317,12 @@ std::int32_t validate_fp8(const kvpager::decode_params& p) noexcept {
   if (p.num_threads < 0 || p.num_splits < 0 || p.workspace_bytes < 0 ||
       reinterpret_cast<std::uintptr_t>(p.workspace) % alignof(float) != 0)
     return KVPAGER_STATUS_INVALID_ARGUMENT;
-  // Sliding window and soft cap are not implemented over fp8 pools yet: refused, not ignored.
-  if (p.window_left != -1 || p.logits_soft_cap != 0.0F) return KVPAGER_STATUS_INVALID_ARGUMENT;
   if (const std::int32_t rc =
           kd::check_decode_fp8_args(p.num_seqs, p.num_q_heads, kv.num_kv_heads, kv.head_dim, kv.block_size, p.q_dtype,
                                     kv.num_blocks, p.scale, p.k_scale, p.v_scale, std::max(p.num_splits, 1));
       rc != KVPAGER_STATUS_OK)
+    return rc;
+  if (const std::int32_t rc = kd::check_window_and_cap(p.window_left, p.logits_soft_cap); rc != KVPAGER_STATUS_OK)
     return rc;
   if (kd::view_extent_bytes(kv, 1) < 0) return KVPAGER_STATUS_INVALID_ARGUMENT;
   if (p.num_seqs == 0) return KVPAGER_STATUS_OK;
@@ -358,7 +344,8 @@ std::int32_t decode_fp8_cpu(const kvpager::decode_params& p) noexcept {
   std::int32_t max_len = 0;
   std::int64_t total_len = 0;
   for (std::int32_t s = 0; s < p.num_seqs; ++s) {
-    const std::int32_t len = page_length(p.pages, s, kv.block_size);
+    const std::int32_t full = page_length(p.pages, s, kv.block_size);
+    const std::int32_t len = full - window_start(full, p.window_left);  // the tokens the query sees
     max_len = std::max(max_len, len);
     total_len += len;
   }
@@ -386,7 +373,7 @@ std::int32_t decode_fp8_cpu(const kvpager::decode_params& p) noexcept {
   auto state = [&](std::int64_t row, std::int64_t split) { return part + (row * splits + split) * (D + 2); };
   const fp8_call c{static_cast<const unsigned char*>(kv.data), &p.pages, p.query, D, kv.block_size, kv.stride_block,
                    kv.stride_kv, kv.stride_head, kv.stride_token, p.num_q_heads, group, p.q_dtype,
-                   p.scale * p.k_scale};
+                   p.scale * p.k_scale, p.logits_soft_cap};
   const fp8_kernel kernel = pick_kernel();
   const std::int32_t q_dtype = p.q_dtype;
   const float v_scale = p.v_scale;
@@ -397,7 +384,8 @@ std::int32_t decode_fp8_cpu(const kvpager::decode_params& p) noexcept {
     const auto seq = static_cast<std::int32_t>(it / splits / tiles / hkv);
     const std::int32_t g0 = tile * kItemHeads, count = std::min(kItemHeads, group - g0);
     std::int32_t t0 = 0, t1 = 0;
-    split_range(page_length(p.pages, seq, kv.block_size), kv.block_size, splits, split, t0, t1);
+    const std::int32_t len = page_length(p.pages, seq, kv.block_size);
+    split_range_from(window_start(len, p.window_left), len, kv.block_size, splits, split, t0, t1);
     float m[kItemHeads], l[kItemHeads];
     alignas(64) float acc[kItemHeads * kMaxHeadDim];
     kernel.item(c, seq, h, g0, count, t0, t1, m, l, acc);

@@ -1,6 +1,8 @@
 // SPDX-License-Identifier: Apache-2.0
 // CPU paged prefill (extend) attention of the C ABI and of the C++ interface (kvpager/kernels/prefill.hpp): causal,
-// optional sliding window and logit soft cap, GQA/MQA, fp32/fp16/bf16 with fp32 accumulation. Every argument is
+// optional sliding window and logit soft cap, GQA/MQA, fp32/fp16/bf16 with fp32 accumulation, and over fp8 E4M3
+// pools (kvpager_cpu_paged_attention_prefill_fp8: query/output fp32/fp16/bf16, K/V rows read one byte per element and
+// converted into the fp32 tiles, the scales folded into the query scale and the output). Every argument is
 // validated before any KV memory is touched. Work items are (sequence, KV head, tile of query positions), handed
 // to the process-wide worker pool (worker_pool.hpp), heaviest tiles (the last positions, which see the most KV)
 // first. The kernel is prefill_tiled.inc, compiled three times: AVX-512 and AVX2 under #pragma GCC target, and a
@@ -27,10 +29,13 @@
 #include "kvpager/c/kernels.h"
 #include "kvpager/kernels/attention.hpp"
 #include "kvpager/kernels/float16.hpp"
+#include "kvpager/kernels/float8.hpp"
 #include "kvpager/kernels/kernel_status.hpp"
 #include "kvpager/kernels/prefill.hpp"
 #include "kernels/common/checks.hpp"
 #include "kernels/common/decode_math.hpp"
+#include "kernels/cpu/decode_fp8.hpp"
+#include "kernels/cpu/fp8_convert.hpp"
 #include "worker_pool.hpp"
 
 namespace {
@@ -82,6 +87,9 @@ struct isa {
   static void store(unsigned char* dst, std::int64_t i, vec v) {
     store_one(dst, i, v, DT);
   }
+  /// One e4m3 byte as its float value (unit8 = 1).
+  static constexpr float unit8 = 1.0F;
+  static vec load8(const unsigned char* p) { return kvpager::detail::e4m3_to_float(*p); }
   static vec loadf(const float* p) { return *p; }
   static void storef(float* p, vec v) { *p = v; }
   static vec zero() { return 0.0F; }
@@ -150,6 +158,9 @@ struct isa {
       _mm_storeu_si128(reinterpret_cast<__m128i*>(reinterpret_cast<std::uint16_t*>(dst) + i), h);
     }
   }
+  /// 8 e4m3 bytes as floats / unit8 (fp8_convert.hpp, shared with decode_fp8.cpp).
+  static constexpr float unit8 = kvpager::kernels::detail::kE4m3VectorUnit;
+  static vec load8(const unsigned char* p) { return kvpager::kernels::detail::e4m3x8_div256(p); }
   static vec loadf(const float* p) { return _mm256_loadu_ps(p); }
   static void storef(float* p, vec v) { _mm256_storeu_ps(p, v); }
   static vec zero() { return _mm256_setzero_ps(); }
@@ -223,6 +234,9 @@ struct isa {
       _mm256_storeu_si256(reinterpret_cast<__m256i*>(reinterpret_cast<std::uint16_t*>(dst) + i), h);
     }
   }
+  /// 16 e4m3 bytes as floats / unit8 (fp8_convert.hpp, shared with decode_fp8.cpp).
+  static constexpr float unit8 = kvpager::kernels::detail::kE4m3VectorUnit;
+  static vec load8(const unsigned char* p) { return kvpager::kernels::detail::e4m3x16_div256(p); }
   static vec loadf(const float* p) { return _mm512_loadu_ps(p); }
   static void storef(float* p, vec v) { _mm512_storeu_ps(p, v); }
   static vec zero() { return _mm512_setzero_ps(); }
@@ -303,13 +317,17 @@ std::int64_t view_extent_bytes(const kvpager::paged_kv_view& kv) noexcept {
   return checked_product({last, kvpager::kernels::detail::elem_bytes(kv.dtype)});
 }
 
-/// Every argument, page tables and qo_indptr included, before any KV memory is read.
-std::int32_t validate(const kvpager::prefill_params& p) noexcept {
+/// Every argument, page tables and qo_indptr included, before any KV memory is read. fp8: the pool is fp8 E4M3 and
+/// the scalar checks are decode_fp8's (scales, q_dtype), the query size counted in q_dtype.
+std::int32_t validate(const kvpager::prefill_params& p, bool fp8) noexcept {
   using namespace kvpager::kernels::detail;
   const auto& kv = p.kv;
   if (p.num_threads < 0) return KVPAGER_STATUS_INVALID_ARGUMENT;
-  if (const std::int32_t rc = check_decode_args(p.num_seqs, p.num_q_heads, kv.num_kv_heads, kv.head_dim, kv.block_size,
-                                                kv.dtype, kv.num_blocks, p.scale, 1);
+  if (const std::int32_t rc =
+          fp8 ? check_decode_fp8_args(p.num_seqs, p.num_q_heads, kv.num_kv_heads, kv.head_dim, kv.block_size, p.q_dtype,
+                                      kv.num_blocks, p.scale, p.k_scale, p.v_scale, 1)
+              : check_decode_args(p.num_seqs, p.num_q_heads, kv.num_kv_heads, kv.head_dim, kv.block_size, kv.dtype,
+                                  kv.num_blocks, p.scale, 1);
       rc != KVPAGER_STATUS_OK)
     return rc;
   if (const std::int32_t rc = check_window_and_cap(p.window_left, p.logits_soft_cap); rc != KVPAGER_STATUS_OK) return rc;
@@ -321,7 +339,8 @@ std::int32_t validate(const kvpager::prefill_params& p) noexcept {
              : p.pages.indptr == nullptr || p.pages.indices == nullptr || p.pages.last_page_len == nullptr))
     return KVPAGER_STATUS_INVALID_ARGUMENT;
   std::int64_t rows = 0;
-  if (const std::int32_t rc = check_qo_indptr(p.qo_indptr, p.num_seqs, p.num_q_heads, kv.head_dim, kv.dtype, &rows);
+  if (const std::int32_t rc =
+          check_qo_indptr(p.qo_indptr, p.num_seqs, p.num_q_heads, kv.head_dim, fp8 ? p.q_dtype : kv.dtype, &rows);
       rc != KVPAGER_STATUS_OK)
     return rc;
   for (std::int32_t s = 0; s < p.num_seqs; ++s) {
@@ -373,8 +392,9 @@ item_buffers& buffers_or(item_buffers& own) noexcept {
 /// fills 1/W to group/W of them), with its split workspace in the calling thread's buffer (grown once, kept; splits
 /// happen only with fewer (sequence, KV head) items than twice the threads, so it stays small). When decode gains
 /// window and soft cap (issue 12), this shortcut can take those calls too.
+/// Over an fp8 pool (fp8) it is the fp8 decode (decode_fp8.cpp) with the call's q_dtype and scales.
 /// Returns -1 when the batch is not one.
-std::int32_t as_decode(const kvpager::prefill_params& p, item_buffers& b) noexcept {
+std::int32_t as_decode(const kvpager::prefill_params& p, bool fp8, item_buffers& b) noexcept {
   if (p.window_left >= 0 || p.logits_soft_cap > 0.0F || p.num_seqs == 0) return -1;
   for (std::int32_t s = 0; s < p.num_seqs; ++s)
     if (p.qo_indptr[s + 1] - p.qo_indptr[s] != 1) return -1;
@@ -388,6 +408,11 @@ std::int32_t as_decode(const kvpager::prefill_params& p, item_buffers& b) noexce
   d.num_q_heads = p.num_q_heads;
   d.scale = p.scale;
   d.num_threads = p.num_threads;
+  if (fp8) {
+    d.q_dtype = p.q_dtype;
+    d.k_scale = p.k_scale;
+    d.v_scale = p.v_scale;
+  }
   // The split decode would choose for itself (its rule: a call under 8192 (token, query head) pairs runs on one
   // thread), chosen here so that the workspace is sized for that split only, not for the most any call could take.
   std::int32_t max_len = 0;
@@ -406,14 +431,16 @@ std::int32_t as_decode(const kvpager::prefill_params& p, item_buffers& b) noexce
   if (b.workspace.size() < floats) b.workspace.resize(floats);
   d.workspace = b.workspace.data();
   d.workspace_bytes = bytes;
+  if (fp8) return kvpager::kernels::detail::decode_fp8_cpu(d);
   const kvpager::status st = kvpager::paged_attention_decode_cpu(d);
   return st ? KVPAGER_STATUS_OK : static_cast<std::int32_t>(st.detail());
 }
 
-std::int32_t prefill_cpu(const kvpager::prefill_params& p) noexcept {
-  if (const std::int32_t rc = validate(p); rc != KVPAGER_STATUS_OK) return rc;
+/// fp8: over an fp8 E4M3 pool with p.q_dtype the query dtype (the plain prefill answers dtype 3 as unsupported).
+std::int32_t prefill_cpu(const kvpager::prefill_params& p, bool fp8) noexcept {
+  if (const std::int32_t rc = validate(p, fp8); rc != KVPAGER_STATUS_OK) return rc;
   item_buffers own_decode;
-  if (const std::int32_t rc = as_decode(p, buffers_or(own_decode)); rc >= 0) return rc;
+  if (const std::int32_t rc = as_decode(p, fp8, buffers_or(own_decode)); rc >= 0) return rc;
   const auto& kv = p.kv;
   const prefill_kernel kernel = pick_kernel();
   const std::int32_t group = p.num_q_heads / kv.num_kv_heads;
@@ -484,11 +511,51 @@ extern "C" int32_t kvpager_cpu_paged_attention_prefill(void* out, const void* qu
   p.window_left = window_left;
   p.logits_soft_cap = logits_soft_cap;
   p.num_threads = num_threads;
-  return prefill_cpu(p);
+  return prefill_cpu(p, false);
+}
+
+extern "C" int32_t kvpager_cpu_paged_attention_prefill_fp8(void* out, const void* query, const void* kv_cache,
+                                                           const int32_t* qo_indptr, const int32_t* block_table,
+                                                           const int32_t* seq_lens, int32_t num_seqs,
+                                                           int32_t num_q_heads, int32_t num_kv_heads, int32_t head_dim,
+                                                           int32_t block_size, int32_t max_blocks_per_seq,
+                                                           int32_t num_blocks, float scale, int32_t window_left,
+                                                           float logits_soft_cap, int32_t q_dtype, float k_scale,
+                                                           float v_scale, int32_t num_threads) {
+  if (const int32_t rc = kvpager::kernels::detail::check_dense_prefill_fp8(
+          out, query, kv_cache, qo_indptr, block_table, seq_lens, num_seqs, num_q_heads, num_kv_heads, head_dim,
+          block_size, max_blocks_per_seq, num_blocks, scale, window_left, logits_soft_cap, q_dtype, k_scale, v_scale);
+      rc != KVPAGER_STATUS_OK)
+    return rc;
+  kvpager::prefill_params p;
+  p.out = out;
+  p.query = query;
+  p.kv = kvpager::paged_kv_view::hnd(kv_cache, KVPAGER_DTYPE_FP8_E4M3, num_blocks, num_kv_heads, block_size, head_dim);
+  p.pages.block_table = block_table;
+  p.pages.row_stride = max_blocks_per_seq;
+  p.pages.seq_lens = seq_lens;
+  p.qo_indptr = qo_indptr;
+  p.num_seqs = num_seqs;
+  p.num_q_heads = num_q_heads;
+  p.scale = scale;
+  p.window_left = window_left;
+  p.logits_soft_cap = logits_soft_cap;
+  p.num_threads = num_threads;
+  p.q_dtype = q_dtype;
+  p.k_scale = k_scale;
+  p.v_scale = v_scale;
+  return prefill_cpu(p, true);
 }
 
 KVPAGER_NAMESPACE_BEGIN
 
-status paged_attention_prefill_cpu(const prefill_params& p) noexcept { return kernel_status(prefill_cpu(p)); }
+status paged_attention_prefill_cpu(const prefill_params& p) noexcept {
+  // An fp8 pool with a query dtype runs over fp8 (its own scalar checks); with q_dtype -1 it is answered as the plain
+  // prefill answers dtype 3 (UNSUPPORTED_DTYPE in the geometry's order). Otherwise query and output share the pool's
+  // dtype (q_dtype -1 or kv.dtype).
+  if (p.kv.dtype == KVPAGER_DTYPE_FP8_E4M3 && p.q_dtype != -1) return kernel_status(prefill_cpu(p, true));
+  if (p.q_dtype != -1 && p.q_dtype != p.kv.dtype) return kernel_status(KVPAGER_STATUS_UNSUPPORTED_DTYPE);
+  return kernel_status(prefill_cpu(p, false));
+}
 
 KVPAGER_NAMESPACE_END

@@ -13,6 +13,7 @@
 #include <cstdint>
 #include <numeric>
 #include <random>
+#include <utility>
 #include <vector>
 
 namespace kvpager_gpu_check {
@@ -25,6 +26,7 @@ struct prefill_vs_ref {
   int32_t device_error = 0;
   double out = 0;  ///< worst relative difference against the fp64 reference
   double lse = 0;  ///< worst absolute difference of the LSE against the reference's
+  std::vector<unsigned char> output;  ///< the GPU's output (for a comparison with the CPU backend)
 };
 
 /// One prefill problem on the GPU (num_ctas 0: as kvpager_cuda_plan_prefill plans it) against its fp64 reference,
@@ -59,6 +61,7 @@ inline prefill_vs_ref run_prefill_case(const prefill_problem& pr, int32_t num_ct
   r.device_error = to_host(derr, 1)[0];
   r.out = pr.compare(out);
   r.lse = pr.compare_lse(to_host(dlse, lse.size()));
+  r.output = std::move(out);
   for (void* p : {static_cast<void*>(dlse), static_cast<void*>(dkv), static_cast<void*>(dq), static_cast<void*>(di), static_cast<void*>(dt),
                   static_cast<void*>(dl), static_cast<void*>(dout), static_cast<void*>(derr), ws})
     cudaFree(p);

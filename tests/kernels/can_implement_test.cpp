@@ -66,6 +66,12 @@ std::int32_t cpu_decode_fp8_rc(const kv_geometry& g) {
                                                 g.head_dim, g.block_size, 1, g.num_blocks, 0.1F, KVPAGER_DTYPE_FP16,
                                                 1.0F, 1.0F, 1);
 }
+std::int32_t cpu_prefill_fp8_rc(const kv_geometry& g) {
+  const std::int32_t hq = g.num_kv_heads > 0 && g.num_kv_heads <= kMax / 2 ? 2 * g.num_kv_heads : 1;
+  return kvpager_cpu_paged_attention_prefill_fp8(nullptr, nullptr, nullptr, nullptr, nullptr, nullptr, 0, hq,
+                                                 g.num_kv_heads, g.head_dim, g.block_size, 1, g.num_blocks, 0.1F, -1,
+                                                 0.0F, KVPAGER_DTYPE_FP16, 1.0F, 1.0F, 1);
+}
 std::int32_t cpu_append_fp8_rc(const kv_geometry& g) {
   return kvpager_cpu_kv_append_fp8(nullptr, nullptr, nullptr, nullptr, 0, g.num_kv_heads, g.head_dim, g.block_size,
                                    g.num_blocks, KVPAGER_DTYPE_FP16, 1.0F, 1.0F);
@@ -97,6 +103,7 @@ TEST(CanImplement, AgreesWithDecodeAndAppendOnEveryGeometry) {
     if (g.dtype == kv_dtype::fp8_e4m3) {
       // fp8 pools: the _fp8 functions agree; the plain ones refuse the dtype (or an earlier field, same order).
       ASSERT_EQ(cpu_decode_fp8_rc(g), rc) << where;
+      ASSERT_EQ(cpu_prefill_fp8_rc(g), rc) << where;
       ASSERT_EQ(cpu_append_fp8_rc(g), rc) << where;
       const std::int32_t plain = rc == KVPAGER_STATUS_BAD_HEADS || rc == KVPAGER_STATUS_UNSUPPORTED_HEAD_DIM
                                      ? rc

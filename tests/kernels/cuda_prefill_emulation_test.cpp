@@ -1,13 +1,16 @@
 // SPDX-License-Identifier: Apache-2.0
 // The CUDA prefill kernels (kernels/cuda/device_prefill.cuh) compiled as plain C++ over the emulation of the CUDA
 // execution model (cuda_emulation.hpp), the tensor-core fragments through their scalar stand-in, run on CPU threads
-// against an fp64 reference: every dtype and head dim, with and without a sliding window and a soft cap, GQA, empty
-// and decode-like query ranges, several tiles per sequence and fewer CTAs than tiles, with the LSE output; and the
-// device-side checks of the rows and block ids. Only a GPU run (tests/kernels/cuda_test.cpp) checks what nvcc and the tensor cores make of it.
+// against an fp64 reference and against the CPU backend (kvpager_cpu_paged_attention_prefill, within gpu_tolerance):
+// every dtype and head dim, with and without a sliding window and a soft cap, GQA, empty and decode-like query
+// ranges, several tiles per sequence and fewer CTAs than tiles, with the LSE output; and the device-side checks of
+// the rows and block ids. Only a GPU run (tests/kernels/cuda_test.cpp) checks what nvcc and the tensor cores make of it.
 #include "cuda_emulation.hpp"
 
 #include "kernels/common/checks.hpp"
 #include "kernels/cuda/device_prefill.cuh"
+#include "kvpager_testing/decode_problem.hpp"
+#include "kvpager_testing/prefill_cpu_compare.hpp"
 #include "kvpager_testing/prefill_problem.hpp"
 
 #include <gtest/gtest.h>
@@ -18,6 +21,8 @@
 
 namespace {
 
+using kvpager_gpu_check::compare_with_cpu;
+using kvpager_gpu_check::gpu_tolerance;
 using kvpager_gpu_check::prefill_problem;
 namespace kk = kvpager::kernels::detail;
 
@@ -112,6 +117,7 @@ TEST(CudaPrefillEmulation, MatchesFp64ReferenceForEveryDtypeHeadDimWindowAndCap)
       EXPECT_EQ(r.error, 0) << what;
       EXPECT_LE(pr.compare(r.out), tolerance(dtype)) << what;
       EXPECT_LE(pr.compare_lse(r.lse), kLseTolerance) << what;
+      EXPECT_LE(compare_with_cpu(pr, r.out), gpu_tolerance(dtype)) << what << " (against the CPU backend)";
     }
 }
 
@@ -129,6 +135,8 @@ TEST(CudaPrefillEmulation, WindowAndCapCombinationsAndGridSizes) {
         EXPECT_EQ(r.error, 0);
         EXPECT_LE(pr.compare(r.out), tolerance(dtype)) << dtype << " window " << window << " cap " << cap << " ctas " << ctas;
         EXPECT_LE(pr.compare_lse(r.lse), kLseTolerance) << dtype << " window " << window << " cap " << cap;
+        EXPECT_LE(compare_with_cpu(pr, r.out), gpu_tolerance(dtype))
+            << dtype << " window " << window << " cap " << cap << " ctas " << ctas << " (against the CPU backend)";
       }
 }
 
@@ -143,6 +151,7 @@ TEST(CudaPrefillEmulation, RisingScoresRescaleExactly) {
   EXPECT_LE(pr.compare(r.out), tolerance(KVPAGER_DTYPE_FP16));
   // The LSE comes from the lazily raised reference max and its sum: still the true log-sum-exp.
   EXPECT_LE(pr.compare_lse(r.lse), kLseTolerance);
+  EXPECT_LE(compare_with_cpu(pr, r.out), gpu_tolerance(KVPAGER_DTYPE_FP16)) << "against the CPU backend";
 }
 
 TEST(CudaPrefillEmulation, BadBlockIdIsFlaggedAndNeverRead) {

@@ -17,6 +17,7 @@
 
 #include "kvpager_testing/cuda_compare.hpp"
 #include "kvpager_testing/cuda_prefill_compare.hpp"
+#include "kvpager_testing/prefill_cpu_compare.hpp"
 
 using namespace kvpager_gpu_check;
 
@@ -121,8 +122,9 @@ TEST(CudaDecodeArguments, WorkspaceQueryAndHostChecks) {
   EXPECT_EQ(call_ex(-1, std::numeric_limits<float>::infinity()), expect_bad);
 }
 
-// Paged prefill on the GPU against the fp64 reference (the CPU backend is checked against the same reference in
-// attention tests; tests/kernels/cuda_prefill_emulation_test.cpp runs the same device code without a GPU).
+// Paged prefill on the GPU against the fp64 reference and against the CPU backend on the same inputs
+// (kvpager_cpu_paged_attention_prefill, within gpu_tolerance); tests/kernels/cuda_prefill_emulation_test.cpp runs the
+// same device code without a GPU.
 // (seq_len, q_len): one token, a prompt just over a block, extensions over cached prefixes (several tiles, a q_len
 // not a multiple of the tile), no new token, a decode-like single token after 520.
 TEST(CudaPrefillAttention, MatchesReferenceForEveryDtypeHeadDimBlockSizeWindowAndCap) {
@@ -142,6 +144,7 @@ TEST(CudaPrefillAttention, MatchesReferenceForEveryDtypeHeadDimBlockSizeWindowAn
         EXPECT_EQ(r.device_error, 0) << what;
         EXPECT_LE(r.out, gpu_tolerance(dtype)) << what;
         EXPECT_LE(r.lse, 1e-3) << what;
+        EXPECT_LE(compare_with_cpu(pr, r.output), gpu_tolerance(dtype)) << what << " (against the CPU backend)";
       }
 }
 
@@ -180,6 +183,7 @@ TEST(CudaPrefillAttention, GqaShapesAndGridSizes) {
         const auto r = run_prefill_case(pr, ctas);
         EXPECT_TRUE(r.calls_ok && r.device_error == 0) << hq << "/" << hkv << " ctas " << ctas;
         EXPECT_LE(r.out, gpu_tolerance(dtype)) << hq << "/" << hkv << " ctas " << ctas;
+        EXPECT_LE(compare_with_cpu(pr, r.output), gpu_tolerance(dtype)) << hq << "/" << hkv << " ctas " << ctas << " (CPU)";
       }
 }
 
@@ -190,6 +194,7 @@ TEST(CudaPrefillAttention, LongPromptOverAPrefix) {
     const auto r = run_prefill_case(pr);
     EXPECT_TRUE(r.calls_ok && r.device_error == 0) << window;
     EXPECT_LE(r.out, gpu_tolerance(KVPAGER_DTYPE_BF16)) << window;
+    EXPECT_LE(compare_with_cpu(pr, r.output), gpu_tolerance(KVPAGER_DTYPE_BF16)) << window << " (against the CPU backend)";
   }
 }
 

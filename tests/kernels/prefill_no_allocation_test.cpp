@@ -1,9 +1,10 @@
 // SPDX-License-Identifier: Apache-2.0
 // The CPU prefill allocates nothing per call once the calling thread's buffers have grown (first call): the tiled
 // kernel (item scratch, the per-sequence item offsets) and the decode shortcut of a one-row-per-sequence batch (its
-// split workspace). This executable replaces the global operator new and counts every allocation.
+// split workspace), over fp32 and fp8 E4M3 pools. This executable replaces the global operator new and counts every allocation.
 #include <kvpager/c/kernels.h>
 #include <kvpager/kernels/attention.hpp>
+#include <kvpager/kernels/float8.hpp>
 #include <kvpager/kernels/prefill.hpp>
 
 #include <gtest/gtest.h>
@@ -78,6 +79,24 @@ TEST(CpuPrefillAllocation, DecodeShortcutWithSplitsAllocatesNothingInSteadyState
   problem pr(4, 1, 1, 2048, 1);  // one (sequence, KV head) item on one thread: the decode splits the KV
   EXPECT_GT(plan_decode(1, 1, 2048, 1), 1) << "this shape must take the split (workspace) path";
   EXPECT_EQ(allocations_of_five_calls(pr.params(-1)), 0);
+}
+
+TEST(CpuPrefillAllocation, Fp8PoolAllocatesNothingInSteadyState) {
+  // The same problems over an fp8 E4M3 pool (fp32 query and output): the tiled kernel, and the fp8 decode shortcut
+  // of a one-row batch with splits.
+  for (const std::int32_t q_len : {120, 1}) {
+    problem pr(q_len == 1 ? 4 : 8, q_len == 1 ? 1 : 2, q_len == 1 ? 1 : 3, q_len == 1 ? 2048 : 300, q_len);
+    std::vector<std::uint8_t> kv8(pr.kv.size());  // one byte per element
+    for (std::size_t i = 0; i < kv8.size(); ++i) kv8[i] = detail::float_to_e4m3(pr.kv[i] * 100.0F);
+    for (const std::int32_t window : {-1, 40}) {
+      prefill_params p = pr.params(window);
+      p.kv = paged_kv_view::hnd(kv8.data(), KVPAGER_DTYPE_FP8_E4M3, pr.num_blocks, pr.hkv, pr.bs, pr.d);
+      p.q_dtype = KVPAGER_DTYPE_FP32;
+      p.k_scale = 0.01F;
+      p.v_scale = 0.01F;
+      EXPECT_EQ(allocations_of_five_calls(p), 0) << "q_len " << q_len << " window " << window;
+    }
+  }
 }
 
 TEST(CpuPrefillAllocation, TheCounterSeesTheBuffersGrow) {

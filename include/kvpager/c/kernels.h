@@ -218,6 +218,25 @@ KVPAGER_C_API int32_t kvpager_cpu_paged_attention_decode_fp8(void* out, const vo
                                                              float v_scale, int32_t num_threads);
 
 /**
+ * Prefill (extend) attention over an fp8 E4M3 cache: as kvpager_cpu_paged_attention_prefill (same rows, positions,
+ * causal mask, window_left, logits_soft_cap, GQA), with K read as e4m3 x k_scale and V as e4m3 x v_scale (fp32
+ * arithmetic; k_scale is folded into the softmax scale, v_scale into the output, and the KV rows of each tile are
+ * read one byte per element and converted to fp32 once), and query and out of q_dtype (0 fp32, 1 fp16, 2 bf16).
+ * Checks, in this order, before anything is read from the cache or written to out: max_blocks_per_seq positive,
+ * num_seqs non-negative, scale finite, k_scale and v_scale finite and > 0 (else INVALID_ARGUMENT); the heads
+ * (BAD_HEADS); the geometry as kvpager_can_implement with dtype 3; q_dtype (else UNSUPPORTED_DTYPE); window_left and
+ * logits_soft_cap (INVALID_ARGUMENT); the pointers (NULL only with num_seqs = 0); then qo_indptr (the query size
+ * counted in q_dtype), every sequence length, q_len and block id as the plain prefill. A batch of one query
+ * row per sequence without window or cap runs the fp8 decode kernel (the result of
+ * kvpager_cpu_paged_attention_decode_fp8 on the same arguments).
+ */
+KVPAGER_C_API int32_t kvpager_cpu_paged_attention_prefill_fp8(
+    void* out, const void* query, const void* kv_cache, const int32_t* qo_indptr, const int32_t* block_table,
+    const int32_t* seq_lens, int32_t num_seqs, int32_t num_q_heads, int32_t num_kv_heads, int32_t head_dim,
+    int32_t block_size, int32_t max_blocks_per_seq, int32_t num_blocks, float scale, int32_t window_left,
+    float logits_soft_cap, int32_t q_dtype, float k_scale, float v_scale, int32_t num_threads);
+
+/**
  * Copies whole blocks (K and V, all heads) within each of num_layers caches: block_mapping is [num_pairs, 2]
  * int64 (src, dst). kv_caches: num_layers pointers to caches of num_blocks blocks of block_bytes bytes each.
  * Pairs must not chain (no destination is also a source), as in a cache step plan; a pair with src == dst copies

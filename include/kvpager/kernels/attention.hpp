@@ -100,8 +100,8 @@ struct decode_params {
   /// here (-1 or any other value: UNSUPPORTED_DTYPE).
   std::int32_t q_dtype = -1;
   /// fp8 pools only (ignored otherwise): K = e4m3 x k_scale, V = e4m3 x v_scale (per tensor; finite and > 0, else
-  /// invalid_argument), as kvpager_cpu_kv_append_fp8 stored them. A window or soft cap over an fp8 pool is not
-  /// implemented yet: invalid_argument.
+  /// invalid_argument), as kvpager_cpu_kv_append_fp8 stored them. Window and soft cap work over an fp8 pool too
+  /// (the CPU backend; the C ABI's fp8 decode has neither argument).
   float k_scale = 1.0F, v_scale = 1.0F;
 };
 
