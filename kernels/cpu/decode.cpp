@@ -34,6 +34,7 @@
 #include "kernels/common/checks.hpp"
 #include "kernels/common/decode_math.hpp"
 #include "kernels/cpu/decode_fp8.hpp"
+#include "kernels/cpu/element_ops.hpp"
 #include "worker_pool.hpp"
 
 namespace {
@@ -46,18 +47,8 @@ using kvpager::detail::half_to_float;
 using kvpager::kernels::detail::parallel_for;
 
 // ------------------------------------------------------------------------------------------- element ops
-float load_one(const void* base, std::int64_t i, std::int32_t dtype) noexcept {
-  if (dtype == KVPAGER_DTYPE_FP32) return static_cast<const float*>(base)[i];
-  const std::uint16_t x = static_cast<const std::uint16_t*>(base)[i];
-  return dtype == KVPAGER_DTYPE_FP16 ? half_to_float(x) : bf16_to_float(x);
-}
-void store_one(void* base, std::int64_t i, float v, std::int32_t dtype) noexcept {
-  if (dtype == KVPAGER_DTYPE_FP32) {
-    static_cast<float*>(base)[i] = v;
-  } else {
-    static_cast<std::uint16_t*>(base)[i] = dtype == KVPAGER_DTYPE_FP16 ? float_to_half(v) : float_to_bf16(v);
-  }
-}
+using kvpager::kernels::detail::load_one;
+using kvpager::kernels::detail::store_one;
 
 /// Portable building blocks (the compiler vectorizes what it can).
 struct scalar_ops {

@@ -34,6 +34,7 @@
 #include "kernels/common/decode_math.hpp"
 #include "kernels/cpu/decode_fp8.hpp"
 #include "kernels/cpu/fp8_convert.hpp"
+#include "kernels/cpu/element_ops.hpp"
 #include "kernels/cpu/page_tables.hpp"
 #include "worker_pool.hpp"
 
@@ -56,19 +57,8 @@ struct fp8_call {
   float cap;     ///< logit soft cap (0: none)
 };
 
-float load_elem(const void* base, std::int64_t i, std::int32_t dtype) noexcept {
-  if (dtype == KVPAGER_DTYPE_FP32) return static_cast<const float*>(base)[i];
-  const std::uint16_t x = static_cast<const std::uint16_t*>(base)[i];
-  return dtype == KVPAGER_DTYPE_FP16 ? kvpager::detail::half_to_float(x) : kvpager::detail::bf16_to_float(x);
-}
-void store_elem(void* base, std::int64_t i, float v, std::int32_t dtype) noexcept {
-  if (dtype == KVPAGER_DTYPE_FP32) {
-    static_cast<float*>(base)[i] = v;
-  } else {
-    static_cast<std::uint16_t*>(base)[i] =
-        dtype == KVPAGER_DTYPE_FP16 ? kvpager::detail::float_to_half(v) : kvpager::detail::float_to_bf16(v);
-  }
-}
+using kvpager::kernels::detail::load_one;
+using kvpager::kernels::detail::store_one;
 
 namespace portable_fp8 {
 struct isa {
@@ -80,8 +70,8 @@ struct isa {
   static vec cvt8(const unsigned char* p) { return kvpager::detail::e4m3_to_float(*p); }
   static vec loadf(const float* p) { return *p; }
   static void storef(float* p, vec v) { *p = v; }
-  static vec loadq(const void* base, std::int64_t i, std::int32_t dtype) { return load_elem(base, i, dtype); }
-  static void storeq(void* base, std::int64_t i, vec v, std::int32_t dtype) { store_elem(base, i, v, dtype); }
+  static vec loadq(const void* base, std::int64_t i, std::int32_t dtype) { return load_one(base, i, dtype); }
+  static void storeq(void* base, std::int64_t i, vec v, std::int32_t dtype) { store_one(base, i, v, dtype); }
   static vec zero() { return 0.0F; }
   static vec set1(float x) { return x; }
   static vec add(vec a, vec b) { return a + b; }
@@ -141,7 +131,7 @@ struct isa {
     } else {
       alignas(32) float f[8];
       _mm256_store_ps(f, v);
-      for (int k = 0; k < 8; ++k) store_elem(base, i + k, f[k], dtype);
+      for (int k = 0; k < 8; ++k) store_one(base, i + k, f[k], dtype);
     }
   }
   static vec zero() { return _mm256_setzero_ps(); }
@@ -231,7 +221,7 @@ struct isa {
     } else {
       alignas(64) float f[16];
       _mm512_store_ps(f, v);
-      for (int k = 0; k < 16; ++k) store_elem(base, i + k, f[k], dtype);
+      for (int k = 0; k < 16; ++k) store_one(base, i + k, f[k], dtype);
     }
   }
   static vec zero() { return _mm512_setzero_ps(); }

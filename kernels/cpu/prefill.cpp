@@ -36,6 +36,7 @@
 #include "kernels/common/decode_math.hpp"
 #include "kernels/cpu/decode_fp8.hpp"
 #include "kernels/cpu/fp8_convert.hpp"
+#include "kernels/cpu/element_ops.hpp"
 #include "worker_pool.hpp"
 
 namespace {
@@ -45,18 +46,8 @@ using kvpager::detail::float_to_bf16;
 using kvpager::detail::float_to_half;
 using kvpager::detail::half_to_float;
 
-float load_one(const void* base, std::int64_t i, std::int32_t dtype) noexcept {
-  if (dtype == KVPAGER_DTYPE_FP32) return static_cast<const float*>(base)[i];
-  const std::uint16_t x = static_cast<const std::uint16_t*>(base)[i];
-  return dtype == KVPAGER_DTYPE_FP16 ? half_to_float(x) : bf16_to_float(x);
-}
-void store_one(void* base, std::int64_t i, float v, std::int32_t dtype) noexcept {
-  if (dtype == KVPAGER_DTYPE_FP32) {
-    static_cast<float*>(base)[i] = v;
-  } else {
-    static_cast<std::uint16_t*>(base)[i] = dtype == KVPAGER_DTYPE_FP16 ? float_to_half(v) : float_to_bf16(v);
-  }
-}
+using kvpager::kernels::detail::load_one;
+using kvpager::kernels::detail::store_one;
 
 std::int32_t block_at(const kvpager::page_table_view& pt, std::int32_t seq, std::int64_t b) noexcept {
   return pt.block_table != nullptr ? pt.block_table[std::int64_t{seq} * pt.row_stride + b]
