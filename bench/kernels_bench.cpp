@@ -3,13 +3,17 @@
 // (see bench/RESULTS.md): AVX-512 loads (AVX2 or scalar where the CPU lacks it, chosen at run time) into eight
 // independent accumulators, on all cores through a team of threads kept across iterations (woken like the kernels'
 // worker pool, so both pay the same wake-up cost). memcpy of the same bytes on all cores is reported beside it.
-// Every decode benchmark reports `x_read`: its bandwidth over the tuned read's of the same pool, measured just before.
-// Pools under 128 MiB are repeated as layers that successive calls walk (no call finds its KV in the cache).
+// Every decode benchmark reports `x_read`: its bandwidth over the tuned read's of the same pool, the two measured in
+// alternating rounds of the same run (BM_Decode). Pools under 128 MiB are repeated as layers that successive calls
+// walk (no call finds its KV in the cache). The pools are 2 MiB aligned and advised to transparent huge pages, as an
+// engine should allocate its KV pool (KVPAGER_BENCH_SMALL_PAGES=1 keeps them on 4 KiB pages, to compare).
 // Shapes: batch 8, 32 query heads over 8 KV heads (GQA 4) or 32 (MHA), head_dim 128, block 16, fp16 and bf16 KV.
 #include <kvpager/c/kernels.h>
 #include <kvpager/kvpager.hpp>
 
 #include <benchmark/benchmark.h>
+
+#include "pool_buffer.hpp"
 
 #if defined(__x86_64__)
 #pragma GCC diagnostic push
@@ -26,7 +30,7 @@
 #include <cstdint>
 #include <cstring>
 #include <functional>
-#include <map>
+#include <tuple>
 #include <mutex>
 #include <numeric>
 #include <random>
@@ -200,7 +204,8 @@ constexpr std::int64_t min_total_bytes = std::int64_t{128} << 20;
 struct setup {
   std::int32_t context, hkv, dtype, layers = 1;
   std::int32_t max_blocks, num_blocks;
-  std::vector<std::uint16_t> kv, q, out;
+  kvbench::pool_buffer<std::uint16_t> kv;
+  std::vector<std::uint16_t> q, out;
   std::vector<std::int32_t> table, lens;
   std::int32_t next = 0;  // the layer the next call reads
   /// hot: one layer however small (the compute-only benchmarks, whose pool stays in L2).
@@ -209,7 +214,8 @@ struct setup {
     num_blocks = batch * max_blocks;
     layers = hot ? 1 : static_cast<std::int32_t>(std::max<std::int64_t>(1, (min_total_bytes + pool_bytes() - 1) / pool_bytes()));
     const std::uint16_t one = dt == KVPAGER_DTYPE_FP16 ? 0x3C00 : 0x3F80;
-    kv.assign(static_cast<std::size_t>(pool_bytes() / 2) * static_cast<std::size_t>(layers), one);
+    kv.assign(static_cast<std::size_t>(pool_bytes() / 2) * static_cast<std::size_t>(layers), one,
+              std::getenv("KVPAGER_BENCH_SMALL_PAGES") == nullptr);
     // Varied K values, so the scores and exponentials are not all equal.
     std::mt19937 rng(7);
     for (std::size_t i = 0; i < kv.size(); i += 61) kv[i] = static_cast<std::uint16_t>(one - (rng() & 0xFF));
@@ -232,11 +238,19 @@ struct setup {
   }
 };
 
-/// One pool per shape, kept for the whole run (building a 512 MiB pool costs more than measuring it).
+/// The pool of the shape asked for: the last one built is kept (a benchmark's repetitions, and the tuned read of the
+/// same shape, reuse it: building a 512 MiB pool costs more than measuring it), any other is freed first, so the
+/// process holds one pool at a time (all of them at once came to 2.5 GiB, and the read of the pools built last then
+/// ran at 50-55 GB/s against 33-36 for the same pool alone).
 setup& pool(std::int32_t ctx, std::int32_t kv_heads, std::int32_t dt, bool hot = false) {
-  static std::map<std::tuple<std::int32_t, std::int32_t, std::int32_t, bool>, std::unique_ptr<setup>> pools;
-  auto& p = pools[{ctx, kv_heads, dt, hot}];
-  if (!p) p = std::make_unique<setup>(ctx, kv_heads, dt, hot);
+  static std::tuple<std::int32_t, std::int32_t, std::int32_t, bool> key{};
+  static std::unique_ptr<setup> p;
+  const std::tuple<std::int32_t, std::int32_t, std::int32_t, bool> want{ctx, kv_heads, dt, hot};
+  if (!p || key != want) {
+    p.reset();
+    p = std::make_unique<setup>(ctx, kv_heads, dt, hot);
+    key = want;
+  }
   return *p;
 }
 
@@ -250,61 +264,59 @@ double process_cpu_seconds() {
   return static_cast<double>(ts.tv_sec) + 1e-9 * static_cast<double>(ts.tv_nsec);
 }
 
-struct rates {
-  double wall = 0, cpu = 0;  ///< bytes per second of wall-clock time, and per second of (process CPU time / threads)
-};
-
-/// The tuned read walking the layers as the decode does (medians of 7 rounds over all layers, after 2), measured
-/// again by every decode benchmark just before it runs.
-rates read_rate(setup& s) {
-  const auto n = static_cast<std::size_t>(s.kv_bytes());
-  const double threads = the_team().size();
-  std::vector<double> wall, cpu;
-  for (int r = 0; r < 9; ++r) {
-    const auto t0 = std::chrono::steady_clock::now();
-    const double c0 = process_cpu_seconds();
-    for (std::int32_t l = 0; l < s.layers; ++l) benchmark::DoNotOptimize(tuned_read(s.next_layer(), n));
-    const double c1 = process_cpu_seconds();
-    const std::chrono::duration<double> dt = std::chrono::steady_clock::now() - t0;
-    if (r >= 2) {
-      wall.push_back(static_cast<double>(n) * s.layers / dt.count());
-      cpu.push_back(static_cast<double>(n) * s.layers / ((c1 - c0) / threads));
-    }
-  }
-  std::nth_element(wall.begin(), wall.begin() + 3, wall.end());
-  std::nth_element(cpu.begin(), cpu.begin() + 3, cpu.end());
-  return {wall[3], cpu[3]};
-}
-
 std::int32_t decode(setup& s, std::int32_t threads) {
   return kvpager_cpu_paged_attention_decode(s.out.data(), s.q.data(), s.next_layer(), s.table.data(), s.lens.data(),
                                             batch, hq, s.hkv, dim, bs, s.max_blocks, s.num_blocks, 0.088F, s.dtype,
                                             threads);
 }
 
-/// Args: context, KV heads, dtype, threads (0 = all cores).
+/// Args: context, KV heads, dtype, threads (0 = all cores). Each iteration is a round: the tuned read of R layers'
+/// KV bytes, then R decode calls over the next R layers back to back, as an engine's step calls the decode layer
+/// after layer (R: at least 4, and at least 256 MiB of KV), each side timed on its own. The ratio x_read compares the
+/// two over the same seconds of the run, so a change in what the rest of a shared machine takes from the memory
+/// system (the read alone measured 26 to 61 GB/s in runs minutes apart here) moves both sides alike. The reported
+/// time is the decode's alone per round (manual time); us_per_call is per call. busy_read and busy_decode: process
+/// CPU time over wall time per thread while each side ran (1: every thread busy throughout).
 void BM_Decode(benchmark::State& state) {
   setup& s = pool(static_cast<std::int32_t>(state.range(0)), static_cast<std::int32_t>(state.range(1)),
                   static_cast<std::int32_t>(state.range(2)));
   const auto threads = static_cast<std::int32_t>(state.range(3));
-  const rates read = read_rate(s);
-  if (decode(s, threads) != 0) state.SkipWithError("kernel failed");  // warm-up
-  const auto t0 = std::chrono::steady_clock::now();
-  const double c0 = process_cpu_seconds();
+  const auto n = static_cast<std::size_t>(s.kv_bytes());
+  const std::int64_t rounds = std::max<std::int64_t>(4, ((std::int64_t{256} << 20) + s.kv_bytes() - 1) / s.kv_bytes());
+  benchmark::DoNotOptimize(tuned_read(s.next_layer(), n));  // warm-up: the team's threads, the pages
+  if (decode(s, threads) != 0) state.SkipWithError("kernel failed");
+  using clock = std::chrono::steady_clock;
+  double read_wall = 0, read_cpu = 0, dec_wall = 0, dec_cpu = 0;
   for (auto _ : state) {
-    if (decode(s, threads) != 0) state.SkipWithError("kernel failed");
+    const auto r0 = clock::now();
+    const double rc0 = process_cpu_seconds();
+    for (std::int64_t r = 0; r < rounds; ++r) benchmark::DoNotOptimize(tuned_read(s.next_layer(), n));
+    const double rc1 = process_cpu_seconds();
+    const auto d0 = clock::now();
+    for (std::int64_t r = 0; r < rounds; ++r)
+      if (decode(s, threads) != 0) state.SkipWithError("kernel failed");
     benchmark::DoNotOptimize(s.out.data());
+    const double dc1 = process_cpu_seconds();
+    const auto d1 = clock::now();
+    const double dt = std::chrono::duration<double>(d1 - d0).count();
+    read_wall += std::chrono::duration<double>(d0 - r0).count();
+    read_cpu += rc1 - rc0;
+    dec_wall += dt;
+    dec_cpu += dc1 - rc1;
+    state.SetIterationTime(dt);
   }
-  const double c1 = process_cpu_seconds();
-  const std::chrono::duration<double> dt = std::chrono::steady_clock::now() - t0;
-  const double bytes = static_cast<double>(state.iterations()) * static_cast<double>(s.kv_bytes());
   // The decode's threads: the calls' own choice (one for calls under 8192 (token, query head) pairs, see decode.cpp).
   const bool one_thread = threads == 1 || (threads == 0 && std::int64_t{batch} * s.context * hq < 8192);
   const double used = one_thread ? 1.0 : static_cast<double>(the_team().size());
-  state.SetBytesProcessed(state.iterations() * s.kv_bytes());
-  state.counters["read_GBps"] = read.wall / 1e9;
-  state.counters["x_read"] = bytes / dt.count() / read.wall;
-  state.counters["x_read_cpu"] = bytes / ((c1 - c0) / used) / read.cpu;
+  const double bytes = static_cast<double>(state.iterations()) * static_cast<double>(rounds) * static_cast<double>(n);
+  state.SetBytesProcessed(state.iterations() * rounds * s.kv_bytes());
+  state.counters["calls_per_round"] = static_cast<double>(rounds);
+  state.counters["us_per_call"] = dec_wall / (static_cast<double>(state.iterations()) * static_cast<double>(rounds)) * 1e6;
+  state.counters["read_GBps"] = bytes / read_wall / 1e9;
+  state.counters["x_read"] = read_wall / dec_wall;
+  state.counters["x_read_cpu"] = (read_cpu / the_team().size()) / (dec_cpu / used);
+  state.counters["busy_read"] = read_cpu / the_team().size() / read_wall;
+  state.counters["busy_decode"] = dec_cpu / used / dec_wall;
 }
 constexpr std::int64_t fp16 = KVPAGER_DTYPE_FP16, bf16 = KVPAGER_DTYPE_BF16;
 BENCHMARK(BM_Decode)->Name("decode_b8_d128/ctx/kv_heads/dtype/threads")
@@ -312,13 +324,13 @@ BENCHMARK(BM_Decode)->Name("decode_b8_d128/ctx/kv_heads/dtype/threads")
     ->Args({4096, 8, bf16, 0})->Args({16384, 8, bf16, 0})
     ->Args({1024, 32, fp16, 0})->Args({4096, 32, fp16, 0})->Args({4096, 32, bf16, 0})
     ->Args({4096, 8, fp16, 1})->Args({4096, 32, fp16, 1})
-    ->UseRealTime();
+    ->UseManualTime();
 /// Short calls (batch 8 x 128 tokens, and x 16 where the fixed cost shows): all cores, and one thread.
 BENCHMARK(BM_Decode)->Name("decode_b8_d128_short/ctx/kv_heads/dtype/threads")
     ->Args({128, 8, fp16, 0})->Args({128, 8, bf16, 0})->Args({128, 32, fp16, 0})
     ->Args({16, 8, fp16, 0})->Args({16, 8, fp16, 1})->Args({128, 8, fp16, 1})->Args({128, 8, bf16, 1})
     ->Args({128, 32, fp16, 1})->Args({128, 32, bf16, 1})
-    ->UseRealTime();
+    ->UseManualTime();
 
 /// Compute alone: one thread over a pool that stays in L3 (batch 8 x 64 tokens, 2 MiB at GQA 4), CPU time per call;
 /// what the kernel costs when memory is not the limit. Args: KV heads, dtype.
