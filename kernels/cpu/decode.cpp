@@ -168,7 +168,7 @@ struct isa {
     }
   }
   /// The 8 dot products of a[t][g] (t < 2, g < 4) with one shuffle tree; writes out[g * ld + t] for t < valid, g < gt.
-  static void reduce_store(const vec (&a)[2][4], int valid, int gt, float* out, std::int64_t ld) {
+  [[gnu::always_inline]] static inline void reduce_store(const vec (&a)[2][4], int valid, int gt, float* out, std::int64_t ld) {
     vec p[4];  // p[j]: 128-bit lane 0 holds the 4 partial sums of v[2j], lane 1 those of v[2j+1]; v[2g+t] = a[t][g]
     for (int j = 0; j < 4; ++j)
       p[j] = _mm256_add_ps(_mm256_permute2f128_ps(a[0][j], a[1][j], 0x20), _mm256_permute2f128_ps(a[0][j], a[1][j], 0x31));
@@ -254,7 +254,7 @@ struct isa {
     }
   }
   /// The 16 dot products of a[t][g] (t, g < 4) with one shuffle tree; writes out[g * ld + t] for t < valid, g < gt.
-  static void reduce_store(const vec (&a)[4][4], int valid, int gt, float* out, std::int64_t ld) {
+  [[gnu::always_inline]] static inline void reduce_store(const vec (&a)[4][4], int valid, int gt, float* out, std::int64_t ld) {
     // v[4t + g] = a[t][g]. p[j]: 128-bit lanes 0-1 hold 8 partial sums of v[2j], lanes 2-3 those of v[2j+1].
     vec p[8];
     for (int j = 0; j < 8; ++j) {

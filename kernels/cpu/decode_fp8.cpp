@@ -83,7 +83,7 @@ struct isa {
   static float hmax(vec v) { return v; }
   static vec exp(vec x) { return std::exp(x); }
   static void prefetch(const unsigned char* p) { __builtin_prefetch(p); }
-  static void reduce_store(const vec (&a)[score_tokens][4], int valid, int gt, float* out, std::int64_t ld) {
+  [[gnu::always_inline]] static inline void reduce_store(const vec (&a)[score_tokens][4], int valid, int gt, float* out, std::int64_t ld) {
     for (int t = 0; t < valid; ++t)
       for (int g = 0; g < gt; ++g) out[g * ld + t] = a[t][g];
   }
@@ -168,7 +168,7 @@ struct isa {
   static void prefetch(const unsigned char* p) { _mm_prefetch(reinterpret_cast<const char*>(p), _MM_HINT_T0); }
   /// The 8 dot products of a[t][g] (t < 2, g < 4) with one shuffle tree (decode.cpp's AVX2 reduction); writes
   /// out[g * ld + t] for t < valid, g < gt.
-  static void reduce_store(const vec (&a)[2][4], int valid, int gt, float* out, std::int64_t ld) {
+  [[gnu::always_inline]] static inline void reduce_store(const vec (&a)[2][4], int valid, int gt, float* out, std::int64_t ld) {
     vec p[4];
     for (int j = 0; j < 4; ++j)
       p[j] = _mm256_add_ps(_mm256_permute2f128_ps(a[0][j], a[1][j], 0x20), _mm256_permute2f128_ps(a[0][j], a[1][j], 0x31));
@@ -251,7 +251,7 @@ struct isa {
   static void prefetch(const unsigned char* p) { _mm_prefetch(reinterpret_cast<const char*>(p), _MM_HINT_T0); }
   /// The 16 dot products of a[t][g] (t, g < 4) with one shuffle tree (decode.cpp's AVX-512 reduction); writes
   /// out[g * ld + t] for t < valid, g < gt.
-  static void reduce_store(const vec (&a)[4][4], int valid, int gt, float* out, std::int64_t ld) {
+  [[gnu::always_inline]] static inline void reduce_store(const vec (&a)[4][4], int valid, int gt, float* out, std::int64_t ld) {
     vec p[8];  // v[4t + g] = a[t][g]; p[j]: lanes 0-1 hold 8 partial sums of v[2j], lanes 2-3 those of v[2j+1]
     for (int j = 0; j < 8; ++j) {
       const vec x = a[(2 * j) / 4][(2 * j) % 4], y = a[(2 * j + 1) / 4][(2 * j + 1) % 4];
