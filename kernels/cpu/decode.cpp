@@ -35,6 +35,7 @@
 #include "kernels/common/decode_math.hpp"
 #include "kernels/cpu/decode_fp8.hpp"
 #include "kernels/cpu/element_ops.hpp"
+#include "kernels/cpu/vec_ops.hpp"
 #include "worker_pool.hpp"
 
 namespace {
@@ -101,89 +102,9 @@ std::int32_t length_of(const kvpager::page_table_view& pt, std::int32_t seq, std
 #pragma GCC target("avx2,fma,f16c")
 namespace {
 namespace avx2_path {
-struct isa {
-  using vec = __m256;
-  static constexpr int W = 8;
-  static constexpr int score_tokens = 2;  // 2 tokens x 4 heads = 8 accumulators of 16 registers
-  static constexpr int acc_vectors = 2;   // 4 heads x 2 vectors in registers while accumulating V
-  template <int DT>
-  static vec load(const unsigned char* row, std::int64_t i) {
-    if constexpr (DT == KVPAGER_DTYPE_FP32) {
-      return _mm256_loadu_ps(reinterpret_cast<const float*>(row) + i);
-    } else {
-      const __m128i h = _mm_loadu_si128(reinterpret_cast<const __m128i*>(reinterpret_cast<const std::uint16_t*>(row) + i));
-      if constexpr (DT == KVPAGER_DTYPE_FP16) return _mm256_cvtph_ps(h);
-      return _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(h), 16));
-    }
-  }
-  static vec loadf(const float* p) { return _mm256_loadu_ps(p); }
-  static void storef(float* p, vec v) { _mm256_storeu_ps(p, v); }
-  static vec zero() { return _mm256_setzero_ps(); }
-  static vec set1(float x) { return _mm256_set1_ps(x); }
-  static vec add(vec a, vec b) { return _mm256_add_ps(a, b); }
-  static vec sub(vec a, vec b) { return _mm256_sub_ps(a, b); }
-  static vec mul(vec a, vec b) { return _mm256_mul_ps(a, b); }
-  static vec div(vec a, vec b) { return _mm256_div_ps(a, b); }
-  static vec max(vec a, vec b) { return _mm256_max_ps(a, b); }
-  static vec fma(vec a, vec b, vec c) { return _mm256_fmadd_ps(a, b, c); }
-  static float hsum(vec v) {
-    __m128 r = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
-    r = _mm_add_ps(r, _mm_movehl_ps(r, r));
-    return _mm_cvtss_f32(_mm_add_ss(r, _mm_movehdup_ps(r)));
-  }
-  static float hmax(vec v) {
-    __m128 r = _mm_max_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
-    r = _mm_max_ps(r, _mm_movehl_ps(r, r));
-    return _mm_cvtss_f32(_mm_max_ss(r, _mm_movehdup_ps(r)));
-  }
-  static vec min(vec a, vec b) { return _mm256_min_ps(a, b); }
-  static vec fnma(vec a, vec b, vec c) { return _mm256_fnmadd_ps(a, b, c); }  // c - a * b
-  static vec floor(vec v) { return _mm256_floor_ps(v); }
-  /// 2^n for integral-valued n in the normal exponent range.
-  static vec pow2i(vec n) {
-    return _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_add_epi32(_mm256_cvtps_epi32(n), _mm256_set1_epi32(127)), 23));
-  }
-  /// y where x >= limit, 0 elsewhere (and where x is NaN).
-  static vec zero_below(vec x, float limit, vec y) {
-    return _mm256_and_ps(_mm256_cmp_ps(x, _mm256_set1_ps(limit), _CMP_GE_OQ), y);
-  }
-  /// Stores 8 floats as dtype (fp16: F16C, round to nearest even; bf16: round to nearest even, NaN kept quiet).
-  template <int DT>
-  static void store(unsigned char* dst, std::int64_t i, vec v) {
-    if constexpr (DT == KVPAGER_DTYPE_FP32) {
-      _mm256_storeu_ps(reinterpret_cast<float*>(dst) + i, v);
-    } else {
-      __m128i h;
-      if constexpr (DT == KVPAGER_DTYPE_FP16) {
-        h = _mm256_cvtps_ph(v, _MM_FROUND_TO_NEAREST_INT);
-      } else {
-        const __m256i x = _mm256_castps_si256(v);
-        const __m256i lsb = _mm256_and_si256(_mm256_srli_epi32(x, 16), _mm256_set1_epi32(1));
-        __m256i r = _mm256_srli_epi32(_mm256_add_epi32(x, _mm256_add_epi32(_mm256_set1_epi32(0x7FFF), lsb)), 16);
-        const __m256i nan = _mm256_or_si256(_mm256_srli_epi32(x, 16), _mm256_set1_epi32(0x40));
-        r = _mm256_blendv_epi8(r, nan, _mm256_castps_si256(_mm256_cmp_ps(v, v, _CMP_UNORD_Q)));
-        h = _mm256_castsi256_si128(_mm256_permute4x64_epi64(_mm256_packus_epi32(r, r), 0xD8));
-      }
-      _mm_storeu_si128(reinterpret_cast<__m128i*>(reinterpret_cast<std::uint16_t*>(dst) + i), h);
-    }
-  }
-  /// The 8 dot products of a[t][g] (t < 2, g < 4) with one shuffle tree; writes out[g * ld + t] for t < valid, g < gt.
-  [[gnu::always_inline]] static inline void reduce_store(const vec (&a)[2][4], int valid, int gt, float* out, std::int64_t ld) {
-    vec p[4];  // p[j]: 128-bit lane 0 holds the 4 partial sums of v[2j], lane 1 those of v[2j+1]; v[2g+t] = a[t][g]
-    for (int j = 0; j < 4; ++j)
-      p[j] = _mm256_add_ps(_mm256_permute2f128_ps(a[0][j], a[1][j], 0x20), _mm256_permute2f128_ps(a[0][j], a[1][j], 0x31));
-    vec b[2];
-    for (int j = 0; j < 2; ++j) {
-      const __m256d x = _mm256_castps_pd(p[2 * j]), y = _mm256_castps_pd(p[2 * j + 1]);
-      b[j] = _mm256_add_ps(_mm256_castpd_ps(_mm256_unpacklo_pd(x, y)), _mm256_castpd_ps(_mm256_unpackhi_pd(x, y)));
-    }
-    const vec r = _mm256_add_ps(_mm256_shuffle_ps(b[0], b[1], _MM_SHUFFLE(2, 0, 2, 0)),
-                                _mm256_shuffle_ps(b[0], b[1], _MM_SHUFFLE(3, 1, 3, 1)));
-    alignas(32) float sums[8];  // sums[4 t + g] = dot(t, g)
-    _mm256_store_ps(sums, r);
-    for (int t = 0; t < valid; ++t)
-      for (int g = 0; g < gt; ++g) out[g * ld + t] = sums[4 * t + g];
-  }
+struct isa : kvpager::kernels::detail::avx2_vec {
+  static constexpr int score_tokens = reduce_tokens;  // 2 tokens x 4 heads = 8 accumulators of 16 registers
+  static constexpr int acc_vectors = 2;              // 4 heads x 2 vectors in registers while accumulating V
 };
 #include "decode_tiled.inc"
 }  // namespace avx2_path
@@ -194,90 +115,9 @@ struct isa {
 #pragma GCC target("avx512f,avx512bw,avx512dq,avx512vl,avx2,fma,f16c")
 namespace {
 namespace avx512_path {
-struct isa {
-  using vec = __m512;
-  static constexpr int W = 16;
-  static constexpr int score_tokens = 4;  // 4 tokens x 4 heads = 16 accumulators of 32 registers
-  static constexpr int acc_vectors = 4;   // 4 heads x 4 vectors in registers while accumulating V
-  template <int DT>
-  static vec load(const unsigned char* row, std::int64_t i) {
-    if constexpr (DT == KVPAGER_DTYPE_FP32) {
-      return _mm512_loadu_ps(reinterpret_cast<const float*>(row) + i);
-    } else {
-      const __m256i h =
-          _mm256_loadu_si256(reinterpret_cast<const __m256i*>(reinterpret_cast<const std::uint16_t*>(row) + i));
-      if constexpr (DT == KVPAGER_DTYPE_FP16) return _mm512_cvtph_ps(h);
-      return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(h), 16));
-    }
-  }
-  static vec loadf(const float* p) { return _mm512_loadu_ps(p); }
-  static void storef(float* p, vec v) { _mm512_storeu_ps(p, v); }
-  static vec zero() { return _mm512_setzero_ps(); }
-  static vec set1(float x) { return _mm512_set1_ps(x); }
-  static vec add(vec a, vec b) { return _mm512_add_ps(a, b); }
-  static vec sub(vec a, vec b) { return _mm512_sub_ps(a, b); }
-  static vec mul(vec a, vec b) { return _mm512_mul_ps(a, b); }
-  static vec div(vec a, vec b) { return _mm512_div_ps(a, b); }
-  static vec max(vec a, vec b) { return _mm512_max_ps(a, b); }
-  static vec fma(vec a, vec b, vec c) { return _mm512_fmadd_ps(a, b, c); }
-  static float hsum(vec v) { return _mm512_reduce_add_ps(v); }
-  static float hmax(vec v) { return _mm512_reduce_max_ps(v); }
-  static vec min(vec a, vec b) { return _mm512_min_ps(a, b); }
-  static vec fnma(vec a, vec b, vec c) { return _mm512_fnmadd_ps(a, b, c); }  // c - a * b
-  static vec floor(vec v) { return _mm512_roundscale_ps(v, _MM_FROUND_TO_NEG_INF | _MM_FROUND_NO_EXC); }
-  /// 2^n for integral-valued n in the normal exponent range.
-  static vec pow2i(vec n) {
-    return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_add_epi32(_mm512_cvtps_epi32(n), _mm512_set1_epi32(127)), 23));
-  }
-  /// y where x >= limit, 0 elsewhere (and where x is NaN).
-  static vec zero_below(vec x, float limit, vec y) {
-    return _mm512_maskz_mov_ps(_mm512_cmp_ps_mask(x, _mm512_set1_ps(limit), _CMP_GE_OQ), y);
-  }
-  /// Stores 16 floats as dtype (same rounding as the AVX2 path).
-  template <int DT>
-  static void store(unsigned char* dst, std::int64_t i, vec v) {
-    if constexpr (DT == KVPAGER_DTYPE_FP32) {
-      _mm512_storeu_ps(reinterpret_cast<float*>(dst) + i, v);
-    } else {
-      __m256i h;
-      if constexpr (DT == KVPAGER_DTYPE_FP16) {
-        h = _mm512_cvtps_ph(v, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
-      } else {
-        const __m512i x = _mm512_castps_si512(v);
-        const __m512i lsb = _mm512_and_si512(_mm512_srli_epi32(x, 16), _mm512_set1_epi32(1));
-        __m512i r = _mm512_srli_epi32(_mm512_add_epi32(x, _mm512_add_epi32(_mm512_set1_epi32(0x7FFF), lsb)), 16);
-        const __m512i nan = _mm512_or_si512(_mm512_srli_epi32(x, 16), _mm512_set1_epi32(0x40));
-        r = _mm512_mask_mov_epi32(r, _mm512_cmp_ps_mask(v, v, _CMP_UNORD_Q), nan);
-        h = _mm512_cvtepi32_epi16(r);
-      }
-      _mm256_storeu_si256(reinterpret_cast<__m256i*>(reinterpret_cast<std::uint16_t*>(dst) + i), h);
-    }
-  }
-  /// The 16 dot products of a[t][g] (t, g < 4) with one shuffle tree; writes out[g * ld + t] for t < valid, g < gt.
-  [[gnu::always_inline]] static inline void reduce_store(const vec (&a)[4][4], int valid, int gt, float* out, std::int64_t ld) {
-    // v[4t + g] = a[t][g]. p[j]: 128-bit lanes 0-1 hold 8 partial sums of v[2j], lanes 2-3 those of v[2j+1].
-    vec p[8];
-    for (int j = 0; j < 8; ++j) {
-      const vec x = a[(2 * j) / 4][(2 * j) % 4], y = a[(2 * j + 1) / 4][(2 * j + 1) % 4];
-      p[j] = _mm512_add_ps(_mm512_shuffle_f32x4(x, y, 0x44), _mm512_shuffle_f32x4(x, y, 0xEE));
-    }
-    vec b[4];  // b[i]: lane j holds 4 partial sums of v[4i + j]
-    for (int i = 0; i < 4; ++i)
-      b[i] = _mm512_add_ps(_mm512_shuffle_f32x4(p[2 * i], p[2 * i + 1], 0x88),
-                           _mm512_shuffle_f32x4(p[2 * i], p[2 * i + 1], 0xDD));
-    vec c[2];  // c[i]: lane j holds 2 partials of v[8i + j], then 2 of v[8i + 4 + j]
-    for (int i = 0; i < 2; ++i) {
-      const __m512d x = _mm512_castps_pd(b[2 * i]), y = _mm512_castps_pd(b[2 * i + 1]);
-      c[i] = _mm512_add_ps(_mm512_castpd_ps(_mm512_unpacklo_pd(x, y)), _mm512_castpd_ps(_mm512_unpackhi_pd(x, y)));
-    }
-    // r: lane j = [v[j], v[4 + j], v[8 + j], v[12 + j]], so r[4g + t] = dot(t, g).
-    const vec r = _mm512_add_ps(_mm512_shuffle_ps(c[0], c[1], _MM_SHUFFLE(2, 0, 2, 0)),
-                                _mm512_shuffle_ps(c[0], c[1], _MM_SHUFFLE(3, 1, 3, 1)));
-    alignas(64) float sums[16];
-    _mm512_store_ps(sums, r);
-    for (int g = 0; g < gt; ++g)
-      for (int t = 0; t < valid; ++t) out[g * ld + t] = sums[4 * g + t];
-  }
+struct isa : kvpager::kernels::detail::avx512_vec {
+  static constexpr int score_tokens = reduce_tokens;  // 4 tokens x 4 heads = 16 accumulators of 32 registers
+  static constexpr int acc_vectors = 4;              // 4 heads x 4 vectors in registers while accumulating V
 };
 #include "decode_tiled.inc"
 }  // namespace avx512_path

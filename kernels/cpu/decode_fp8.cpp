@@ -35,6 +35,7 @@
 #include "kernels/cpu/decode_fp8.hpp"
 #include "kernels/cpu/fp8_convert.hpp"
 #include "kernels/cpu/element_ops.hpp"
+#include "kernels/cpu/vec_ops.hpp"
 #include "kernels/cpu/page_tables.hpp"
 #include "worker_pool.hpp"
 
@@ -61,32 +62,9 @@ using kvpager::kernels::detail::load_one;
 using kvpager::kernels::detail::store_one;
 
 namespace portable_fp8 {
-struct isa {
-  using vec = float;
-  static constexpr int W = 1;
-  static constexpr int score_tokens = 2;
+struct isa : kvpager::kernels::detail::scalar_vec {
+  static constexpr int score_tokens = reduce_tokens;
   static constexpr int acc_vectors = 4;
-  static constexpr float unit = 1.0F;  ///< cvt8 returns the e4m3 value / unit
-  static vec cvt8(const unsigned char* p) { return kvpager::detail::e4m3_to_float(*p); }
-  static vec loadf(const float* p) { return *p; }
-  static void storef(float* p, vec v) { *p = v; }
-  static vec loadq(const void* base, std::int64_t i, std::int32_t dtype) { return load_one(base, i, dtype); }
-  static void storeq(void* base, std::int64_t i, vec v, std::int32_t dtype) { store_one(base, i, v, dtype); }
-  static vec zero() { return 0.0F; }
-  static vec set1(float x) { return x; }
-  static vec add(vec a, vec b) { return a + b; }
-  static vec sub(vec a, vec b) { return a - b; }
-  static vec mul(vec a, vec b) { return a * b; }
-  static vec max(vec a, vec b) { return std::max(a, b); }
-  static vec fma(vec a, vec b, vec c) { return a * b + c; }
-  static float hsum(vec v) { return v; }
-  static float hmax(vec v) { return v; }
-  static vec exp(vec x) { return std::exp(x); }
-  static void prefetch(const unsigned char* p) { __builtin_prefetch(p); }
-  [[gnu::always_inline]] static inline void reduce_store(const vec (&a)[score_tokens][4], int valid, int gt, float* out, std::int64_t ld) {
-    for (int t = 0; t < valid; ++t)
-      for (int g = 0; g < gt; ++g) out[g * ld + t] = a[t][g];
-  }
 };
 #include "decode_fp8.inc"
 }  // namespace portable_fp8
@@ -104,86 +82,9 @@ struct isa {
 #pragma GCC target("avx2,fma,f16c")
 namespace {
 namespace avx2_fp8 {
-struct isa {
-  using vec = __m256;
-  static constexpr int W = 8;
-  static constexpr int score_tokens = 2;  // 2 tokens x 4 heads = 8 accumulators of 16 registers
+struct isa : kvpager::kernels::detail::avx2_vec {
+  static constexpr int score_tokens = reduce_tokens;  // 2 tokens x 4 heads = 8 accumulators of 16 registers
   static constexpr int acc_vectors = 2;
-  /// cvt8 returns the e4m3 value / 256 (fp8_convert.hpp); the caller folds the 256 into the query scale and the output.
-  static constexpr float unit = kvpager::kernels::detail::kE4m3VectorUnit;
-  static vec cvt8(const unsigned char* p) { return kvpager::kernels::detail::e4m3x8_div256(p); }
-  static vec loadf(const float* p) { return _mm256_loadu_ps(p); }
-  static void storef(float* p, vec v) { _mm256_storeu_ps(p, v); }
-  /// 8 query elements of dtype as floats.
-  static vec loadq(const void* base, std::int64_t i, std::int32_t dtype) {
-    if (dtype == KVPAGER_DTYPE_FP32) return _mm256_loadu_ps(static_cast<const float*>(base) + i);
-    const __m128i h = _mm_loadu_si128(reinterpret_cast<const __m128i*>(static_cast<const std::uint16_t*>(base) + i));
-    if (dtype == KVPAGER_DTYPE_FP16) return _mm256_cvtph_ps(h);
-    return _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(h), 16));
-  }
-  /// 8 output elements as dtype (fp16 and bf16 rounded to nearest even by the portable conversions).
-  static void storeq(void* base, std::int64_t i, vec v, std::int32_t dtype) {
-    if (dtype == KVPAGER_DTYPE_FP32) {
-      _mm256_storeu_ps(static_cast<float*>(base) + i, v);
-    } else if (dtype == KVPAGER_DTYPE_FP16) {
-      _mm_storeu_si128(reinterpret_cast<__m128i*>(static_cast<std::uint16_t*>(base) + i),
-                       _mm256_cvtps_ph(v, _MM_FROUND_TO_NEAREST_INT));
-    } else {
-      alignas(32) float f[8];
-      _mm256_store_ps(f, v);
-      for (int k = 0; k < 8; ++k) store_one(base, i + k, f[k], dtype);
-    }
-  }
-  static vec zero() { return _mm256_setzero_ps(); }
-  static vec set1(float x) { return _mm256_set1_ps(x); }
-  static vec add(vec a, vec b) { return _mm256_add_ps(a, b); }
-  static vec sub(vec a, vec b) { return _mm256_sub_ps(a, b); }
-  static vec mul(vec a, vec b) { return _mm256_mul_ps(a, b); }
-  static vec max(vec a, vec b) { return _mm256_max_ps(a, b); }
-  static vec fma(vec a, vec b, vec c) { return _mm256_fmadd_ps(a, b, c); }
-  static float hsum(vec v) {
-    __m128 r = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
-    r = _mm_add_ps(r, _mm_movehl_ps(r, r));
-    return _mm_cvtss_f32(_mm_add_ss(r, _mm_movehdup_ps(r)));
-  }
-  static float hmax(vec v) {
-    __m128 r = _mm_max_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
-    r = _mm_max_ps(r, _mm_movehl_ps(r, r));
-    return _mm_cvtss_f32(_mm_max_ss(r, _mm_movehdup_ps(r)));
-  }
-  /// exp within 2 ulp over [-87, 88] (Cephes-style reduction and polynomial); below -87.3 (and -inf) exactly 0.
-  static vec exp(vec x0) {
-    const vec x1 = _mm256_min_ps(_mm256_max_ps(x0, set1(-87.33654F)), set1(88.37626F));
-    const vec fx = _mm256_floor_ps(fma(x1, set1(1.44269504088896341F), set1(0.5F)));
-    vec x = _mm256_fnmadd_ps(fx, set1(0.693359375F), x1);
-    x = _mm256_fnmadd_ps(fx, set1(-2.12194440e-4F), x);
-    vec y = set1(1.9875691500E-4F);
-    for (const float c : {1.3981999507E-3F, 8.3334519073E-3F, 4.1665795894E-2F, 1.6666665459E-1F, 5.0000001201E-1F})
-      y = fma(y, x, set1(c));
-    y = fma(y, mul(x, x), add(x, set1(1.0F)));
-    const vec p2 = _mm256_castsi256_ps(
-        _mm256_slli_epi32(_mm256_add_epi32(_mm256_cvtps_epi32(fx), _mm256_set1_epi32(127)), 23));
-    return _mm256_and_ps(_mm256_cmp_ps(x0, set1(-87.33654F), _CMP_GE_OQ), mul(y, p2));
-  }
-  static void prefetch(const unsigned char* p) { _mm_prefetch(reinterpret_cast<const char*>(p), _MM_HINT_T0); }
-  /// The 8 dot products of a[t][g] (t < 2, g < 4) with one shuffle tree (decode.cpp's AVX2 reduction); writes
-  /// out[g * ld + t] for t < valid, g < gt.
-  [[gnu::always_inline]] static inline void reduce_store(const vec (&a)[2][4], int valid, int gt, float* out, std::int64_t ld) {
-    vec p[4];
-    for (int j = 0; j < 4; ++j)
-      p[j] = _mm256_add_ps(_mm256_permute2f128_ps(a[0][j], a[1][j], 0x20), _mm256_permute2f128_ps(a[0][j], a[1][j], 0x31));
-    vec b[2];
-    for (int j = 0; j < 2; ++j) {
-      const __m256d x = _mm256_castps_pd(p[2 * j]), y = _mm256_castps_pd(p[2 * j + 1]);
-      b[j] = _mm256_add_ps(_mm256_castpd_ps(_mm256_unpacklo_pd(x, y)), _mm256_castpd_ps(_mm256_unpackhi_pd(x, y)));
-    }
-    const vec r = _mm256_add_ps(_mm256_shuffle_ps(b[0], b[1], _MM_SHUFFLE(2, 0, 2, 0)),
-                                _mm256_shuffle_ps(b[0], b[1], _MM_SHUFFLE(3, 1, 3, 1)));
-    alignas(32) float sums[8];  // sums[4 t + g] = dot(t, g)
-    _mm256_store_ps(sums, r);
-    for (int t = 0; t < valid; ++t)
-      for (int g = 0; g < gt; ++g) out[g * ld + t] = sums[4 * t + g];
-  }
 };
 #include "decode_fp8.inc"
 }  // namespace avx2_fp8
@@ -194,85 +95,9 @@ struct isa {
 #pragma GCC target("avx512f,avx512bw,avx512dq,avx512vl,avx2,fma,f16c")
 namespace {
 namespace avx512_fp8 {
-struct isa {
-  using vec = __m512;
-  static constexpr int W = 16;
-  static constexpr int score_tokens = 4;  // 4 tokens x 4 heads = 16 accumulators of 32 registers
+struct isa : kvpager::kernels::detail::avx512_vec {
+  static constexpr int score_tokens = reduce_tokens;  // 4 tokens x 4 heads = 16 accumulators of 32 registers
   static constexpr int acc_vectors = 4;
-  /// 16 e4m3 bytes as floats / 256 (fp8_convert.hpp), as the AVX2 path.
-  static constexpr float unit = kvpager::kernels::detail::kE4m3VectorUnit;
-  static vec cvt8(const unsigned char* p) { return kvpager::kernels::detail::e4m3x16_div256(p); }
-  static vec loadf(const float* p) { return _mm512_loadu_ps(p); }
-  static void storef(float* p, vec v) { _mm512_storeu_ps(p, v); }
-  /// 16 query elements of dtype as floats.
-  static vec loadq(const void* base, std::int64_t i, std::int32_t dtype) {
-    if (dtype == KVPAGER_DTYPE_FP32) return _mm512_loadu_ps(static_cast<const float*>(base) + i);
-    const __m256i h = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(static_cast<const std::uint16_t*>(base) + i));
-    if (dtype == KVPAGER_DTYPE_FP16) return _mm512_cvtph_ps(h);
-    return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(h), 16));
-  }
-  /// 16 output elements as dtype (fp16 rounded to nearest even by F16C, bf16 by the portable conversion).
-  static void storeq(void* base, std::int64_t i, vec v, std::int32_t dtype) {
-    if (dtype == KVPAGER_DTYPE_FP32) {
-      _mm512_storeu_ps(static_cast<float*>(base) + i, v);
-    } else if (dtype == KVPAGER_DTYPE_FP16) {
-      _mm256_storeu_si256(reinterpret_cast<__m256i*>(static_cast<std::uint16_t*>(base) + i),
-                          _mm512_cvtps_ph(v, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC));
-    } else {
-      alignas(64) float f[16];
-      _mm512_store_ps(f, v);
-      for (int k = 0; k < 16; ++k) store_one(base, i + k, f[k], dtype);
-    }
-  }
-  static vec zero() { return _mm512_setzero_ps(); }
-  static vec set1(float x) { return _mm512_set1_ps(x); }
-  static vec add(vec a, vec b) { return _mm512_add_ps(a, b); }
-  static vec sub(vec a, vec b) { return _mm512_sub_ps(a, b); }
-  static vec mul(vec a, vec b) { return _mm512_mul_ps(a, b); }
-  static vec max(vec a, vec b) { return _mm512_max_ps(a, b); }
-  static vec fma(vec a, vec b, vec c) { return _mm512_fmadd_ps(a, b, c); }
-  static float hsum(vec v) { return _mm512_reduce_add_ps(v); }
-  static float hmax(vec v) { return _mm512_reduce_max_ps(v); }
-  /// exp as the AVX2 path's.
-  static vec exp(vec x0) {
-    const vec x1 = _mm512_min_ps(_mm512_max_ps(x0, set1(-87.33654F)), set1(88.37626F));
-    const vec fx = _mm512_roundscale_ps(fma(x1, set1(1.44269504088896341F), set1(0.5F)),
-                                        _MM_FROUND_TO_NEG_INF | _MM_FROUND_NO_EXC);
-    vec x = _mm512_fnmadd_ps(fx, set1(0.693359375F), x1);
-    x = _mm512_fnmadd_ps(fx, set1(-2.12194440e-4F), x);
-    vec y = set1(1.9875691500E-4F);
-    for (const float c : {1.3981999507E-3F, 8.3334519073E-3F, 4.1665795894E-2F, 1.6666665459E-1F, 5.0000001201E-1F})
-      y = fma(y, x, set1(c));
-    y = fma(y, mul(x, x), add(x, set1(1.0F)));
-    const vec p2 = _mm512_castsi512_ps(
-        _mm512_slli_epi32(_mm512_add_epi32(_mm512_cvtps_epi32(fx), _mm512_set1_epi32(127)), 23));
-    return _mm512_maskz_mov_ps(_mm512_cmp_ps_mask(x0, set1(-87.33654F), _CMP_GE_OQ), mul(y, p2));
-  }
-  static void prefetch(const unsigned char* p) { _mm_prefetch(reinterpret_cast<const char*>(p), _MM_HINT_T0); }
-  /// The 16 dot products of a[t][g] (t, g < 4) with one shuffle tree (decode.cpp's AVX-512 reduction); writes
-  /// out[g * ld + t] for t < valid, g < gt.
-  [[gnu::always_inline]] static inline void reduce_store(const vec (&a)[4][4], int valid, int gt, float* out, std::int64_t ld) {
-    vec p[8];  // v[4t + g] = a[t][g]; p[j]: lanes 0-1 hold 8 partial sums of v[2j], lanes 2-3 those of v[2j+1]
-    for (int j = 0; j < 8; ++j) {
-      const vec x = a[(2 * j) / 4][(2 * j) % 4], y = a[(2 * j + 1) / 4][(2 * j + 1) % 4];
-      p[j] = _mm512_add_ps(_mm512_shuffle_f32x4(x, y, 0x44), _mm512_shuffle_f32x4(x, y, 0xEE));
-    }
-    vec b[4];
-    for (int i = 0; i < 4; ++i)
-      b[i] = _mm512_add_ps(_mm512_shuffle_f32x4(p[2 * i], p[2 * i + 1], 0x88),
-                           _mm512_shuffle_f32x4(p[2 * i], p[2 * i + 1], 0xDD));
-    vec c[2];
-    for (int i = 0; i < 2; ++i) {
-      const __m512d x = _mm512_castps_pd(b[2 * i]), y = _mm512_castps_pd(b[2 * i + 1]);
-      c[i] = _mm512_add_ps(_mm512_castpd_ps(_mm512_unpacklo_pd(x, y)), _mm512_castpd_ps(_mm512_unpackhi_pd(x, y)));
-    }
-    const vec r = _mm512_add_ps(_mm512_shuffle_ps(c[0], c[1], _MM_SHUFFLE(2, 0, 2, 0)),
-                                _mm512_shuffle_ps(c[0], c[1], _MM_SHUFFLE(3, 1, 3, 1)));
-    alignas(64) float sums[16];  // sums[4g + t] = dot(t, g)
-    _mm512_store_ps(sums, r);
-    for (int g = 0; g < gt; ++g)
-      for (int t = 0; t < valid; ++t) out[g * ld + t] = sums[4 * g + t];
-  }
 };
 #include "decode_fp8.inc"
 }  // namespace avx512_fp8

@@ -37,6 +37,7 @@
 #include "kernels/cpu/decode_fp8.hpp"
 #include "kernels/cpu/fp8_convert.hpp"
 #include "kernels/cpu/element_ops.hpp"
+#include "kernels/cpu/vec_ops.hpp"
 #include "worker_pool.hpp"
 
 namespace {
@@ -64,41 +65,10 @@ std::int32_t length_of(const kvpager::page_table_view& pt, std::int32_t seq, std
 
 /// Portable path: one float per "vector"; the same tiled algorithm, which the compiler may still vectorize.
 namespace portable_path {
-struct isa {
-  using vec = float;
-  static constexpr int W = 1;
-  static constexpr int MR = 4;         // tokens (scores) or head dims (output) per register tile
-  static constexpr int NVB = 4;        // vectors of query rows per register tile
+struct isa : kvpager::kernels::detail::scalar_vec {
+  static constexpr int MR = 4;          // tokens (scores) or head dims (output) per register tile
+  static constexpr int NVB = 4;         // vectors of query rows per register tile
   static constexpr int tile_rows = 16;  // query rows (positions x group heads) a work item aims for
-  template <int DT>
-  static vec load(const unsigned char* row, std::int64_t i) {
-    return load_one(row, i, DT);
-  }
-  template <int DT>
-  static void store(unsigned char* dst, std::int64_t i, vec v) {
-    store_one(dst, i, v, DT);
-  }
-  /// One e4m3 byte as its float value (unit8 = 1).
-  static constexpr float unit8 = 1.0F;
-  static vec load8(const unsigned char* p) { return kvpager::detail::e4m3_to_float(*p); }
-  static vec loadf(const float* p) { return *p; }
-  static void storef(float* p, vec v) { *p = v; }
-  static vec zero() { return 0.0F; }
-  static vec set1(float x) { return x; }
-  static vec add(vec a, vec b) { return a + b; }
-  static vec sub(vec a, vec b) { return a - b; }
-  static vec mul(vec a, vec b) { return a * b; }
-  static vec div(vec a, vec b) { return a / b; }
-  static vec max(vec a, vec b) { return a > b ? a : b; }
-  static vec min(vec a, vec b) { return a < b ? a : b; }
-  static vec fma(vec a, vec b, vec c) { return a * b + c; }
-  static vec fnma(vec a, vec b, vec c) { return c - a * b; }
-  static vec floor(vec v) { return std::floor(v); }
-  static vec pow2i(vec n) { return std::ldexp(1.0F, static_cast<int>(n)); }
-  static vec zero_below(vec x, float limit, vec y) { return x >= limit ? y : 0.0F; }
-  static vec abs(vec v) { return std::fabs(v); }
-  static vec copysign(vec mag, vec sgn) { return std::copysign(mag, sgn); }
-  static vec select_lt(vec x, float limit, vec a, vec b) { return x < limit ? a : b; }
 };
 #include "prefill_tiled.inc"
 }  // namespace portable_path
@@ -114,71 +84,10 @@ struct isa {
 #pragma GCC target("avx2,fma,f16c")
 namespace {
 namespace avx2_path {
-struct isa {
-  using vec = __m256;
-  static constexpr int W = 8;
-  static constexpr int MR = 4;   // 4 x 3 accumulators + 3 row vectors + 1 broadcast = 16 registers
+struct isa : kvpager::kernels::detail::avx2_vec {
+  static constexpr int MR = 4;  // 4 x 3 accumulators + 3 row vectors + 1 broadcast = 16 registers
   static constexpr int NVB = 3;
   static constexpr int tile_rows = 96;  // 96 measured 5-15% faster than 48 at q_len >= 1024 (bench/RESULTS.md)
-  template <int DT>
-  static vec load(const unsigned char* row, std::int64_t i) {
-    if constexpr (DT == KVPAGER_DTYPE_FP32) {
-      return _mm256_loadu_ps(reinterpret_cast<const float*>(row) + i);
-    } else {
-      const __m128i h = _mm_loadu_si128(reinterpret_cast<const __m128i*>(reinterpret_cast<const std::uint16_t*>(row) + i));
-      if constexpr (DT == KVPAGER_DTYPE_FP16) return _mm256_cvtph_ps(h);
-      return _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(h), 16));
-    }
-  }
-  template <int DT>
-  static void store(unsigned char* dst, std::int64_t i, vec v) {
-    if constexpr (DT == KVPAGER_DTYPE_FP32) {
-      _mm256_storeu_ps(reinterpret_cast<float*>(dst) + i, v);
-    } else {
-      __m128i h;
-      if constexpr (DT == KVPAGER_DTYPE_FP16) {
-        h = _mm256_cvtps_ph(v, _MM_FROUND_TO_NEAREST_INT);
-      } else {
-        const __m256i x = _mm256_castps_si256(v);
-        const __m256i lsb = _mm256_and_si256(_mm256_srli_epi32(x, 16), _mm256_set1_epi32(1));
-        __m256i r = _mm256_srli_epi32(_mm256_add_epi32(x, _mm256_add_epi32(_mm256_set1_epi32(0x7FFF), lsb)), 16);
-        const __m256i nan = _mm256_or_si256(_mm256_srli_epi32(x, 16), _mm256_set1_epi32(0x40));
-        r = _mm256_blendv_epi8(r, nan, _mm256_castps_si256(_mm256_cmp_ps(v, v, _CMP_UNORD_Q)));
-        h = _mm256_castsi256_si128(_mm256_permute4x64_epi64(_mm256_packus_epi32(r, r), 0xD8));
-      }
-      _mm_storeu_si128(reinterpret_cast<__m128i*>(reinterpret_cast<std::uint16_t*>(dst) + i), h);
-    }
-  }
-  /// 8 e4m3 bytes as floats / unit8 (fp8_convert.hpp, shared with decode_fp8.cpp).
-  static constexpr float unit8 = kvpager::kernels::detail::kE4m3VectorUnit;
-  static vec load8(const unsigned char* p) { return kvpager::kernels::detail::e4m3x8_div256(p); }
-  static vec loadf(const float* p) { return _mm256_loadu_ps(p); }
-  static void storef(float* p, vec v) { _mm256_storeu_ps(p, v); }
-  static vec zero() { return _mm256_setzero_ps(); }
-  static vec set1(float x) { return _mm256_set1_ps(x); }
-  static vec add(vec a, vec b) { return _mm256_add_ps(a, b); }
-  static vec sub(vec a, vec b) { return _mm256_sub_ps(a, b); }
-  static vec mul(vec a, vec b) { return _mm256_mul_ps(a, b); }
-  static vec div(vec a, vec b) { return _mm256_div_ps(a, b); }
-  static vec max(vec a, vec b) { return _mm256_max_ps(a, b); }
-  static vec min(vec a, vec b) { return _mm256_min_ps(a, b); }
-  static vec fma(vec a, vec b, vec c) { return _mm256_fmadd_ps(a, b, c); }
-  static vec fnma(vec a, vec b, vec c) { return _mm256_fnmadd_ps(a, b, c); }
-  static vec floor(vec v) { return _mm256_floor_ps(v); }
-  static vec pow2i(vec n) {
-    return _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_add_epi32(_mm256_cvtps_epi32(n), _mm256_set1_epi32(127)), 23));
-  }
-  static vec zero_below(vec x, float limit, vec y) {
-    return _mm256_and_ps(_mm256_cmp_ps(x, _mm256_set1_ps(limit), _CMP_GE_OQ), y);
-  }
-  static vec abs(vec v) { return _mm256_andnot_ps(_mm256_set1_ps(-0.0F), v); }
-  static vec copysign(vec mag, vec sgn) {
-    return _mm256_or_ps(_mm256_and_ps(_mm256_set1_ps(-0.0F), sgn), _mm256_andnot_ps(_mm256_set1_ps(-0.0F), mag));
-  }
-  /// a where x < limit, b elsewhere.
-  static vec select_lt(vec x, float limit, vec a, vec b) {
-    return _mm256_blendv_ps(b, a, _mm256_cmp_ps(x, _mm256_set1_ps(limit), _CMP_LT_OQ));
-  }
 };
 #include "prefill_tiled.inc"
 }  // namespace avx2_path
@@ -189,76 +98,10 @@ struct isa {
 #pragma GCC target("avx512f,avx512bw,avx512dq,avx512vl,avx2,fma,f16c")
 namespace {
 namespace avx512_path {
-struct isa {
-  using vec = __m512;
-  static constexpr int W = 16;
-  static constexpr int MR = 8;   // 8 x 3 accumulators + 3 row vectors + 1 broadcast = 28 of 32 registers
+struct isa : kvpager::kernels::detail::avx512_vec {
+  static constexpr int MR = 8;  // 8 x 3 accumulators + 3 row vectors + 1 broadcast = 28 of 32 registers
   static constexpr int NVB = 3;
   static constexpr int tile_rows = 96;  // 96 measured 5-15% faster than 48 at q_len >= 1024 (bench/RESULTS.md)
-  template <int DT>
-  static vec load(const unsigned char* row, std::int64_t i) {
-    if constexpr (DT == KVPAGER_DTYPE_FP32) {
-      return _mm512_loadu_ps(reinterpret_cast<const float*>(row) + i);
-    } else {
-      const __m256i h =
-          _mm256_loadu_si256(reinterpret_cast<const __m256i*>(reinterpret_cast<const std::uint16_t*>(row) + i));
-      if constexpr (DT == KVPAGER_DTYPE_FP16) return _mm512_cvtph_ps(h);
-      return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(h), 16));
-    }
-  }
-  template <int DT>
-  static void store(unsigned char* dst, std::int64_t i, vec v) {
-    if constexpr (DT == KVPAGER_DTYPE_FP32) {
-      _mm512_storeu_ps(reinterpret_cast<float*>(dst) + i, v);
-    } else {
-      __m256i h;
-      if constexpr (DT == KVPAGER_DTYPE_FP16) {
-        h = _mm512_cvtps_ph(v, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
-      } else {
-        const __m512i x = _mm512_castps_si512(v);
-        const __m512i lsb = _mm512_and_si512(_mm512_srli_epi32(x, 16), _mm512_set1_epi32(1));
-        __m512i r = _mm512_srli_epi32(_mm512_add_epi32(x, _mm512_add_epi32(_mm512_set1_epi32(0x7FFF), lsb)), 16);
-        const __m512i nan = _mm512_or_si512(_mm512_srli_epi32(x, 16), _mm512_set1_epi32(0x40));
-        r = _mm512_mask_mov_epi32(r, _mm512_cmp_ps_mask(v, v, _CMP_UNORD_Q), nan);
-        h = _mm512_cvtepi32_epi16(r);
-      }
-      _mm256_storeu_si256(reinterpret_cast<__m256i*>(reinterpret_cast<std::uint16_t*>(dst) + i), h);
-    }
-  }
-  /// 16 e4m3 bytes as floats / unit8 (fp8_convert.hpp, shared with decode_fp8.cpp).
-  static constexpr float unit8 = kvpager::kernels::detail::kE4m3VectorUnit;
-  static vec load8(const unsigned char* p) { return kvpager::kernels::detail::e4m3x16_div256(p); }
-  static vec loadf(const float* p) { return _mm512_loadu_ps(p); }
-  static void storef(float* p, vec v) { _mm512_storeu_ps(p, v); }
-  static vec zero() { return _mm512_setzero_ps(); }
-  static vec set1(float x) { return _mm512_set1_ps(x); }
-  static vec add(vec a, vec b) { return _mm512_add_ps(a, b); }
-  static vec sub(vec a, vec b) { return _mm512_sub_ps(a, b); }
-  static vec mul(vec a, vec b) { return _mm512_mul_ps(a, b); }
-  static vec div(vec a, vec b) { return _mm512_div_ps(a, b); }
-  static vec max(vec a, vec b) { return _mm512_max_ps(a, b); }
-  static vec min(vec a, vec b) { return _mm512_min_ps(a, b); }
-  static vec fma(vec a, vec b, vec c) { return _mm512_fmadd_ps(a, b, c); }
-  static vec fnma(vec a, vec b, vec c) { return _mm512_fnmadd_ps(a, b, c); }
-  static vec floor(vec v) { return _mm512_roundscale_ps(v, _MM_FROUND_TO_NEG_INF | _MM_FROUND_NO_EXC); }
-  static vec pow2i(vec n) {
-    return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_add_epi32(_mm512_cvtps_epi32(n), _mm512_set1_epi32(127)), 23));
-  }
-  static vec zero_below(vec x, float limit, vec y) {
-    return _mm512_maskz_mov_ps(_mm512_cmp_ps_mask(x, _mm512_set1_ps(limit), _CMP_GE_OQ), y);
-  }
-  static vec abs(vec v) {
-    return _mm512_castsi512_ps(_mm512_and_si512(_mm512_castps_si512(v), _mm512_set1_epi32(0x7FFFFFFF)));
-  }
-  static vec copysign(vec mag, vec sgn) {
-    const __m512i m = _mm512_set1_epi32(0x7FFFFFFF);
-    return _mm512_castsi512_ps(_mm512_or_si512(_mm512_and_si512(_mm512_castps_si512(mag), m),
-                                               _mm512_andnot_si512(m, _mm512_castps_si512(sgn))));
-  }
-  /// a where x < limit, b elsewhere.
-  static vec select_lt(vec x, float limit, vec a, vec b) {
-    return _mm512_mask_blend_ps(_mm512_cmp_ps_mask(x, _mm512_set1_ps(limit), _CMP_LT_OQ), b, a);
-  }
 };
 #include "prefill_tiled.inc"
 }  // namespace avx512_path
