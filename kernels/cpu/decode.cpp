@@ -18,15 +18,6 @@
 #include <type_traits>
 #include <vector>
 
-#if defined(__x86_64__)
-// GCC 12 warns about the deliberately undefined vectors inside some AVX-512 intrinsics (GCC bug 105593).
-#pragma GCC diagnostic push
-#pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
-#pragma GCC diagnostic ignored "-Wuninitialized"
-#include <immintrin.h>
-#pragma GCC diagnostic pop
-#endif
-
 #include "kvpager/c/kernels.h"
 #include "kvpager/kernels/attention.hpp"
 #include "kvpager/kernels/float16.hpp"
@@ -35,6 +26,7 @@
 #include "kernels/common/decode_math.hpp"
 #include "kernels/cpu/decode_fp8.hpp"
 #include "kernels/cpu/element_ops.hpp"
+#include "kernels/cpu/page_tables.hpp"
 #include "kernels/cpu/vec_ops.hpp"
 #include "worker_pool.hpp"
 
@@ -78,20 +70,8 @@ struct scalar_ops {
 #define KVPAGER_HAVE_X86_PATHS 1
 #endif
 
-std::int32_t block_at(const kvpager::page_table_view& pt, std::int32_t seq, std::int64_t b) noexcept {
-  return pt.block_table != nullptr ? pt.block_table[std::int64_t{seq} * pt.row_stride + b]
-                                   : pt.indices[std::int64_t{pt.indptr[seq]} + b];
-}
-/// Tokens of CSR sequence `seq`, (pages - 1) x block_size + last_page_len, in 64 bits: it can exceed INT32_MAX
-/// (validate rejects that) and, with pages = 0, is 0.
-std::int64_t csr_length(const kvpager::page_table_view& pt, std::int32_t seq, std::int32_t bs) noexcept {
-  const std::int64_t pages = std::int64_t{pt.indptr[seq + 1]} - pt.indptr[seq];
-  return pages == 0 ? 0 : (pages - 1) * bs + pt.last_page_len[seq];
-}
-/// Tokens of sequence `seq` (after validate: at most INT32_MAX).
-std::int32_t length_of(const kvpager::page_table_view& pt, std::int32_t seq, std::int32_t bs) noexcept {
-  return pt.block_table != nullptr ? pt.seq_lens[seq] : static_cast<std::int32_t>(csr_length(pt, seq, bs));
-}
+using kvpager::kernels::detail::page_block_at;
+using kvpager::kernels::detail::page_length;
 
 }  // namespace
 
@@ -170,7 +150,7 @@ inline __attribute__((always_inline)) void decode_chunk(const kvpager::decode_pa
   for (std::int64_t start = t0; start < t1;) {
     const std::int64_t off = start % bs;
     const std::int64_t n = std::min<std::int64_t>(bs - off, t1 - start);
-    const std::int64_t blk = block_at(p.pages, seq, start / bs);
+    const std::int64_t blk = page_block_at(p.pages, seq, start / bs);
     const std::int64_t kelem = blk * kv.stride_block + h * kv.stride_head + off * kv.stride_token;
     for (std::int64_t t = 0; t < n; ++t) {
       Ops::to_float(base + (kelem + t * kv.stride_token) * esz, kv.dtype, kf + t * D, D);
@@ -250,19 +230,6 @@ chunk_kernel pick_chunk(std::int32_t group, std::int64_t D, std::int32_t bs) {
   }
 }
 
-/// Bytes the view spans: its largest element offset plus one, times the element size; -1 when a stride is negative
-/// or the extent overflows int64.
-std::int64_t view_extent_bytes(const kvpager::paged_kv_view& kv) noexcept {
-  using kvpager::kernels::detail::checked_product;
-  using kvpager::kernels::detail::checked_sum;
-  std::int64_t last = kv.head_dim;
-  last = checked_sum(last, checked_product({std::int64_t{kv.num_blocks} - 1, kv.stride_block}));
-  last = checked_sum(last, checked_product({kv.stride_kv}));
-  last = checked_sum(last, checked_product({std::int64_t{kv.num_kv_heads} - 1, kv.stride_head}));
-  last = checked_sum(last, checked_product({std::int64_t{kv.block_size} - 1, kv.stride_token}));
-  return checked_product({last, kvpager::kernels::detail::elem_bytes(kv.dtype)});
-}
-
 /// A thread's buffers of decode work items, reused across calls.
 struct item_buffers {
   std::vector<float> scratch, m, l, acc;
@@ -296,35 +263,11 @@ std::int32_t validate(const kvpager::decode_params& p) noexcept {
   if (const std::int32_t rc = kvpager::kernels::detail::check_window_and_cap(p.window_left, p.logits_soft_cap);
       rc != KVPAGER_STATUS_OK)
     return rc;
-  if (view_extent_bytes(kv) < 0) return KVPAGER_STATUS_INVALID_ARGUMENT;
-  if (p.num_seqs == 0) return KVPAGER_STATUS_OK;
-  const bool dense = p.pages.block_table != nullptr;
-  if (p.out == nullptr || p.query == nullptr || kv.data == nullptr ||
-      (dense ? p.pages.seq_lens == nullptr || p.pages.row_stride <= 0 ||
-                   kvpager::kernels::detail::checked_product({p.num_seqs, p.pages.row_stride}) < 0
-             : p.pages.indptr == nullptr || p.pages.indices == nullptr || p.pages.last_page_len == nullptr))
+  if (kvpager::kernels::detail::view_extent_bytes(kv, kvpager::kernels::detail::elem_bytes(kv.dtype)) < 0)
     return KVPAGER_STATUS_INVALID_ARGUMENT;
-  for (std::int32_t s = 0; s < p.num_seqs; ++s) {
-    std::int64_t blocks = 0;
-    if (dense) {
-      const std::int32_t len = p.pages.seq_lens[s];
-      if (const std::int32_t rc = kvpager::kernels::detail::check_seq_len(len, kv.block_size, p.pages.row_stride);
-          rc != KVPAGER_STATUS_OK)
-        return rc;
-      blocks = kvpager::kernels::detail::blocks_for(len, kv.block_size);
-    } else {
-      if (p.pages.indptr[s] < 0 || p.pages.indptr[s + 1] < p.pages.indptr[s]) return KVPAGER_STATUS_INVALID_ARGUMENT;
-      blocks = std::int64_t{p.pages.indptr[s + 1]} - p.pages.indptr[s];
-      if (blocks > 0 && (p.pages.last_page_len[s] < 1 || p.pages.last_page_len[s] > kv.block_size ||
-                         csr_length(p.pages, s, kv.block_size) > std::numeric_limits<std::int32_t>::max()))
-        return KVPAGER_STATUS_SEQ_TOO_LONG;
-    }
-    for (std::int64_t b = 0; b < blocks; ++b) {
-      const std::int32_t id = block_at(p.pages, s, b);
-      if (id < 0 || id >= kv.num_blocks) return KVPAGER_STATUS_INVALID_BLOCK;
-    }
-  }
-  return KVPAGER_STATUS_OK;
+  if (p.num_seqs == 0) return KVPAGER_STATUS_OK;
+  if (p.out == nullptr || p.query == nullptr || kv.data == nullptr) return KVPAGER_STATUS_INVALID_ARGUMENT;
+  return kvpager::kernels::detail::check_pages(p.pages, p.num_seqs, kv.block_size, kv.num_blocks);
 }
 
 }  // namespace
@@ -341,7 +284,7 @@ std::int32_t decode_cpu(const kvpager::decode_params& p) noexcept {
   std::int32_t max_len = 0;
   std::int64_t total_len = 0;
   for (std::int32_t s = 0; s < p.num_seqs; ++s) {  // the tokens each sequence reads: its window
-    const std::int32_t full = length_of(p.pages, s, kv.block_size);
+    const std::int32_t full = page_length(p.pages, s, kv.block_size);
     const std::int32_t len = full - window_start(full, p.window_left);
     max_len = std::max(max_len, len);
     total_len += len;
@@ -386,7 +329,7 @@ std::int32_t decode_cpu(const kvpager::decode_params& p) noexcept {
     const auto seq = static_cast<std::int32_t>(item / (hkv * splits));
     const auto h = static_cast<std::int32_t>(item / splits % hkv);
     const auto split = static_cast<std::int32_t>(item % splits);
-    const std::int32_t len = length_of(p.pages, seq, kv.block_size);
+    const std::int32_t len = page_length(p.pages, seq, kv.block_size);
     std::int32_t t0 = 0, t1 = 0;
     split_range_from(window_start(len, p.window_left), len, kv.block_size, splits, split, t0, t1);
     kernel.fn(p, seq, h, t0, t1, b.scratch.data(), m.data(), l.data(), acc.data());

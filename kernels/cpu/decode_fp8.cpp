@@ -17,15 +17,6 @@
 #include <new>
 #include <type_traits>
 
-#if defined(__x86_64__)
-// GCC 12 warns about the deliberately undefined vectors inside some AVX-512 intrinsics (GCC bug 105593).
-#pragma GCC diagnostic push
-#pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
-#pragma GCC diagnostic ignored "-Wuninitialized"
-#include <immintrin.h>
-#pragma GCC diagnostic pop
-#endif
-
 #include "kvpager/c/kernels.h"
 #include "kvpager/kernels/attention.hpp"
 #include "kvpager/kernels/float16.hpp"

@@ -2,15 +2,19 @@
 #pragma once
 // Vector e4m3 -> fp32 conversions of the CPU kernels over fp8 E4M3 KV pools (decode_fp8.cpp, prefill.cpp): one
 // definition per instruction set, each under its own target attribute and reached only from code that the runtime
-// dispatch (kvpager_cpu_decode_path) chose after checking the CPU. Internal to libkvpager_kernels; include after
-// <immintrin.h>.
+// dispatch (kvpager_cpu_decode_path) chose after checking the CPU. Internal to libkvpager_kernels.
 //
 // The trick: the e4m3 bits placed in an fp16 (sign at bit 15, exponent and mantissa at bits 7-13) are an fp16 with
 // the same exponent field and bias 15 instead of 7, i.e. the value x 2^-8, exactly, subnormals included (F16C
 // converts fp16 subnormals exactly, whatever MXCSR's DAZ); S.1111.111 becomes the fp16 NaN. So these return the e4m3
 // value / 256 (kE4m3VectorUnit); the caller folds the 256 into its query scale and its output.
 #if defined(__x86_64__) && defined(__GNUC__) && !defined(__clang__)
+// GCC 12 warns about the deliberately undefined vectors inside some AVX-512 intrinsics (GCC bug 105593).
+#pragma GCC diagnostic push
+#pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
+#pragma GCC diagnostic ignored "-Wuninitialized"
 #include <immintrin.h>
+#pragma GCC diagnostic pop
 
 namespace kvpager::kernels::detail {
 

@@ -1,9 +1,9 @@
 // SPDX-License-Identifier: Apache-2.0
 #pragma once
-// Page-table reading and checking for the CPU decode kernels that take a kvpager::decode_params (dense block table or
-// CSR indptr/indices/last_page_len): one definition of a sequence's length and blocks, and of the checks every
-// decode runs before reading KV (lengths, block ids). Used by decode_fp8.cpp; decode.cpp keeps its own copy of the
-// same rules for now (it is being reworked in parallel; the two can share this header once merged).
+// Page-table reading and checking for the CPU kernels (decode.cpp, decode_fp8.cpp, prefill.cpp) over a
+// kvpager::page_table_view (dense block table or CSR indptr/indices/last_page_len): one definition of a sequence's
+// length and blocks, and of the checks every kernel runs before reading KV (lengths, block ids), and of the bytes a
+// paged_kv_view spans.
 #include <cstdint>
 #include <limits>
 
@@ -28,35 +28,53 @@ inline std::int32_t page_length(const kvpager::page_table_view& pt, std::int32_t
   return pt.block_table != nullptr ? pt.seq_lens[seq] : static_cast<std::int32_t>(page_csr_length(pt, seq, bs));
 }
 
-/// The page tables of `num_seqs` sequences over a pool of `num_blocks` blocks of `bs` tokens: the table pointers
-/// (dense: seq_lens and a positive row_stride with num_seqs x row_stride within int64; CSR: indptr, indices,
-/// last_page_len) else INVALID_ARGUMENT; then per sequence its length (dense: check_seq_len; CSR: a non-negative,
-/// non-decreasing indptr else INVALID_ARGUMENT, last_page_len in [1, bs] and a length within INT32_MAX else
-/// SEQ_TOO_LONG) and every block id it uses (INVALID_BLOCK outside [0, num_blocks)).
+/// The table pointers of `num_seqs` (> 0) sequences: dense, seq_lens and a positive row_stride with num_seqs x
+/// row_stride within int64; CSR, indptr, indices and last_page_len. INVALID_ARGUMENT else.
+inline std::int32_t check_page_pointers(const kvpager::page_table_view& pt, std::int32_t num_seqs) noexcept {
+  const bool bad = pt.block_table != nullptr
+                       ? pt.seq_lens == nullptr || pt.row_stride <= 0 || checked_product({num_seqs, pt.row_stride}) < 0
+                       : pt.indptr == nullptr || pt.indices == nullptr || pt.last_page_len == nullptr;
+  return bad ? KVPAGER_STATUS_INVALID_ARGUMENT : KVPAGER_STATUS_OK;
+}
+
+/// Sequence `s`'s length and block count (dense: check_seq_len; CSR: a non-negative, non-decreasing indptr else
+/// INVALID_ARGUMENT, last_page_len in [1, bs] and a length within INT32_MAX else SEQ_TOO_LONG), into len and blocks.
+inline std::int32_t check_page_length(const kvpager::page_table_view& pt, std::int32_t s, std::int32_t bs,
+                                      std::int64_t& len, std::int64_t& blocks) noexcept {
+  if (pt.block_table != nullptr) {
+    len = pt.seq_lens[s];
+    if (const std::int32_t rc = check_seq_len(pt.seq_lens[s], bs, pt.row_stride); rc != KVPAGER_STATUS_OK) return rc;
+    blocks = blocks_for(pt.seq_lens[s], bs);
+    return KVPAGER_STATUS_OK;
+  }
+  if (pt.indptr[s] < 0 || pt.indptr[s + 1] < pt.indptr[s]) return KVPAGER_STATUS_INVALID_ARGUMENT;
+  blocks = std::int64_t{pt.indptr[s + 1]} - pt.indptr[s];
+  len = page_csr_length(pt, s, bs);
+  if (blocks > 0 && (pt.last_page_len[s] < 1 || pt.last_page_len[s] > bs || len > std::numeric_limits<std::int32_t>::max()))
+    return KVPAGER_STATUS_SEQ_TOO_LONG;
+  return KVPAGER_STATUS_OK;
+}
+
+/// Every block id of sequence `s`'s first `blocks` blocks within [0, num_blocks), else INVALID_BLOCK.
+inline std::int32_t check_page_blocks(const kvpager::page_table_view& pt, std::int32_t s, std::int64_t blocks,
+                                      std::int32_t num_blocks) noexcept {
+  for (std::int64_t b = 0; b < blocks; ++b) {
+    const std::int32_t id = page_block_at(pt, s, b);
+    if (id < 0 || id >= num_blocks) return KVPAGER_STATUS_INVALID_BLOCK;
+  }
+  return KVPAGER_STATUS_OK;
+}
+
+/// The page tables of `num_seqs` sequences over a pool of `num_blocks` blocks of `bs` tokens: check_page_pointers,
+/// then per sequence check_page_length and check_page_blocks.
 inline std::int32_t check_pages(const kvpager::page_table_view& pt, std::int32_t num_seqs, std::int32_t bs,
                                 std::int32_t num_blocks) noexcept {
   if (num_seqs == 0) return KVPAGER_STATUS_OK;
-  const bool dense = pt.block_table != nullptr;
-  if (dense ? pt.seq_lens == nullptr || pt.row_stride <= 0 || checked_product({num_seqs, pt.row_stride}) < 0
-            : pt.indptr == nullptr || pt.indices == nullptr || pt.last_page_len == nullptr)
-    return KVPAGER_STATUS_INVALID_ARGUMENT;
+  if (const std::int32_t rc = check_page_pointers(pt, num_seqs); rc != KVPAGER_STATUS_OK) return rc;
   for (std::int32_t s = 0; s < num_seqs; ++s) {
-    std::int64_t blocks = 0;
-    if (dense) {
-      const std::int32_t len = pt.seq_lens[s];
-      if (const std::int32_t rc = check_seq_len(len, bs, pt.row_stride); rc != KVPAGER_STATUS_OK) return rc;
-      blocks = blocks_for(len, bs);
-    } else {
-      if (pt.indptr[s] < 0 || pt.indptr[s + 1] < pt.indptr[s]) return KVPAGER_STATUS_INVALID_ARGUMENT;
-      blocks = std::int64_t{pt.indptr[s + 1]} - pt.indptr[s];
-      if (blocks > 0 && (pt.last_page_len[s] < 1 || pt.last_page_len[s] > bs ||
-                         page_csr_length(pt, s, bs) > std::numeric_limits<std::int32_t>::max()))
-        return KVPAGER_STATUS_SEQ_TOO_LONG;
-    }
-    for (std::int64_t b = 0; b < blocks; ++b) {
-      const std::int32_t id = page_block_at(pt, s, b);
-      if (id < 0 || id >= num_blocks) return KVPAGER_STATUS_INVALID_BLOCK;
-    }
+    std::int64_t len = 0, blocks = 0;
+    if (const std::int32_t rc = check_page_length(pt, s, bs, len, blocks); rc != KVPAGER_STATUS_OK) return rc;
+    if (const std::int32_t rc = check_page_blocks(pt, s, blocks, num_blocks); rc != KVPAGER_STATUS_OK) return rc;
   }
   return KVPAGER_STATUS_OK;
 }

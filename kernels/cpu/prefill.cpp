@@ -17,15 +17,6 @@
 #include <type_traits>
 #include <vector>
 
-#if defined(__x86_64__)
-// GCC 12 warns about the deliberately undefined vectors inside some AVX-512 intrinsics (GCC bug 105593).
-#pragma GCC diagnostic push
-#pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
-#pragma GCC diagnostic ignored "-Wuninitialized"
-#include <immintrin.h>
-#pragma GCC diagnostic pop
-#endif
-
 #include "kvpager/c/kernels.h"
 #include "kvpager/kernels/attention.hpp"
 #include "kvpager/kernels/float16.hpp"
@@ -37,6 +28,7 @@
 #include "kernels/cpu/decode_fp8.hpp"
 #include "kernels/cpu/fp8_convert.hpp"
 #include "kernels/cpu/element_ops.hpp"
+#include "kernels/cpu/page_tables.hpp"
 #include "kernels/cpu/vec_ops.hpp"
 #include "worker_pool.hpp"
 
@@ -50,18 +42,8 @@ using kvpager::detail::half_to_float;
 using kvpager::kernels::detail::load_one;
 using kvpager::kernels::detail::store_one;
 
-std::int32_t block_at(const kvpager::page_table_view& pt, std::int32_t seq, std::int64_t b) noexcept {
-  return pt.block_table != nullptr ? pt.block_table[std::int64_t{seq} * pt.row_stride + b]
-                                   : pt.indices[std::int64_t{pt.indptr[seq]} + b];
-}
-/// Tokens of CSR sequence `seq` in 64 bits (validate rejects more than INT32_MAX); 0 without pages.
-std::int64_t csr_length(const kvpager::page_table_view& pt, std::int32_t seq, std::int32_t bs) noexcept {
-  const std::int64_t pages = std::int64_t{pt.indptr[seq + 1]} - pt.indptr[seq];
-  return pages == 0 ? 0 : (pages - 1) * bs + pt.last_page_len[seq];
-}
-std::int32_t length_of(const kvpager::page_table_view& pt, std::int32_t seq, std::int32_t bs) noexcept {
-  return pt.block_table != nullptr ? pt.seq_lens[seq] : static_cast<std::int32_t>(csr_length(pt, seq, bs));
-}
+using kvpager::kernels::detail::page_block_at;
+using kvpager::kernels::detail::page_length;
 
 /// Portable path: one float per "vector"; the same tiled algorithm, which the compiler may still vectorize.
 namespace portable_path {
@@ -138,19 +120,6 @@ prefill_kernel pick_kernel() {
   return k;
 }
 
-/// Bytes the view spans (largest element offset plus one, times the element size); -1 for a negative stride or an
-/// extent beyond int64. The same rule as decode's.
-std::int64_t view_extent_bytes(const kvpager::paged_kv_view& kv) noexcept {
-  using kvpager::kernels::detail::checked_product;
-  using kvpager::kernels::detail::checked_sum;
-  std::int64_t last = kv.head_dim;
-  last = checked_sum(last, checked_product({std::int64_t{kv.num_blocks} - 1, kv.stride_block}));
-  last = checked_sum(last, checked_product({kv.stride_kv}));
-  last = checked_sum(last, checked_product({std::int64_t{kv.num_kv_heads} - 1, kv.stride_head}));
-  last = checked_sum(last, checked_product({std::int64_t{kv.block_size} - 1, kv.stride_token}));
-  return checked_product({last, kvpager::kernels::detail::elem_bytes(kv.dtype)});
-}
-
 /// Every argument, page tables and qo_indptr included, before any KV memory is read. fp8: the pool is fp8 E4M3 and
 /// the scalar checks are decode_fp8's (scales, q_dtype), the query size counted in q_dtype.
 std::int32_t validate(const kvpager::prefill_params& p, bool fp8) noexcept {
@@ -165,39 +134,22 @@ std::int32_t validate(const kvpager::prefill_params& p, bool fp8) noexcept {
       rc != KVPAGER_STATUS_OK)
     return rc;
   if (const std::int32_t rc = check_window_and_cap(p.window_left, p.logits_soft_cap); rc != KVPAGER_STATUS_OK) return rc;
-  if (view_extent_bytes(kv) < 0) return KVPAGER_STATUS_INVALID_ARGUMENT;
+  if (view_extent_bytes(kv, elem_bytes(kv.dtype)) < 0) return KVPAGER_STATUS_INVALID_ARGUMENT;
   if (p.num_seqs == 0) return KVPAGER_STATUS_OK;
-  const bool dense = p.pages.block_table != nullptr;
-  if (p.out == nullptr || p.query == nullptr || kv.data == nullptr || p.qo_indptr == nullptr ||
-      (dense ? p.pages.seq_lens == nullptr || p.pages.row_stride <= 0 || checked_product({p.num_seqs, p.pages.row_stride}) < 0
-             : p.pages.indptr == nullptr || p.pages.indices == nullptr || p.pages.last_page_len == nullptr))
+  if (p.out == nullptr || p.query == nullptr || kv.data == nullptr || p.qo_indptr == nullptr)
     return KVPAGER_STATUS_INVALID_ARGUMENT;
+  if (const std::int32_t rc = check_page_pointers(p.pages, p.num_seqs); rc != KVPAGER_STATUS_OK) return rc;
   std::int64_t rows = 0;
   if (const std::int32_t rc =
           check_qo_indptr(p.qo_indptr, p.num_seqs, p.num_q_heads, kv.head_dim, fp8 ? p.q_dtype : kv.dtype, &rows);
       rc != KVPAGER_STATUS_OK)
     return rc;
-  for (std::int32_t s = 0; s < p.num_seqs; ++s) {
-    std::int64_t blocks = 0, len = 0;
-    if (dense) {
-      len = p.pages.seq_lens[s];
-      if (const std::int32_t rc = check_seq_len(p.pages.seq_lens[s], kv.block_size, p.pages.row_stride);
-          rc != KVPAGER_STATUS_OK)
-        return rc;
-      blocks = blocks_for(p.pages.seq_lens[s], kv.block_size);
-    } else {
-      if (p.pages.indptr[s] < 0 || p.pages.indptr[s + 1] < p.pages.indptr[s]) return KVPAGER_STATUS_INVALID_ARGUMENT;
-      blocks = std::int64_t{p.pages.indptr[s + 1]} - p.pages.indptr[s];
-      len = blocks > 0 ? csr_length(p.pages, s, kv.block_size) : 0;
-      if (blocks > 0 && (p.pages.last_page_len[s] < 1 || p.pages.last_page_len[s] > kv.block_size ||
-                         len > std::numeric_limits<std::int32_t>::max()))
-        return KVPAGER_STATUS_SEQ_TOO_LONG;
-    }
+  for (std::int32_t s = 0; s < p.num_seqs; ++s) {  // per sequence: its length, then its q_len, then its blocks
+    std::int64_t len = 0, blocks = 0;
+    if (const std::int32_t rc = check_page_length(p.pages, s, kv.block_size, len, blocks); rc != KVPAGER_STATUS_OK)
+      return rc;
     if (std::int64_t{p.qo_indptr[s + 1]} - p.qo_indptr[s] > len) return KVPAGER_STATUS_INVALID_ARGUMENT;
-    for (std::int64_t b = 0; b < blocks; ++b) {
-      const std::int32_t id = block_at(p.pages, s, b);
-      if (id < 0 || id >= kv.num_blocks) return KVPAGER_STATUS_INVALID_BLOCK;
-    }
+    if (const std::int32_t rc = check_page_blocks(p.pages, s, blocks, kv.num_blocks); rc != KVPAGER_STATUS_OK) return rc;
   }
   return KVPAGER_STATUS_OK;
 }
@@ -252,7 +204,7 @@ std::int32_t as_decode(const kvpager::prefill_params& p, bool fp8, item_buffers&
   std::int32_t max_len = 0;
   std::int64_t total_len = 0;
   for (std::int32_t s = 0; s < p.num_seqs; ++s) {
-    const std::int32_t len = length_of(p.pages, s, p.kv.block_size);
+    const std::int32_t len = page_length(p.pages, s, p.kv.block_size);
     max_len = std::max(max_len, len);
     total_len += len;
   }
@@ -292,7 +244,7 @@ std::int32_t prefill_cpu(const kvpager::prefill_params& p, bool fp8) noexcept {
   for (std::int32_t s = 0; s < p.num_seqs; ++s) {
     const std::int64_t q_len = std::int64_t{p.qo_indptr[s + 1]} - p.qo_indptr[s];
     first[static_cast<std::size_t>(s) + 1] = first[static_cast<std::size_t>(s)] + (q_len + qt - 1) / qt * hkv;
-    work += q_len * length_of(p.pages, s, kv.block_size);
+    work += q_len * page_length(p.pages, s, kv.block_size);
   }
   const std::int64_t items = first[static_cast<std::size_t>(p.num_seqs)];
   // With all cores requested, a call this small runs on the calling thread: waking workers would cost more.
