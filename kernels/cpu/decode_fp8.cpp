@@ -236,15 +236,18 @@ std::int32_t decode_fp8_cpu(const kvpager::decode_params& p) noexcept {
 
 extern "C" {
 
-int32_t kvpager_cpu_paged_attention_decode_fp8(void* out, const void* query, const void* kv_cache,
-                                               const int32_t* block_table, const int32_t* seq_lens, int32_t num_seqs,
-                                               int32_t num_q_heads, int32_t num_kv_heads, int32_t head_dim,
-                                               int32_t block_size, int32_t max_blocks_per_seq, int32_t num_blocks,
-                                               float scale, int32_t q_dtype, float k_scale, float v_scale,
-                                               int32_t num_threads) {
+int32_t kvpager_cpu_paged_attention_decode_fp8_ex(void* out, const void* query, const void* kv_cache,
+                                                  const int32_t* block_table, const int32_t* seq_lens, int32_t num_seqs,
+                                                  int32_t num_q_heads, int32_t num_kv_heads, int32_t head_dim,
+                                                  int32_t block_size, int32_t max_blocks_per_seq, int32_t num_blocks,
+                                                  float scale, int32_t window_left, float logits_soft_cap,
+                                                  int32_t q_dtype, float k_scale, float v_scale, int32_t num_threads) {
   if (const int32_t rc = kvpager::kernels::detail::check_dense_decode_fp8(
           out, query, kv_cache, block_table, seq_lens, num_seqs, num_q_heads, num_kv_heads, head_dim, block_size,
           max_blocks_per_seq, num_blocks, scale, q_dtype, k_scale, v_scale, 1);
+      rc != KVPAGER_STATUS_OK)
+    return rc;
+  if (const int32_t rc = kvpager::kernels::detail::check_window_and_cap(window_left, logits_soft_cap);
       rc != KVPAGER_STATUS_OK)
     return rc;
   kvpager::decode_params p;
@@ -257,11 +260,24 @@ int32_t kvpager_cpu_paged_attention_decode_fp8(void* out, const void* query, con
   p.num_seqs = num_seqs;
   p.num_q_heads = num_q_heads;
   p.scale = scale;
+  p.window_left = window_left;
+  p.logits_soft_cap = logits_soft_cap;
   p.num_threads = num_threads;
   p.q_dtype = q_dtype;
   p.k_scale = k_scale;
   p.v_scale = v_scale;
   return kvpager::kernels::detail::decode_fp8_cpu(p);
+}
+
+int32_t kvpager_cpu_paged_attention_decode_fp8(void* out, const void* query, const void* kv_cache,
+                                               const int32_t* block_table, const int32_t* seq_lens, int32_t num_seqs,
+                                               int32_t num_q_heads, int32_t num_kv_heads, int32_t head_dim,
+                                               int32_t block_size, int32_t max_blocks_per_seq, int32_t num_blocks,
+                                               float scale, int32_t q_dtype, float k_scale, float v_scale,
+                                               int32_t num_threads) {
+  return kvpager_cpu_paged_attention_decode_fp8_ex(out, query, kv_cache, block_table, seq_lens, num_seqs, num_q_heads,
+                                                   num_kv_heads, head_dim, block_size, max_blocks_per_seq, num_blocks,
+                                                   scale, -1, 0.0F, q_dtype, k_scale, v_scale, num_threads);
 }
 
 }  // extern "C"

@@ -10,8 +10,10 @@
 #include <cuda_fp16.h>
 
 #include <cstdint>
+#include <type_traits>
 
 #include "kvpager/c/kernels.h"
+#include "kvpager/kernels/float8.hpp"
 #include "kernels/common/decode_math.hpp"
 
 #if defined(__CUDACC__)
@@ -37,8 +39,9 @@ __device__ __forceinline__ float warp_sum(float v) {
 
 constexpr int kWarps = 4;
 
-/// How a warp reads K/V rows of D elements of T: 16-byte loads of kVec elements; kLanes lanes per row (a power of two,
-/// lanes past the row's kChunks pieces idle), kPerLane pieces per lane, kRows rows per warp-wide load.
+/// How a warp reads K/V rows of D elements of T (float, __half, __nv_bfloat16, or uint8_t for an fp8 E4M3 pool):
+/// 16-byte loads of kVec elements; kLanes lanes per row (a power of two, lanes past the row's kChunks pieces idle),
+/// kPerLane pieces per lane, kRows rows per warp-wide load.
 template <class T, int D>
 struct row_map {
   static constexpr int kVec = 16 / static_cast<int>(sizeof(T));
@@ -47,21 +50,31 @@ struct row_map {
   static constexpr int kPerLane = (kChunks + kLanes - 1) / kLanes;
   static constexpr int kRows = 32 / kLanes;
   static constexpr int kElems = kPerLane * kVec;  // elements of a row a lane holds
-  static constexpr int kUnroll = kPerLane == 1 ? 4 : 2;  // rows per row-group per step: loads in flight per lane
+  // Rows per row-group per step (loads in flight per lane); fp8 rows unpack to 16 floats a piece, so 2 rows of K
+  // unpacked sit next to 4 heads' query and accumulator.
+  static constexpr int kUnroll = sizeof(T) == 1 ? 2 : kPerLane == 1 ? 4 : 2;
 };
 
 /// Query heads of a group handled together (each K/V row is loaded once per tile of heads).
 constexpr int kHeadTile = 4;
 
 
-/// 16-byte piece of a row as floats.
+/// 16-byte piece of a row as floats (fp8 E4M3: 16 bytes, each its exact value, as the CPU backend converts it).
 template <class T, int N>
 __device__ __forceinline__ void unpack(const uint4& raw, float (&out)[N]) {
-  const T* e = reinterpret_cast<const T*>(&raw);
-  KVPAGER_UNROLL
-  for (int i = 0; i < N; ++i) out[i] = to_f(e[i]);
+  if constexpr (std::is_same_v<T, uint8_t>) {
+    const uint32_t w[4] = {raw.x, raw.y, raw.z, raw.w};
+    KVPAGER_UNROLL
+    for (int i = 0; i < N; ++i) out[i] = kvpager::detail::e4m3_to_float(static_cast<uint8_t>(w[i / 4] >> (8 * (i % 4))));
+  } else {
+    const T* e = reinterpret_cast<const T*>(&raw);
+    KVPAGER_UNROLL
+    for (int i = 0; i < N; ++i) out[i] = to_f(e[i]);
+  }
 }
 
+/// The decode (decode_kernel; decode_fp8_kernel in device_fp8.cuh, KV = uint8_t: an fp8 E4M3 pool, `scale` already
+/// multiplied by k_scale, the output or partial state by v_scale, 1 for the other pools).
 /// Grid (num_seqs, min(num_kv_heads, 65535), splits); 4 warps. A warp splits into kRows row-groups of kLanes lanes; each
 /// row-group walks its own tokens of the split kUnroll rows at a time, issuing all of their 16-byte K and V loads
 /// before using them, and keeps one online softmax per query head of the current tile (up to kHeadTile heads, each
@@ -70,13 +83,14 @@ __device__ __forceinline__ void unpack(const uint4& raw, float (&out)[N]) {
 /// part[seq][q head][split] for merge_kernel. With window_left >= 0 only the tokens [window_start, len) are read
 /// (the splits cover those alone); with cap > 0 each score s becomes cap * tanh(s / cap). Out-of-range block ids are never dereferenced: the token is skipped and
 /// *error set.
-template <class T, int D>
-__global__ void __launch_bounds__(kWarps * 32)
-    decode_kernel(T* __restrict__ out, float* __restrict__ lse, float* __restrict__ part, const T* __restrict__ q,
-                  const T* __restrict__ kv, const int32_t* __restrict__ table, const int32_t* __restrict__ lens, int hq,
-                  int hkv, int bs, int max_blocks, int num_blocks, float scale, int window_left, float cap, int splits,
-                  int32_t* error) {
-  using map = row_map<T, D>;
+template <class T, class KV, int D>
+__device__ __forceinline__ void decode_body(T* __restrict__ out, float* __restrict__ lse, float* __restrict__ part,
+                                            const T* __restrict__ q, const KV* __restrict__ kv,
+                                            const int32_t* __restrict__ table, const int32_t* __restrict__ lens, int hq,
+                                            int hkv, int bs, int max_blocks, int num_blocks, float scale, float v_scale,
+                                            int window_left, float cap, int splits, int32_t* error) {
+  using map = row_map<KV, D>;
+  constexpr bool kFp8 = std::is_same_v<KV, uint8_t>;  // unpack K once per row, not once per head
   constexpr int G = kHeadTile, U = map::kUnroll, E = map::kElems;
   __shared__ float sm[kWarps][G], sl[kWarps][G];
   __shared__ float sacc[kWarps][G][D];
@@ -124,7 +138,7 @@ __global__ void __launch_bounds__(kWarps * 32)
         for (int u = 0; u < U; ++u) {
           const int64_t t = base + u;
           valid[u] = t < t1;
-          const T* krow = nullptr;
+          const KV* krow = nullptr;
           if (valid[u]) {
             const int ti = static_cast<int>(t);  // t < t1 <= INT32_MAX here: 32-bit division on the hot path
             const int blk = table[static_cast<int64_t>(seq) * max_blocks + ti / bs];
@@ -147,6 +161,12 @@ __global__ void __launch_bounds__(kWarps * 32)
             }
           }
         }
+        float kf[kFp8 ? U : 1][kFp8 ? E : 1];  // fp8: the K rows unpacked once for every head of the tile
+        (void)kf;
+        if constexpr (kFp8) {
+          KVPAGER_UNROLL
+          for (int u = 0; u < U; ++u) unpack<KV>(kraw[u][0], kf[u]);
+        }
         KVPAGER_UNROLL
         for (int g = 0; g < G; ++g) {
           if (g >= gt) break;
@@ -157,10 +177,15 @@ __global__ void __launch_bounds__(kWarps * 32)
             float part_dot = 0.0F;
             KVPAGER_UNROLL
             for (int j = 0; j < map::kPerLane; ++j) {
-              float k[map::kVec];
-              unpack<T>(kraw[u][j], k);
-              KVPAGER_UNROLL
-              for (int e = 0; e < map::kVec; ++e) part_dot += qv[g][j * map::kVec + e] * k[e];
+              if constexpr (kFp8) {
+                KVPAGER_UNROLL
+                for (int e = 0; e < map::kVec; ++e) part_dot += qv[g][j * map::kVec + e] * kf[u][j * map::kVec + e];
+              } else {
+                float k[map::kVec];
+                unpack<KV>(kraw[u][j], k);
+                KVPAGER_UNROLL
+                for (int e = 0; e < map::kVec; ++e) part_dot += qv[g][j * map::kVec + e] * k[e];
+              }
             }
             KVPAGER_UNROLL
             for (int o = map::kLanes / 2; o > 0; o >>= 1) part_dot += __shfl_xor_sync(0xffffffffU, part_dot, o);
@@ -179,7 +204,7 @@ __global__ void __launch_bounds__(kWarps * 32)
             KVPAGER_UNROLL
             for (int j = 0; j < map::kPerLane; ++j) {
               float v[map::kVec];
-              unpack<T>(vraw[u][j], v);
+              unpack<KV>(vraw[u][j], v);
               KVPAGER_UNROLL
               for (int e = 0; e < map::kVec; ++e) acc[g][j * map::kVec + e] += p * v[e];
             }
@@ -234,7 +259,7 @@ __global__ void __launch_bounds__(kWarps * 32)
         }
         const int64_t row = static_cast<int64_t>(seq) * hq + h * group + g0 + g;
         if (splits == 1) {
-          out[row * D + d] = from_f<T>(L > 0.0F ? o / L : 0.0F);
+          out[row * D + d] = from_f<T>(L > 0.0F ? o * v_scale / L : 0.0F);
           if (lse != nullptr && d == 0) lse[row] = kvpager::kernels::detail::lse_of(M, L);
         } else {
           float* st = part + (row * splits + split) * (D + 2);
@@ -242,12 +267,22 @@ __global__ void __launch_bounds__(kWarps * 32)
             st[0] = M;
             st[1] = L;
           }
-          st[2 + d] = o;
+          st[2 + d] = o * v_scale;
         }
       }
       __syncthreads();
     }
   }
+}
+
+template <class T, int D>
+__global__ void __launch_bounds__(kWarps * 32)
+    decode_kernel(T* __restrict__ out, float* __restrict__ lse, float* __restrict__ part, const T* __restrict__ q,
+                  const T* __restrict__ kv, const int32_t* __restrict__ table, const int32_t* __restrict__ lens, int hq,
+                  int hkv, int bs, int max_blocks, int num_blocks, float scale, int window_left, float cap, int splits,
+                  int32_t* error) {
+  decode_body<T, T, D>(out, lse, part, q, kv, table, lens, hq, hkv, bs, max_blocks, num_blocks, scale, 1.0F,
+                       window_left, cap, splits, error);
 }
 
 /// Grid (num_seqs, min(num_q_heads, 65535)): merges the splits' states in fp32, out = sum_i e^(m_i - M) acc_i /

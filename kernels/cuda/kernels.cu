@@ -73,7 +73,7 @@ void launch_decode_fp8_dim(const decode_args& a, float v_scale) {
   const dim3 grid(static_cast<unsigned>(a.seqs), grid_rows(a.hkv), static_cast<unsigned>(a.splits));
   decode_fp8_kernel<T, D><<<grid, kWarps * 32, 0, a.stream>>>(
       static_cast<T*>(a.out), a.lse, a.part, static_cast<const T*>(a.q), static_cast<const uint8_t*>(a.kv), a.table,
-      a.lens, a.hq, a.hkv, a.bs, a.max_blocks, a.num_blocks, a.scale, v_scale, a.splits, a.error);
+      a.lens, a.hq, a.hkv, a.bs, a.max_blocks, a.num_blocks, a.scale, v_scale, a.window_left, a.cap, a.splits, a.error);
 }
 
 template <class T>
@@ -97,6 +97,32 @@ int32_t launch_decode_fp8(const decode_args& a, float v_scale) {
 
 extern "C" {
 
+int32_t kvpager_cuda_paged_attention_decode_fp8_split_ex(
+    void* out, float* lse, const void* query, const void* kv_cache, const int32_t* block_table, const int32_t* seq_lens,
+    int32_t num_seqs, int32_t num_q_heads, int32_t num_kv_heads, int32_t head_dim, int32_t block_size,
+    int32_t max_blocks_per_seq, int32_t num_blocks, float scale, int32_t window_left, float logits_soft_cap,
+    int32_t q_dtype, float k_scale, float v_scale, int32_t num_splits, void* workspace, int64_t workspace_bytes,
+    int32_t* error_flag, void* stream) {
+  if (num_splits < 1 || workspace_bytes < 0) return KVPAGER_STATUS_INVALID_ARGUMENT;
+  if (const int32_t rc = check_dense_decode_fp8(out, query, kv_cache, block_table, seq_lens, num_seqs, num_q_heads,
+                                                num_kv_heads, head_dim, block_size, max_blocks_per_seq, num_blocks,
+                                                scale, q_dtype, k_scale, v_scale, num_splits);
+      rc != KVPAGER_STATUS_OK)
+    return rc;
+  if (const int32_t rc = check_window_and_cap(window_left, logits_soft_cap); rc != KVPAGER_STATUS_OK) return rc;
+  const int64_t need = decode_workspace_bytes(num_seqs, num_q_heads, head_dim, num_splits);
+  if (workspace_bytes < need || (need > 0 && workspace == nullptr)) return KVPAGER_STATUS_INVALID_ARGUMENT;
+  if (num_seqs == 0) return KVPAGER_STATUS_OK;
+  const decode_args a{out, lse, query, kv_cache, block_table, seq_lens, num_seqs, num_q_heads, num_kv_heads, head_dim,
+                      block_size, max_blocks_per_seq, num_blocks, scale * k_scale, window_left, logits_soft_cap,
+                      num_splits, static_cast<float*>(workspace), error_flag, static_cast<cudaStream_t>(stream)};
+  switch (q_dtype) {
+    case KVPAGER_DTYPE_FP32: return launch_decode_fp8<float>(a, v_scale);
+    case KVPAGER_DTYPE_FP16: return launch_decode_fp8<__half>(a, v_scale);
+    default: return launch_decode_fp8<__nv_bfloat16>(a, v_scale);
+  }
+}
+
 int32_t kvpager_cuda_paged_attention_decode_fp8_split(void* out, float* lse, const void* query, const void* kv_cache,
                                                       const int32_t* block_table, const int32_t* seq_lens,
                                                       int32_t num_seqs, int32_t num_q_heads, int32_t num_kv_heads,
@@ -104,23 +130,11 @@ int32_t kvpager_cuda_paged_attention_decode_fp8_split(void* out, float* lse, con
                                                       int32_t num_blocks, float scale, int32_t q_dtype, float k_scale,
                                                       float v_scale, int32_t num_splits, void* workspace,
                                                       int64_t workspace_bytes, int32_t* error_flag, void* stream) {
-  if (num_splits < 1 || workspace_bytes < 0) return KVPAGER_STATUS_INVALID_ARGUMENT;
-  if (const int32_t rc = check_dense_decode_fp8(out, query, kv_cache, block_table, seq_lens, num_seqs, num_q_heads,
-                                                num_kv_heads, head_dim, block_size, max_blocks_per_seq, num_blocks,
-                                                scale, q_dtype, k_scale, v_scale, num_splits);
-      rc != KVPAGER_STATUS_OK)
-    return rc;
-  const int64_t need = decode_workspace_bytes(num_seqs, num_q_heads, head_dim, num_splits);
-  if (workspace_bytes < need || (need > 0 && workspace == nullptr)) return KVPAGER_STATUS_INVALID_ARGUMENT;
-  if (num_seqs == 0) return KVPAGER_STATUS_OK;
-  const decode_args a{out, lse, query, kv_cache, block_table, seq_lens, num_seqs, num_q_heads, num_kv_heads, head_dim,
-                      block_size, max_blocks_per_seq, num_blocks, scale * k_scale, -1, 0.0F, num_splits,
-                      static_cast<float*>(workspace), error_flag, static_cast<cudaStream_t>(stream)};
-  switch (q_dtype) {
-    case KVPAGER_DTYPE_FP32: return launch_decode_fp8<float>(a, v_scale);
-    case KVPAGER_DTYPE_FP16: return launch_decode_fp8<__half>(a, v_scale);
-    default: return launch_decode_fp8<__nv_bfloat16>(a, v_scale);
-  }
+  return kvpager_cuda_paged_attention_decode_fp8_split_ex(out, lse, query, kv_cache, block_table, seq_lens, num_seqs,
+                                                          num_q_heads, num_kv_heads, head_dim, block_size,
+                                                          max_blocks_per_seq, num_blocks, scale, -1, 0.0F, q_dtype,
+                                                          k_scale, v_scale, num_splits, workspace, workspace_bytes,
+                                                          error_flag, stream);
 }
 
 int32_t kvpager_cuda_paged_attention_decode_fp8(void* out, const void* query, const void* kv_cache,

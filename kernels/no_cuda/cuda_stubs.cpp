@@ -84,6 +84,12 @@ int32_t kvpager_cuda_paged_attention_decode_fp8_split(void*, float*, const void*
                                                       int64_t, int32_t*, void*) {
   return KVPAGER_STATUS_NO_DEVICE;
 }
+int32_t kvpager_cuda_paged_attention_decode_fp8_split_ex(void*, float*, const void*, const void*, const int32_t*,
+                                                         const int32_t*, int32_t, int32_t, int32_t, int32_t, int32_t,
+                                                         int32_t, int32_t, float, int32_t, float, int32_t, float, float,
+                                                         int32_t, void*, int64_t, int32_t*, void*) {
+  return KVPAGER_STATUS_NO_DEVICE;
+}
 int32_t kvpager_cuda_copy_blocks(void* const*, int32_t, const int64_t*, int32_t, int32_t, int64_t, int32_t*, void*) {
   return KVPAGER_STATUS_NO_DEVICE;
 }

@@ -319,7 +319,7 @@ namespace {
 
 /// decode_fp8_kernel (and merge_kernel for several splits) on the emulation, as kernels.cu launches them.
 template <class T, int D>
-emulated run_fp8_dim(const kvpager_fp8_test::fp8_problem& pr, int32_t splits) {
+emulated run_fp8_dim(const kvpager_fp8_test::fp8_problem& pr, int32_t splits, int32_t window_left, float cap) {
   emulated r;
   r.out.assign(pr.out_bytes(), 0xFF);
   r.lse.assign(static_cast<size_t>(pr.S * pr.hq), 12345.0F);
@@ -329,7 +329,7 @@ emulated run_fp8_dim(const kvpager_fp8_test::fp8_problem& pr, int32_t splits) {
                             dim3(kk::kWarps * 32), kk::decode_fp8_kernel<T, D>, out, r.lse.data(), part.data(),
                             reinterpret_cast<const T*>(pr.q.data()), static_cast<const uint8_t*>(pr.kv.data()),
                             pr.table.data(), pr.lens.data(), pr.hq, pr.hkv, pr.bs, pr.maxb, pr.nb, pr.scale * pr.k_scale,
-                            pr.v_scale, splits, &r.error);
+                            pr.v_scale, window_left, cap, splits, &r.error);
   if (splits > 1)
     kvpager_emulation::launch(dim3(static_cast<unsigned>(pr.S), static_cast<unsigned>(pr.hq)), dim3(128),
                               kk::merge_kernel<T>, out, r.lse.data(), static_cast<const float*>(part.data()), pr.hq, D,
@@ -337,26 +337,26 @@ emulated run_fp8_dim(const kvpager_fp8_test::fp8_problem& pr, int32_t splits) {
   return r;
 }
 template <class T>
-emulated run_fp8_type(const kvpager_fp8_test::fp8_problem& pr, int32_t splits) {
+emulated run_fp8_type(const kvpager_fp8_test::fp8_problem& pr, int32_t splits, int32_t window_left, float cap) {
   switch (pr.d) {
-    case 64: return run_fp8_dim<T, 64>(pr, splits);
-    case 80: return run_fp8_dim<T, 80>(pr, splits);
-    case 96: return run_fp8_dim<T, 96>(pr, splits);
-    case 112: return run_fp8_dim<T, 112>(pr, splits);
-    case 128: return run_fp8_dim<T, 128>(pr, splits);
-    default: return run_fp8_dim<T, 256>(pr, splits);
+    case 64: return run_fp8_dim<T, 64>(pr, splits, window_left, cap);
+    case 80: return run_fp8_dim<T, 80>(pr, splits, window_left, cap);
+    case 96: return run_fp8_dim<T, 96>(pr, splits, window_left, cap);
+    case 112: return run_fp8_dim<T, 112>(pr, splits, window_left, cap);
+    case 128: return run_fp8_dim<T, 128>(pr, splits, window_left, cap);
+    default: return run_fp8_dim<T, 256>(pr, splits, window_left, cap);
   }
 }
-emulated run_fp8(const kvpager_fp8_test::fp8_problem& pr, int32_t splits) {
+emulated run_fp8(const kvpager_fp8_test::fp8_problem& pr, int32_t splits, int32_t window_left = -1, float cap = 0.0F) {
   switch (pr.q_dtype) {
-    case KVPAGER_DTYPE_FP32: return run_fp8_type<float>(pr, splits);
-    case KVPAGER_DTYPE_FP16: return run_fp8_type<__half>(pr, splits);
-    default: return run_fp8_type<__nv_bfloat16>(pr, splits);
+    case KVPAGER_DTYPE_FP32: return run_fp8_type<float>(pr, splits, window_left, cap);
+    case KVPAGER_DTYPE_FP16: return run_fp8_type<__half>(pr, splits, window_left, cap);
+    default: return run_fp8_type<__nv_bfloat16>(pr, splits, window_left, cap);
   }
 }
 
-/// The CPU fp8 backend's output and LSE for the same problem and split count.
-emulated cpu_fp8(const kvpager_fp8_test::fp8_problem& pr, int32_t splits) {
+/// The CPU fp8 backend's output and LSE for the same problem, split count, window and cap.
+emulated cpu_fp8(const kvpager_fp8_test::fp8_problem& pr, int32_t splits, int32_t window_left = -1, float cap = 0.0F) {
   emulated r;
   r.out.assign(pr.out_bytes(), 0);
   r.lse.assign(static_cast<size_t>(pr.S * pr.hq), 0.0F);
@@ -375,6 +375,8 @@ emulated cpu_fp8(const kvpager_fp8_test::fp8_problem& pr, int32_t splits) {
   p.q_dtype = pr.q_dtype;
   p.k_scale = pr.k_scale;
   p.v_scale = pr.v_scale;
+  p.window_left = window_left;
+  p.logits_soft_cap = cap;
   r.error = kvpager::paged_attention_decode_cpu(p).ok() ? 0 : -1;
   return r;
 }
@@ -418,6 +420,32 @@ TEST(CudaEmulation, Fp8DecodeMatchesCpuBackendAndReference) {
       EXPECT_LE(pr.out_error(gpu.out), kvpager_fp8_test::tolerance(q_dtype)) << what;
       EXPECT_LE(pr.lse_error(gpu.lse), 1e-5) << what;
     }
+}
+
+TEST(CudaEmulation, Fp8DecodeWindowAndSoftCapMatchCpuBackend) {
+  // The fp8 decode runs the plain decode's code over uint8_t rows: the window (blocks before it never read, splits
+  // planned over it alone) and the soft cap hold for it as well; compared with the CPU fp8 backend given the same.
+  struct cfg {
+    int32_t q_dtype, d, bs, hq, hkv, window_left, splits;
+    float cap;
+  };
+  const cfg cases[] = {{KVPAGER_DTYPE_FP16, 128, 16, 8, 2, 20, 1, 0.0F},  {KVPAGER_DTYPE_BF16, 64, 8, 4, 1, 0, 3, 30.0F},
+                       {KVPAGER_DTYPE_FP32, 80, 32, 6, 3, 33, 3, 5.0F},   {KVPAGER_DTYPE_FP32, 256, 16, 4, 4, -1, 1, 0.25F},
+                       {KVPAGER_DTYPE_BF16, 96, 16, 10, 2, 30, 1, 0.5F}};
+  uint32_t seed = 40;
+  for (const cfg& c : cases) {
+    const kvpager_fp8_test::fp8_problem pr(c.q_dtype, c.d, c.bs, c.hq, c.hkv, {c.bs + 1, 45, 0, 70}, seed++);
+    const emulated gpu = run_fp8(pr, c.splits, c.window_left, c.cap),
+                   cpu = cpu_fp8(pr, c.splits, c.window_left, c.cap);
+    const emulated plain = cpu_fp8(pr, c.splits);
+    const auto what = ::testing::Message() << "q dtype " << c.q_dtype << " d " << c.d << " window " << c.window_left
+                                           << " cap " << c.cap << " splits " << c.splits;
+    ASSERT_EQ(cpu.error, 0) << what;
+    EXPECT_EQ(gpu.error, 0) << what;
+    EXPECT_LE(max_diff(pr, gpu.out, cpu.out), gpu_tolerance(c.q_dtype)) << what;
+    // The window or the cap changed the result (the comparison above is not of two uncapped runs).
+    EXPECT_GT(max_diff(pr, cpu.out, plain.out), 10 * gpu_tolerance(c.q_dtype)) << what;
+  }
 }
 
 TEST(CudaEmulation, Fp8DecodeFlagsBadBlocksAndNeverReadsThem) {

@@ -15,6 +15,7 @@
 
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cstdint>
 #include <limits>
@@ -286,6 +287,93 @@ TEST(CpuFp8Decode, BadInputLeavesTheOutputByteIdentical) {
   p.workspace_bytes = 32;
   EXPECT_EQ(paged_attention_decode_cpu(p).detail(), KVPAGER_STATUS_INVALID_ARGUMENT);
   EXPECT_EQ(out, before);
+}
+
+namespace {
+
+/// fp64 attention of every query row over the stored fp8 values with a window and a soft cap; the largest error of
+/// `out` relative to 1 + |reference|.
+double windowed_error(const fp8_problem& pr, const std::vector<unsigned char>& out, int32_t window_left, float cap) {
+  double worst = 0.0;
+  const int32_t group = pr.hq / pr.hkv;
+  for (int32_t s = 0; s < pr.S; ++s)
+    for (int32_t h = 0; h < pr.hq; ++h) {
+      const int32_t len = pr.lens[static_cast<std::size_t>(s)];
+      const int32_t first = window_left < 0 ? 0 : std::max(0, len - 1 - window_left);
+      std::vector<double> w;
+      double mx = -INFINITY;
+      for (int32_t t = first; t < len; ++t) {
+        double dot = 0.0;
+        for (int32_t e = 0; e < pr.d; ++e)
+          dot += kvpager_fp8_test::get(pr.q, pr.q_dtype, static_cast<std::size_t>((s * pr.hq + h) * pr.d + e)) *
+                 pr.value(s, t, 0, h / group, e);
+        double sc = dot * pr.scale;
+        if (cap > 0.0F) sc = cap * std::tanh(sc / cap);
+        w.push_back(sc);
+        mx = std::max(mx, sc);
+      }
+      double sum = 0.0;
+      for (double& x : w) sum += (x = std::exp(x - mx));
+      for (int32_t e = 0; e < pr.d; ++e) {
+        double ref = 0.0;
+        for (int32_t t = first; t < len; ++t) ref += w[static_cast<std::size_t>(t - first)] / sum * pr.value(s, t, 1, h / group, e);
+        const double got = kvpager_fp8_test::get(out, pr.q_dtype, static_cast<std::size_t>((s * pr.hq + h) * pr.d + e));
+        worst = std::max(worst, std::abs(got - (len > 0 ? ref : 0.0)) / (1.0 + std::abs(ref)));
+      }
+    }
+  return worst;
+}
+
+}  // namespace
+
+TEST(CpuFp8Decode, WindowAndSoftCapOfTheExFunctionMatchTheReference) {
+  struct cfg {
+    int32_t q_dtype, d, bs, hq, hkv, window_left;
+    float cap;
+  };
+  const cfg cases[] = {{KVPAGER_DTYPE_FP32, 64, 16, 8, 2, 20, 0.0F},  {KVPAGER_DTYPE_FP16, 128, 8, 4, 4, 0, 0.0F},
+                       {KVPAGER_DTYPE_BF16, 80, 32, 6, 3, 33, 5.0F},   {KVPAGER_DTYPE_FP32, 256, 16, 4, 1, -1, 0.25F},
+                       {KVPAGER_DTYPE_FP16, 96, 16, 10, 2, 300, 30.0F}};
+  std::uint32_t seed = 70;
+  for (const cfg& c : cases)
+    for (const int32_t threads : {1, 0}) {
+      const fp8_problem pr(c.q_dtype, c.d, c.bs, c.hq, c.hkv, {1, c.bs + 1, 97, 0, 300}, seed++);
+      std::vector<unsigned char> out(pr.out_bytes(), 0xAB);
+      const int32_t rc = kvpager_cpu_paged_attention_decode_fp8_ex(
+          out.data(), pr.q.data(), pr.kv.data(), pr.table.data(), pr.lens.data(), pr.S, pr.hq, pr.hkv, pr.d, pr.bs,
+          pr.maxb, pr.nb, pr.scale, c.window_left, c.cap, pr.q_dtype, pr.k_scale, pr.v_scale, threads);
+      const auto what = ::testing::Message() << "q dtype " << c.q_dtype << " d " << c.d << " window " << c.window_left
+                                             << " cap " << c.cap << " threads " << threads;
+      ASSERT_EQ(rc, KVPAGER_STATUS_OK) << what;
+      EXPECT_LE(windowed_error(pr, out, c.window_left, c.cap), tolerance(c.q_dtype)) << what;
+      // The plain fp8 function is the _ex one with no window and no cap.
+      int32_t plain_rc = -1;
+      const auto plain = run_c(pr, threads, &plain_rc);
+      ASSERT_EQ(plain_rc, KVPAGER_STATUS_OK);
+      std::vector<unsigned char> none(pr.out_bytes(), 0xAB);
+      ASSERT_EQ(kvpager_cpu_paged_attention_decode_fp8_ex(none.data(), pr.q.data(), pr.kv.data(), pr.table.data(),
+                                                          pr.lens.data(), pr.S, pr.hq, pr.hkv, pr.d, pr.bs, pr.maxb,
+                                                          pr.nb, pr.scale, -1, 0.0F, pr.q_dtype, pr.k_scale,
+                                                          pr.v_scale, threads),
+                KVPAGER_STATUS_OK);
+      EXPECT_EQ(none, plain) << what;
+    }
+}
+
+TEST(CpuFp8Decode, BadWindowOrCapOfTheExFunctionLeavesTheOutputByteIdentical) {
+  const fp8_problem pr(KVPAGER_DTYPE_BF16, 64, 16, 4, 2, {40, 20}, 6);
+  std::vector<unsigned char> out(pr.out_bytes(), 0xAB);
+  const auto before = out;
+  auto call = [&](int32_t window_left, float cap) {
+    return kvpager_cpu_paged_attention_decode_fp8_ex(out.data(), pr.q.data(), pr.kv.data(), pr.table.data(),
+                                                     pr.lens.data(), pr.S, pr.hq, pr.hkv, pr.d, pr.bs, pr.maxb, pr.nb,
+                                                     pr.scale, window_left, cap, pr.q_dtype, pr.k_scale, pr.v_scale, 0);
+  };
+  EXPECT_EQ(call(-2, 0.0F), KVPAGER_STATUS_INVALID_ARGUMENT);
+  EXPECT_EQ(call(-1, -1.0F), KVPAGER_STATUS_INVALID_ARGUMENT);
+  EXPECT_EQ(call(-1, std::numeric_limits<float>::quiet_NaN()), KVPAGER_STATUS_INVALID_ARGUMENT);
+  EXPECT_EQ(call(-1, std::numeric_limits<float>::infinity()), KVPAGER_STATUS_INVALID_ARGUMENT);
+  EXPECT_EQ(out, before) << "out written on error";
 }
 
 TEST(CpuFp8Decode, AppendThenDecodeRoundTrip) {

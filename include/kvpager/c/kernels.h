@@ -218,6 +218,19 @@ KVPAGER_C_API int32_t kvpager_cpu_paged_attention_decode_fp8(void* out, const vo
                                                              float v_scale, int32_t num_threads);
 
 /**
+ * kvpager_cpu_paged_attention_decode_fp8 with a sliding window and a logit soft cap, as
+ * kvpager_cpu_paged_attention_decode_ex adds them to the plain decode (window_left -1 = none, logits_soft_cap 0 =
+ * none; a bad one is KVPAGER_STATUS_INVALID_ARGUMENT, checked after the arguments of
+ * kvpager_cpu_paged_attention_decode_fp8, before anything is read or written). The plain fp8 function is this one
+ * with -1 and 0.
+ */
+KVPAGER_C_API int32_t kvpager_cpu_paged_attention_decode_fp8_ex(
+    void* out, const void* query, const void* kv_cache, const int32_t* block_table, const int32_t* seq_lens,
+    int32_t num_seqs, int32_t num_q_heads, int32_t num_kv_heads, int32_t head_dim, int32_t block_size,
+    int32_t max_blocks_per_seq, int32_t num_blocks, float scale, int32_t window_left, float logits_soft_cap,
+    int32_t q_dtype, float k_scale, float v_scale, int32_t num_threads);
+
+/**
  * Prefill (extend) attention over an fp8 E4M3 cache: as kvpager_cpu_paged_attention_prefill (same rows, positions,
  * causal mask, window_left, logits_soft_cap, GQA), with K read as e4m3 x k_scale and V as e4m3 x v_scale (fp32
  * arithmetic; k_scale is folded into the softmax scale, v_scale into the output, and the KV rows of each tile are
@@ -422,6 +435,18 @@ KVPAGER_C_API int32_t kvpager_cuda_paged_attention_decode_fp8_split(
     int32_t num_seqs, int32_t num_q_heads, int32_t num_kv_heads, int32_t head_dim, int32_t block_size,
     int32_t max_blocks_per_seq, int32_t num_blocks, float scale, int32_t q_dtype, float k_scale, float v_scale,
     int32_t num_splits, void* workspace, int64_t workspace_bytes, int32_t* error_flag, void* stream);
+
+/**
+ * kvpager_cuda_paged_attention_decode_fp8_split with a sliding window and a logit soft cap, as
+ * kvpager_cpu_paged_attention_decode_fp8_ex (the same host checks in the same order, then the workspace, as
+ * kvpager_cuda_paged_attention_decode_split_ex). The plain fp8 functions are this one with -1 and 0.
+ */
+KVPAGER_C_API int32_t kvpager_cuda_paged_attention_decode_fp8_split_ex(
+    void* out, float* lse, const void* query, const void* kv_cache, const int32_t* block_table, const int32_t* seq_lens,
+    int32_t num_seqs, int32_t num_q_heads, int32_t num_kv_heads, int32_t head_dim, int32_t block_size,
+    int32_t max_blocks_per_seq, int32_t num_blocks, float scale, int32_t window_left, float logits_soft_cap,
+    int32_t q_dtype, float k_scale, float v_scale, int32_t num_splits, void* workspace, int64_t workspace_bytes,
+    int32_t* error_flag, void* stream);
 
 /**
  * kv_caches: device array of num_layers device pointers; block_mapping: device [num_pairs, 2] int64. Host checks as
