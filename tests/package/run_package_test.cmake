@@ -60,6 +60,6 @@ execute_process(COMMAND ${CMAKE_COMMAND} ${common} -S ${consumer} -B ${WORK_DIR}
   -DKVPAGER_CONSUME=find_package -DCMAKE_PREFIX_PATH=${WORK_DIR}/prefix -DKVPAGER_REQUIRED_VERSION=9.0
   RESULT_VARIABLE rc OUTPUT_VARIABLE out ERROR_VARIABLE err)
 if(rc EQUAL 0 OR NOT err MATCHES "version")
-  message(FATAL_ERROR "find_package(kvpager 9.0) against 0.2 did not fail on the version:\n${err}")
+  message(FATAL_ERROR "find_package(kvpager 9.0) against 0.3 did not fail on the version:\n${err}")
 endif()
 message(STATUS "package test: find_package, add_subdirectory and FetchContent consumers and the standalone examples built and ran")

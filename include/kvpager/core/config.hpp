@@ -4,16 +4,16 @@
 /// Library-wide configuration macros: version, versioned inline namespace, exception and assertion switches.
 
 #define KVPAGER_VERSION_MAJOR 0
-#define KVPAGER_VERSION_MINOR 2
+#define KVPAGER_VERSION_MINOR 3
 #define KVPAGER_VERSION_PATCH 0
 /// Single integer version: major * 10000 + minor * 100 + patch.
 #define KVPAGER_VERSION (KVPAGER_VERSION_MAJOR * 10000 + KVPAGER_VERSION_MINOR * 100 + KVPAGER_VERSION_PATCH)
 
-/// Everything lives in `kvpager::v0_2`, inlined into `kvpager`, so two kvpager versions linked into one process
+/// Everything lives in `kvpager::v0_3`, inlined into `kvpager`, so two kvpager versions linked into one process
 /// do not collide (the CUB convention).
 #define KVPAGER_NAMESPACE_BEGIN \
   namespace kvpager {           \
-  inline namespace v0_2 {
+  inline namespace v0_3 {
 #define KVPAGER_NAMESPACE_END \
   }                           \
   }
