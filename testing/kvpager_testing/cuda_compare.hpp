@@ -85,6 +85,60 @@ inline gpu_vs_cpu run_decode_case(int32_t dtype, int32_t d, int32_t bs, int32_t 
   return worst;
 }
 
+/// Decode over an fp8 E4M3 pool on the GPU (kvpager_cuda_paged_attention_decode_fp8 without window, cap or splits,
+/// kvpager_cuda_paged_attention_decode_fp8_split_ex otherwise) against the CPU fp8 backend
+/// (kvpager_cpu_paged_attention_decode_fp8_ex) on the same inputs: a decode_problem's shapes, table and query (query
+/// and output of its dtype) over a pool of random finite e4m3 codes with per-tensor scales. Worst relative difference
+/// of the outputs; calls_ok when every call returned OK and the device error flag stayed 0.
+inline gpu_vs_cpu run_fp8_decode_case(int32_t q_dtype, int32_t d, int32_t bs, int32_t hq, int32_t hkv,
+                                      const std::vector<int32_t>& lens, int32_t splits, uint32_t seed,
+                                      int32_t window_left = -1, float logits_soft_cap = 0.0F) {
+  const decode_problem pr(q_dtype, d, bs, hq, hkv, lens, splits, seed);
+  std::vector<uint8_t> kv(static_cast<size_t>(pr.nb) * 2 * static_cast<size_t>(hkv * bs * d));
+  std::mt19937 rng(seed + 1);
+  for (auto& b : kv) {
+    b = static_cast<uint8_t>(rng());
+    if ((b & 0x7F) == 0x7F) b ^= 1;  // S.1111.111 is NaN
+  }
+  const float k_scale = 1.0F / 160, v_scale = 1.0F / 224;
+  std::vector<unsigned char> cpu(pr.q.size(), 0), out(pr.q.size(), 0xAB);
+  bool ok = kvpager_cpu_paged_attention_decode_fp8_ex(cpu.data(), pr.q.data(), kv.data(), pr.table.data(), pr.lens.data(),
+                                                      pr.S, hq, hkv, d, bs, pr.maxb, pr.nb, pr.scale, window_left,
+                                                      logits_soft_cap, q_dtype, k_scale, v_scale, 0) == KVPAGER_STATUS_OK;
+  auto* dkv = to_device(kv);
+  auto* dq = to_device(pr.q);
+  auto* dt = to_device(pr.table);
+  auto* dl = to_device(pr.lens);
+  auto* dout = to_device(out);
+  auto* derr = to_device(std::vector<int32_t>{0});
+  int64_t ws_bytes = 0;
+  ok &= kvpager_cuda_decode_workspace_size(pr.S, hq, d, splits, &ws_bytes) == KVPAGER_STATUS_OK;
+  void* ws = nullptr;
+  if (ws_bytes > 0) ok &= cudaMalloc(&ws, static_cast<size_t>(ws_bytes)) == cudaSuccess;
+  if (window_left == -1 && logits_soft_cap == 0.0F && splits == 1) {
+    ok &= kvpager_cuda_paged_attention_decode_fp8(dout, dq, dkv, dt, dl, pr.S, hq, hkv, d, bs, pr.maxb, pr.nb, pr.scale,
+                                                  q_dtype, k_scale, v_scale, derr, nullptr) == KVPAGER_STATUS_OK;
+  } else {
+    ok &= kvpager_cuda_paged_attention_decode_fp8_split_ex(dout, nullptr, dq, dkv, dt, dl, pr.S, hq, hkv, d, bs, pr.maxb,
+                                                           pr.nb, pr.scale, window_left, logits_soft_cap, q_dtype,
+                                                           k_scale, v_scale, splits, ws, ws_bytes, derr,
+                                                           nullptr) == KVPAGER_STATUS_OK;
+  }
+  ok &= cudaDeviceSynchronize() == cudaSuccess;
+  out = to_host(dout, out.size());
+  ok &= to_host(derr, 1)[0] == 0;
+  gpu_vs_cpu worst;
+  worst.calls_ok = ok;
+  for (size_t i = 0; i < cpu.size() / pr.esz(); ++i) {
+    const double a = pr.value(cpu, i), b = pr.value(out, i);
+    worst.out = std::max(worst.out, std::isnan(b) ? 1e9 : std::abs(a - b) / (1.0 + std::abs(a)));
+  }
+  for (void* ptr : {static_cast<void*>(dkv), static_cast<void*>(dq), static_cast<void*>(dt), static_cast<void*>(dl),
+                    static_cast<void*>(dout), static_cast<void*>(derr), ws})
+    cudaFree(ptr);
+  return worst;
+}
+
 /// kv_append, copy_blocks and swap_blocks (device -> pinned host -> device) on the GPU against the CPU functions,
 /// bit for bit, plus a bad swap id refused before anything is copied: (what, passed) per check.
 inline std::vector<std::pair<std::string, bool>> blocks_vs_cpu() {

@@ -18,7 +18,6 @@
 #include "kvpager_testing/cuda_compare.hpp"
 #include "kvpager_testing/cuda_prefill_compare.hpp"
 #include "kvpager_testing/prefill_cpu_compare.hpp"
-#include "fp8_problem.hpp"
 
 using namespace kvpager_gpu_check;
 
@@ -91,49 +90,11 @@ TEST(CudaDecodeAttention, Fp8PoolWithWindowAndSoftCapMatchesCpuBackend) {
   for (int32_t q_dtype : {KVPAGER_DTYPE_FP32, KVPAGER_DTYPE_FP16, KVPAGER_DTYPE_BF16})
     for (int32_t d : {64, 128, 256})
       for (const variant& v : variants) {
-        const kvpager_fp8_test::fp8_problem pr(q_dtype, d, 16, 8, 2, {1, 17, 300, 2049, 0}, seed++);
+        const auto r = run_fp8_decode_case(q_dtype, d, 16, 8, 2, {1, 17, 300, 2049, 0}, v.splits, seed++, v.window, v.cap);
         const auto what = ::testing::Message() << "q dtype " << q_dtype << " d " << d << " window " << v.window
                                                << " cap " << v.cap << " splits " << v.splits;
-        std::vector<unsigned char> cpu(pr.out_bytes(), 0);
-        ASSERT_EQ(kvpager_cpu_paged_attention_decode_fp8_ex(cpu.data(), pr.q.data(), pr.kv.data(), pr.table.data(),
-                                                            pr.lens.data(), pr.S, pr.hq, pr.hkv, pr.d, pr.bs, pr.maxb,
-                                                            pr.nb, pr.scale, v.window, v.cap, pr.q_dtype, pr.k_scale,
-                                                            pr.v_scale, 0),
-                  KVPAGER_STATUS_OK)
-            << what;
-        auto* dkv = to_device(pr.kv);
-        auto* dq = to_device(pr.q);
-        auto* dt = to_device(pr.table);
-        auto* dl = to_device(pr.lens);
-        auto* dout = to_device(std::vector<unsigned char>(pr.out_bytes(), 0xAB));
-        auto* derr = to_device(std::vector<int32_t>{0});
-        int64_t ws_bytes = 0;
-        ASSERT_EQ(kvpager_cuda_decode_workspace_size(pr.S, pr.hq, pr.d, v.splits, &ws_bytes), KVPAGER_STATUS_OK);
-        void* ws = nullptr;
-        if (ws_bytes > 0) {
-          ASSERT_EQ(cudaMalloc(&ws, static_cast<size_t>(ws_bytes)), cudaSuccess);
-        }
-        const int32_t rc =
-            v.window == -1 && v.cap == 0.0F && v.splits == 1
-                ? kvpager_cuda_paged_attention_decode_fp8(dout, dq, dkv, dt, dl, pr.S, pr.hq, pr.hkv, pr.d, pr.bs,
-                                                          pr.maxb, pr.nb, pr.scale, pr.q_dtype, pr.k_scale, pr.v_scale,
-                                                          derr, nullptr)
-                : kvpager_cuda_paged_attention_decode_fp8_split_ex(
-                      dout, nullptr, dq, dkv, dt, dl, pr.S, pr.hq, pr.hkv, pr.d, pr.bs, pr.maxb, pr.nb, pr.scale,
-                      v.window, v.cap, pr.q_dtype, pr.k_scale, pr.v_scale, v.splits, ws, ws_bytes, derr, nullptr);
-        EXPECT_EQ(rc, KVPAGER_STATUS_OK) << what;
-        EXPECT_EQ(cudaDeviceSynchronize(), cudaSuccess) << what;
-        const auto gpu = to_host(dout, pr.out_bytes());
-        EXPECT_EQ(to_host(derr, 1)[0], 0) << what;
-        double worst = 0.0;
-        for (size_t i = 0; i < pr.out_elems(); ++i) {
-          const double x = kvpager_fp8_test::get(gpu, pr.q_dtype, i), y = kvpager_fp8_test::get(cpu, pr.q_dtype, i);
-          worst = std::isnan(x) || std::isnan(y) ? INFINITY : std::max(worst, std::abs(x - y));
-        }
-        EXPECT_LE(worst, gpu_tolerance(pr.q_dtype)) << what;
-        for (void* ptr : {static_cast<void*>(dkv), static_cast<void*>(dq), static_cast<void*>(dt),
-                          static_cast<void*>(dl), static_cast<void*>(dout), static_cast<void*>(derr), ws})
-          cudaFree(ptr);
+        EXPECT_TRUE(r.calls_ok) << what;
+        EXPECT_LE(r.out, gpu_tolerance(q_dtype)) << what;
       }
 }
 

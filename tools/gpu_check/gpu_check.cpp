@@ -1,11 +1,12 @@
 // SPDX-License-Identifier: Apache-2.0
 // kvpager-gpu-check: the CUDA kernels on a real GPU with nothing but the CUDA runtime and libkvpager_kernels, for GPU
-// machines that lack GoogleTest and Google Benchmark. Correctness: decode (unsplit and split-KV, LSE) against the CPU
-// backend, paged prefill against an fp64 reference (every dtype and head dim, window, soft cap, LSE, fp8 KV), kv_append /
-// copy_blocks / swap_blocks bit-exact against the CPU functions; prefill FLOP/s against the dense bf16 peak. Bandwidth (CUDA events, best
-// of several runs): decode as KV bytes read per second against 4.8 TB/s and a device-to-device cudaMemcpy of the
-// same bytes; copy_blocks against cudaMemcpy; a scattered swap-out against one large pinned cudaMemcpy.
-// Exit status: 0 all checks passed, 1 a check failed, 2 no GPU.   Usage: kvpager-gpu-check [--quick]
+// machines that lack GoogleTest and Google Benchmark. Correctness: decode (unsplit and split-KV, LSE; over fp8 pools
+// with window and cap) against the CPU backend, paged prefill against an fp64 reference (every dtype and head dim,
+// window, soft cap, LSE, fp8 KV), kv_append / copy_blocks / swap_blocks bit-exact against the CPU functions; prefill
+// FLOP/s against the dense bf16 peak. Bandwidth (CUDA events, best of several runs): decode as KV bytes read per second
+// against 4.8 TB/s and a device-to-device cudaMemcpy of the same bytes; copy_blocks against cudaMemcpy; a scattered
+// swap-out against one large pinned cudaMemcpy. Exit status: 0 all checks passed, 1 a check failed, 2 no GPU.
+// Usage: kvpager-gpu-check [--quick]
 #include <cstdio>
 #include <cstring>
 #include <string>
@@ -53,6 +54,17 @@ void decode_correctness(bool quick) {
     check(r.calls_ok && r.out <= gpu_tolerance(KVPAGER_DTYPE_FP16) && r.lse <= 1e-5,
           "decode split 16, hq " + std::to_string(hq) + " hkv " + std::to_string(hkv));
   }
+  // An fp8 E4M3 pool against the CPU fp8 backend: plain, split, sliding window, soft cap.
+  const std::tuple<int32_t, float, int32_t> fp8_variants[] = {{-1, 0.0F, 1}, {-1, 0.0F, 4}, {37, 0.0F, 3}, {100, 1.0F, 2}};
+  for (int32_t q_dtype : {KVPAGER_DTYPE_FP16, KVPAGER_DTYPE_BF16})
+    for (int32_t d : {64, 128, 256})
+      for (const auto& [window, cap, splits] : fp8_variants) {
+        const auto r = run_fp8_decode_case(q_dtype, d, 16, 8, 2, {1, 17, 300, 2049, 0}, splits, seed++, window, cap);
+        char what[160];
+        std::snprintf(what, sizeof what, "decode fp8-kv q dtype %d d %d window %d cap %.1f splits %d: out err %.2e (tol %.0e)",
+                      q_dtype, d, window, static_cast<double>(cap), splits, r.out, gpu_tolerance(q_dtype));
+        check(r.calls_ok && r.out <= gpu_tolerance(q_dtype), what);
+      }
 }
 
 void prefill_correctness(bool quick) {
