@@ -374,6 +374,13 @@ TEST(CpuFp8Decode, BadWindowOrCapOfTheExFunctionLeavesTheOutputByteIdentical) {
   EXPECT_EQ(call(-1, std::numeric_limits<float>::quiet_NaN()), KVPAGER_STATUS_INVALID_ARGUMENT);
   EXPECT_EQ(call(-1, std::numeric_limits<float>::infinity()), KVPAGER_STATUS_INVALID_ARGUMENT);
   EXPECT_EQ(out, before) << "out written on error";
+  // No sequences: every pointer may be NULL, as for the plain function; a bad window is still refused.
+  EXPECT_EQ(kvpager_cpu_paged_attention_decode_fp8_ex(nullptr, nullptr, nullptr, nullptr, nullptr, 0, 4, 2, 64, 16, 1, 4,
+                                                      0.1F, 5, 1.0F, KVPAGER_DTYPE_FP16, 1.0F, 1.0F, 0),
+            KVPAGER_STATUS_OK);
+  EXPECT_EQ(kvpager_cpu_paged_attention_decode_fp8_ex(nullptr, nullptr, nullptr, nullptr, nullptr, 0, 4, 2, 64, 16, 1, 4,
+                                                      0.1F, -3, 0.0F, KVPAGER_DTYPE_FP16, 1.0F, 1.0F, 0),
+            KVPAGER_STATUS_INVALID_ARGUMENT);
 }
 
 TEST(CpuFp8Decode, AppendThenDecodeRoundTrip) {
