@@ -250,19 +250,9 @@ int32_t kvpager_cpu_paged_attention_decode_fp8_ex(void* out, const void* query, 
   if (const int32_t rc = kvpager::kernels::detail::check_window_and_cap(window_left, logits_soft_cap);
       rc != KVPAGER_STATUS_OK)
     return rc;
-  kvpager::decode_params p;
-  p.out = out;
-  p.query = query;
-  p.kv = kvpager::paged_kv_view::hnd(kv_cache, KVPAGER_DTYPE_FP8_E4M3, num_blocks, num_kv_heads, block_size, head_dim);
-  p.pages.block_table = block_table;
-  p.pages.row_stride = max_blocks_per_seq;
-  p.pages.seq_lens = seq_lens;
-  p.num_seqs = num_seqs;
-  p.num_q_heads = num_q_heads;
-  p.scale = scale;
-  p.window_left = window_left;
-  p.logits_soft_cap = logits_soft_cap;
-  p.num_threads = num_threads;
+  auto p = kvpager::kernels::detail::dense_params<kvpager::decode_params>(
+      out, query, kv_cache, KVPAGER_DTYPE_FP8_E4M3, block_table, seq_lens, num_seqs, num_q_heads, num_kv_heads, head_dim,
+      block_size, max_blocks_per_seq, num_blocks, scale, window_left, logits_soft_cap, num_threads);
   p.q_dtype = q_dtype;
   p.k_scale = k_scale;
   p.v_scale = v_scale;

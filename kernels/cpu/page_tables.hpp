@@ -79,6 +79,31 @@ inline std::int32_t check_pages(const kvpager::page_table_view& pt, std::int32_t
   return KVPAGER_STATUS_OK;
 }
 
+/// The fields every C entry point fills alike in a decode_params or a prefill_params (Params): a dense block table over
+/// a pool in the default layout, the scale, window, cap and threads. The caller adds its own (qo_indptr; an fp8 pool's
+/// q_dtype and scales).
+template <class Params>
+Params dense_params(void* out, const void* query, const void* kv_cache, std::int32_t kv_dtype,
+                    const std::int32_t* block_table, const std::int32_t* seq_lens, std::int32_t num_seqs,
+                    std::int32_t num_q_heads, std::int32_t num_kv_heads, std::int32_t head_dim, std::int32_t block_size,
+                    std::int32_t max_blocks_per_seq, std::int32_t num_blocks, float scale, std::int32_t window_left,
+                    float logits_soft_cap, std::int32_t num_threads) noexcept {
+  Params p;
+  p.out = out;
+  p.query = query;
+  p.kv = kvpager::paged_kv_view::hnd(kv_cache, kv_dtype, num_blocks, num_kv_heads, block_size, head_dim);
+  p.pages.block_table = block_table;
+  p.pages.row_stride = max_blocks_per_seq;
+  p.pages.seq_lens = seq_lens;
+  p.num_seqs = num_seqs;
+  p.num_q_heads = num_q_heads;
+  p.scale = scale;
+  p.window_left = window_left;
+  p.logits_soft_cap = logits_soft_cap;
+  p.num_threads = num_threads;
+  return p;
+}
+
 /// Bytes a paged_kv_view spans: its largest element offset plus one, times `elem_size`; -1 when a stride is negative
 /// or the extent overflows int64.
 inline std::int64_t view_extent_bytes(const kvpager::paged_kv_view& kv, std::int64_t elem_size) noexcept {

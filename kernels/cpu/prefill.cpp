@@ -283,20 +283,10 @@ extern "C" int32_t kvpager_cpu_paged_attention_prefill(void* out, const void* qu
           block_size, max_blocks_per_seq, num_blocks, scale, window_left, logits_soft_cap, dtype);
       rc != KVPAGER_STATUS_OK)
     return rc;
-  kvpager::prefill_params p;
-  p.out = out;
-  p.query = query;
-  p.kv = kvpager::paged_kv_view::hnd(kv_cache, dtype, num_blocks, num_kv_heads, block_size, head_dim);
-  p.pages.block_table = block_table;
-  p.pages.row_stride = max_blocks_per_seq;
-  p.pages.seq_lens = seq_lens;
+  auto p = kvpager::kernels::detail::dense_params<kvpager::prefill_params>(
+      out, query, kv_cache, dtype, block_table, seq_lens, num_seqs, num_q_heads, num_kv_heads, head_dim, block_size,
+      max_blocks_per_seq, num_blocks, scale, window_left, logits_soft_cap, num_threads);
   p.qo_indptr = qo_indptr;
-  p.num_seqs = num_seqs;
-  p.num_q_heads = num_q_heads;
-  p.scale = scale;
-  p.window_left = window_left;
-  p.logits_soft_cap = logits_soft_cap;
-  p.num_threads = num_threads;
   return prefill_cpu(p, false);
 }
 
@@ -313,20 +303,10 @@ extern "C" int32_t kvpager_cpu_paged_attention_prefill_fp8(void* out, const void
           block_size, max_blocks_per_seq, num_blocks, scale, window_left, logits_soft_cap, q_dtype, k_scale, v_scale);
       rc != KVPAGER_STATUS_OK)
     return rc;
-  kvpager::prefill_params p;
-  p.out = out;
-  p.query = query;
-  p.kv = kvpager::paged_kv_view::hnd(kv_cache, KVPAGER_DTYPE_FP8_E4M3, num_blocks, num_kv_heads, block_size, head_dim);
-  p.pages.block_table = block_table;
-  p.pages.row_stride = max_blocks_per_seq;
-  p.pages.seq_lens = seq_lens;
+  auto p = kvpager::kernels::detail::dense_params<kvpager::prefill_params>(
+      out, query, kv_cache, KVPAGER_DTYPE_FP8_E4M3, block_table, seq_lens, num_seqs, num_q_heads, num_kv_heads, head_dim,
+      block_size, max_blocks_per_seq, num_blocks, scale, window_left, logits_soft_cap, num_threads);
   p.qo_indptr = qo_indptr;
-  p.num_seqs = num_seqs;
-  p.num_q_heads = num_q_heads;
-  p.scale = scale;
-  p.window_left = window_left;
-  p.logits_soft_cap = logits_soft_cap;
-  p.num_threads = num_threads;
   p.q_dtype = q_dtype;
   p.k_scale = k_scale;
   p.v_scale = v_scale;
