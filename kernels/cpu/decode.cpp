@@ -2,8 +2,8 @@
 // CPU paged decode attention of the C ABI and of the C++ interface (GQA/MQA, fp32/fp16/bf16 with fp32 accumulation);
 // the block moves (kv_append, copy_blocks, swap_blocks) are in block_moves.cpp. Every argument is validated before any
 // KV memory is touched. Decode work items are
-// (sequence, KV head, split), handed to the process-wide worker pool (worker_pool.hpp); each item reads a KV head's
-// rows once for its whole query-head group. The vector paths (AVX-512, AVX2) are decode_tiled.inc compiled twice,
+// (sequence, range of KV heads, split), handed to the process-wide worker pool (worker_pool.hpp); each item reads its
+// heads' rows once for their whole query-head groups, block by block over all its heads. The vector paths (AVX-512, AVX2) are decode_tiled.inc compiled twice,
 // chosen at run time; the portable path is decode_chunk below.
 #include <algorithm>
 #include <cmath>
@@ -174,11 +174,17 @@ inline __attribute__((always_inline)) void decode_chunk(const kvpager::decode_pa
   }
 }
 
-using chunk_fn = void (*)(const kvpager::decode_params&, std::int32_t, std::int32_t, std::int32_t, std::int32_t, float*,
-                          float*, float*, float*);
-void chunk_scalar(const kvpager::decode_params& p, std::int32_t seq, std::int32_t h, std::int32_t t0, std::int32_t t1,
-                  float* scratch, float* m, float* l, float* acc) {
-  decode_chunk<scalar_ops>(p, seq, h, t0, t1, scratch, m, l, acc);
+/// Partial states over tokens [t0, t1) of sequence seq for KV heads [h0, h1): m, l and acc as decode_chunk's, one group
+/// of query heads after another.
+using chunk_fn = void (*)(const kvpager::decode_params&, std::int32_t seq, std::int32_t h0, std::int32_t h1,
+                          std::int32_t t0, std::int32_t t1, float* scratch, float* m, float* l, float* acc);
+void chunk_scalar(const kvpager::decode_params& p, std::int32_t seq, std::int32_t h0, std::int32_t h1, std::int32_t t0,
+                  std::int32_t t1, float* scratch, float* m, float* l, float* acc) {
+  const std::int32_t group = p.num_q_heads / p.kv.num_kv_heads;
+  for (std::int32_t h = h0; h < h1; ++h) {
+    const std::int64_t r = std::int64_t{h - h0} * group;
+    decode_chunk<scalar_ops>(p, seq, h, t0, t1, scratch, m + r, l + r, acc + r * p.kv.head_dim);
+  }
 }
 
 /// The CPU path: the widest one this CPU runs, capped by KVPAGER_CPU_DISPATCH=portable|avx2|avx512|avx512bf16 if set.
@@ -217,14 +223,17 @@ struct chunk_kernel {
   store_fn store;
   std::int64_t scratch_floats;
 };
-chunk_kernel pick_chunk(std::int32_t group, std::int64_t D, std::int32_t bs) {
+/// The kernel of the CPU's path for work items of up to `heads` KV heads.
+chunk_kernel pick_chunk(std::int32_t group, std::int64_t D, std::int32_t bs, std::int32_t heads) {
   switch (pick_path()) {
 #if defined(KVPAGER_HAVE_X86_PATHS)
     case cpu_path::avx512bf16:
-      return {&avx512bf16_path::decode_chunk, &avx512bf16_path::store_row, avx512bf16_path::scratch_floats(group, D)};
+      return {&avx512bf16_path::decode_chunk, &avx512bf16_path::store_row,
+              avx512bf16_path::scratch_floats(group, D, heads)};
     case cpu_path::avx512:
-      return {&avx512_path::decode_chunk, &avx512_path::store_row, avx512_path::scratch_floats(group, D)};
-    case cpu_path::avx2: return {&avx2_path::decode_chunk, &avx2_path::store_row, avx2_path::scratch_floats(group, D)};
+      return {&avx512_path::decode_chunk, &avx512_path::store_row, avx512_path::scratch_floats(group, D, heads)};
+    case cpu_path::avx2:
+      return {&avx2_path::decode_chunk, &avx2_path::store_row, avx2_path::scratch_floats(group, D, heads)};
 #endif
     default: return {&chunk_scalar, &store_scalar, (2 * std::int64_t{bs} + group) * D + std::int64_t{group} * bs};
   }
@@ -292,8 +301,18 @@ std::int32_t decode_cpu(const kvpager::decode_params& p) noexcept {
   // With all cores requested, a call this small (a few microseconds of work) runs on the calling thread: waking
   // workers would cost more than they save (bench_kernels decode_..._short).
   const std::int32_t threads = p.num_threads == 0 && total_len < 8192 && total_len * p.num_q_heads < 8192 ? 1 : p.num_threads;
-  const std::int32_t splits = p.num_splits > 0 ? p.num_splits : kvpager::plan_decode(p.num_seqs, kv.num_kv_heads, max_len, threads);
-  const chunk_kernel kernel = pick_chunk(group, D, kv.block_size);
+  // Work items: (sequence, range of KV heads, split of the tokens). All the KV heads of a sequence in one item while
+  // the sequences and splits give every thread work twice over: the item then reads whole blocks (K and V of every
+  // head), long contiguous runs, instead of one head's 4 KiB pieces of each (the memory side of issue 12, point 7).
+  // Fewer sequences than that: the heads split into ranges, then the tokens.
+  const std::int32_t tcount = threads > 0 ? threads : static_cast<std::int32_t>(std::max(1U, std::thread::hardware_concurrency()));
+  const std::int64_t want_items = 2 * std::int64_t{tcount};
+  const std::int32_t splits = p.num_splits > 0 ? p.num_splits : kvpager::plan_decode(p.num_seqs, 1, max_len, threads);
+  const std::int64_t whole = std::max<std::int64_t>(1, std::int64_t{p.num_seqs} * splits);  // items of all heads
+  auto head_ranges = static_cast<std::int32_t>(std::clamp<std::int64_t>((want_items + whole - 1) / whole, 1, hkv));
+  const auto heads_per_item = static_cast<std::int32_t>((hkv + head_ranges - 1) / head_ranges);
+  head_ranges = static_cast<std::int32_t>((hkv + heads_per_item - 1) / heads_per_item);
+  const chunk_kernel kernel = pick_chunk(group, D, kv.block_size, heads_per_item);
   const auto scratch_floats = static_cast<std::size_t>(kernel.scratch_floats);
   // Partial states [seq][q head][split]: m, l, acc[D], merged below; without splits each item stores its output. In
   // the caller's workspace when given (checked before anything is written), else allocated here without throwing: a
@@ -316,37 +335,39 @@ std::int32_t decode_cpu(const kvpager::decode_params& p) noexcept {
   auto state = [&](std::int64_t seq, std::int64_t qh, std::int64_t split) {
     return part + ((seq * p.num_q_heads + qh) * splits + split) * (D + 2);
   };
-  parallel_for(std::int64_t{p.num_seqs} * hkv * splits, threads, [&](std::int64_t item) {
+  parallel_for(std::int64_t{p.num_seqs} * head_ranges * splits, threads, [&](std::int64_t item) {
     item_buffers own;
     item_buffers& b = buffers_or(own);
     if (b.scratch.size() < scratch_floats) b.scratch.resize(scratch_floats);
     auto& m = b.m;
     auto& l = b.l;
     auto& acc = b.acc;
-    m.resize(static_cast<std::size_t>(group));
-    l.resize(static_cast<std::size_t>(group));
-    acc.resize(static_cast<std::size_t>(group * D));
-    const auto seq = static_cast<std::int32_t>(item / (hkv * splits));
-    const auto h = static_cast<std::int32_t>(item / splits % hkv);
+    const auto rows = static_cast<std::size_t>(heads_per_item) * static_cast<std::size_t>(group);
+    m.resize(rows);
+    l.resize(rows);
+    acc.resize(rows * static_cast<std::size_t>(D));
+    const auto seq = static_cast<std::int32_t>(item / (std::int64_t{head_ranges} * splits));
+    const auto h0 = static_cast<std::int32_t>(item / splits % head_ranges * heads_per_item);
+    const auto h1 = static_cast<std::int32_t>(std::min<std::int64_t>(hkv, h0 + heads_per_item));
     const auto split = static_cast<std::int32_t>(item % splits);
     const std::int32_t len = page_length(p.pages, seq, kv.block_size);
     std::int32_t t0 = 0, t1 = 0;
     split_range_from(window_start(len, p.window_left), len, kv.block_size, splits, split, t0, t1);
-    kernel.fn(p, seq, h, t0, t1, b.scratch.data(), m.data(), l.data(), acc.data());
-    if (splits == 1) {  // the whole sequence: normalize and store here, no merge pass
-      for (std::int32_t g = 0; g < group; ++g) {
-        const float lg = l[static_cast<std::size_t>(g)];
-        const std::int64_t row = std::int64_t{seq} * p.num_q_heads + h * group + g;
-        kernel.store(p.out, row, acc.data() + g * D, lg > 0.0F ? 1.0F / lg : 0.0F, kv.dtype, D);
-        if (p.lse != nullptr) p.lse[row] = lse_of(m[static_cast<std::size_t>(g)], lg);
+    kernel.fn(p, seq, h0, h1, t0, t1, b.scratch.data(), m.data(), l.data(), acc.data());
+    const std::int32_t n = (h1 - h0) * group;  // query heads h0 * group .. h1 * group
+    for (std::int32_t r = 0; r < n; ++r) {
+      const auto i = static_cast<std::size_t>(r);
+      const std::int64_t qh = std::int64_t{h0} * group + r;
+      if (splits == 1) {  // the whole sequence: normalize and store here, no merge pass
+        const std::int64_t row = std::int64_t{seq} * p.num_q_heads + qh;
+        kernel.store(p.out, row, acc.data() + r * D, l[i] > 0.0F ? 1.0F / l[i] : 0.0F, kv.dtype, D);
+        if (p.lse != nullptr) p.lse[row] = lse_of(m[i], l[i]);
+        continue;
       }
-      return;
-    }
-    for (std::int32_t g = 0; g < group; ++g) {
-      float* st = state(seq, h * group + g, split);
-      st[0] = m[static_cast<std::size_t>(g)];
-      st[1] = l[static_cast<std::size_t>(g)];
-      std::memcpy(st + 2, acc.data() + g * D, static_cast<std::size_t>(D) * sizeof(float));
+      float* st = state(seq, qh, split);
+      st[0] = m[i];
+      st[1] = l[i];
+      std::memcpy(st + 2, acc.data() + r * D, static_cast<std::size_t>(D) * sizeof(float));
     }
   });
   if (splits == 1) return KVPAGER_STATUS_OK;

@@ -518,6 +518,63 @@ TEST(CpuDecodeAttention, SplitsLseCsrAndNhdAgree) {
   EXPECT_TRUE(std::all_of(out.begin(), out.end(), [](float x) { return x == 1.0F; }));
 }
 
+TEST(CpuDecodeAttention, WorkItemsOverRangesOfKvHeadsMatchReference) {
+  // A work item covers all the KV heads of a sequence, or a range of them when there are fewer sequences (times
+  // splits) than twice the threads: 5 and 3 KV heads over 1 to 16 threads and 1 or 2 sequences give ranges of 1, 2
+  // and 3 heads, uneven last ranges (5 = 2 + 2 + 1, 3 + 2) and single items of all heads.
+  const std::pair<std::int32_t, std::int32_t> heads[] = {{10, 5}, {12, 3}, {5, 5}};
+  std::uint32_t seed = 300;
+  for (std::int32_t dtype : {KVPAGER_DTYPE_FP32, KVPAGER_DTYPE_FP16, KVPAGER_DTYPE_BF16})
+    for (const auto& [hq, hkv] : heads)
+      for (const std::vector<std::int32_t>& lens : {std::vector<std::int32_t>{300}, std::vector<std::int32_t>{77, 161}}) {
+        problem p{dtype, hq, hkv, 64, 16, 0, 20, lens};
+        for (std::int32_t len : p.lens) p.num_blocks += (len + 15) / 16;
+        p.num_blocks += 2;
+        for (std::int32_t threads : {1, 2, 3, 16})
+          EXPECT_LE(check(p, seed++, threads), tolerance(dtype))
+              << "dtype " << dtype << " hkv " << hkv << " seqs " << lens.size() << " threads " << threads;
+      }
+}
+
+TEST(CpuDecodeAttention, HeadRangesWithSplitsAgreeWithOneItemPerSequence) {
+  // One sequence, explicit splits and many threads: items are (range of KV heads, split); the result equals the run
+  // with one thread and no split (all heads in one item) up to the fp32 merge.
+  const std::int32_t hq = 12, hkv = 6, D = 64, bs = 8, len = 700, nb = (len + bs - 1) / bs + 3;
+  std::mt19937 rng(9);
+  std::uniform_real_distribution<float> uni(-1.0F, 1.0F);
+  std::vector<float> pool(static_cast<std::size_t>(nb) * 2 * hkv * bs * D), q(static_cast<std::size_t>(hq * D));
+  for (auto& x : pool) x = uni(rng);
+  for (auto& x : q) x = uni(rng);
+  std::vector<std::int32_t> table(static_cast<std::size_t>(nb));
+  std::iota(table.begin(), table.end(), 0);
+  std::shuffle(table.begin(), table.end(), rng);
+  page_table_view pages;
+  pages.block_table = table.data();
+  pages.row_stride = nb;
+  pages.seq_lens = &len;
+  auto run = [&](std::int32_t threads, std::int32_t splits) {
+    std::vector<float> out(q.size(), -9.0F);
+    decode_params p;
+    p.out = out.data();
+    p.query = q.data();
+    p.kv = paged_kv_view::hnd(pool.data(), KVPAGER_DTYPE_FP32, nb, hkv, bs, D);
+    p.pages = pages;
+    p.num_seqs = 1;
+    p.num_q_heads = hq;
+    p.scale = 0.2F;
+    p.num_threads = threads;
+    p.num_splits = splits;
+    EXPECT_EQ(paged_attention_decode_cpu(p).detail(), KVPAGER_STATUS_OK);
+    return out;
+  };
+  const auto base = run(1, 1);
+  for (const auto& [threads, splits] : {std::pair{4, 2}, std::pair{8, 3}, std::pair{3, 1}, std::pair{16, 0}}) {
+    const auto o = run(threads, splits);
+    for (std::size_t i = 0; i < o.size(); ++i)
+      ASSERT_NEAR(o[i], base[i], 2e-6) << "threads " << threads << " splits " << splits << " at " << i;
+  }
+}
+
 TEST(CpuDecodeAttention, PlanSplitsOnlyWhenThreadsWouldIdle) {
   EXPECT_EQ(plan_decode(64, 8, 4096, 16), 1);
   EXPECT_GT(plan_decode(1, 1, 32768, 16), 1);

@@ -110,7 +110,9 @@ inline constexpr std::int32_t max_planned_splits = 64;
 
 /// Host-side split choice: enough (sequence, KV head, split) work items to keep `threads` busy, chunks of at least
 /// 256 tokens, at most max_planned_splits. max_seq_len: the most tokens a sequence of the batch reads (with a window,
-/// at most window_left + 1).
+/// at most window_left + 1). The CPU decode, whose work items cover all the KV heads of a sequence when it can (they
+/// then read whole blocks), plans with num_kv_heads = 1 and splits the heads into ranges only when that leaves
+/// threads idle; the CUDA decode plans one CTA per KV head.
 [[nodiscard]] KVPAGER_KERNELS_EXPORT std::int32_t plan_decode(std::int32_t num_seqs, std::int32_t num_kv_heads,
                                                               std::int32_t max_seq_len, std::int32_t threads) noexcept;
 
