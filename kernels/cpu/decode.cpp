@@ -1,10 +1,10 @@
 // SPDX-License-Identifier: Apache-2.0
-// CPU paged decode attention of the C ABI and of the C++ interface (GQA/MQA, fp32/fp16/bf16 with fp32 accumulation);
-// the block moves (kv_append, copy_blocks, swap_blocks) are in block_moves.cpp. Every argument is validated before any
-// KV memory is touched. Decode work items are
+// CPU paged decode attention of the C ABI and of the C++ interface (GQA/MQA, fp32/fp16/bf16 and, through
+// decode_fp8.cpp's checks, fp8 E4M3 pools, fp32 accumulation); the block moves (kv_append, copy_blocks, swap_blocks)
+// are in block_moves.cpp. Every argument is validated before any KV memory is touched. Decode work items are
 // (sequence, range of KV heads, split), handed to the process-wide worker pool (worker_pool.hpp); each item reads its
-// heads' rows once for their whole query-head groups, block by block over all its heads. The vector paths (AVX-512, AVX2) are decode_tiled.inc compiled twice,
-// chosen at run time; the portable path is decode_chunk below.
+// heads' rows once for their whole query-head groups, block by block over all its heads. One kernel,
+// decode_tiled.inc, compiled per path (AVX-512 with and without AVX512-BF16, AVX2, portable), chosen at run time.
 #include <algorithm>
 #include <cmath>
 #include <cstddef>
@@ -32,38 +32,7 @@
 
 namespace {
 
-using kvpager::detail::bf16_to_float;
-using kvpager::detail::float_to_bf16;
-using kvpager::detail::float_to_half;
-using kvpager::detail::half_to_float;
-
 using kvpager::kernels::detail::parallel_for;
-
-// ------------------------------------------------------------------------------------------- element ops
-using kvpager::kernels::detail::load_one;
-using kvpager::kernels::detail::store_one;
-
-/// Portable building blocks (the compiler vectorizes what it can).
-struct scalar_ops {
-  static void to_float(const void* src, std::int32_t dtype, float* dst, std::int64_t n) noexcept {
-    for (std::int64_t i = 0; i < n; ++i) dst[i] = load_one(src, i, dtype);
-  }
-  static float dot(const float* a, const float* b, std::int64_t n) noexcept {
-    float s = 0.0F;
-    for (std::int64_t i = 0; i < n; ++i) s += a[i] * b[i];
-    return s;
-  }
-  static float exp_sub(const float* s, float m, float* p, std::int64_t n) noexcept {
-    float sum = 0.0F;
-    for (std::int64_t t = 0; t < n; ++t) sum += (p[t] = std::exp(s[t] - m));
-    return sum;
-  }
-  static void accumulate(float* acc, float alpha, const float* p, const float* v, std::int64_t n, std::int64_t D) noexcept {
-    for (std::int64_t d = 0; d < D; ++d) acc[d] *= alpha;
-    for (std::int64_t t = 0; t < n; ++t)
-      for (std::int64_t d = 0; d < D; ++d) acc[d] += p[t] * v[t * D + d];
-  }
-};
 
 // ------------------------------------------------------------------------------------------- x86 vector paths
 #if defined(__x86_64__) && defined(__GNUC__) && !defined(__clang__)
@@ -122,70 +91,21 @@ using isa = avx512_path::isa;
 
 namespace {
 
-// ------------------------------------------------------------------------------------------- decode core
-/// Partial softmax state over tokens [t0, t1) of one sequence for the query-head group of KV head h: m[g], l[g],
-/// acc[g * D .. ]. Each K/V block is converted to fp32 once for the whole group. scratch: 2 * block_size * D +
-/// group * D + group * block_size floats.
-template <class Ops>
-inline __attribute__((always_inline)) void decode_chunk(const kvpager::decode_params& p, std::int32_t seq, std::int32_t h,
-                                                        std::int32_t t0, std::int32_t t1, float* scratch, float* m,
-                                                        float* l, float* acc) {
-  const auto& kv = p.kv;
-  const std::int64_t D = kv.head_dim, bs = kv.block_size;
-  const std::int32_t group = p.num_q_heads / kv.num_kv_heads;
-  const std::int64_t esz = kvpager::kernels::detail::elem_bytes(kv.dtype);
-  float* kf = scratch;
-  float* vf = kf + bs * D;
-  float* qf = vf + bs * D;
-  float* scores = qf + group * D;
-  const auto* qbase = static_cast<const unsigned char*>(p.query);
-  for (std::int32_t g = 0; g < group; ++g) {
-    Ops::to_float(qbase + ((std::int64_t{seq} * p.num_q_heads + h * group + g) * D) * esz, kv.dtype, qf + g * D, D);
-    for (std::int64_t d = 0; d < D; ++d) qf[g * D + d] *= p.scale;
-    for (std::int64_t d = 0; d < D; ++d) acc[g * D + d] = 0.0F;
-    m[g] = -std::numeric_limits<float>::infinity();
-    l[g] = 0.0F;
-  }
-  const auto* base = static_cast<const unsigned char*>(kv.data);
-  for (std::int64_t start = t0; start < t1;) {
-    const std::int64_t off = start % bs;
-    const std::int64_t n = std::min<std::int64_t>(bs - off, t1 - start);
-    const std::int64_t blk = page_block_at(p.pages, seq, start / bs);
-    const std::int64_t kelem = blk * kv.stride_block + h * kv.stride_head + off * kv.stride_token;
-    for (std::int64_t t = 0; t < n; ++t) {
-      Ops::to_float(base + (kelem + t * kv.stride_token) * esz, kv.dtype, kf + t * D, D);
-      Ops::to_float(base + (kelem + kv.stride_kv + t * kv.stride_token) * esz, kv.dtype, vf + t * D, D);
-    }
-    for (std::int32_t g = 0; g < group; ++g) {
-      float* sg = scores + g * bs;
-      float block_max = -std::numeric_limits<float>::infinity();
-      for (std::int64_t t = 0; t < n; ++t) {
-        sg[t] = kvpager::kernels::detail::soft_cap(Ops::dot(qf + g * D, kf + t * D, D), p.logits_soft_cap);
-        block_max = std::max(block_max, sg[t]);
-      }
-      const float m_new = std::max(m[g], block_max);
-      const float alpha = m[g] == -std::numeric_limits<float>::infinity() ? 0.0F : std::exp(m[g] - m_new);
-      const float sum = Ops::exp_sub(sg, m_new, sg, n);  // scores become probabilities
-      Ops::accumulate(acc + g * D, alpha, sg, vf, n, D);
-      l[g] = l[g] * alpha + sum;
-      m[g] = m_new;
-    }
-    start += n;
-  }
-}
+// ------------------------------------------------------------------------------------------- portable path
+// The same kernel over scalar_vec (one float per "vector"; the compiler may vectorize around it): CPUs without the
+// x86 paths and KVPAGER_CPU_DISPATCH=portable.
+namespace portable_path {
+struct isa : kvpager::kernels::detail::scalar_vec {
+  static constexpr int score_tokens = reduce_tokens;  // 2 tokens x 4 heads
+  static constexpr int acc_vectors = 4;
+};
+#include "decode_tiled.inc"
+}  // namespace portable_path
 
-/// Partial states over tokens [t0, t1) of sequence seq for KV heads [h0, h1): m, l and acc as decode_chunk's, one group
-/// of query heads after another.
+/// Partial states over tokens [t0, t1) of sequence seq for KV heads [h0, h1): m, l and acc of each head's group of
+/// query heads, one group after another (decode_tiled.inc's decode_range).
 using chunk_fn = void (*)(const kvpager::decode_params&, std::int32_t seq, std::int32_t h0, std::int32_t h1,
                           std::int32_t t0, std::int32_t t1, float* scratch, float* m, float* l, float* acc);
-void chunk_scalar(const kvpager::decode_params& p, std::int32_t seq, std::int32_t h0, std::int32_t h1, std::int32_t t0,
-                  std::int32_t t1, float* scratch, float* m, float* l, float* acc) {
-  const std::int32_t group = p.num_q_heads / p.kv.num_kv_heads;
-  for (std::int32_t h = h0; h < h1; ++h) {
-    const std::int64_t r = std::int64_t{h - h0} * group;
-    decode_chunk<scalar_ops>(p, seq, h, t0, t1, scratch, m + r, l + r, acc + r * p.kv.head_dim);
-  }
-}
 
 /// The CPU path: the widest one this CPU runs, capped by KVPAGER_CPU_DISPATCH=portable|avx2|avx512|avx512bf16 if set.
 enum class cpu_path { portable, avx2, avx512, avx512bf16 };
@@ -214,28 +134,30 @@ cpu_path pick_path() {
 
 /// Writes row `row` of the output: D floats times `scale`, converted to the dtype.
 using store_fn = void (*)(void* out, std::int64_t row, const float* src, float scale, std::int32_t dtype, std::int64_t D);
-void store_scalar(void* out, std::int64_t row, const float* src, float scale, std::int32_t dtype, std::int64_t D) {
-  for (std::int64_t d = 0; d < D; ++d) store_one(out, row * D + d, src[d] * scale, dtype);
-}
 
 struct chunk_kernel {
   chunk_fn fn;
   store_fn store;
   std::int64_t scratch_floats;
+  float unit8;  ///< what the path's fp8 loads are divided by (the output of an fp8 pool is multiplied back)
 };
 /// The kernel of the CPU's path for work items of up to `heads` KV heads.
-chunk_kernel pick_chunk(std::int32_t group, std::int64_t D, std::int32_t bs, std::int32_t heads) {
+chunk_kernel pick_chunk(std::int32_t group, std::int64_t D, std::int32_t heads) {
   switch (pick_path()) {
 #if defined(KVPAGER_HAVE_X86_PATHS)
     case cpu_path::avx512bf16:
       return {&avx512bf16_path::decode_chunk, &avx512bf16_path::store_row,
-              avx512bf16_path::scratch_floats(group, D, heads)};
+              avx512bf16_path::scratch_floats(group, D, heads), avx512bf16_path::isa::unit8};
     case cpu_path::avx512:
-      return {&avx512_path::decode_chunk, &avx512_path::store_row, avx512_path::scratch_floats(group, D, heads)};
+      return {&avx512_path::decode_chunk, &avx512_path::store_row, avx512_path::scratch_floats(group, D, heads),
+              avx512_path::isa::unit8};
     case cpu_path::avx2:
-      return {&avx2_path::decode_chunk, &avx2_path::store_row, avx2_path::scratch_floats(group, D, heads)};
+      return {&avx2_path::decode_chunk, &avx2_path::store_row, avx2_path::scratch_floats(group, D, heads),
+              avx2_path::isa::unit8};
 #endif
-    default: return {&chunk_scalar, &store_scalar, (2 * std::int64_t{bs} + group) * D + std::int64_t{group} * bs};
+    default:
+      return {&portable_path::decode_chunk, &portable_path::store_row, portable_path::scratch_floats(group, D, heads),
+              portable_path::isa::unit8};
   }
 }
 
@@ -285,9 +207,20 @@ namespace {
 
 /// The decode itself, returning a KVPAGER_STATUS_* code (the C function returns it, the C++ one maps it).
 std::int32_t decode_cpu(const kvpager::decode_params& p) noexcept {
-  using namespace kvpager::kernels::detail;
   if (const std::int32_t rc = validate(p); rc != KVPAGER_STATUS_OK) return rc;
+  return kvpager::kernels::detail::decode_validated(p);
+}
+
+}  // namespace
+
+namespace kvpager::kernels::detail {
+
+std::int32_t decode_validated(const kvpager::decode_params& p) noexcept {
   const auto& kv = p.kv;
+  // An fp8 pool: the query and output are of q_dtype and the output carries the V scale; otherwise both are of the
+  // pool's dtype.
+  const bool fp8 = kv.dtype == KVPAGER_DTYPE_FP8_E4M3;
+  const std::int32_t out_dtype = fp8 ? p.q_dtype : kv.dtype;
   const std::int64_t D = kv.head_dim, hkv = kv.num_kv_heads;
   const std::int32_t group = p.num_q_heads / kv.num_kv_heads;
   std::int32_t max_len = 0;
@@ -312,7 +245,8 @@ std::int32_t decode_cpu(const kvpager::decode_params& p) noexcept {
   auto head_ranges = static_cast<std::int32_t>(std::clamp<std::int64_t>((want_items + whole - 1) / whole, 1, hkv));
   const auto heads_per_item = static_cast<std::int32_t>((hkv + head_ranges - 1) / head_ranges);
   head_ranges = static_cast<std::int32_t>((hkv + heads_per_item - 1) / heads_per_item);
-  const chunk_kernel kernel = pick_chunk(group, D, kv.block_size, heads_per_item);
+  const chunk_kernel kernel = pick_chunk(group, D, heads_per_item);
+  const float v_unit = fp8 ? p.v_scale * kernel.unit8 : 1.0F;  // the output's factor besides 1 / l
   const auto scratch_floats = static_cast<std::size_t>(kernel.scratch_floats);
   // Partial states [seq][q head][split]: m, l, acc[D], merged below; without splits each item stores its output. In
   // the caller's workspace when given (checked before anything is written), else allocated here without throwing: a
@@ -360,7 +294,7 @@ std::int32_t decode_cpu(const kvpager::decode_params& p) noexcept {
       const std::int64_t qh = std::int64_t{h0} * group + r;
       if (splits == 1) {  // the whole sequence: normalize and store here, no merge pass
         const std::int64_t row = std::int64_t{seq} * p.num_q_heads + qh;
-        kernel.store(p.out, row, acc.data() + r * D, l[i] > 0.0F ? 1.0F / l[i] : 0.0F, kv.dtype, D);
+        kernel.store(p.out, row, acc.data() + r * D, l[i] > 0.0F ? v_unit / l[i] : 0.0F, out_dtype, D);
         if (p.lse != nullptr) p.lse[row] = lse_of(m[i], l[i]);
         continue;
       }
@@ -390,13 +324,13 @@ std::int32_t decode_cpu(const kvpager::decode_params& p) noexcept {
         for (std::int64_t d = 0; d < D; ++d) o[static_cast<std::size_t>(d)] += w * st[2 + d];
       }
     }
-    kernel.store(p.out, row, o.data(), L > 0.0F ? 1.0F / L : 0.0F, kv.dtype, D);
+    kernel.store(p.out, row, o.data(), L > 0.0F ? v_unit / L : 0.0F, out_dtype, D);
     if (p.lse != nullptr) p.lse[row] = lse_of(M, L);
   });
   return KVPAGER_STATUS_OK;
 }
 
-}  // namespace
+}  // namespace kvpager::kernels::detail
 
 extern "C" {
 

@@ -2,8 +2,8 @@
 #pragma once
 // The vector operations the CPU attention kernels are written in, once per instruction set: scalar_vec (one float
 // per "vector", the portable paths), avx2_vec (8 lanes, AVX2 + FMA + F16C) and avx512_vec (16 lanes, AVX-512
-// F/BW/DQ/VL). decode.cpp, prefill.cpp and decode_fp8.cpp each derive their per-path `isa` from one of these, adding
-// only their own tile shapes, and compile their kernel (decode_tiled.inc, prefill_tiled.inc, decode_fp8.inc) once per
+// F/BW/DQ/VL). decode.cpp and prefill.cpp each derive their per-path `isa` from one of these, adding
+// only their own tile shapes, and compile their kernel (decode_tiled.inc, prefill_tiled.inc) once per
 // path; vec_math.inc adds exp, tanh and the soft cap on top of whichever `isa` is in scope.
 //
 // The x86 structs are defined under their own #pragma GCC target, so their members carry that target; they are
@@ -40,8 +40,10 @@ struct scalar_vec {
   static constexpr int W = 1;
   /// The score tile reduce_store takes: tokens x 4 query heads.
   static constexpr int reduce_tokens = 2;
+  /// Element i of a KV row of dtype DT (fp8: value / unit8).
   template <int DT>
   static vec load(const unsigned char* row, std::int64_t i) {
+    if constexpr (DT == KVPAGER_DTYPE_FP8_E4M3) return load8(row + i);
     return load_one(row, i, DT);
   }
   template <int DT>
@@ -93,6 +95,8 @@ struct avx2_vec {
   static vec load(const unsigned char* row, std::int64_t i) {
     if constexpr (DT == KVPAGER_DTYPE_FP32) {
       return _mm256_loadu_ps(reinterpret_cast<const float*>(row) + i);
+    } else if constexpr (DT == KVPAGER_DTYPE_FP8_E4M3) {
+      return load8(row + i);
     } else {
       const __m128i h = _mm_loadu_si128(reinterpret_cast<const __m128i*>(reinterpret_cast<const std::uint16_t*>(row) + i));
       if constexpr (DT == KVPAGER_DTYPE_FP16) return _mm256_cvtph_ps(h);
@@ -207,6 +211,8 @@ struct avx512_vec {
   static vec load(const unsigned char* row, std::int64_t i) {
     if constexpr (DT == KVPAGER_DTYPE_FP32) {
       return _mm512_loadu_ps(reinterpret_cast<const float*>(row) + i);
+    } else if constexpr (DT == KVPAGER_DTYPE_FP8_E4M3) {
+      return load8(row + i);
     } else {
       const __m256i h =
           _mm256_loadu_si256(reinterpret_cast<const __m256i*>(reinterpret_cast<const std::uint16_t*>(row) + i));
