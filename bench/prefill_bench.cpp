@@ -109,7 +109,7 @@ double fma_peak(unsigned threads) {
   auto body = [&](unsigned t) {
 #if defined(__x86_64__) && defined(__GNUC__) && !defined(__clang__)
     const std::string_view path = kvpager_cpu_decode_path();
-    if (path == "avx512") sink[t] = fma_loop_512(steps);
+    if (path.starts_with("avx512")) sink[t] = fma_loop_512(steps);
     else if (path == "avx2") sink[t] = fma_loop_256(steps);
     else sink[t] = 0;
 #else
@@ -117,7 +117,7 @@ double fma_peak(unsigned threads) {
 #endif
   };
   const std::string_view path = kvpager_cpu_decode_path();
-  flops_per_step *= path == "avx512" ? 16 : path == "avx2" ? 8 : 0;
+  flops_per_step *= path.starts_with("avx512") ? 16 : path == "avx2" ? 8 : 0;  // avx512 and avx512bf16
   const double s = best_seconds(3, [&] { on_threads(threads, body); }, threads == 1);
   benchmark::DoNotOptimize(sink.data());
   return memo[threads] = flops_per_step * static_cast<double>(steps) * threads / s;
@@ -297,7 +297,7 @@ double stream_rate(const std::uint16_t* data, std::int64_t bytes, unsigned threa
     on_threads(threads, [&](unsigned t) {
       const std::int64_t b0 = bytes * t / threads / 256 * 256, b1 = bytes * (t + 1) / threads / 256 * 256;
 #if defined(__x86_64__) && defined(__GNUC__) && !defined(__clang__)
-      if (path == "avx512") {
+      if (path.starts_with("avx512")) {
         sink[t] = read_512(p + b0, b1 - b0);
         return;
       }

@@ -24,6 +24,7 @@
 #include "kvpager/kernels/kernel_status.hpp"
 #include "kernels/common/checks.hpp"
 #include "kernels/common/decode_math.hpp"
+#include "kernels/cpu/cpu_path.hpp"
 #include "kernels/cpu/decode_fp8.hpp"
 #include "kernels/cpu/element_ops.hpp"
 #include "kernels/cpu/page_tables.hpp"
@@ -107,30 +108,7 @@ struct isa : kvpager::kernels::detail::scalar_vec {
 using chunk_fn = void (*)(const kvpager::decode_params&, std::int32_t seq, std::int32_t h0, std::int32_t h1,
                           std::int32_t t0, std::int32_t t1, float* scratch, float* m, float* l, float* acc);
 
-/// The CPU path: the widest one this CPU runs, capped by KVPAGER_CPU_DISPATCH=portable|avx2|avx512|avx512bf16 if set.
-enum class cpu_path { portable, avx2, avx512, avx512bf16 };
-cpu_path pick_path() {
-  static const cpu_path path = [] {
-    cpu_path best = cpu_path::portable;
-#if defined(KVPAGER_HAVE_X86_PATHS)
-    __builtin_cpu_init();
-    if (__builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") && __builtin_cpu_supports("f16c")) {
-      best = cpu_path::avx2;
-      if (__builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
-          __builtin_cpu_supports("avx512dq") && __builtin_cpu_supports("avx512vl"))
-        best = __builtin_cpu_supports("avx512bf16") ? cpu_path::avx512bf16 : cpu_path::avx512;
-    }
-#endif
-    const char* cap = std::getenv("KVPAGER_CPU_DISPATCH");
-    if (cap == nullptr) return best;
-    const cpu_path limit = std::strcmp(cap, "avx512bf16") == 0 ? cpu_path::avx512bf16
-                           : std::strcmp(cap, "avx512") == 0   ? cpu_path::avx512
-                           : std::strcmp(cap, "avx2") == 0 ? cpu_path::avx2
-                                                           : cpu_path::portable;
-    return std::min(best, limit);
-  }();
-  return path;
-}
+using kvpager::kernels::detail::cpu_path;
 
 /// Writes row `row` of the output: D floats times `scale`, converted to the dtype.
 using store_fn = void (*)(void* out, std::int64_t row, const float* src, float scale, std::int32_t dtype, std::int64_t D);
@@ -143,7 +121,7 @@ struct chunk_kernel {
 };
 /// The kernel of the CPU's path for work items of up to `heads` KV heads.
 chunk_kernel pick_chunk(std::int32_t group, std::int64_t D, std::int32_t heads) {
-  switch (pick_path()) {
+  switch (kvpager::kernels::detail::pick_cpu_path()) {
 #if defined(KVPAGER_HAVE_X86_PATHS)
     case cpu_path::avx512bf16:
       return {&avx512bf16_path::decode_chunk, &avx512bf16_path::store_row,
@@ -214,6 +192,29 @@ std::int32_t decode_cpu(const kvpager::decode_params& p) noexcept {
 }  // namespace
 
 namespace kvpager::kernels::detail {
+
+cpu_path pick_cpu_path() noexcept {
+  static const cpu_path path = [] {
+    cpu_path best = cpu_path::portable;
+#if defined(KVPAGER_HAVE_X86_PATHS)
+    __builtin_cpu_init();
+    if (__builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") && __builtin_cpu_supports("f16c")) {
+      best = cpu_path::avx2;
+      if (__builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
+          __builtin_cpu_supports("avx512dq") && __builtin_cpu_supports("avx512vl"))
+        best = __builtin_cpu_supports("avx512bf16") ? cpu_path::avx512bf16 : cpu_path::avx512;
+    }
+#endif
+    const char* cap = std::getenv("KVPAGER_CPU_DISPATCH");
+    if (cap == nullptr) return best;
+    const cpu_path limit = std::strcmp(cap, "avx512bf16") == 0 ? cpu_path::avx512bf16
+                           : std::strcmp(cap, "avx512") == 0   ? cpu_path::avx512
+                           : std::strcmp(cap, "avx2") == 0     ? cpu_path::avx2
+                                                               : cpu_path::portable;
+    return std::min(best, limit);
+  }();
+  return path;
+}
 
 std::int32_t decode_validated(const kvpager::decode_params& p) noexcept {
   const auto& kv = p.kv;
@@ -335,7 +336,7 @@ std::int32_t decode_validated(const kvpager::decode_params& p) noexcept {
 extern "C" {
 
 const char* kvpager_cpu_decode_path(void) {
-  switch (pick_path()) {
+  switch (kvpager::kernels::detail::pick_cpu_path()) {
     case cpu_path::avx512bf16: return "avx512bf16";
     case cpu_path::avx512: return "avx512";
     case cpu_path::avx2: return "avx2";

@@ -6,8 +6,8 @@
 // validated before any KV memory is touched. Work items are (sequence, KV head, tile of query positions), handed
 // to the process-wide worker pool (worker_pool.hpp), heaviest tiles (the last positions, which see the most KV)
 // first. The kernel is prefill_tiled.inc, compiled three times: AVX-512 and AVX2 under #pragma GCC target, and a
-// portable one; the path is the one the decode uses (kvpager_cpu_decode_path: the same CPU check and the same
-// KVPAGER_CPU_DISPATCH cap), so one process never mixes paths.
+// portable one; the path is the one the decode uses (cpu_path.hpp's pick_cpu_path: the same CPU check and the same
+// KVPAGER_CPU_DISPATCH cap; the AVX512-BF16 path runs the AVX-512 prefill), so one process never mixes paths.
 #include <algorithm>
 #include <cmath>
 #include <cstddef>
@@ -25,6 +25,7 @@
 #include "kvpager/kernels/prefill.hpp"
 #include "kernels/common/checks.hpp"
 #include "kernels/common/decode_math.hpp"
+#include "kernels/cpu/cpu_path.hpp"
 #include "kernels/cpu/decode_fp8.hpp"
 #include "kernels/cpu/fp8_convert.hpp"
 #include "kernels/cpu/element_ops.hpp"
@@ -101,21 +102,24 @@ struct prefill_kernel {
   std::int64_t (*scratch)(std::int64_t, std::int64_t);
 };
 
-/// The decode's path choice (kvpager_cpu_decode_path: CPU features, capped by KVPAGER_CPU_DISPATCH).
+/// The decode's path choice (pick_cpu_path: CPU features, capped by KVPAGER_CPU_DISPATCH). The AVX512-BF16 path has
+/// no prefill of its own: the AVX-512 kernel.
 prefill_kernel pick_kernel() {
-  static const prefill_kernel k = [] {
-    const char* path = kvpager_cpu_decode_path();
+  static const prefill_kernel k = []() -> prefill_kernel {
+    switch (kvpager::kernels::detail::pick_cpu_path()) {
 #if defined(KVPAGER_HAVE_X86_PATHS)
-    if (std::strcmp(path, "avx512") == 0)
-      return prefill_kernel{&avx512_path::prefill_item, avx512_path::isa::W, avx512_path::isa::tile_rows,
-                            &avx512_path::prefill_scratch_floats};
-    if (std::strcmp(path, "avx2") == 0)
-      return prefill_kernel{&avx2_path::prefill_item, avx2_path::isa::W, avx2_path::isa::tile_rows,
-                            &avx2_path::prefill_scratch_floats};
+      case kvpager::kernels::detail::cpu_path::avx512bf16:
+      case kvpager::kernels::detail::cpu_path::avx512:
+        return {&avx512_path::prefill_item, avx512_path::isa::W, avx512_path::isa::tile_rows,
+                &avx512_path::prefill_scratch_floats};
+      case kvpager::kernels::detail::cpu_path::avx2:
+        return {&avx2_path::prefill_item, avx2_path::isa::W, avx2_path::isa::tile_rows,
+                &avx2_path::prefill_scratch_floats};
 #endif
-    (void)path;
-    return prefill_kernel{&portable_path::prefill_item, portable_path::isa::W, portable_path::isa::tile_rows,
-                          &portable_path::prefill_scratch_floats};
+      default:
+        return {&portable_path::prefill_item, portable_path::isa::W, portable_path::isa::tile_rows,
+                &portable_path::prefill_scratch_floats};
+    }
   }();
   return k;
 }

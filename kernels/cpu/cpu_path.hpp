@@ -1,0 +1,16 @@
+// SPDX-License-Identifier: Apache-2.0
+#pragma once
+// The CPU kernels' instruction-set path, chosen once per process (decode.cpp): decode and prefill dispatch on this
+// enum with a switch that names every path, so a new path cannot fall through to another kernel unnoticed (a string
+// compare against "avx512" once sent the AVX512-BF16 path's prefill and fp8 decode to the portable code).
+// kvpager_cpu_decode_path() names it for callers. Internal to libkvpager_kernels.
+
+namespace kvpager::kernels::detail {
+
+/// From narrowest to widest: portable C++, AVX2 + FMA + F16C, AVX-512 F/BW/DQ/VL, AVX-512 plus AVX512_BF16.
+enum class cpu_path { portable, avx2, avx512, avx512bf16 };
+
+/// The widest path this CPU runs, capped by KVPAGER_CPU_DISPATCH=portable|avx2|avx512|avx512bf16 if set.
+cpu_path pick_cpu_path() noexcept;
+
+}  // namespace kvpager::kernels::detail
