@@ -136,6 +136,17 @@ inline int32_t check_seq_len(int32_t len, int32_t block_size, int64_t max_blocks
   return len < 0 || blocks_for(len, block_size) > max_blocks_per_seq ? KVPAGER_STATUS_SEQ_TOO_LONG : KVPAGER_STATUS_OK;
 }
 
+/// What check_dense_prefill and check_dense_prefill_fp8 check after their own arguments: check_window_and_cap, then the
+/// pointers, which may be null only when num_seqs is 0.
+inline int32_t check_prefill_window_and_pointers(int32_t num_seqs, int32_t window_left, float logits_soft_cap,
+                                                 std::initializer_list<const void*> pointers) {
+  if (const int32_t rc = check_window_and_cap(window_left, logits_soft_cap); rc != KVPAGER_STATUS_OK) return rc;
+  if (num_seqs > 0)
+    for (const void* ptr : pointers)
+      if (ptr == nullptr) return KVPAGER_STATUS_INVALID_ARGUMENT;
+  return KVPAGER_STATUS_OK;
+}
+
 /// Every argument of the dense C ABI prefill entry points that can be checked without reading a page table, in this
 /// order: max_blocks_per_seq positive, check_decode_args (num_seqs, scale, heads, geometry), check_window_and_cap,
 /// then the pointers, which may be null only when num_seqs is 0 (qo_indptr too).
@@ -149,11 +160,8 @@ inline int32_t check_dense_prefill(const void* out, const void* query, const voi
                                            scale, 1);
       rc != KVPAGER_STATUS_OK)
     return rc;
-  if (const int32_t rc = check_window_and_cap(window_left, logits_soft_cap); rc != KVPAGER_STATUS_OK) return rc;
-  if (num_seqs > 0 && (out == nullptr || query == nullptr || kv_cache == nullptr || qo_indptr == nullptr ||
-                       block_table == nullptr || seq_lens == nullptr))
-    return KVPAGER_STATUS_INVALID_ARGUMENT;
-  return KVPAGER_STATUS_OK;
+  return check_prefill_window_and_pointers(num_seqs, window_left, logits_soft_cap,
+                                          {out, query, kv_cache, qo_indptr, block_table, seq_lens});
 }
 
 /// A prefill's query row offsets (host memory): qo_indptr[0] = 0 and never decreasing (else INVALID_ARGUMENT), and
@@ -277,11 +285,8 @@ inline int32_t check_dense_prefill_fp8(const void* out, const void* query, const
                                                num_blocks, scale, k_scale, v_scale, 1);
       rc != KVPAGER_STATUS_OK)
     return rc;
-  if (const int32_t rc = check_window_and_cap(window_left, logits_soft_cap); rc != KVPAGER_STATUS_OK) return rc;
-  if (num_seqs > 0 && (out == nullptr || query == nullptr || kv_cache == nullptr || qo_indptr == nullptr ||
-                       block_table == nullptr || seq_lens == nullptr))
-    return KVPAGER_STATUS_INVALID_ARGUMENT;
-  return KVPAGER_STATUS_OK;
+  return check_prefill_window_and_pointers(num_seqs, window_left, logits_soft_cap,
+                                          {out, query, kv_cache, qo_indptr, block_table, seq_lens});
 }
 
 /// kv_append_fp8 arguments (CPU and CUDA), in this order: num_tokens non-negative and both scales finite and positive
