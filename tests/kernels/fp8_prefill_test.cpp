@@ -24,6 +24,7 @@
 #include <vector>
 
 #include "fp8_problem.hpp"
+#include "paged_tables.hpp"
 
 using namespace kvpager;
 using kvpager_fp8_test::q_elem_bytes;
@@ -46,48 +47,26 @@ struct shape {
 
 /// An fp8 pool filled for `s` (random K/V quantized with the scales, shuffled block ids, the NaN code in every slot no
 /// sequence uses), its page tables and a query of q_dtype.
-struct fixture {
+struct fixture : kvpager_prefill_test::paged_tables {
   shape s;
-  std::int32_t num_blocks = 3, max_blocks = 1;
   std::int64_t rows = 0;
   std::vector<std::uint8_t> kv;
   std::vector<unsigned char> q;
-  std::vector<std::int32_t> table, indptr, indices, last, qo;
   paged_kv_view view{};
   fixture(const shape& sh, std::uint32_t seed) : s(sh) {
     std::mt19937 rng(seed);
     std::uniform_real_distribution<float> uni(-1.0F, 1.0F);
-    const auto S = static_cast<std::int32_t>(s.lens.size());
-    for (const std::int32_t len : s.lens) {
-      max_blocks = std::max(max_blocks, (len + s.bs - 1) / s.bs);
-      num_blocks += (len + s.bs - 1) / s.bs;
-    }
+    static_cast<paged_tables&>(*this) = paged_tables(s.lens, s.q_lens, s.bs, 3, rng);
     kv.assign(static_cast<std::size_t>(num_blocks) * 2 * static_cast<std::size_t>(s.hkv * s.bs * s.d),
               detail::e4m3_nan_code);
     view = s.nhd ? paged_kv_view::nhd(kv.data(), KVPAGER_DTYPE_FP8_E4M3, num_blocks, s.hkv, s.bs, s.d)
                  : paged_kv_view::hnd(kv.data(), KVPAGER_DTYPE_FP8_E4M3, num_blocks, s.hkv, s.bs, s.d);
-    std::vector<std::int32_t> ids(static_cast<std::size_t>(num_blocks));
-    std::iota(ids.begin(), ids.end(), 0);
-    std::shuffle(ids.begin(), ids.end(), rng);
-    table.assign(static_cast<std::size_t>(S * max_blocks), -1);
-    indptr.push_back(0);
-    qo.push_back(0);
-    std::size_t next = 0;
-    for (std::int32_t sq = 0; sq < S; ++sq) {
-      const std::int32_t len = s.lens[static_cast<std::size_t>(sq)];
-      for (std::int32_t b = 0; b < (len + s.bs - 1) / s.bs; ++b) {
-        table[static_cast<std::size_t>(sq * max_blocks + b)] = ids[next];
-        indices.push_back(ids[next++]);
-      }
-      indptr.push_back(static_cast<std::int32_t>(indices.size()));
-      last.push_back(len == 0 ? 0 : (len - 1) % s.bs + 1);
-      qo.push_back(qo.back() + s.q_lens[static_cast<std::size_t>(sq)]);
-      for (std::int32_t t = 0; t < len; ++t)
+    for (std::int32_t sq = 0; sq < static_cast<std::int32_t>(s.lens.size()); ++sq)
+      for (std::int32_t t = 0; t < s.lens[static_cast<std::size_t>(sq)]; ++t)
         for (std::int32_t k = 0; k < 2; ++k)
           for (std::int32_t h = 0; h < s.hkv; ++h)
             for (std::int32_t e = 0; e < s.d; ++e)
               kv[at(sq, t, k, h, e)] = detail::float_to_e4m3(uni(rng) / (k == 0 ? s.k_scale : s.v_scale));
-    }
     rows = qo.back();
     q.resize(static_cast<std::size_t>(rows * s.hq * s.d) * q_elem_bytes(s.q_dtype));
     for (std::size_t i = 0; i < static_cast<std::size_t>(rows * s.hq * s.d); ++i)
@@ -96,8 +75,7 @@ struct fixture {
   [[nodiscard]] std::size_t out_bytes() const { return q.size(); }
   /// Pool index of (sequence, token, K/V, head, dim), through the view's strides.
   [[nodiscard]] std::size_t at(std::int32_t sq, std::int32_t t, std::int32_t k, std::int32_t h, std::int32_t e) const {
-    const std::int64_t blk = table[static_cast<std::size_t>(sq * max_blocks + t / s.bs)];
-    return static_cast<std::size_t>(blk * view.stride_block + k * view.stride_kv + h * view.stride_head +
+    return static_cast<std::size_t>(block(sq, t, s.bs) * view.stride_block + k * view.stride_kv + h * view.stride_head +
                                     (t % s.bs) * view.stride_token + e);
   }
   /// The stored value, dequantized.
@@ -112,17 +90,7 @@ struct fixture {
     p.lse = lse;
     p.kv = view;
     p.kv.data = kv.data();  // this copy's pool
-    if (s.csr) {
-      p.pages.indptr = indptr.data();
-      p.pages.indices = indices.data();
-      p.pages.last_page_len = last.data();
-    } else {
-      p.pages.block_table = table.data();
-      p.pages.row_stride = max_blocks;
-      p.pages.seq_lens = s.lens.data();
-    }
-    p.qo_indptr = qo.data();
-    p.num_seqs = static_cast<std::int32_t>(s.lens.size());
+    set_pages(p, s.csr, s.lens);
     p.num_q_heads = s.hq;
     p.scale = scale();
     p.window_left = s.window;

@@ -22,6 +22,8 @@
 #include <random>
 #include <vector>
 
+#include "paged_tables.hpp"
+
 using namespace kvpager;
 
 namespace {
@@ -63,56 +65,31 @@ struct shape {
 };
 
 /// A paged pool filled for `s` (shuffled block ids, NaN in every slot no sequence uses), its page tables and queries.
-struct fixture {
+struct fixture : kvpager_prefill_test::paged_tables {
   shape s;
-  std::int32_t num_blocks = 0, max_blocks = 0;
   std::int64_t rows = 0;
   tensor kv, q;
-  std::vector<std::int32_t> table, indptr, indices, last, qo;
   paged_kv_view view{};
   fixture(const shape& sh, std::uint32_t seed) : s(sh), kv(sh.dtype, 0), q(sh.dtype, 0) {
     std::mt19937 rng(seed);
     std::uniform_real_distribution<float> uni(-1.0F, 1.0F);
-    const auto S = static_cast<std::int32_t>(s.lens.size());
-    for (const std::int32_t len : s.lens) {
-      max_blocks = std::max(max_blocks, (len + s.bs - 1) / s.bs);
-      num_blocks += (len + s.bs - 1) / s.bs;
-    }
-    max_blocks = std::max(max_blocks, 1);
-    num_blocks += 3;  // unused blocks full of NaN
+    static_cast<paged_tables&>(*this) = paged_tables(s.lens, s.q_lens, s.bs, 3, rng);  // 3 unused blocks full of NaN
     kv = tensor(s.dtype, static_cast<std::size_t>(num_blocks) * 2 * static_cast<std::size_t>(s.hkv * s.bs * s.d));
     for (std::size_t i = 0; i < kv.size(); ++i) kv.set(i, std::numeric_limits<float>::quiet_NaN());
     view = s.nhd ? paged_kv_view::nhd(kv.data(), s.dtype, num_blocks, s.hkv, s.bs, s.d)
                  : paged_kv_view::hnd(kv.data(), s.dtype, num_blocks, s.hkv, s.bs, s.d);
-    std::vector<std::int32_t> ids(static_cast<std::size_t>(num_blocks));
-    std::iota(ids.begin(), ids.end(), 0);
-    std::shuffle(ids.begin(), ids.end(), rng);
-    table.assign(static_cast<std::size_t>(S * max_blocks), -1);
-    indptr.push_back(0);
-    qo.push_back(0);
-    std::size_t next = 0;
-    for (std::int32_t sq = 0; sq < S; ++sq) {
-      const std::int32_t len = s.lens[static_cast<std::size_t>(sq)];
-      for (std::int32_t b = 0; b < (len + s.bs - 1) / s.bs; ++b) {
-        table[static_cast<std::size_t>(sq * max_blocks + b)] = ids[next];
-        indices.push_back(ids[next++]);
-      }
-      indptr.push_back(static_cast<std::int32_t>(indices.size()));
-      last.push_back(len == 0 ? 0 : (len - 1) % s.bs + 1);
-      qo.push_back(qo.back() + s.q_lens[static_cast<std::size_t>(sq)]);
-      for (std::int32_t t = 0; t < len; ++t)
+    for (std::int32_t sq = 0; sq < static_cast<std::int32_t>(s.lens.size()); ++sq)
+      for (std::int32_t t = 0; t < s.lens[static_cast<std::size_t>(sq)]; ++t)
         for (std::int32_t k = 0; k < 2; ++k)
           for (std::int32_t h = 0; h < s.hkv; ++h)
             for (std::int32_t d = 0; d < s.d; ++d) kv.set(at(sq, t, k, h, d), uni(rng));
-    }
     rows = qo.back();
     q = tensor(s.dtype, static_cast<std::size_t>(rows * s.hq * s.d));
     for (std::size_t i = 0; i < q.size(); ++i) q.set(i, uni(rng));
   }
   /// Element index of (sequence, token, K/V, head, dim) in the pool, through the view's strides.
   [[nodiscard]] std::size_t at(std::int32_t sq, std::int32_t t, std::int32_t k, std::int32_t h, std::int32_t d) const {
-    const std::int64_t blk = table[static_cast<std::size_t>(sq * max_blocks + t / s.bs)];
-    return static_cast<std::size_t>(blk * view.stride_block + k * view.stride_kv + h * view.stride_head +
+    return static_cast<std::size_t>(block(sq, t, s.bs) * view.stride_block + k * view.stride_kv + h * view.stride_head +
                                     (t % s.bs) * view.stride_token + d);
   }
   [[nodiscard]] float scale() const { return 1.0F / std::sqrt(static_cast<float>(s.d)); }
@@ -122,17 +99,7 @@ struct fixture {
     p.query = q.data();
     p.lse = lse;
     p.kv = view;
-    if (s.csr) {
-      p.pages.indptr = indptr.data();
-      p.pages.indices = indices.data();
-      p.pages.last_page_len = last.data();
-    } else {
-      p.pages.block_table = table.data();
-      p.pages.row_stride = max_blocks;
-      p.pages.seq_lens = s.lens.data();
-    }
-    p.qo_indptr = qo.data();
-    p.num_seqs = static_cast<std::int32_t>(s.lens.size());
+    set_pages(p, s.csr, s.lens);
     p.num_q_heads = s.hq;
     p.scale = scale();
     p.window_left = s.window;
