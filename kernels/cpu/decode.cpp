@@ -244,7 +244,11 @@ std::int32_t decode_validated(const kvpager::decode_params& p) noexcept {
   const std::int32_t splits = p.num_splits > 0 ? p.num_splits : kvpager::plan_decode(p.num_seqs, 1, max_len, threads);
   const std::int64_t whole = std::max<std::int64_t>(1, std::int64_t{p.num_seqs} * splits);  // items of all heads
   auto head_ranges = static_cast<std::int32_t>(std::clamp<std::int64_t>((want_items + whole - 1) / whole, 1, hkv));
-  const auto heads_per_item = static_cast<std::int32_t>((hkv + head_ranges - 1) / head_ranges);
+  // At most kMaxItemHeads per item: an item's buffers (queries, accumulators, prefetch runs) grow with its heads, and
+  // 32 heads already read runs of 32 rows per block (64 KiB at fp16, head_dim 128).
+  constexpr std::int64_t kMaxItemHeads = 32;
+  const auto heads_per_item =
+      static_cast<std::int32_t>(std::min<std::int64_t>((hkv + head_ranges - 1) / head_ranges, kMaxItemHeads));
   head_ranges = static_cast<std::int32_t>((hkv + heads_per_item - 1) / heads_per_item);
   const chunk_kernel kernel = pick_chunk(group, D, heads_per_item);
   const float v_unit = fp8 ? p.v_scale * kernel.unit8 : 1.0F;  // the output's factor besides 1 / l

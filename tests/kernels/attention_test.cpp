@@ -522,7 +522,8 @@ TEST(CpuDecodeAttention, WorkItemsOverRangesOfKvHeadsMatchReference) {
   // A work item covers all the KV heads of a sequence, or a range of them when there are fewer sequences (times
   // splits) than twice the threads: 5 and 3 KV heads over 1 to 16 threads and 1 or 2 sequences give ranges of 1, 2
   // and 3 heads, uneven last ranges (5 = 2 + 2 + 1, 3 + 2) and single items of all heads.
-  const std::pair<std::int32_t, std::int32_t> heads[] = {{10, 5}, {12, 3}, {5, 5}};
+  // 40 KV heads: more than one item holds (32 at most), so ranges of 32 + 8 even with one thread.
+  const std::pair<std::int32_t, std::int32_t> heads[] = {{10, 5}, {12, 3}, {5, 5}, {40, 40}};
   std::uint32_t seed = 300;
   for (std::int32_t dtype : {KVPAGER_DTYPE_FP32, KVPAGER_DTYPE_FP16, KVPAGER_DTYPE_BF16})
     for (const auto& [hq, hkv] : heads)
