@@ -44,8 +44,15 @@ KVPAGER_HOST_DEVICE inline void split_range_from(int32_t w0, int32_t len, int32_
   if (t0 < w0) t0 = w0;  // only the first split: its end is at least one block past `first`, so t1 > w0
 }
 
-/// A scaled score after the logit soft cap: cap * tanh(s / cap) when cap > 0, s itself when cap is 0.
-KVPAGER_HOST_DEVICE inline float soft_cap(float s, float cap) { return cap > 0.0F ? cap * tanhf(s / cap) : s; }
+/// A scaled score after the logit soft cap: cap * tanh(s / cap) when cap > 0, s itself when cap is 0; within a few
+/// ulp of the exact value for every finite cap (the CPU kernels' vsoftcap is the same function). Where |s / cap| is
+/// below 2^-12, tanh(y) = y (1 - y^2 / 3 + ...) differs from y by less than half an ulp, so the result is s itself:
+/// cap * tanhf(s / cap) would round s / cap to a subnormal, and lose s's low bits, for caps near FLT_MAX.
+KVPAGER_HOST_DEVICE inline float soft_cap(float s, float cap) {
+  if (!(cap > 0.0F)) return s;
+  const float y = s / cap;
+  return fabsf(y) < 0x1p-12F ? s : cap * tanhf(y);
+}
 
 /// Natural log of the softmax denominator of the scaled scores, from the running max m and the sum l of exp(s - m);
 /// -inf for an empty sequence (l = 0).

@@ -60,8 +60,7 @@ __device__ __forceinline__ float kv_to_f(uint8_t x) { return kvpager::detail::e4
 
 /// Score of a query-key dot product: scaled, then soft-capped when cap > 0.
 __device__ __forceinline__ float prefill_score(float dot, float scale, float cap) {
-  const float s = dot * scale;
-  return cap > 0.0F ? cap * tanhf(s / cap) : s;
+  return kvpager::kernels::detail::soft_cap(dot * scale, cap);  // the decode's function (decode_math.hpp)
 }
 
 /// Grid 1, kPrefillPrepThreads threads: tiles[s] = first tile of sequence s (tiles[num_seqs] = total), a sequence of
@@ -365,6 +364,26 @@ __global__ void __launch_bounds__(kPrefillWarps * 32) prefill_mma_kernel(prefill
           tile_mma::sync_warp();
         }
       }
+      // Each 16-token slice of P, for the warp's 16 rows: all zero (nothing to add: skipped), none zero (one MMA), or
+      // mixed: some row may not see some of its tokens. A tensor-core product would add 0 x V there, and an inf or
+      // NaN in V at a masked position would reach a row that must not see it (issue 21), so a mixed slice is added
+      // exactly, each product with P = 0 left out, through the accumulator's 16 x 16 pieces in shared memory.
+      bool slice_mma[BN / 16], slice_exact[BN / 16];
+      KVPAGER_UNROLL
+      for (int k = 0; k < BN / 16; ++k) {
+        bool zero = false, nonzero = false;
+        KVPAGER_UNROLL
+        for (int c = 0; c < BN / 2; ++c) {
+          const int col = half * (BN / 2) + c;
+          if (col / 16 != k) continue;
+          const bool z = pf_to_f(sp[row * BN + col]) == 0.0F;
+          zero = zero || z;
+          nonzero = nonzero || !z;
+        }
+        const bool any_zero = tile_mma::warp_any(zero), any_nonzero = tile_mma::warp_any(nonzero);
+        slice_mma[k] = any_nonzero && !any_zero;
+        slice_exact[k] = any_nonzero && any_zero;
+      }
       tile_mma::frag_a<T> pa[BN / 16];
       KVPAGER_UNROLL
       for (int k = 0; k < BN / 16; ++k) tile_mma::load(pa[k], sp + k * 16, BN);
@@ -372,9 +391,26 @@ __global__ void __launch_bounds__(kPrefillWarps * 32) prefill_mma_kernel(prefill
       for (int f = 0; f < D / 16; ++f) {
         KVPAGER_UNROLL
         for (int k = 0; k < BN / 16; ++k) {
-          tile_mma::frag_b<T> vb;
-          tile_mma::load(vb, sv + k * 16 * LD + f * 16, LD);
-          tile_mma::mma(o[f], pa[k], vb);
+          if (slice_mma[k]) {
+            tile_mma::frag_b<T> vb;
+            tile_mma::load(vb, sv + k * 16 * LD + f * 16, LD);
+            tile_mma::mma(o[f], pa[k], vb);
+          } else if (slice_exact[k]) {
+            tile_mma::store(scr, o[f], 16);
+            tile_mma::sync_warp();
+            for (int e = lane; e < 256; e += 32) {
+              const int er = e / 16, ed = e % 16;
+              float acc = scr[e];
+              for (int n = 0; n < 16; ++n) {
+                const float pj = pf_to_f(sp[er * BN + k * 16 + n]);
+                if (pj != 0.0F) acc += pj * pf_to_f(sv[(k * 16 + n) * LD + f * 16 + ed]);
+              }
+              scr[e] = acc;
+            }
+            tile_mma::sync_warp();
+            tile_mma::load_acc(o[f], scr, 16);
+            tile_mma::sync_warp();
+          }
         }
       }
       if constexpr (kFp8) {

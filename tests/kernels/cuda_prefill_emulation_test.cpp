@@ -15,7 +15,9 @@
 
 #include <gtest/gtest.h>
 
+#include <cmath>
 #include <cstdint>
+#include <cstring>
 #include <utility>
 #include <vector>
 
@@ -263,4 +265,53 @@ TEST(CudaPrefillEmulation, HostRowChecksInOrder) {
   // Per sequence, its length before its q_len: sequence 0's q_len above its length before sequence 1's bad length.
   EXPECT_EQ(rows({0, 11, 30}, {10, 40}), KVPAGER_STATUS_INVALID_ARGUMENT);
   EXPECT_EQ(kk::check_prefill_rows(nullptr, nullptr, 0, 4, 64, 16, 1, KVPAGER_DTYPE_FP16, &total), KVPAGER_STATUS_OK);
+}
+
+// Issue 21, point 5 on the CUDA kernels: a position outside a row's window (after it, or before its window) never
+// reaches that row, whatever K and V hold there. The tensor-core kernel used to add 0 x V for a masked position in a
+// 16-token slice that other rows of the warp see, so an inf or NaN there turned the row into NaN; such mixed slices
+// are now added exactly. For each checked row, every position outside its window is poisoned in K and V.
+TEST(CudaPrefillEmulation, MaskedPositionsNeverReachARow) {
+  for (const int32_t dtype : {KVPAGER_DTYPE_FP32, KVPAGER_DTYPE_FP16, KVPAGER_DTYPE_BF16})
+    for (const int32_t window : {-1, 6})
+      for (const bool nan : {false, true}) {
+        const prefill_problem pr(dtype, 64, 16, 4, 2, window, window < 0 ? 0.0F : 10.0F, {{80, 64}}, 9000U);
+        const uint16_t poison16 = dtype == KVPAGER_DTYPE_FP16 ? (nan ? 0x7E00 : 0x7C00) : (nan ? 0x7FC0 : 0x7F80);
+        const float poison32 = nan ? NAN : INFINITY;
+        for (const int32_t r : {0, 5, 16, 31, 40, 63}) {
+          std::vector<unsigned char> kv = pr.kv;
+          const int64_t pos = 80 - 64 + r;
+          for (int32_t j = 0; j < 80; ++j) {
+            if (j <= pos && (window < 0 || j >= pos - window)) continue;
+            for (int32_t h = 0; h < pr.hkv; ++h)
+              for (int v = 0; v < 2; ++v)
+                for (int32_t e = 0; e < pr.d; ++e) {
+                  const size_t i = pr.kv_index(0, h, j, v) + static_cast<size_t>(e);
+                  if (dtype == KVPAGER_DTYPE_FP32) {
+                    std::memcpy(kv.data() + 4 * i, &poison32, 4);
+                  } else {
+                    std::memcpy(kv.data() + 2 * i, &poison16, 2);
+                  }
+                }
+          }
+          std::vector<unsigned char> out(pr.q.size(), 0xFF);
+          std::vector<int64_t> ws(2, -7);
+          int32_t error = 0;
+          ASSERT_EQ(emulated_prefill(out.data(), nullptr, pr.q.data(), kv.data(), pr.indptr.data(), pr.table.data(),
+                                     pr.lens.data(), pr.S, pr.hq, pr.hkv, pr.d, pr.bs, pr.maxb, pr.nb, pr.scale,
+                                     pr.window_left, pr.cap, dtype, 2, ws.data(), 16, &error),
+                    KVPAGER_STATUS_OK);
+          ASSERT_EQ(error, 0);
+          for (int32_t h = 0; h < pr.hq; ++h)
+            for (int32_t e = 0; e < pr.d; ++e) {
+              const size_t i = (static_cast<size_t>(r) * static_cast<size_t>(pr.hq) + static_cast<size_t>(h)) *
+                                   static_cast<size_t>(pr.d) + static_cast<size_t>(e);
+              const double got = pr.value(out, i), want = pr.ref[i];
+              ASSERT_TRUE(std::isfinite(got)) << "row " << r << " saw a poisoned position: dtype " << dtype
+                                              << " window " << window << (nan ? " NaN" : " inf");
+              ASSERT_LE(std::abs(got - want) / (1.0 + std::abs(want)), tolerance(dtype))
+                  << "row " << r << " head " << h << " dtype " << dtype << " window " << window;
+            }
+        }
+      }
 }

@@ -333,7 +333,10 @@ TEST(CpuFp8Decode, WindowAndSoftCapOfTheExFunctionMatchTheReference) {
   };
   const cfg cases[] = {{KVPAGER_DTYPE_FP32, 64, 16, 8, 2, 20, 0.0F},  {KVPAGER_DTYPE_FP16, 128, 8, 4, 4, 0, 0.0F},
                        {KVPAGER_DTYPE_BF16, 80, 32, 6, 3, 33, 5.0F},   {KVPAGER_DTYPE_FP32, 256, 16, 4, 1, -1, 0.25F},
-                       {KVPAGER_DTYPE_FP16, 96, 16, 10, 2, 300, 30.0F}};
+                       {KVPAGER_DTYPE_FP16, 96, 16, 10, 2, 300, 30.0F},
+                       // issue 21, point 1: caps whose s / cap is tiny (1 - 2 / (e^(2x) + 1) cancelled to 0 there)
+                       {KVPAGER_DTYPE_FP32, 64, 16, 8, 2, -1, 1e6F},   {KVPAGER_DTYPE_FP32, 128, 16, 4, 1, 50, 1e8F},
+                       {KVPAGER_DTYPE_FP32, 64, 8, 4, 4, -1, std::numeric_limits<float>::max()}};
   std::uint32_t seed = 70;
   for (const cfg& c : cases)
     for (const int32_t threads : {1, 0}) {

@@ -170,6 +170,50 @@ double run_and_check(const shape& sh, std::uint32_t seed, bool c_abi = false) {
   return worst;
 }
 
+// Issue 21, point 5 on an fp8 pool: every position outside a checked row's window holds the E4M3 NaN code (the
+// format has no infinity) in K and V; the row still equals the reference of the clean values.
+TEST(CpuFp8Prefill, MaskedPositionsNeverReachARow) {
+  std::uint32_t seed = 7100;
+  for (const std::int32_t q_dtype : {KVPAGER_DTYPE_FP32, KVPAGER_DTYPE_BF16})
+    for (const std::int32_t window : {-1, 6}) {
+      shape sh;
+      sh.q_dtype = q_dtype;
+      sh.hq = 4;
+      sh.hkv = 2;
+      sh.bs = 8;
+      sh.d = 64;
+      sh.lens = {90};
+      sh.q_lens = {75};
+      sh.window = window;
+      sh.cap = window < 0 ? 0.0F : 20.0F;
+      const fixture clean(sh, seed++);
+      for (std::int64_t r = 0; r < clean.rows; r += 4) {
+        fixture f = clean;
+        const std::int64_t pos = sh.lens[0] - sh.q_lens[0] + r;
+        for (std::int32_t j = 0; j < sh.lens[0]; ++j) {
+          if (j <= pos && (window < 0 || j >= pos - window)) continue;
+          for (std::int32_t k = 0; k < 2; ++k)
+            for (std::int32_t h = 0; h < sh.hkv; ++h)
+              for (std::int32_t e = 0; e < sh.d; ++e) f.kv[f.at(0, j, k, h, e)] = detail::e4m3_nan_code;
+        }
+        std::vector<unsigned char> out(f.out_bytes(), 0xAB);
+        ASSERT_TRUE(paged_attention_prefill_cpu(f.params(out.data(), nullptr)));
+        std::vector<double> o;
+        double lse = 0;
+        for (std::int32_t h = 0; h < sh.hq; ++h) {
+          clean.reference(r, h, o, lse);
+          for (std::int32_t e = 0; e < sh.d; ++e) {
+            const double got = kvpager_fp8_test::get(out, q_dtype, static_cast<std::size_t>((r * sh.hq + h) * sh.d + e));
+            ASSERT_TRUE(std::isfinite(got)) << "row " << r << " saw a poisoned position: window " << window;
+            ASSERT_LT(std::abs(got - o[static_cast<std::size_t>(e)]) / (1.0 + std::abs(o[static_cast<std::size_t>(e)])),
+                      tolerance(q_dtype))
+                << "row " << r << " head " << h << " window " << window;
+          }
+        }
+      }
+    }
+}
+
 TEST(CpuFp8Prefill, MatchesTheReferenceFromStoredValuesAcrossShapes) {
 #if defined(KVPAGER_TEST_REDUCED)
   const std::int32_t dims[] = {64, 128};

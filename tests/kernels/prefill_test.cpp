@@ -193,7 +193,8 @@ TEST(CpuPrefill, MatchesReferenceAcrossDtypesHeadDimsBlockSizesAndHeads) {
 TEST(CpuPrefill, WindowsAndSoftCap) {
   std::uint32_t seed = 100;
   for (const std::int32_t window : {-1, 0, 1, 7, 50, 1000})
-    for (const float cap : {0.0F, 0.5F, 30.0F, 1.0e4F})  // 1e4: tanh of tiny arguments, no cancellation
+    // 1e4 and up: tanh of tiny arguments (no cancellation; FLT_MAX: s / cap subnormal, the result s itself)
+    for (const float cap : {0.0F, 0.5F, 30.0F, 1.0e4F, 1.0e8F, std::numeric_limits<float>::max()})
       for (const std::int32_t dtype : {KVPAGER_DTYPE_FP32, KVPAGER_DTYPE_BF16}) {
         shape sh;
         sh.dtype = dtype;
@@ -207,6 +208,57 @@ TEST(CpuPrefill, WindowsAndSoftCap) {
         sh.cap = cap;
         const double err = run_and_check(sh, seed++, window == 7);
         EXPECT_LT(err, tolerance(dtype)) << "window " << window << " cap " << cap << " dtype " << dtype;
+      }
+}
+
+// Issue 21, point 5: a position a row may not attend to (after it, or before its window) never reaches that row's
+// output, whatever is stored there. The masked tiles used to add 0 x V over the whole tile, so an inf or NaN at a
+// future position turned earlier rows into NaN. For each checked row, every position outside its window is
+// poisoned (+inf, -inf or NaN in K and V), and the row must still equal the reference of the clean values.
+TEST(CpuPrefill, MaskedPositionsNeverReachARow) {
+  std::uint32_t seed = 700;
+  const float inf = std::numeric_limits<float>::infinity();
+  for (const std::int32_t dtype : {KVPAGER_DTYPE_FP32, KVPAGER_DTYPE_FP16, KVPAGER_DTYPE_BF16})
+    for (const std::int32_t window : {-1, 6})
+      for (const float poison : {inf, -inf, std::numeric_limits<float>::quiet_NaN()}) {
+        shape sh;
+        sh.dtype = dtype;
+        sh.hq = 4;
+        sh.hkv = 2;
+        sh.bs = 8;
+        sh.d = 64;
+        sh.lens = {90};
+        sh.q_lens = {75};  // a cached prefix of 15 tokens, then rows across two KV tiles
+        sh.window = window;
+        sh.cap = window < 0 ? 0.0F : 20.0F;
+        fixture f(sh, seed++);
+        const fixture clean = f;
+        for (std::int64_t r = 0; r < f.rows; r += 4) {
+          f.kv = clean.kv;
+          const std::int64_t pos = sh.lens[0] - sh.q_lens[0] + r;
+          for (std::int32_t j = 0; j < sh.lens[0]; ++j) {
+            if (j <= pos && (window < 0 || j >= pos - window)) continue;
+            for (std::int32_t k = 0; k < 2; ++k)
+              for (std::int32_t h = 0; h < sh.hkv; ++h)
+                for (std::int32_t d = 0; d < sh.d; ++d) f.kv.set(f.at(0, j, k, h, d), poison);
+          }
+          f.view.data = f.kv.data();
+          tensor out(dtype, f.q.size());
+          ASSERT_TRUE(paged_attention_prefill_cpu(f.params(out.data(), nullptr)));
+          std::vector<double> o;
+          double lse = 0;
+          for (std::int32_t h = 0; h < sh.hq; ++h) {
+            clean.reference(r, h, o, lse);
+            for (std::int32_t d = 0; d < sh.d; ++d) {
+              const double got = out.get(static_cast<std::size_t>((r * sh.hq + h) * sh.d + d));
+              ASSERT_TRUE(std::isfinite(got)) << "row " << r << " saw a poisoned position: dtype " << dtype
+                                              << " window " << window << " poison " << poison;
+              ASSERT_LT(std::abs(got - o[static_cast<std::size_t>(d)]) / (1.0 + std::abs(o[static_cast<std::size_t>(d)])),
+                        tolerance(dtype))
+                  << "row " << r << " head " << h << " dtype " << dtype << " window " << window;
+            }
+          }
+        }
       }
 }
 

@@ -98,8 +98,9 @@ KVPAGER_C_API int32_t kvpager_built_with_cuda(void);
 KVPAGER_C_API int32_t kvpager_cuda_device_count(int32_t* count);
 
 /**
- * The CPU decode path this process uses: "avx512bf16" (AVX-512 F/BW/DQ/VL and AVX512_BF16: bf16 KV through
- * vdpbf16ps, the query exact and the probabilities rounded to bf16 for the product with V), "avx512" (AVX-512
+ * The CPU decode path this process uses: "avx512bf16" (AVX-512 F/BW/DQ/VL and AVX512_BF16: the scores of bf16 KV
+ * through vdpbf16ps, the query exact; the probabilities stay fp32 for the product with V, as on every path, so its
+ * accuracy is theirs), "avx512" (AVX-512
  * F/BW/DQ/VL), "avx2" (AVX2 + FMA + F16C) or "portable",
  * chosen once at first use from what the CPU supports (the library itself targets baseline x86-64). The environment
  * variable KVPAGER_CPU_DISPATCH=portable|avx2|avx512|avx512bf16 caps the choice (for tests and comparisons). The vector paths
