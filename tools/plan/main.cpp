@@ -8,7 +8,8 @@
 //
 // Defaults: every built-in model; cards of 24 GiB (RTX 4090), 80 GiB (A100/H100 80GB) and 141 GiB (H200); TP 1, 2,
 // 4, 8; 90% of a card usable; fp16 KV and weights; 16-token blocks; 2048-token sequences; 1 GiB of activations per
-// card. Exit status: 0 on success, 1 on a usage error (an unknown model lists the choices).
+// card. Exit status: 0 on success, 2 on a refused command line (a value outside its range, which the message states;
+// an unknown model lists the choices).
 //
 // CLI11 reports command-line errors by exception; this tool is therefore built with exceptions even in the
 // -fno-exceptions preset (the library headers it uses never throw).
@@ -25,6 +26,8 @@
 #include <kvpager/sizing/kv_sizing.hpp>
 #include <kvpager/sizing/model_shape.hpp>
 #include <kvpager/sizing/tensor_parallel.hpp>
+
+#include "cli_options.hpp"
 
 namespace {
 
@@ -183,33 +186,25 @@ void print_table(const settings& s, const std::vector<model_shape>& models) {
 int main(int argc, char** argv) {
   CLI::App app{"kvpager-plan: paged KV pool sizes of built-in models per card and tensor-parallel rank"};
   settings s;
-  // CLI::PositiveNumber reports "0 not in range 0 to 1.8e308" for an int: name the real range instead.
-  const CLI::Range positive_int(1, std::numeric_limits<std::int32_t>::max());
+  using kvtools::finite_range;
+  using kvtools::int_range;
+  constexpr std::int64_t int32_max = std::numeric_limits<std::int32_t>::max();
   app.add_option("--model", s.models, "built-in model, repeatable (default: all): " + model_choices());
   app.add_option("--card-gib", s.cards_gib, "card memory in GiB, repeatable (default: 24 80 141)")
-      ->check(CLI::PositiveNumber);
-  app.add_option("--tp", s.tps, "tensor-parallel degrees, repeatable (default: 1 2 4 8)")
-      ->check(positive_int);
+      ->check(finite_range(0, kvtools::max_gib, true));
+  app.add_option("--tp", s.tps, "tensor-parallel degrees, repeatable (default: 1 2 4 8)")->check(int_range(1, int32_max));
   app.add_option("--utilization", s.utilization, "fraction of a card the engine may use (default 0.9)")
-      ->check(CLI::Range(0.0, 1.0));
+      ->check(finite_range(0.0, 1.0, true));
   app.add_option("--kv-dtype-bytes", s.kv_dtype_bytes, "bytes per KV element (default 2: fp16/bf16; 1: fp8)")
-      ->check(CLI::Range(1, 8));
-  app.add_option("--weight-dtype-bytes", s.weight_dtype_bytes, "bytes per weight (default 2)")->check(CLI::Range(1, 8));
-  app.add_option("--block-size", s.block_size, "tokens per block (default 16)")->check(positive_int);
+      ->check(int_range(1, 8));
+  app.add_option("--weight-dtype-bytes", s.weight_dtype_bytes, "bytes per weight (default 2)")->check(int_range(1, 8));
+  app.add_option("--block-size", s.block_size, "tokens per block (default 16)")->check(int_range(1, 1 << 20));
   app.add_option("--seq-len", s.seq_len, "tokens per sequence for the concurrency column (default 2048)")
-      ->check(positive_int);
+      ->check(int_range(1, int32_max));
   app.add_option("--reserve-gib", s.reserve_gib, "activation reserve per card in GiB (default 1)")
-      ->check(CLI::NonNegativeNumber);
+      ->check(finite_range(0, kvtools::max_gib));
   app.add_flag("--json", s.json, "print one JSON document instead of the table");
-  try {
-    app.parse(argc, argv);
-  } catch (const CLI::ParseError& e) {
-    return app.exit(e) == 0 ? 0 : 1;
-  }
-  if (!(s.utilization > 0)) {
-    std::fprintf(stderr, "kvpager-plan: --utilization must be in (0, 1]\n");
-    return 1;
-  }
+  if (const int rc = kvtools::parse(app, argc, argv); rc >= 0) return rc;
 
   std::vector<model_shape> models;
   if (s.models.empty()) models.assign(kvpager::builtin_models.begin(), kvpager::builtin_models.end());
@@ -217,7 +212,7 @@ int main(int argc, char** argv) {
     const kvpager::result<model_shape> m = kvpager::find_model(name);
     if (!m.ok()) {
       std::fprintf(stderr, "kvpager-plan: unknown model '%s'; choose one of: %s\n", name.c_str(), model_choices().c_str());
-      return 1;
+      return kvtools::exit_bad_input;
     }
     models.push_back(*m);
   }

@@ -80,8 +80,9 @@ struct contiguous_options {
   std::int64_t max_steps = 0;  ///< 0: until done
 };
 
-/// Runs `w` over contiguous allocation; one sample per step into `samples`.
-inline run_summary run_contiguous(const workload& w, const contiguous_options& o, std::vector<step_sample>& samples) {
+/// Runs `w` over contiguous allocation; one sample per step into `samples` (an idle stretch before the next arrival
+/// is skipped as one sample after idle_steps_simulated steps, as the paged run does).
+inline run_summary run_contiguous(const workload& w, const contiguous_options& o, step_history& samples) {
   const auto start_time = std::chrono::steady_clock::now();
   struct live {
     std::vector<kvpager::token_id> tokens;
@@ -102,6 +103,8 @@ inline run_summary run_contiguous(const workload& w, const contiguous_options& o
   std::size_t next = 0;
   std::int64_t step = 0;
   std::vector<std::pair<std::size_t, std::int64_t>> scheduled;  // running index, tokens
+  std::int64_t idle = 0;
+  step_sample last{};
   while (next < w.requests.size() || !waiting.empty() || !running.empty()) {
     if (o.max_steps > 0 && step >= o.max_steps) break;
     while (next < w.requests.size() && w.requests[next].arrival <= static_cast<double>(step)) {
@@ -111,6 +114,21 @@ inline run_summary run_contiguous(const workload& w, const contiguous_options& o
         continue;
       }
       waiting.push_back({r.prompt, 0, 0, r.max_new, r.gen_seed, r.child_ids.empty() ? nullptr : &r, -1});
+    }
+    if (next < w.requests.size() && waiting.empty() && running.empty()) {
+      if (++idle > idle_steps_simulated) {
+        if (const std::int64_t to = idle_skip_target(step, w.requests[next].arrival, o.max_steps); to > step) {
+          step_sample x = last;
+          x.step = step;
+          x.span = to - step;
+          x.batched_tokens = 0;
+          samples.add(x);
+          step = to;
+          continue;
+        }
+      }
+    } else {
+      idle = 0;
     }
     std::int64_t budget = o.max_num_batched_tokens;
     scheduled.clear();
@@ -178,10 +196,11 @@ inline run_summary run_contiguous(const workload& w, const contiguous_options& o
     x.external_fragmentation = static_cast<double>(pool.unusable_free(reserve)) / pool_bytes;
     x.completed = s.completed;
     x.health = health.check(x.kv_usage, x.waiting, 0).level;
-    samples.push_back(x);
+    samples.add(x);
+    last = x;
     ++step;
   }
-  summarize_samples(samples, s);
+  samples.summarize(s);
   s.wall_s = std::chrono::duration<double>(std::chrono::steady_clock::now() - start_time).count();
   return s;
 }

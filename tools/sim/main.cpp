@@ -10,8 +10,10 @@
 //               [--rate R] [--seed S] [--max-steps N] [--compute none|cpu] [--dtype fp32|bf16] [--json]
 //               [--report DIR] [--quiet]
 //
-// Exit status: 0 on success; 1 on a usage error (an unknown composition lists the choices) or an unreadable trace;
-// 2 when --compute cpu finds an output that differs from the reference (or a kernel refuses a call).
+// Exit status: 0 on success; 2 on bad input (an option outside its range, which the message states; an unknown
+// composition, which lists the choices; an unreadable or unusable trace, named with its line) and when --compute cpu
+// finds an output that differs from the reference (or a kernel refuses a call); 1 when the run itself cannot be made
+// (the cache cannot be created, the report cannot be written, out of memory).
 //
 // CLI11 reports command-line errors by exception; this tool is therefore built with exceptions even in the
 // -fno-exceptions preset (the library headers it uses never throw).
@@ -43,6 +45,7 @@
 #include <kvpager/sharing/prefix_caching.hpp>
 #include <kvpager/swap/hybrid_swap.hpp>
 
+#include "cli_options.hpp"
 #include "compute.hpp"
 #include "contiguous.hpp"
 #include "kvtrace.hpp"
@@ -76,6 +79,8 @@ struct settings {
   std::string compute = "none";
   std::string dtype = "fp32";
   std::int32_t threads = 0;
+  double link_gbps = 25.0;       // --preemption adaptive: host link bandwidth, GB/s each way (PCIe 4.0 x16)
+  double prefill_tflops = 100.0;  // --preemption adaptive: prefill throughput the recompute cost assumes
   bool json = false;
   std::string report;
   bool quiet = false;
@@ -85,6 +90,13 @@ struct settings {
 /// KV bytes of one token over all layers for the byte figures: Llama-2-7B in fp16 (32 layers x 2 x 4096 x 2 bytes
 /// = 512 KiB, the seed's "16 KB per token" per layer).
 constexpr std::int64_t bytes_per_token = 32LL * 2 * 4096 * 2;
+/// Floating-point operations of one token of the simulated model's prefill: 2 x parameters (Llama-2-7B: 6.74 B).
+constexpr double prefill_flops_per_token = 2.0 * 6.74e9;
+/// Requests of the built-in workload at most: it is generated before the run (~1.5 KB a request with its prompt).
+constexpr std::int64_t max_requests = 100000;
+/// Poisson arrival rates per step accepted besides 0 (all at step 0): a run of max_requests at the lowest rate
+/// spans ~1e11 steps, which idle skipping crosses in a moment.
+constexpr double min_rate = 1e-6, max_rate = 1e6;
 
 /// Progress on stderr: one line updated in place on a terminal, plain lines (every 10%) otherwise.
 struct progress_line {
@@ -114,7 +126,7 @@ struct progress_line {
 struct outcome {
   kvsim::run_summary summary;
   kvsim::paged_extras extras;
-  std::vector<kvsim::step_sample> samples;
+  kvsim::step_history samples;
 };
 
 template <class Cache>
@@ -131,49 +143,59 @@ int run_main(int argc, char** argv) {
   CLI::App app{"kvpager-sim: a serving workload through kvpager's scheduler and paged cache, against contiguous "
                "allocation"};
   settings s;
-  const CLI::Range positive_int(1, std::numeric_limits<std::int32_t>::max());
+  using kvtools::finite_range;
+  using kvtools::int_range;
   app.add_option("trace", s.trace, "a manager-level kvtrace file (docs/KVTRACE.md); default: the built-in workload");
   app.add_option("--composition", s.composition, std::string("cache composition: ") + compositions +
                                                       " (default hybrid_swap)");
   app.add_option("--blocks", s.blocks, "usable device blocks of the paged pool (default 1030; a trace's num_blocks - 1)")
-      ->check(CLI::Range(2, 1 << 24));
+      ->check(int_range(2, 1 << 24));
   app.add_option("--block-size", s.block_size, "tokens per block, a power of two (default 16; --compute cpu: 8, 16 or 32)")
-      ->check(CLI::Range(1, 4096));
+      ->check(int_range(1, 4096));
   app.add_option("--max-model-len", s.max_model_len, "longest sequence; the contiguous reservation (default 2048)")
-      ->check(positive_int);
+      ->check(int_range(1, kvsim::max_model_len_limit));
   app.add_option("--host-blocks", s.host_blocks, "host (swap) pool blocks of hybrid_swap (default: blocks / 4)")
-      ->check(CLI::Range(0, 1 << 24));
+      ->check(int_range(0, 1 << 24));
   app.add_option("--preemption", s.preemption, "cache_policy, recompute, swap or adaptive (default cache_policy)")
       ->check(CLI::IsMember({"cache_policy", "recompute", "swap", "adaptive"}));
   app.add_option("--admission", s.admission, "watermark (1% kept free) or headroom (the seed's free >= 1.1 x needed)")
       ->check(CLI::IsMember({"watermark", "headroom"}));
   app.add_option("--tuning", s.tuning, "dynamic batch size and block size advice: on or off (default on)")
       ->check(CLI::IsMember({"on", "off"}));
-  app.add_option("--requests", s.requests, "requests of the built-in workload (default 400)")->check(positive_int);
-  app.add_option("--rate", s.rate, "Poisson arrivals per step, 0: all at step 0 (default 0.3; a trace: 0)")
-      ->check(CLI::NonNegativeNumber);
+  app.add_option("--requests", s.requests,
+                 "requests of the built-in workload (default 400; at most " + std::to_string(max_requests) +
+                     ": the workload is generated before the run)")
+      ->check(int_range(1, max_requests));
+  app.add_option("--rate", s.rate, "Poisson arrivals per step, 0: all at step 0, else in [1e-06, 1e+06] (default 0.3; a trace: 0)")
+      ->check(finite_range(0, max_rate));
   app.add_option("--seed", s.seed, "seed of the built-in workload and of the arrivals (default 2023)");
-  app.add_option("--max-steps", s.max_steps, "stop each system after this many steps (default: until done)")
-      ->check(CLI::NonNegativeNumber);
+  app.add_option("--max-steps", s.max_steps, "stop each system after this many steps (default 0: until done)")
+      ->check(int_range(0, std::int64_t{1} << 50));
   app.add_option("--compute", s.compute, "none, or cpu: attention on the CPU kernels every step, checked at the end")
       ->check(CLI::IsMember({"none", "cpu"}));
   app.add_option("--dtype", s.dtype, "KV dtype of --compute cpu: fp32 or bf16 (default fp32)")
       ->check(CLI::IsMember({"fp32", "bf16"}));
   app.add_option("--threads", s.threads, "threads of the kernel calls of --compute cpu (default 0: all cores)")
-      ->check(CLI::Range(0, 1024));
+      ->check(int_range(0, 1024));
+  app.add_option("--link-gbps", s.link_gbps,
+                 "--preemption adaptive: host link bandwidth in GB/s each way (default 25, PCIe 4.0 x16)")
+      ->check(finite_range(0, 1e5, true));
+  app.add_option("--prefill-tflops", s.prefill_tflops,
+                 "--preemption adaptive: prefill throughput in TFLOP/s for the recompute cost (default 100)")
+      ->check(finite_range(0, 1e5, true));
   app.add_flag("--json", s.json, "print one JSON document instead of the table");
   app.add_option("--report", s.report, "write steps.csv, chart.svg and metrics.prom into this directory");
   app.add_flag("--quiet", s.quiet, "no progress on stderr");
   app.add_option("--inject-corruption", s.corrupt_step, "")->group("");  // test hook: corrupt KV at this step
-  try {
-    app.parse(argc, argv);
-  } catch (const CLI::ParseError& e) {
-    return app.exit(e) == 0 ? 0 : 1;
+  if (const int rc = kvtools::parse(app, argc, argv); rc >= 0) return rc;
+  if (s.rate > 0 && s.rate < min_rate) {
+    std::fprintf(stderr, "--rate: must be 0 or a finite number in [1e-06, 1e+06], not %g\n", s.rate);
+    return kvtools::exit_bad_input;
   }
   if (s.composition != "hybrid_swap" && s.composition != "vllm_v1") {
     std::fprintf(stderr, "kvpager-sim: unknown composition '%s'; choose one of: %s\n", s.composition.c_str(),
                  compositions);
-    return 1;
+    return kvtools::exit_bad_input;
   }
 
   // The workload.
@@ -188,16 +210,16 @@ int run_main(int argc, char** argv) {
     const kvreplay::read_result text = kvreplay::read_trace_file(s.trace);
     if (!text.text) {
       std::fprintf(stderr, "kvpager-sim: %s\n", text.error.c_str());
-      return 1;
+      return kvtools::exit_bad_input;
     }
     const kvreplay::parse_result t = kvreplay::parse_kvtrace(*text.text, s.trace);
     if (!t.value) {
       std::fprintf(stderr, "kvpager-sim: %s\n", t.error.c_str());
-      return 1;
+      return kvtools::exit_bad_input;
     }
     if (const std::string err = kvsim::workload_from_trace(*t.value, std::max(s.rate, 0.0), s.seed, w); !err.empty()) {
       std::fprintf(stderr, "kvpager-sim: %s: %s\n", s.trace.c_str(), err.c_str());
-      return 1;
+      return kvtools::exit_bad_input;
     }
   }
   if (s.blocks > 0) w.num_blocks = s.blocks;
@@ -205,15 +227,18 @@ int run_main(int argc, char** argv) {
   if (s.max_model_len > 0) w.max_model_len = s.max_model_len;
   if (!std::has_single_bit(static_cast<std::uint32_t>(w.block_size))) {
     std::fprintf(stderr, "kvpager-sim: the block size must be a power of two, not %d\n", w.block_size);
-    return 1;
+    return kvtools::exit_bad_input;
   }
   const bool compute = s.compute == "cpu";
   if (compute && w.block_size != 8 && w.block_size != 16 && w.block_size != 32) {
     std::fprintf(stderr, "kvpager-sim: --compute cpu needs block size 8, 16 or 32 (the kernels'), not %d\n",
                  w.block_size);
-    return 1;
+    return kvtools::exit_bad_input;
   }
-  const std::int32_t max_blocks_per_seq = (w.max_model_len + w.block_size - 1) / w.block_size;
+  // In 64 bits: max_model_len is at most max_model_len_limit (2^24) and the block size at least 1, so the quotient
+  // fits the cache's int32 field.
+  const auto max_blocks_per_seq =
+      static_cast<std::int32_t>((std::int64_t{w.max_model_len} + w.block_size - 1) / w.block_size);
   const std::int32_t host_blocks =
       s.composition == "vllm_v1" ? 0 : (s.host_blocks >= 0 ? s.host_blocks : w.num_blocks / 4);
 
@@ -227,6 +252,11 @@ int run_main(int argc, char** argv) {
                                                      : kvpager::preemption_mode::cache_policy;
   po.sched.admit_rule =
       s.admission == "headroom" ? kvpager::admission_rule::request_headroom : kvpager::admission_rule::watermark;
+  // --preemption adaptive: the cost model of the simulated model (Llama-2-7B, fp16): a block's bytes over the host
+  // link against the prefill compute of its tokens.
+  po.sched.swap_cost.block_bytes = bytes_per_token * w.block_size;
+  po.sched.swap_cost.link_bytes_per_second = s.link_gbps * 1e9;
+  po.sched.swap_cost.prefill_seconds_per_token = prefill_flops_per_token / (s.prefill_tflops * 1e12);
   if (s.tuning == "on") {
     po.sched.batch_tuning.enabled = true;
     po.sched.batch_tuning.max_seqs = w.max_num_seqs;
@@ -234,7 +264,7 @@ int run_main(int argc, char** argv) {
   }
   if (const kvpager::status st = po.sched.validate(); !st) {
     std::fprintf(stderr, "kvpager-sim: scheduler configuration: %s\n", st.message());
-    return 1;
+    return kvtools::exit_bad_input;
   }
   const std::int64_t bytes_per_block = bytes_per_token * w.block_size;
   po.bytes_per_block = bytes_per_block;
@@ -294,7 +324,7 @@ int run_main(int argc, char** argv) {
   co.max_num_seqs = w.max_num_seqs;
   co.max_num_batched_tokens = w.max_num_batched_tokens;
   co.max_steps = s.max_steps;
-  std::vector<kvsim::step_sample> contiguous_samples;
+  kvsim::step_history contiguous_samples;
   const kvsim::run_summary contiguous = kvsim::run_contiguous(w, co, contiguous_samples);
 
   const kvsim::workload_summary ws = kvsim::summarize(w);
@@ -331,7 +361,11 @@ int run_main(int argc, char** argv) {
                        {"preemption", s.preemption},
                        {"admission", s.admission},
                        {"tuning", s.tuning},
-                       {"bytes_per_token", bytes_per_token}};
+                       {"bytes_per_token", bytes_per_token},
+                       {"link_gbps", s.link_gbps},
+                       {"prefill_tflops", s.prefill_tflops},
+                       // 1: steps.csv has every sample; k: every k-th (a run longer than the history)
+                       {"history_stride", std::max(paged.samples.stride(), contiguous_samples.stride())}};
     doc["paged"] = kvsim::to_json(paged.summary);
     doc["paged"]["dropped_forks"] = paged.extras.dropped_forks;
     if (paged.extras.advised_block_size) doc["paged"]["advised_block_size"] = *paged.extras.advised_block_size;
@@ -386,8 +420,8 @@ int run_main(int argc, char** argv) {
     kvpager::write_prometheus(prom, paged.extras.last);
     std::ofstream pf(dir + "metrics.prom");
     pf << prom;
-    if (ec || !pf || !kvsim::write_csv(dir + "steps.csv", paged.samples, contiguous_samples) ||
-        !kvsim::write_svg(dir + "chart.svg", title, paged.samples, contiguous_samples)) {
+    const std::vector<kvsim::step_sample> ps = paged.samples.samples(), cs = contiguous_samples.samples();
+    if (ec || !pf || !kvsim::write_csv(dir + "steps.csv", ps, cs) || !kvsim::write_svg(dir + "chart.svg", title, ps, cs)) {
       std::fprintf(stderr, "kvpager-sim: cannot write the report into %s\n", s.report.c_str());
       return 1;
     }

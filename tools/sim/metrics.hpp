@@ -5,6 +5,7 @@
 
 #include <algorithm>
 #include <array>
+#include <cmath>
 #include <cstdint>
 #include <string>
 #include <vector>
@@ -29,6 +30,9 @@ struct step_sample {
   std::int64_t preemptions = 0;  ///< so far
   std::int64_t swaps = 0;        ///< swap events (outs and ins) so far
   kvpager::health_level health = kvpager::health_level::ok;
+  /// Steps this sample stands for: 1, or the length of an idle stretch skipped to the next arrival (every step of
+  /// it the same: nothing running, waiting or swapped).
+  std::int64_t span = 1;
 };
 
 /// A run of one system, summarized.
@@ -55,31 +59,85 @@ struct run_summary {
   double wall_s = 0;
 };
 
-/// The summary fields that follow from the samples.
-inline void summarize_samples(const std::vector<step_sample>& samples, run_summary& s) {
-  s.steps = static_cast<std::int64_t>(samples.size());
-  double batch = 0, usage = 0, ext = 0, share = 0;
-  std::int64_t alloc = 0, stored = 0;
-  for (const step_sample& x : samples) {
-    s.peak_batch = std::max(s.peak_batch, x.running);
-    batch += x.running;
-    usage += x.kv_usage;
-    share += x.pool_slots > 0 ? static_cast<double>(x.stored_tokens) / static_cast<double>(x.pool_slots) : 0.0;
-    ext += x.external_fragmentation;
-    s.peak_external_fragmentation = std::max(s.peak_external_fragmentation, x.external_fragmentation);
-    alloc += x.allocated_slots;
-    stored += x.stored_tokens;
-    ++s.health_steps[static_cast<std::size_t>(x.health)];
+/// The samples of one run: the summary's sums over every step (each sample weighted by its span), and a bounded
+/// history for the report. Whatever the run's length the history keeps at most `capacity` samples: when it is full,
+/// every other one is dropped and from then on only every stride-th sample is kept (stride 1, 2, 4, ...), so a run
+/// of any length takes bounded memory (issue 21, point 4). The last sample is always in samples().
+class step_history {
+ public:
+  explicit step_history(std::size_t capacity = std::size_t{1} << 17) : capacity_(std::max<std::size_t>(capacity, 2)) {}
+
+  void add(const step_sample& x) {
+    const auto w = static_cast<double>(x.span);
+    steps_ += x.span;
+    peak_batch_ = std::max(peak_batch_, x.running);
+    batch_ += w * x.running;
+    usage_ += w * x.kv_usage;
+    share_ += x.pool_slots > 0 ? w * static_cast<double>(x.stored_tokens) / static_cast<double>(x.pool_slots) : 0.0;
+    ext_ += w * x.external_fragmentation;
+    peak_ext_ = std::max(peak_ext_, x.external_fragmentation);
+    alloc_ += x.span * x.allocated_slots;
+    stored_ += x.span * x.stored_tokens;
+    health_steps_[static_cast<std::size_t>(x.health)] += x.span;
+    last_ = x;
+    if (added_++ % stride_ == 0) kept_.push_back(x);
+    if (kept_.size() >= capacity_) {
+      std::size_t k = 0;
+      for (std::size_t i = 0; i < kept_.size(); i += 2) kept_[k++] = kept_[i];
+      kept_.resize(k);
+      stride_ *= 2;
+    }
   }
-  if (!samples.empty()) {
-    const auto n = static_cast<double>(samples.size());
-    s.mean_batch = batch / n;
-    s.mean_kv_usage = usage / n;
-    s.mean_token_share = share / n;
-    s.mean_external_fragmentation = ext / n;
-    s.completed_per_step = static_cast<double>(s.completed) / n;
+
+  /// Every stride()-th sample in order, and the last one.
+  [[nodiscard]] std::vector<step_sample> samples() const {
+    std::vector<step_sample> v = kept_;
+    if (added_ > 0 && (v.empty() || v.back().step != last_.step)) v.push_back(last_);
+    return v;
   }
-  s.internal_waste = alloc > 0 ? 1.0 - static_cast<double>(stored) / static_cast<double>(alloc) : 0.0;
+  /// 1 while every sample is kept; 2^k once the history was thinned k times.
+  [[nodiscard]] std::int64_t stride() const noexcept { return stride_; }
+  /// Steps so far (the spans summed).
+  [[nodiscard]] std::int64_t steps() const noexcept { return steps_; }
+
+  /// The summary fields that follow from the samples.
+  void summarize(run_summary& s) const {
+    s.steps = steps_;
+    s.peak_batch = peak_batch_;
+    s.peak_external_fragmentation = peak_ext_;
+    s.health_steps = health_steps_;
+    if (steps_ > 0) {
+      const auto n = static_cast<double>(steps_);
+      s.mean_batch = batch_ / n;
+      s.mean_kv_usage = usage_ / n;
+      s.mean_token_share = share_ / n;
+      s.mean_external_fragmentation = ext_ / n;
+      s.completed_per_step = static_cast<double>(s.completed) / n;
+    }
+    s.internal_waste = alloc_ > 0 ? 1.0 - static_cast<double>(stored_) / static_cast<double>(alloc_) : 0.0;
+  }
+
+ private:
+  std::size_t capacity_;
+  std::vector<step_sample> kept_;
+  step_sample last_{};
+  std::int64_t added_ = 0, stride_ = 1, steps_ = 0, alloc_ = 0, stored_ = 0;
+  std::int32_t peak_batch_ = 0;
+  double batch_ = 0, usage_ = 0, share_ = 0, ext_ = 0, peak_ext_ = 0;
+  std::array<std::int64_t, 4> health_steps_{};
+};
+
+/// Steps an idle stretch (nothing running, waiting or swapped, the next arrival ahead) is simulated one by one
+/// before the rest of it is skipped as one sample: enough for the health check's window to see the idle steps.
+inline constexpr std::int64_t idle_steps_simulated = 1024;
+
+/// The step an idle run at `step` jumps to: the next arrival's step, at most `max_steps` (0: no limit); `step`
+/// itself when there is nothing to skip.
+[[nodiscard]] inline std::int64_t idle_skip_target(std::int64_t step, double next_arrival, std::int64_t max_steps) {
+  const double cap = 4.0e18;  // within int64, far beyond any run the options allow
+  auto target = static_cast<std::int64_t>(std::ceil(std::min(next_arrival, cap)));
+  if (max_steps > 0) target = std::min(target, max_steps);
+  return std::max(target, step);
 }
 
 /// "OK GOOD WARNING" style list of the levels seen.

@@ -44,7 +44,7 @@ struct paged_extras {
 };
 
 template <class Cache>
-run_summary run_paged(const workload& w, Cache& cache, const paged_options& o, std::vector<step_sample>& samples,
+run_summary run_paged(const workload& w, Cache& cache, const paged_options& o, step_history& samples,
                       paged_extras& extras) {
   const auto start_time = std::chrono::steady_clock::now();
   using kvpager::seq_id;
@@ -68,6 +68,8 @@ run_summary run_paged(const workload& w, Cache& cache, const paged_options& o, s
   std::vector<std::span<const kvpager::token_id>> toks;
   std::size_t next = 0;
   std::int64_t step = 0;
+  std::int64_t idle = 0;  // consecutive steps with nothing to do before the next arrival
+  step_sample last{};
   for (;;) {
     const kvpager::scheduler_stats before = sched.stats();
     if (next == w.requests.size() && before.running + before.waiting + before.swapped == 0 &&
@@ -82,6 +84,24 @@ run_summary run_paged(const workload& w, Cache& cache, const paged_options& o, s
         continue;
       }
       live[r.id] = {r.gen_seed, 0, r.max_new, r.child_ids.empty() ? nullptr : &r};
+    }
+    // An idle stretch before the next arrival: simulated step by step for a while (the health check's window sees
+    // it), then skipped as one sample spanning the rest (issue 21, point 4: --rate 1e-6 leaves millions of steps).
+    if (const kvpager::scheduler_stats now = sched.stats();
+        next < w.requests.size() && now.running + now.waiting + now.swapped == 0 && sched.pending_forks().empty()) {
+      if (++idle > idle_steps_simulated) {
+        if (const std::int64_t to = idle_skip_target(step, w.requests[next].arrival, o.max_steps); to > step) {
+          step_sample x = last;
+          x.step = step;
+          x.span = to - step;
+          x.batched_tokens = 0;
+          samples.add(x);
+          step = to;
+          continue;
+        }
+      }
+    } else {
+      idle = 0;
     }
     const kvpager::step_output& out = sched.schedule();
     std::int64_t batched = 0;
@@ -161,7 +181,8 @@ run_summary run_paged(const workload& w, Cache& cache, const paged_options& o, s
     x.preemptions = m.preemptions();
     x.swaps = m.swap_events();
     x.health = health.check(recorder).level;
-    samples.push_back(x);
+    samples.add(x);
+    last = x;
     extras.last = m;
     ++step;
     if (o.progress && o.progress_every > 0 && step % o.progress_every == 0) o.progress(step, s.completed, total);
@@ -169,7 +190,7 @@ run_summary run_paged(const workload& w, Cache& cache, const paged_options& o, s
   // Requests still running when --max-steps stopped the run: their rows so far are checked too.
   if (o.compute != nullptr && extras.error.empty())
     for (const auto& [id, st] : live) o.compute->finish(id, sched.tokens(id));
-  summarize_samples(samples, s);
+  samples.summarize(s);
   const kvpager::scheduler_stats fin = sched.stats();
   s.preemptions_swap = fin.preempted_swap;
   s.preemptions_recompute = fin.preempted_recompute;

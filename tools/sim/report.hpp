@@ -79,23 +79,24 @@ inline void print_table(const run_summary& p, const run_summary& c) {
   row("wall time", num(p.wall_s, "%.2f s"), num(c.wall_s, "%.2f s"));
 }
 
-/// One CSV row per step and system.
+/// One CSV row per sample and system: per step, except that a row of span k stands for k identical idle steps, and a
+/// run longer than the history keeps only every stride-th sample (step_history; --json says the stride).
 inline bool write_csv(const std::string& path, const std::vector<step_sample>& paged,
                       const std::vector<step_sample>& contiguous) {
   std::ofstream f(path);
   if (!f) return false;
   f << "system,step,running,waiting,swapped,batched_tokens,allocated_slots,stored_tokens,pool_slots,kv_usage,"
-       "external_fragmentation,completed,preemptions,swaps,health\n";
+       "external_fragmentation,completed,preemptions,swaps,health,span\n";
   for (const auto* v : {&paged, &contiguous})
     for (const step_sample& x : *v) {
       char buf[512];
-      std::snprintf(buf, sizeof buf, "%s,%lld,%d,%d,%d,%lld,%lld,%lld,%lld,%.6f,%.6f,%lld,%lld,%lld,%s\n",
+      std::snprintf(buf, sizeof buf, "%s,%lld,%d,%d,%d,%lld,%lld,%lld,%lld,%.6f,%.6f,%lld,%lld,%lld,%s,%lld\n",
                     v == &paged ? "paged" : "contiguous", static_cast<long long>(x.step), x.running, x.waiting,
                     x.swapped, static_cast<long long>(x.batched_tokens), static_cast<long long>(x.allocated_slots),
                     static_cast<long long>(x.stored_tokens), static_cast<long long>(x.pool_slots), x.kv_usage,
                     x.external_fragmentation, static_cast<long long>(x.completed),
                     static_cast<long long>(x.preemptions), static_cast<long long>(x.swaps),
-                    kvpager::to_string(x.health));
+                    kvpager::to_string(x.health), static_cast<long long>(x.span));
       f << buf;
     }
   return static_cast<bool>(f);
@@ -119,7 +120,9 @@ inline bool write_svg(const std::string& path, const std::string& title, const s
       {"swap events (cumulative)", [](const step_sample& x) { return static_cast<double>(x.swaps); }},
   };
   const double height = top + 4 * (panel_h + gap) + 20;
-  const double steps = static_cast<double>(std::max<std::size_t>({paged.size(), contiguous.size(), 2}) - 1);
+  double steps = 1;  // the last step of either run (samples may span several steps, or be every k-th)
+  for (const auto* v : {&paged, &contiguous})
+    if (!v->empty()) steps = std::max(steps, static_cast<double>(v->back().step + v->back().span - 1));
   auto esc = [](std::string s) {
     std::string o;
     for (const char ch : s) {

@@ -17,6 +17,9 @@
 
 namespace kvsim {
 
+/// The longest max_model_len the simulator takes (an option's or a trace's): 2^24 tokens.
+inline constexpr std::int32_t max_model_len_limit = 1 << 24;
+
 /// splitmix64, the kvtrace format's mixing function.
 [[nodiscard]] constexpr std::uint64_t splitmix64(std::uint64_t x) noexcept {
   x += 0x9E3779B97F4A7C15ULL;
@@ -145,7 +148,9 @@ struct default_workload_options {
 /// max_new), every `fork` another sample of its parent. All arrive at step 0, as a `run` queues them, unless
 /// `arrivals_per_step` > 0 spreads them as Poisson arrivals. A request with max_new 0 (driven by explicit ops)
 /// gets 1 + the tokens its `decode` ops ask for. Params: num_blocks (less the null block), block_size,
-/// max_model_len, max_num_seqs, max_num_batched_tokens. Returns an error message, or "" with `w` filled.
+/// max_model_len (at most max_model_len_limit; 0 or less: not bounded by the trace, so the longest sequence its
+/// requests reach, prompt plus outputs), max_num_seqs, max_num_batched_tokens. Returns an error message, or "" with
+/// `w` filled.
 [[nodiscard]] inline std::string workload_from_trace(const kvreplay::trace& t, double arrivals_per_step,
                                                      std::uint64_t seed, workload& w) {
   if (t.level != "manager") return "kvpager-sim needs a manager-level trace (this one is level " + t.level + ")";
@@ -153,7 +158,8 @@ struct default_workload_options {
   w.name = t.workload.empty() ? "trace" : t.workload;
   w.block_size = static_cast<std::int32_t>(t.param("block_size", 16));
   w.num_blocks = static_cast<std::int32_t>(t.param("num_blocks", 2) - 1);
-  w.max_model_len = static_cast<std::int32_t>(std::min<std::int64_t>(t.param("max_model_len", 8192), 1 << 24));
+  const std::int64_t trace_max_len = std::min<std::int64_t>(t.param("max_model_len", 8192), max_model_len_limit);
+  w.max_model_len = static_cast<std::int32_t>(std::max<std::int64_t>(trace_max_len, 1));
   w.max_num_seqs = static_cast<std::int32_t>(std::min<std::int64_t>(t.param("max_num_seqs", 256), INT32_MAX));
   w.max_num_batched_tokens = t.param("max_num_batched_tokens", 8192);
   std::vector<std::int64_t> decoded;  // per request index: tokens its decode ops ask for
@@ -192,6 +198,12 @@ struct default_workload_options {
     }
   }
   if (w.requests.empty()) return "the trace defines no request";
+  if (trace_max_len <= 0) {  // a valid trace that leaves max_model_len unbounded (param max_model_len 0)
+    std::int64_t longest = 1;
+    for (const sim_request& r : w.requests)
+      longest = std::max<std::int64_t>(longest, static_cast<std::int64_t>(r.prompt.size()) + r.max_new);
+    w.max_model_len = static_cast<std::int32_t>(std::min<std::int64_t>(longest, max_model_len_limit));
+  }
   return "";
 }
 
