@@ -3,11 +3,14 @@
 // answers, and the recorder's bounded history and windows.
 #include <kvpager/kvpager.hpp>
 #include <kvpager/monitor/health.hpp>
+#include <kvpager/monitor/prometheus.hpp>
 
 #include <gtest/gtest.h>
 
 #include <chrono>
 #include <cstdint>
+#include <limits>
+#include <string>
 #include <vector>
 
 #include "monitor/scenario.hpp"
@@ -39,6 +42,66 @@ TEST(Metrics, BytesPerBlockFromTheGeometry) {
   EXPECT_EQ(kv_bytes_per_block({100, 16, 8, 128, kv_dtype::f32}, 2), 2 * 16 * 8 * 128 * 4 * 2);
   EXPECT_EQ(kv_bytes_per_block(g, 0), 0);
   EXPECT_EQ(kv_bytes_per_block({100, 16, 0, 128, kv_dtype::f16}), 0);
+}
+
+// Issue 21, point 8: the monitor's byte and counter arithmetic at the extremes. A geometry whose block does not fit
+// in int64 is an error (and 0 bytes per block, so no byte figure is reported), byte counts saturate instead of
+// wrapping negative, and the summed counters saturate (UBSan reported signed overflow in each before).
+namespace {
+/// A cache whose stats() are whatever the test sets: take_snapshot reads nothing else.
+struct stats_only_cache {
+  cache_stats s;
+  [[nodiscard]] cache_stats stats() const noexcept { return s; }
+};
+}  // namespace
+
+TEST(Metrics, CheckedArithmeticAtTheExtremes) {
+  constexpr std::int64_t max = std::numeric_limits<std::int64_t>::max();
+  constexpr std::int32_t max32 = std::numeric_limits<std::int32_t>::max();
+  const kv_geometry huge{1, max32, max32, max32, kv_dtype::f32};
+  EXPECT_EQ(kv_bytes_per_block(huge, max32), 0);
+  EXPECT_EQ(kv_bytes_per_block({1, 1 << 20, 1 << 20, 1 << 21, kv_dtype::f16}, 1), 0) << "2 x 2 bytes x 2^61 = 2^63";
+  EXPECT_EQ(kv_bytes_per_block({1, 1 << 20, 1 << 20, 1 << 20, kv_dtype::f16}, 1), std::int64_t{1} << 62);
+  const result<std::int64_t> r = checked_kv_bytes_per_block(huge, 32);
+  ASSERT_FALSE(r);
+  EXPECT_EQ(r.code(), errc::invalid_argument);
+  EXPECT_FALSE(checked_kv_bytes_per_block({1, 16, 0, 128, kv_dtype::f16}));
+  ASSERT_TRUE(checked_kv_bytes_per_block({1, 16, 32, 128, kv_dtype::f16}, 32));
+  EXPECT_EQ(*checked_kv_bytes_per_block({1, 16, 32, 128, kv_dtype::f16}, 32), 8 << 20);
+  EXPECT_EQ(kv_block_bytes(huge, max32), 0) << "the swap cost model's block bytes, checked the same way";
+
+  stats_only_cache c;
+  c.s.block_size = max32;
+  c.s.total = max32;
+  c.s.logical = max;
+  c.s.swapped_logical = max;
+  c.s.tokens = 0;
+  c.s.swapped_out_blocks = max;
+  c.s.swapped_in_blocks = max / 3;
+  c.s.swap_outs = max;
+  c.s.swap_ins = max;
+  c.s.preempted_swap = max;
+  c.s.preempted_recompute = max;
+  EXPECT_EQ(c.s.internal_waste_tokens(), max);
+  const metrics_snapshot m = take_snapshot(c, std::int64_t{1} << 40);
+  EXPECT_EQ(m.swapped_out_bytes, max);
+  EXPECT_EQ(m.swapped_in_bytes, max);
+  EXPECT_EQ(m.internal_waste_tokens, max);
+  EXPECT_GE(m.internal_waste_bytes, 0);
+  EXPECT_EQ(m.internal_waste_bytes, max) << "max x 2^40 / (2^31 - 1) does not fit: saturated";
+  EXPECT_EQ(m.preemptions(), max);
+  EXPECT_EQ(m.swap_events(), max);
+  // Exact where the result fits although the product does not: x * b / bs with x * b past int64.
+  c.s = cache_stats{};
+  c.s.block_size = 1 << 20;
+  c.s.logical = std::int64_t{1} << 30;
+  const metrics_snapshot e = take_snapshot(c, std::int64_t{1} << 30);
+  EXPECT_EQ(e.internal_waste_tokens, std::int64_t{1} << 50);
+  EXPECT_EQ(e.internal_waste_bytes, std::int64_t{1} << 60) << "2^50 tokens x 2^30 bytes / 2^20 (2^80 on the way)";
+  // The exports of a saturated snapshot hold no negative number.
+  std::string prom;
+  write_prometheus(prom, m);
+  EXPECT_EQ(prom.find(" -"), std::string::npos) << prom;
 }
 
 TEST(Metrics, SnapshotOfARealRunAgreesWithTheCacheAndTheScheduler) {

@@ -10,6 +10,7 @@
 #include <span>
 #include <vector>
 
+#include "kvpager/core/checked_math.hpp"
 #include "kvpager/core/config.hpp"
 #include "kvpager/core/geometry.hpp"
 #include "kvpager/core/status.hpp"
@@ -92,7 +93,7 @@ struct cache_stats {
   /// Token slots the block tables of live sequences (device and host) hold minus the tokens stored: the
   /// internal fragmentation of paging, at most block_size - 1 per sequence.
   [[nodiscard]] std::int64_t internal_waste_tokens() const noexcept {
-    return (logical + swapped_logical) * block_size - tokens;
+    return saturating_add(saturating_mul(saturating_add(logical, swapped_logical), block_size), -tokens);
   }
   /// used / total.
   [[nodiscard]] double utilization() const noexcept { return total > 0 ? double(used) / double(total) : 0.0; }

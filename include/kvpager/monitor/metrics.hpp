@@ -15,16 +15,47 @@
 
 #include <cstdint>
 
+#include "kvpager/core/checked_math.hpp"
 #include "kvpager/core/config.hpp"
 #include "kvpager/core/geometry.hpp"
+#include "kvpager/core/status.hpp"
 
 KVPAGER_NAMESPACE_BEGIN
 
-/// Bytes one block holds over all `num_layers` layers (K and V): 2 x block_size x num_kv_heads x head_dim x
-/// element bytes x num_layers; 0 for a non-positive dimension or layer count.
-[[nodiscard]] constexpr std::int64_t kv_bytes_per_block(const kv_geometry& g, std::int32_t num_layers = 1) noexcept {
+namespace detail {
+/// 2 x block_size x num_kv_heads x head_dim x element bytes x num_layers in checked int64 arithmetic; 0 for a
+/// non-positive dimension or layer count, -1 where the product does not fit.
+[[nodiscard]] constexpr std::int64_t block_bytes_or_flag(const kv_geometry& g, std::int32_t num_layers) noexcept {
   if (g.block_size <= 0 || g.num_kv_heads <= 0 || g.head_dim <= 0 || num_layers <= 0) return 0;
-  return std::int64_t{2} * g.block_size * g.num_kv_heads * g.head_dim * elem_bytes(g.dtype) * num_layers;
+  std::int64_t b = 2 * std::int64_t{elem_bytes(g.dtype)};
+  for (const std::int64_t f : {std::int64_t{g.block_size}, std::int64_t{g.num_kv_heads}, std::int64_t{g.head_dim},
+                               std::int64_t{num_layers}}) {
+    const auto p = checked_mul(b, f);
+    if (!p) return -1;
+    b = *p;
+  }
+  return b;
+}
+}  // namespace detail
+
+/// Bytes one block holds over all `num_layers` layers (K and V): 2 x block_size x num_kv_heads x head_dim x
+/// element bytes x num_layers; 0 (take_snapshot then reports no bytes) for a non-positive dimension or layer count
+/// and for a geometry whose block does not fit in int64 (checked_kv_bytes_per_block says which).
+[[nodiscard]] constexpr std::int64_t kv_bytes_per_block(const kv_geometry& g, std::int32_t num_layers = 1) noexcept {
+  const std::int64_t b = detail::block_bytes_or_flag(g, num_layers);
+  return b > 0 ? b : 0;
+}
+
+/// kv_bytes_per_block with its errors: errc::invalid_argument for a non-positive dimension or layer count, or a
+/// block whose bytes do not fit in int64 (the value is the first dimension's; nothing is computed past the overflow).
+[[nodiscard]] inline result<std::int64_t> checked_kv_bytes_per_block(const kv_geometry& g,
+                                                                     std::int32_t num_layers = 1) noexcept {
+  const std::int64_t b = detail::block_bytes_or_flag(g, num_layers);
+  if (b == 0)
+    return status{errc::invalid_argument, "kv_bytes_per_block: block size, KV heads, head dim and layers must be positive"};
+  if (b < 0)
+    return status{errc::invalid_argument, "kv_bytes_per_block: the block's bytes do not fit in 64 bits", g.block_size};
+  return b;
 }
 
 /// The numbers of one snapshot. A plain value: copy it, compare it, keep it (metrics_recorder keeps a history).
@@ -53,8 +84,8 @@ struct metrics_snapshot {
   std::int64_t swap_ins = 0;           ///< sequences swapped in (events)
   std::int64_t swapped_out_blocks = 0; ///< device blocks copied to the host pool
   std::int64_t swapped_in_blocks = 0;  ///< host blocks copied back to the device
-  std::int64_t swapped_out_bytes = 0;  ///< swapped_out_blocks x bytes_per_block
-  std::int64_t swapped_in_bytes = 0;   ///< swapped_in_blocks x bytes_per_block
+  std::int64_t swapped_out_bytes = 0;  ///< swapped_out_blocks x bytes_per_block (saturated at INT64_MAX)
+  std::int64_t swapped_in_bytes = 0;   ///< swapped_in_blocks x bytes_per_block (saturated at INT64_MAX)
 
   // --- preemptions (counters), by mode ---
   std::int64_t preemptions_recompute = 0;  ///< victims freed for recompute (includes swap fallbacks)
@@ -82,7 +113,7 @@ struct metrics_snapshot {
   /// Token slots allocated to live sequences (device and host block tables) minus the tokens they store: at most
   /// block_size - 1 per sequence.
   std::int64_t internal_waste_tokens = 0;
-  std::int64_t internal_waste_bytes = 0;  ///< internal_waste_tokens x bytes_per_block / block_size
+  std::int64_t internal_waste_bytes = 0;  ///< internal_waste_tokens x bytes_per_block / block_size (saturated)
 
   // --- admission answers of add_request (counters) ---
   std::int64_t admission_ok = 0;     ///< fits now
@@ -93,10 +124,13 @@ struct metrics_snapshot {
 
   friend bool operator==(const metrics_snapshot&, const metrics_snapshot&) = default;
 
-  /// Preemptions of either mode (vLLM's num_preemptions).
-  [[nodiscard]] std::int64_t preemptions() const noexcept { return preemptions_recompute + preemptions_swap; }
-  /// Swap events of either direction (the seed's "swap_events", which the health check counts in its window).
-  [[nodiscard]] std::int64_t swap_events() const noexcept { return swap_outs + swap_ins; }
+  /// Preemptions of either mode (vLLM's num_preemptions), saturated at INT64_MAX.
+  [[nodiscard]] std::int64_t preemptions() const noexcept {
+    return saturating_add(preemptions_recompute, preemptions_swap);
+  }
+  /// Swap events of either direction (the seed's "swap_events", which the health check counts in its window),
+  /// saturated at INT64_MAX.
+  [[nodiscard]] std::int64_t swap_events() const noexcept { return saturating_add(swap_outs, swap_ins); }
 };
 
 namespace detail {
@@ -123,8 +157,8 @@ template <class Cache>
   m.swap_ins = c.swap_ins;
   m.swapped_out_blocks = c.swapped_out_blocks;
   m.swapped_in_blocks = c.swapped_in_blocks;
-  m.swapped_out_bytes = c.swapped_out_blocks * m.bytes_per_block;
-  m.swapped_in_bytes = c.swapped_in_blocks * m.bytes_per_block;
+  m.swapped_out_bytes = saturating_mul(c.swapped_out_blocks, m.bytes_per_block);
+  m.swapped_in_bytes = saturating_mul(c.swapped_in_blocks, m.bytes_per_block);
   m.preemptions_recompute = c.preempted_recompute;
   m.preemptions_swap = c.preempted_swap;
   m.shared_blocks = c.shared;
@@ -137,7 +171,7 @@ template <class Cache>
   m.prefix_hit_rate = c.prefix_hit_rate();
   m.evictions = c.evictions;
   m.internal_waste_tokens = c.internal_waste_tokens();
-  m.internal_waste_bytes = c.block_size > 0 ? m.internal_waste_tokens * m.bytes_per_block / c.block_size : 0;
+  m.internal_waste_bytes = saturating_mul_div(m.internal_waste_tokens, m.bytes_per_block, c.block_size);
   return m;
 }
 

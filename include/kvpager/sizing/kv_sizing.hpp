@@ -13,8 +13,10 @@
 /// a 16-token block is 8 MiB.
 
 #include <cstdint>
+#include <optional>
 #include <limits>
 
+#include "kvpager/core/checked_math.hpp"
 #include "kvpager/core/config.hpp"
 #include "kvpager/core/status.hpp"
 #include "kvpager/sizing/model_shape.hpp"
@@ -47,12 +49,15 @@ namespace detail {
   return detail::token_layer_bytes(m, dtype_bytes, tp);
 }
 
-/// KV bytes one token takes over all layers on one rank: kv_bytes_per_token_per_layer x num_layers. Same errors.
+/// KV bytes one token takes over all layers on one rank: kv_bytes_per_token_per_layer x num_layers. Same errors, and
+/// errc::invalid_argument for a product beyond int64.
 [[nodiscard]] constexpr result<std::int64_t> kv_bytes_per_token(const model_shape& m, std::int32_t dtype_bytes,
                                                                std::int32_t tp = 1) noexcept {
   const result<std::int64_t> per_layer = kv_bytes_per_token_per_layer(m, dtype_bytes, tp);
   if (!per_layer.ok()) return per_layer.error();
-  return detail::token_layer_bytes(m, dtype_bytes, tp) * m.num_layers;
+  const std::optional<std::int64_t> b = checked_mul(detail::token_layer_bytes(m, dtype_bytes, tp), m.num_layers);
+  if (!b) return status{errc::invalid_argument, "kv sizing: KV bytes per token exceed int64", m.num_layers};
+  return *b;
 }
 
 /// Bytes of one block (block_size tokens, every layer) on one rank. Errors: those of kv_bytes_per_token, and
@@ -62,7 +67,10 @@ namespace detail {
   if (block_size <= 0) return status{errc::invalid_argument, "kv sizing: block_size must be positive", block_size};
   const result<std::int64_t> per_token = kv_bytes_per_token(m, dtype_bytes, tp);
   if (!per_token.ok()) return per_token.error();
-  return detail::token_layer_bytes(m, dtype_bytes, tp) * m.num_layers * block_size;
+  const std::optional<std::int64_t> b =
+      checked_mul(checked_mul(detail::token_layer_bytes(m, dtype_bytes, tp), m.num_layers).value_or(0), block_size);
+  if (!b) return status{errc::invalid_argument, "kv sizing: KV bytes per block exceed int64", block_size};
+  return *b;
 }
 
 /// Bytes of the weights on one rank: ceil(num_params x weight_dtype_bytes / tp) (tensor parallelism splits the
@@ -129,7 +137,7 @@ struct memory_budget {
   if (block_size <= 0)
     return status{errc::invalid_argument, "max_concurrent_sequences: block_size must be positive", block_size};
   if (seq_len <= 0) return status{errc::invalid_argument, "max_concurrent_sequences: seq_len must be positive", seq_len};
-  return num_blocks / ((seq_len + block_size - 1) / block_size);
+  return num_blocks / (seq_len / block_size + (seq_len % block_size != 0 ? 1 : 0));  // ceil without overflow
 }
 
 /// What plan_pool sizes: a model on cards of one size, under tensor-parallel degree tp.
@@ -173,9 +181,14 @@ struct pool_plan {
   pool_plan p;
   p.kv_heads_per_rank = static_cast<std::int32_t>(detail::kv_heads_on_rank(r.model, r.tp));
   p.kv_bytes_per_token_per_layer = detail::token_layer_bytes(r.model, r.kv_dtype_bytes, r.tp);
-  p.kv_bytes_per_token = p.kv_bytes_per_token_per_layer * r.model.num_layers;
+  // Checked: a custom model_shape or block size can make these products pass int64.
+  const std::optional<std::int64_t> per_token = checked_mul(p.kv_bytes_per_token_per_layer, r.model.num_layers);
+  const std::optional<std::int64_t> block = per_token ? checked_mul(*per_token, r.block_size) : std::nullopt;
+  if (!block)
+    return status{errc::invalid_argument, "plan_pool: the KV bytes of a block do not fit in 64 bits", r.block_size};
+  p.kv_bytes_per_token = *per_token;
   p.model_kv_bytes_per_token = detail::token_layer_bytes(r.model, r.kv_dtype_bytes, 1) * r.model.num_layers;
-  p.block_bytes = p.kv_bytes_per_token * r.block_size;
+  p.block_bytes = *block;
   p.weight_bytes = (r.model.num_params * r.weight_dtype_bytes + r.tp - 1) / r.tp;
   const result<std::int64_t> budget =
       kv_budget_bytes({r.card_bytes, r.utilization, p.weight_bytes, r.activation_reserve_bytes});
@@ -183,7 +196,7 @@ struct pool_plan {
   p.budget_bytes = detail::usable_bytes(r.card_bytes, r.utilization) - p.weight_bytes - r.activation_reserve_bytes;
   p.num_blocks = p.budget_bytes / p.block_bytes;
   p.token_capacity = p.num_blocks * r.block_size;
-  p.max_sequences = p.num_blocks / ((r.seq_len + r.block_size - 1) / r.block_size);
+  p.max_sequences = p.num_blocks / (r.seq_len / r.block_size + (r.seq_len % r.block_size != 0 ? 1 : 0));
   return p;
 }
 
