@@ -146,3 +146,46 @@ TEST(Health, SwapsOutsideTheWindowDoNotCount) {
   EXPECT_EQ(h.check(rec).swaps_in_window, 0);
   EXPECT_EQ(h.check(rec).level, health_level::ok);
 }
+
+// Issue 21, point 10 (seed 3.3.5, point 3: "a waiting queue that keeps growing means the pool needs more capacity"):
+// the check sees the queue's growth over the recorder's window, not only its length. 15 waiting is below the
+// WARNING length (20), but a queue that went from 0 to 25 within the window is WARNING; once the growth leaves the
+// window (the queue stays at 25: no longer growing) only the length counts, and 25 is WARNING by length. A queue
+// that shrank is not growth.
+TEST(Health, GrowingWaitingQueueOverTheWindowIsWarning) {
+  auto rec = *metrics_recorder::create(64);
+  const health_check h;
+  metrics_snapshot m;
+  m.kv_cache_usage = 0.5;
+  m.waiting = 0;
+  ASSERT_TRUE(rec.record(m, 0s));
+  m.waiting = 15;
+  ASSERT_TRUE(rec.record(m, 60s));
+  EXPECT_EQ(h.check(rec).waiting_growth, 15);
+  EXPECT_EQ(h.check(rec).level, health_level::ok) << "grew by 15: not more than the threshold (20)";
+  m.waiting = 21;
+  ASSERT_TRUE(rec.record(m, 120s));
+  EXPECT_EQ(h.check(rec).waiting_growth, 21);
+  EXPECT_EQ(h.check(rec).level, health_level::warning) << "21 > 20 waiting, and grew by 21";
+  // A threshold of its own, below the length's: growth alone makes it WARNING.
+  health_thresholds t;
+  t.warning_waiting_growth = 10;
+  t.warning_waiting = 1000;
+  const health_check g = *health_check::create(t);
+  EXPECT_EQ(g.check(rec).level, health_level::warning) << "grew by 21 > 10 within 5 minutes";
+  ASSERT_TRUE(rec.record(m, 500s));  // the window (200-500 s) starts at 21 waiting: no growth
+  EXPECT_EQ(g.check(rec).waiting_growth, 0);
+  EXPECT_EQ(g.check(rec).level, health_level::ok) << "a long queue that stopped growing is the length rule's";
+  m.waiting = 5;
+  ASSERT_TRUE(rec.record(m, 520s));
+  EXPECT_LT(g.check(rec).waiting_growth, 0);
+  EXPECT_EQ(g.check(rec).level, health_level::ok);
+  t.warning_waiting_growth = -1;
+  EXPECT_FALSE(health_check::create(t)) << "a negative threshold is refused";
+  t.warning_waiting_growth = std::numeric_limits<std::int64_t>::max();
+  ASSERT_TRUE(health_check::create(t));
+  EXPECT_EQ(h.check(0.5, 0, 0, std::numeric_limits<std::int64_t>::max()).level, health_level::warning);
+  EXPECT_EQ(health_check::create(t)->check(0.5, 0, 0, std::numeric_limits<std::int64_t>::max()).level,
+            health_level::ok)
+      << "INT64_MAX turns the growth rule off";
+}

@@ -88,6 +88,8 @@ class liveness_run {
       cfg_.swap_cost.prefill_seconds_per_token = prefill[draw(3)];
       cfg_.swap_cost.link_bytes_per_second = 1.0e9 * ccfg_.block_size;
     }
+    // Priority preemption (issue 21, point 10): a third of the runs, over priorities from INT32_MIN to INT32_MAX.
+    if (draw(3) == 0) cfg_.priority_preemption = true;
   }
 
   void run() {
@@ -130,11 +132,12 @@ class liveness_run {
     totals().finished_with_reason += st.finished_with_reason;
     totals().dropped_forks += st.dropped_forks;
     totals().rejected += st.rejected;
+    totals().preempted_for_priority += st.preempted_for_priority;
   }
 
   struct counts {
     std::int64_t steps = 0, preempted_recompute = 0, preempted_swap = 0, finished_with_reason = 0, dropped_forks = 0,
-                 rejected = 0;
+                 rejected = 0, preempted_for_priority = 0;
     double bound_ratio = 0;
   };
   static counts& totals() {
@@ -149,12 +152,12 @@ class liveness_run {
     char buf[384];
     std::snprintf(buf, sizeof buf,
                   "bs %d blocks %d reserved %d max_blocks_per_seq %d host %d | seqs %d budget %lld watermark %d "
-                  "victim %d aging %d chunked %d mode %d rule %d headroom %d batch tuning %d",
+                  "victim %d aging %d chunked %d mode %d rule %d headroom %d batch tuning %d priority preemption %d",
                   ccfg_.block_size, ccfg_.num_blocks, ccfg_.reserved_blocks, ccfg_.max_blocks_per_seq, host_blocks_,
                   cfg_.max_num_seqs, static_cast<long long>(cfg_.max_num_batched_tokens), cfg_.watermark_permille,
                   static_cast<int>(cfg_.victim), cfg_.aging_steps, cfg_.chunked_prefill ? 1 : 0,
                   static_cast<int>(cfg_.preemption), static_cast<int>(cfg_.admit_rule), cfg_.headroom_permille,
-                  cfg_.batch_tuning.enabled ? cfg_.batch_tuning.max_seqs : 0);
+                  cfg_.batch_tuning.enabled ? cfg_.batch_tuning.max_seqs : 0, cfg_.priority_preemption ? 1 : 0);
     return buf;
   }
 
@@ -437,5 +440,6 @@ TYPED_TEST(Liveness, EveryRequestIsFinishedOrRejectedWithAReason) {
     EXPECT_GT(c.preempted_recompute, 0);
     EXPECT_GT(c.finished_with_reason, 0);
     EXPECT_GT(c.rejected, 0);
+    EXPECT_GT(c.preempted_for_priority, 0) << "priority preemption never happened";
   }
 }

@@ -834,3 +834,94 @@ TEST(Scheduler, ACachePolicyRecomputeReadsTheHashesBeforeTheCacheFreesThem) {
   EXPECT_EQ(cache.stats().preempted_recompute, 1) << "the cache carried it out";
   EXPECT_EQ(cache.reads, 1);
 }
+
+// Issue 21, point 10 (the seed's 3.3.3: a request's KV is swapped out to make room for a higher-priority one; vLLM
+// V0's priority preemption). A low-priority request holds most of the pool and keeps decoding; a high-priority one
+// arrives that does not fit. Without priority_preemption it waits; with it, the next step preempts the low one (by
+// the configured mode) and admits the high one in that same step.
+namespace {
+template <class Cache>
+void priority_preemption_case(Cache& cache, preemption_mode mode, bool on) {
+  scheduler_config cfg;
+  cfg.watermark_permille = 0;
+  cfg.preemption = mode;
+  cfg.priority_preemption = on;
+  ASSERT_TRUE(cfg.validate());
+  scheduler<Cache> s(cache, cfg);
+  ASSERT_TRUE(s.add_request(1, prompt(24), /*priority=*/0));  // 6 of the 8 blocks
+  sample_all(s, s.schedule());
+  ASSERT_TRUE(s.add_request(2, prompt(12), /*priority=*/0));  // equal priority: never displaces request 1
+  ASSERT_TRUE(s.add_request(3, prompt(12), /*priority=*/5));  // 3 blocks: does not fit beside request 1
+  const auto& out = s.schedule();
+  if (!on) {
+    EXPECT_EQ(s.state(3), request_state::waiting);
+    EXPECT_EQ(s.stats().preempted_for_priority, 0);
+    EXPECT_EQ(s.state(1), request_state::running);
+    return;
+  }
+  EXPECT_EQ(s.stats().preempted_for_priority, 1);
+  EXPECT_EQ(s.state(3), request_state::running) << "admitted in the step that displaced request 1";
+  ASSERT_FALSE(out.scheduled.empty());
+  EXPECT_EQ(out.scheduled[0].id, 3U);
+  EXPECT_TRUE(out.scheduled[0].prefill);
+  if (mode == preemption_mode::swap) {
+    EXPECT_EQ(s.state(1), request_state::swapped);
+    EXPECT_TRUE(contains(out.swapped_out, 1));
+  } else {
+    EXPECT_EQ(s.state(1), request_state::waiting);
+    EXPECT_TRUE(contains(out.preempted_recompute, 1));
+  }
+  EXPECT_EQ(s.state(2), request_state::waiting) << "nothing else is admitted in a step that preempted";
+  // Request 3 finishes; the others run to the end: nobody is lost, nothing preempted again.
+  ASSERT_TRUE(s.finish(3));
+  for (int step = 0; step < 40 && s.stats().running + s.stats().waiting + s.stats().swapped > 0; ++step) {
+    const auto& o = s.schedule();
+    for (const auto& x : o.scheduled) {
+      if (x.last_chunk) {
+        ASSERT_TRUE(s.complete(x.id, 7, /*finished=*/true));
+      }
+    }
+  }
+  EXPECT_EQ(s.stats().running + s.stats().waiting + s.stats().swapped, 0);
+  EXPECT_EQ(s.stats().preempted_for_priority, 1);
+}
+}  // namespace
+
+TEST(Scheduler, PriorityPreemptionDisplacesALowerPriorityRunningRequest) {
+  for (const bool on : {false, true}) {
+    {
+      auto cache = *recompute_cache::create({4, 8, 0, 0});
+      priority_preemption_case(cache, preemption_mode::recompute, on);
+    }
+    {
+      auto cache = *swap_cache::create({4, 8, 0, 0, 16});
+      priority_preemption_case(cache, preemption_mode::swap, on);
+    }
+  }
+}
+
+TEST(Scheduler, PriorityPreemptionNeedsAStrictInversionAndPriorityOrder) {
+  auto cache = *recompute_cache::create({4, 8, 0, 0});
+  scheduler_config cfg;
+  cfg.watermark_permille = 0;
+  cfg.priority_preemption = true;
+  cfg.order = admission_order::fcfs;
+  EXPECT_EQ(cfg.validate().code(), errc::invalid_argument) << "FCFS admission has no priority head";
+  cfg.order = admission_order::priority;
+  cfg.aging_steps = 1;
+  scheduler<recompute_cache> s(cache, cfg);
+  ASSERT_TRUE(s.add_request(1, prompt(16), /*priority=*/3));  // 4 blocks, 6 after six more steps
+  sample_all(s, s.schedule());
+  // Priority 2 waiting ages past 3 within two steps, but its own priority stays below: no displacement, ever.
+  ASSERT_TRUE(s.add_request(2, prompt(16), /*priority=*/2));  // 4 blocks: never fit beside request 1
+  for (int step = 0; step < 6; ++step) sample_all(s, s.schedule());
+  EXPECT_GT(s.priority(2), s.priority(1)) << "aged above the running request";
+  EXPECT_EQ(s.stats().preempted_for_priority, 0) << "aging alone never displaces a higher-priority request";
+  EXPECT_EQ(s.state(1), request_state::running);
+  // A request that fits is admitted in turn, displacing nobody.
+  ASSERT_TRUE(s.finish(2));
+  ASSERT_TRUE(s.add_request(3, prompt(4), /*priority=*/9));
+  sample_all(s, s.schedule());
+  EXPECT_EQ(s.state(3), request_state::running);
+  EXPECT_EQ(s.stats().preempted_for_priority, 0);
+}

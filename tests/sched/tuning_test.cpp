@@ -87,6 +87,48 @@ TEST(TunedScheduler, AgingBoundsTheLongestWaitAndTheAdversaryReachesIt) {
   }
 }
 
+// Issue 21, point 10: priority preemption keeps the aging bound. R (priority 0) runs a long decode in a pool that
+// holds one request at a time; before every step the adversary sends a request of priority P that decodes for a
+// while. Each displaces R while R's aged priority is below P; R keeps what it gained waiting, so after at most
+// k x P steps of waiting in all it outranks every arrival, can no longer be displaced, and finishes. Recompute and
+// swap alike; a bound on R's displacements (k x P) and on its completion step, and nothing stuck.
+TEST(TunedScheduler, PriorityPreemptionKeepsTheAgingBound) {
+  for (const preemption_mode mode : {preemption_mode::recompute, preemption_mode::swap}) {
+    for (const std::int32_t k : {1, 3}) {
+      constexpr std::int32_t P = 4, decode = 30, adversary_decode = 6;
+      auto cache = *swap_cache::create({4, 12, 0, 0, 64});  // R's 17 + 30 tokens take 12 blocks: one at a time
+      scheduler_config cfg;
+      cfg.watermark_permille = 0;
+      cfg.aging_steps = k;
+      cfg.priority_preemption = true;
+      cfg.preemption = mode;
+      scheduler<swap_cache> s(cache, cfg);
+      const seq_id r = 1;
+      ASSERT_TRUE(s.add_request(r, prompt(17), 0));
+      std::vector<std::int32_t> outputs(4096, 0);
+      seq_id next = 100;
+      std::int64_t r_done = -1, r_displaced = 0;
+      for (std::int64_t step = 1; step <= 2000 && r_done < 0; ++step) {
+        ASSERT_TRUE(s.add_request(next++, prompt(17), P));
+        const auto& out = s.schedule();
+        for (const seq_id v : out.preempted_recompute) r_displaced += v == r ? 1 : 0;
+        for (const seq_id v : out.swapped_out) r_displaced += v == r ? 1 : 0;
+        for (const auto& x : out.scheduled) {
+          if (!x.last_chunk) continue;
+          const std::int32_t want = x.id == r ? decode : adversary_decode;
+          const bool fin = ++outputs[x.id < 4096 ? x.id : 4095] >= want;
+          ASSERT_TRUE(s.complete(x.id, 3, fin));
+          if (fin && x.id == r) r_done = step;
+        }
+      }
+      ASSERT_GE(r_done, 0) << "R never finished: mode " << static_cast<int>(mode) << " k " << k;
+      EXPECT_LE(r_displaced, std::int64_t{k} * P) << "mode " << static_cast<int>(mode) << " k " << k;
+      EXPECT_GT(r_displaced, 0) << "the adversary never displaced R: the test shows nothing";
+      EXPECT_GT(s.stats().preempted_for_priority, 0);
+    }
+  }
+}
+
 TEST(TunedScheduler, WithoutAgingTheAdversaryStarvesTheRequest) {
   EXPECT_FALSE(priority_aging{}.wait_bound(0, 1, 1, 1).has_value()) << "no bound to promise";
   EXPECT_FALSE(wait_of_r(0, 1, 0, 1, false, 500).has_value()) << "500 steps and R never ran";

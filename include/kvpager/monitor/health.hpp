@@ -5,12 +5,14 @@
 /// and its check order, first match wins:
 ///
 ///   CRITICAL  swaps in the window > 10, or waiting requests > 50   (add capacity)
-///   WARNING   KV usage > 95%, or waiting requests > 20             (memory is tight: watch the queue)
+///   WARNING   KV usage > 95%, or waiting requests > 20,            (memory is tight: watch the queue)
+///             or the waiting queue grew by > 20 over the window      (a growing queue: capacity is short)
 ///   GOOD      KV usage > 80%                                       (efficient use)
 ///   OK        otherwise                                            (memory to spare)
 ///
 /// Beside the level, the seed's healthy usage band (60-90%): below it memory is wasted, above it preemption is near.
-/// The swaps are counted from a metrics_recorder over a time window (default 5 minutes, the seed's sampling
+/// The swaps, and the growth of the waiting queue (the seed's "a waiting queue that keeps growing means scale out",
+/// 3.3.5, point 3), are counted from a metrics_recorder over a time window (default 5 minutes, the seed's sampling
 /// interval). Checking allocates nothing and is O(log history).
 ///
 /// \code
@@ -78,6 +80,9 @@ struct health_thresholds {
   std::int64_t critical_waiting = 50;  ///< CRITICAL when waiting requests exceed this
   double warning_usage = 0.95;         ///< WARNING when KV usage exceeds this
   std::int64_t warning_waiting = 20;   ///< WARNING when waiting requests exceed this
+  /// WARNING when the waiting queue grew by more than this over the window (newest minus the window's first
+  /// sample); INT64_MAX turns the rule off.
+  std::int64_t warning_waiting_growth = 20;
   double good_usage = 0.80;            ///< GOOD when KV usage exceeds this
   double band_low = 0.60;              ///< the healthy usage band, inclusive
   double band_high = 0.90;
@@ -93,7 +98,7 @@ struct health_thresholds {
     return status{errc::invalid_argument, "health_thresholds: usage thresholds must be fractions in [0, 1]"};
   if (t.band_low > t.band_high)
     return status{errc::invalid_argument, "health_thresholds: band_low must not exceed band_high"};
-  if (t.critical_swaps < 0 || t.critical_waiting < 0 || t.warning_waiting < 0)
+  if (t.critical_swaps < 0 || t.critical_waiting < 0 || t.warning_waiting < 0 || t.warning_waiting_growth < 0)
     return status{errc::invalid_argument, "health_thresholds: count thresholds must be >= 0"};
   if (t.window.count() < 0) return status{errc::invalid_argument, "health_thresholds: window must be >= 0"};
   return ok_status();
@@ -106,6 +111,7 @@ struct health_report {
   double usage = 0.0;                ///< KV usage of the sample
   std::int64_t waiting = 0;          ///< waiting requests of the sample
   std::int64_t swaps_in_window = 0;  ///< swap events (outs and ins) in the window ending at the sample
+  std::int64_t waiting_growth = 0;   ///< growth of the waiting queue over that window (negative: it shrank)
   friend bool operator==(const health_report&, const health_report&) = default;
 };
 
@@ -124,16 +130,18 @@ class health_check {
 
   [[nodiscard]] const health_thresholds& thresholds() const noexcept { return t_; }
 
-  /// The level of a sample with KV usage `usage` (fraction), `waiting` requests and `swaps_in_window` swap
-  /// events, in the seed's order: CRITICAL, WARNING, GOOD, OK.
-  [[nodiscard]] health_report check(double usage, std::int64_t waiting, std::int64_t swaps_in_window) const noexcept {
+  /// The level of a sample with KV usage `usage` (fraction), `waiting` requests, `swaps_in_window` swap events and
+  /// a waiting queue that grew by `waiting_growth` over the window, in the seed's order: CRITICAL, WARNING, GOOD, OK.
+  [[nodiscard]] health_report check(double usage, std::int64_t waiting, std::int64_t swaps_in_window,
+                                    std::int64_t waiting_growth = 0) const noexcept {
     health_report r;
     r.usage = usage;
     r.waiting = waiting;
     r.swaps_in_window = swaps_in_window;
+    r.waiting_growth = waiting_growth;
     if (swaps_in_window > t_.critical_swaps || waiting > t_.critical_waiting) {
       r.level = health_level::critical;
-    } else if (usage > t_.warning_usage || waiting > t_.warning_waiting) {
+    } else if (usage > t_.warning_usage || waiting > t_.warning_waiting || waiting_growth > t_.warning_waiting_growth) {
       r.level = health_level::warning;
     } else if (usage > t_.good_usage) {
       r.level = health_level::good;
@@ -146,12 +154,13 @@ class health_check {
     return r;
   }
 
-  /// The level of the recorder's newest sample, its swaps counted over the window ending there
-  /// (metrics_recorder::swaps_in_window). An empty recorder is OK with every input 0.
+  /// The level of the recorder's newest sample, its swaps and the growth of its waiting queue counted over the
+  /// window ending there (metrics_recorder::swaps_in_window, waiting_growth_in_window). An empty recorder is OK
+  /// with every input 0.
   [[nodiscard]] health_report check(const metrics_recorder& rec) const noexcept {
     if (rec.empty()) return check(0.0, 0, 0);
     const metrics_snapshot& m = rec.newest().metrics;
-    return check(m.kv_cache_usage, m.waiting, rec.swaps_in_window(t_.window));
+    return check(m.kv_cache_usage, m.waiting, rec.swaps_in_window(t_.window), rec.waiting_growth_in_window(t_.window));
   }
 
  private:

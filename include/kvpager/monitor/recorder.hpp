@@ -139,6 +139,13 @@ class metrics_recorder {
     if (size_ == 0) return 0;
     return newest().metrics.swap_events() - window_start(window).metrics.swap_events();
   }
+  /// How much the waiting queue grew over the window ending at the newest sample: newest().metrics.waiting minus
+  /// window_start's (negative when it shrank; 0 when empty). The seed's 3.3.5: a waiting queue that keeps growing
+  /// means the pool needs more capacity, whatever its length now.
+  [[nodiscard]] std::int64_t waiting_growth_in_window(std::chrono::nanoseconds window) const noexcept {
+    if (size_ == 0) return 0;
+    return std::int64_t{newest().metrics.waiting} - window_start(window).metrics.waiting;
+  }
   /// Preemptions (either mode) in the window ending at the newest sample.
   [[nodiscard]] std::int64_t preemptions_in_window(std::chrono::nanoseconds window) const noexcept {
     if (size_ == 0) return 0;

@@ -98,8 +98,10 @@ class scheduler : public scheduler_queues {
     return limits_.check(cfg_, num_tokens, cache_.available_blocks());
   }
 
-  /// One scheduling step; the previous step's plan must have been executed. In order: pending forks, running
-  /// decodes, partially computed prompts, swap-ins, admissions (the last two not in a step that preempted).
+  /// One scheduling step; the previous step's plan must have been executed. In order: pending forks, priority
+  /// preemption (scheduler_config::priority_preemption: the waiting head that outranks running requests displaces
+  /// them and is admitted first), running decodes, partially computed prompts, swap-ins, admissions (the last two
+  /// not in a step that preempted).
   const step_output& schedule() {
     cache_.begin_step();
     out_.clear();
@@ -111,12 +113,14 @@ class scheduler : public scheduler_queues {
     max_running_ = tuners_.max_running(cfg_);
     preempted_ = false;
     stop_running_ = false;
+    preempt_for_priority();
     run_running();
     if (!preempted_) {
       swap_in();
       if (swapped_.empty()) admit();  // swapped requests come back before anything new
     }
     age_waiting(cfg_.aging());
+    if (cfg_.priority_preemption) age_swapped(cfg_.aging());
     tuners_.end_step(cfg_, usable_blocks() - cache_.available_blocks(), usable_blocks(), out_);
     if (cfg_.export_slot_mapping) {
       out_.slot_mapping.resize(static_cast<std::size_t>(cache_.slot_mapping_size()));
@@ -409,65 +413,147 @@ class scheduler : public scheduler_queues {
   /// chunk of its uncached tokens within the budget.
   KVPAGER_NOINLINE void admit() {
     order_waiting(cfg_.order);
-    while (!waiting_.empty() && budget_ > 0 && static_cast<std::int64_t>(running_.size()) < max_running_) {
-      const seq_id id = waiting_.front();
-      const slot_type s = reqs_.find(id);
-      sched_request& r = reqs_[s];
-      const std::int64_t n = r.num_tokens();
-      if (const auto why = limit_reached(n, true)) {  // a recompute victim that grew past what can ever run
-        finish_with(id, *why);
-        continue;
-      }
-      // Two-phase where the lookup decides the budget or watermark test: match_prefix's hit is consumed by
-      // add_sequence without a second lookup. Where neither test can fail (the whole request fits the budget, no
-      // blocks to keep), add_sequence's own lookup is the only one.
-      const bool must_match = n > budget_ || limits_.keeps_blocks(cfg_, running_.empty());
-      if (must_match) {
-        if (const status st = cache_.match_prefix(r.tokens, r.options, hit_, r.block_hashes); !st) {
-          fail(id, st);
-          continue;
-        }
-      }
-      const prefix_match* m = must_match ? &hit_.match : &no_match_;
-      const std::int64_t uncached = n - m->tokens;
-      const std::int64_t chunk = std::min(uncached, budget_);
-      if (!cfg_.chunked_prefill && chunk < uncached) {  // whole, in a later step
-        ++stats_.admit_budget_stop;
-        break;
-      }
-      // The first chunk ends at `end`: it takes the hit's blocks that consume capacity and blocks up to `end`.
-      const std::int64_t end = m->tokens + chunk;
-      const std::int64_t need = m->blocks_to_allocate - cache_.blocks_needed(n) + cache_.blocks_needed(end);
-      if (must_match && cache_.available_blocks() - need < blocks_to_keep(need)) {  // LATER
-        ++stats_.admit_fail;
-        break;
-      }
-      prefix_match hit;
-      const auto first = std::span<const token_id>(r.tokens).first(static_cast<std::size_t>(end));
-      const status st = must_match ? cache_.add_sequence(id, first, r.options, hit_, &hit)
-                                   : cache_.add_sequence(id, first, r.options, &hit, r.block_hashes);
-      if (!st) {
-        if (st.code() == errc::out_of_blocks) {
-          ++stats_.admit_fail;
-          break;
-        }
-        fail(id, st);
-        continue;
-      }
-      note_allocation();
-      prefix_counters& c = r.preempted ? stats_.resumed_prefix : stats_.prefix;
-      ++c.admissions;
-      c.query_tokens += n;
-      c.hit_tokens += hit.tokens;
-      c.hit_blocks += hit.blocks;
-      waiting_.pop_front();
-      push_running(id, s);
-      r.prefilling = true;
-      r.aged = 0;
-      r.waited = 0;
-      ++stats_.admitted;
-      record(r, s, hit.tokens, static_cast<std::int32_t>(end) - hit.tokens);
+    while (!waiting_.empty() && budget_ > 0 && static_cast<std::int64_t>(running_.size()) < max_running_)
+      if (admit_front(true) == admit_outcome::stopped) break;
+  }
+
+  /// What one admission attempt did with the head of the waiting queue.
+  enum class admit_outcome {
+    admitted,  ///< admitted, its first chunk scheduled
+    removed,   ///< finished (a limit) or failed: the next request is at the head
+    stopped,   ///< does not fit now (blocks, watermark, or the budget without chunked prefill): stays at the head
+  };
+
+  /// One admission attempt of the head of the waiting queue (budget and a running slot left). `count`: a stop is
+  /// counted in admit_fail / admit_budget_stop.
+  admit_outcome admit_front(bool count) {
+    const seq_id id = waiting_.front();
+    const slot_type s = reqs_.find(id);
+    sched_request& r = reqs_[s];
+    const std::int64_t n = r.num_tokens();
+    if (const auto why = limit_reached(n, true)) {  // a recompute victim that grew past what can ever run
+      finish_with(id, *why);
+      return admit_outcome::removed;
     }
+    // Two-phase where the lookup decides the budget or watermark test: match_prefix's hit is consumed by
+    // add_sequence without a second lookup. Where neither test can fail (the whole request fits the budget, no
+    // blocks to keep), add_sequence's own lookup is the only one.
+    const bool must_match = n > budget_ || limits_.keeps_blocks(cfg_, running_.empty());
+    if (must_match) {
+      if (const status st = cache_.match_prefix(r.tokens, r.options, hit_, r.block_hashes); !st) {
+        fail(id, st);
+        return admit_outcome::removed;
+      }
+    }
+    const prefix_match* m = must_match ? &hit_.match : &no_match_;
+    const std::int64_t uncached = n - m->tokens;
+    const std::int64_t chunk = std::min(uncached, budget_);
+    if (!cfg_.chunked_prefill && chunk < uncached) {  // whole, in a later step
+      if (count) ++stats_.admit_budget_stop;
+      budget_stop_ = true;
+      return admit_outcome::stopped;
+    }
+    // The first chunk ends at `end`: it takes the hit's blocks that consume capacity and blocks up to `end`.
+    const std::int64_t end = m->tokens + chunk;
+    const std::int64_t need = m->blocks_to_allocate - cache_.blocks_needed(n) + cache_.blocks_needed(end);
+    if (must_match && cache_.available_blocks() - need < blocks_to_keep(need)) {  // LATER
+      if (count) ++stats_.admit_fail;
+      return admit_outcome::stopped;
+    }
+    prefix_match hit;
+    const auto first = std::span<const token_id>(r.tokens).first(static_cast<std::size_t>(end));
+    const status st = must_match ? cache_.add_sequence(id, first, r.options, hit_, &hit)
+                                 : cache_.add_sequence(id, first, r.options, &hit, r.block_hashes);
+    if (!st) {
+      if (st.code() == errc::out_of_blocks) {
+        if (count) ++stats_.admit_fail;
+        return admit_outcome::stopped;
+      }
+      fail(id, st);
+      return admit_outcome::removed;
+    }
+    note_allocation();
+    prefix_counters& c = r.preempted ? stats_.resumed_prefix : stats_.prefix;
+    ++c.admissions;
+    c.query_tokens += n;
+    c.hit_tokens += hit.tokens;
+    c.hit_blocks += hit.blocks;
+    waiting_.pop_front();
+    push_running(id, s);
+    r.prefilling = true;
+    if (!cfg_.priority_preemption) r.aged = 0;  // with priority preemption a request keeps what it gained waiting
+    r.waited = 0;
+    ++stats_.admitted;
+    record(r, s, hit.tokens, static_cast<std::int32_t>(end) - hit.tokens);
+    return admit_outcome::admitted;
+  }
+
+  /// scheduler_config::priority_preemption, at the start of a step (nothing scheduled yet, so any running request
+  /// may be a victim): while the head of the waiting queue cannot be admitted for lack of blocks or of a running
+  /// slot, the lowest-priority running request it outranks is preempted by the configured mode; once it fits, the
+  /// head is admitted. Nothing happens while requests are swapped out (they come back before anything new) or when
+  /// the head fits already (it is admitted in turn, after the running requests), and nothing is preempted for a head
+  /// that the token budget stops (chunked prefill off: preempting cannot help).
+  KVPAGER_NOINLINE void preempt_for_priority() {
+    if (!cfg_.priority_preemption || waiting_.empty() || running_.empty() || !swapped_.empty() || budget_ <= 0) return;
+    order_waiting(cfg_.order);
+    const seq_id head = waiting_.front();
+    bool displaced = false;
+    for (;;) {
+      if (static_cast<std::int64_t>(running_.size()) < max_running_) {
+        if (!displaced) {
+          if (head_fits()) return;  // no inversion to resolve: admitted in turn, after the running requests
+        } else {
+          budget_stop_ = false;
+          if (admit_front(false) != admit_outcome::stopped || budget_stop_) return;
+        }
+      }
+      const std::optional<seq_id> victim = priority_victim(reqs_.at_id(head).options.priority);
+      if (!victim) return;
+      preempt(*victim);
+      ++stats_.preempted_for_priority;
+      displaced = true;
+      order_waiting(cfg_.order);  // a recompute victim went to the front: behind the head, which outranks it
+      if (waiting_.front() != head) return;
+    }
+  }
+
+  /// Whether the head of the waiting queue would be admitted now (its blocks and the watermark; a head that a limit
+  /// or the token budget stops counts as fitting: preempting cannot help it). Sets budget_stop_ for the latter.
+  [[nodiscard]] bool head_fits() {
+    budget_stop_ = false;
+    sched_request& r = reqs_.at_id(waiting_.front());
+    const std::int64_t n = r.num_tokens();
+    if (limit_reached(n, true)) return true;
+    if (!cache_.match_prefix(r.tokens, r.options, hit_, r.block_hashes)) return true;  // admit() reports it
+    const std::int64_t uncached = n - hit_.match.tokens;
+    const std::int64_t chunk = std::min(uncached, budget_);
+    if (!cfg_.chunked_prefill && chunk < uncached) {
+      budget_stop_ = true;
+      return true;
+    }
+    const std::int64_t end = hit_.match.tokens + chunk;
+    const std::int64_t need = hit_.match.blocks_to_allocate - cache_.blocks_needed(n) + cache_.blocks_needed(end);
+    return cache_.available_blocks() - need >= blocks_to_keep(need);
+  }
+
+  /// The running request priority preemption displaces for a waiting request of priority `priority` (its own,
+  /// unaged): among those whose aged priority is strictly below it, the lowest, newest among equals; none if no
+  /// running request is outranked. Comparing the displacer's own priority with the victim's aged one is what makes
+  /// aging protect: a request that aged above every priority that arrives can no longer be displaced, and no two
+  /// requests can displace each other in turn (that would need p(A) > e(B) >= p(B) > e(A) >= p(A)).
+  [[nodiscard]] std::optional<seq_id> priority_victim(std::int32_t priority) const {
+    std::optional<seq_id> best;
+    std::int64_t best_priority = 0;
+    for (std::size_t i = running_.size(); i-- > 0;) {  // newest first
+      const sched_request& c = reqs_[running_slots_[i]];
+      if (c.step == step_ || c.effective_priority() >= priority) continue;
+      if (!best || c.effective_priority() < best_priority) {
+        best = c.id;
+        best_priority = c.effective_priority();
+      }
+    }
+    return best;
   }
 
   /// The scheduler ends request `id` itself (`why`), reported in step_output::finished.
@@ -498,6 +584,7 @@ class scheduler : public scheduler_queues {
   scheduler_tuners tuners_;
   bool preempted_ = false;   ///< this step preempted: no swap-in, no admission
   bool stop_running_ = false;
+  bool budget_stop_ = false;  ///< the last admission test stopped at the token budget (chunked prefill off)
 };
 
 KVPAGER_NAMESPACE_END

@@ -79,6 +79,16 @@ struct scheduler_config {
   bool chunked_prefill = true;
   preemption_mode preemption = preemption_mode::cache_policy;
   admission_order order = admission_order::priority;
+  /// Priority preemption (the seed's 3.3.3, vLLM V0's _schedule_priority_preemption): at the start of a step, a
+  /// waiting request at the head of the (priority-ordered) queue that cannot be admitted now, for lack of blocks
+  /// or of a running slot, preempts running requests whose (aged) priority is strictly below its own priority,
+  /// lowest first and newest among equals, by the configured mode, until it fits; it is then admitted in that step.
+  /// With it on, a request keeps the priority it gained waiting when it is admitted (aging is not reset), and a
+  /// swapped-out request ages as a waiting one does: a request
+  /// that aged above every priority that arrives can no longer be displaced (so priority_aging's bound still ends
+  /// its wait), and no two requests can displace each other in turn. Needs admission_order::priority. Off by
+  /// default.
+  bool priority_preemption = false;
   /// A request that can never run is rejected by add_request (admission::never), and a queued request that can no
   /// longer be computed (more blocks than the cache has, a recompute longer than the budget without chunked
   /// prefill) is finished with finish_reason::too_long. Off (vLLM): every request is queued; one that cannot fit
@@ -107,7 +117,7 @@ struct scheduler_config {
 
   /// errc::invalid_argument with the first bad field's message: aging_steps < 0, headroom_permille outside
   /// [0, 10000], batch_tuning (when enabled) failing batch_size_tuning::validate, swap_cost (with
-  /// preemption_mode::adaptive) failing swap_cost_model::validate. The other fields are never invalid: their
+  /// preemption_mode::adaptive) failing swap_cost_model::validate, priority_preemption with FCFS admission. The other fields are never invalid: their
   /// out-of-range values have a documented meaning (max_num_seqs < 1 runs nothing, the watermark is clamped).
   [[nodiscard]] status validate() const noexcept {
     if (const status st = aging().validate(); !st) return st;
@@ -120,6 +130,8 @@ struct scheduler_config {
     if (preemption == preemption_mode::adaptive) {
       if (const status st = swap_cost.validate(); !st) return st;
     }
+    if (priority_preemption && order != admission_order::priority)
+      return status{errc::invalid_argument, "scheduler_config: priority_preemption needs admission_order::priority"};
     return ok_status();
   }
 

@@ -174,6 +174,16 @@ class basic_scheduler_queues {
     }
   }
 
+  /// Every swapped-out request waited one more step (scheduler_config::priority_preemption: a request displaced by
+  /// swap ages while it is off the device, as a recompute victim does in the waiting queue).
+  void age_swapped(const priority_aging& aging) noexcept {
+    if (!aging.enabled()) return;
+    for (const seq_id id : swapped_) {
+      sched_request& r = reqs_.at_id(id);
+      aging.tick(r.waited, r.aged);
+    }
+  }
+
   /// A waiting request with its sort key (order_waiting).
   struct keyed_id {
     std::int64_t priority;

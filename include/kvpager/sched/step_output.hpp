@@ -118,6 +118,9 @@ struct scheduler_stats {
   /// freed for recompute instead. Caches without a host pool (errc::unsupported) are not counted.
   std::int64_t swap_fallback_recompute = 0;
   std::int64_t swapped_in = 0;
+  /// Of preempted_recompute + preempted_swap: victims preempted for a higher-priority waiting request
+  /// (scheduler_config::priority_preemption).
+  std::int64_t preempted_for_priority = 0;
   std::int64_t dropped_forks = 0;
   /// Admission passes that stopped at a request whose blocks do not fit (with the watermark) now: vLLM's failed
   /// allocate_slots in the admission loop. A request stuck at the head of the queue counts once per step.
