@@ -190,12 +190,11 @@ TEST(CpuFp8Prefill, MaskedPositionsNeverReachARow) {
       for (std::int64_t r = 0; r < clean.rows; r += 4) {
         fixture f = clean;
         const std::int64_t pos = sh.lens[0] - sh.q_lens[0] + r;
-        for (std::int32_t j = 0; j < sh.lens[0]; ++j) {
-          if (j <= pos && (window < 0 || j >= pos - window)) continue;
+        kvpager_prefill_test::for_each_masked_position(sh.lens[0], pos, window, [&](std::int32_t j) {
           for (std::int32_t k = 0; k < 2; ++k)
             for (std::int32_t h = 0; h < sh.hkv; ++h)
               for (std::int32_t e = 0; e < sh.d; ++e) f.kv[f.at(0, j, k, h, e)] = detail::e4m3_nan_code;
-        }
+        });
         std::vector<unsigned char> out(f.out_bytes(), 0xAB);
         ASSERT_TRUE(paged_attention_prefill_cpu(f.params(out.data(), nullptr)));
         std::vector<double> o;

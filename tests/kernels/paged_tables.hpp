@@ -14,6 +14,14 @@
 
 namespace kvpager_prefill_test {
 
+/// Calls fn(j) for every KV position j < len that a query row at position `pos` may not attend to: after it, or,
+/// with window >= 0, before pos - window (issue 21: what the masked-position tests poison).
+template <class Fn>
+void for_each_masked_position(std::int32_t len, std::int64_t pos, std::int32_t window, Fn fn) {
+  for (std::int32_t j = 0; j < len; ++j)
+    if (j > pos || (window >= 0 && j < pos - window)) fn(j);
+}
+
 /// Sequences of lens[s] tokens with q_lens[s] query rows each, over num_blocks = the blocks they use + `spare` (which
 /// no sequence uses), in shuffled order.
 struct paged_tables {

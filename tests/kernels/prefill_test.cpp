@@ -236,12 +236,11 @@ TEST(CpuPrefill, MaskedPositionsNeverReachARow) {
         for (std::int64_t r = 0; r < f.rows; r += 4) {
           f.kv = clean.kv;
           const std::int64_t pos = sh.lens[0] - sh.q_lens[0] + r;
-          for (std::int32_t j = 0; j < sh.lens[0]; ++j) {
-            if (j <= pos && (window < 0 || j >= pos - window)) continue;
+          kvpager_prefill_test::for_each_masked_position(sh.lens[0], pos, window, [&](std::int32_t j) {
             for (std::int32_t k = 0; k < 2; ++k)
               for (std::int32_t h = 0; h < sh.hkv; ++h)
                 for (std::int32_t d = 0; d < sh.d; ++d) f.kv.set(f.at(0, j, k, h, d), poison);
-          }
+          });
           f.view.data = f.kv.data();
           tensor out(dtype, f.q.size());
           ASSERT_TRUE(paged_attention_prefill_cpu(f.params(out.data(), nullptr)));

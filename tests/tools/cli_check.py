@@ -21,22 +21,14 @@ import sys
 import tempfile
 import time
 
+from sim_check import check, fail  # the same FAIL line and exit status as the other tool checks
+
 
 def run(args, timeout=120):
     try:
         return subprocess.run(args, capture_output=True, text=True, timeout=timeout)
     except subprocess.TimeoutExpired:
         fail("%s: no answer within %d s" % (" ".join(args), timeout))
-
-
-def fail(msg):
-    print("FAIL: " + msg)
-    sys.exit(1)
-
-
-def check(cond, msg):
-    if not cond:
-        fail(msg)
 
 
 def refused(p, what, option, range_text=None):

@@ -103,8 +103,7 @@ inline run_summary run_contiguous(const workload& w, const contiguous_options& o
   std::size_t next = 0;
   std::int64_t step = 0;
   std::vector<std::pair<std::size_t, std::int64_t>> scheduled;  // running index, tokens
-  std::int64_t idle = 0;
-  step_sample last{};
+  idle_skipper idle;
   while (next < w.requests.size() || !waiting.empty() || !running.empty()) {
     if (o.max_steps > 0 && step >= o.max_steps) break;
     while (next < w.requests.size() && w.requests[next].arrival <= static_cast<double>(step)) {
@@ -115,21 +114,9 @@ inline run_summary run_contiguous(const workload& w, const contiguous_options& o
       }
       waiting.push_back({r.prompt, 0, 0, r.max_new, r.gen_seed, r.child_ids.empty() ? nullptr : &r, -1});
     }
-    if (next < w.requests.size() && waiting.empty() && running.empty()) {
-      if (++idle > idle_steps_simulated) {
-        if (const std::int64_t to = idle_skip_target(step, w.requests[next].arrival, o.max_steps); to > step) {
-          step_sample x = last;
-          x.step = step;
-          x.span = to - step;
-          x.batched_tokens = 0;
-          samples.add(x);
-          step = to;
-          continue;
-        }
-      }
-    } else {
-      idle = 0;
-    }
+    if (next < w.requests.size() &&
+        idle.skip(waiting.empty() && running.empty(), step, w.requests[next].arrival, o.max_steps, samples))
+      continue;
     std::int64_t budget = o.max_num_batched_tokens;
     scheduled.clear();
     for (std::size_t i = 0; i < running.size() && budget > 0; ++i) {
@@ -197,7 +184,7 @@ inline run_summary run_contiguous(const workload& w, const contiguous_options& o
     x.completed = s.completed;
     x.health = health.check(x.kv_usage, x.waiting, 0).level;
     samples.add(x);
-    last = x;
+    idle.stepped(x);
     ++step;
   }
   samples.summarize(s);

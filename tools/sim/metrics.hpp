@@ -131,14 +131,38 @@ class step_history {
 /// before the rest of it is skipped as one sample: enough for the health check's window to see the idle steps.
 inline constexpr std::int64_t idle_steps_simulated = 1024;
 
-/// The step an idle run at `step` jumps to: the next arrival's step, at most `max_steps` (0: no limit); `step`
-/// itself when there is nothing to skip.
-[[nodiscard]] inline std::int64_t idle_skip_target(std::int64_t step, double next_arrival, std::int64_t max_steps) {
-  const double cap = 4.0e18;  // within int64, far beyond any run the options allow
-  auto target = static_cast<std::int64_t>(std::ceil(std::min(next_arrival, cap)));
-  if (max_steps > 0) target = std::min(target, max_steps);
-  return std::max(target, step);
-}
+/// The idle skipping both runs share: after idle_steps_simulated consecutive idle steps (nothing running, waiting
+/// or swapped, an arrival ahead), the rest of the stretch becomes one sample spanning it, a copy of the last step's.
+class idle_skipper {
+ public:
+  /// Called at `step` once its arrivals are queued: `idle` whether nothing is live. When the stretch is long enough,
+  /// adds the spanning sample to `h`, moves `step` to the next arrival (at most `max_steps`, 0: no limit) and
+  /// returns true: the caller skips the step.
+  bool skip(bool idle, std::int64_t& step, double next_arrival, std::int64_t max_steps, step_history& h) {
+    if (!idle) {
+      idle_ = 0;
+      return false;
+    }
+    if (++idle_ <= idle_steps_simulated) return false;
+    const double cap = 4.0e18;  // within int64, far beyond any run the options allow
+    auto to = static_cast<std::int64_t>(std::ceil(std::min(next_arrival, cap)));
+    if (max_steps > 0) to = std::min(to, max_steps);
+    if (to <= step) return false;
+    step_sample x = last_;
+    x.step = step;
+    x.span = to - step;
+    x.batched_tokens = 0;
+    h.add(x);
+    step = to;
+    return true;
+  }
+  /// The step ran and gave sample `x`.
+  void stepped(const step_sample& x) { last_ = x; }
+
+ private:
+  std::int64_t idle_ = 0;
+  step_sample last_{};
+};
 
 /// "OK GOOD WARNING" style list of the levels seen.
 [[nodiscard]] inline std::string levels_seen(const run_summary& s) {

@@ -68,8 +68,7 @@ run_summary run_paged(const workload& w, Cache& cache, const paged_options& o, s
   std::vector<std::span<const kvpager::token_id>> toks;
   std::size_t next = 0;
   std::int64_t step = 0;
-  std::int64_t idle = 0;  // consecutive steps with nothing to do before the next arrival
-  step_sample last{};
+  idle_skipper idle;
   for (;;) {
     const kvpager::scheduler_stats before = sched.stats();
     if (next == w.requests.size() && before.running + before.waiting + before.swapped == 0 &&
@@ -88,21 +87,10 @@ run_summary run_paged(const workload& w, Cache& cache, const paged_options& o, s
     // An idle stretch before the next arrival: simulated step by step for a while (the health check's window sees
     // it), then skipped as one sample spanning the rest (issue 21, point 4: --rate 1e-6 leaves millions of steps).
     if (const kvpager::scheduler_stats now = sched.stats();
-        next < w.requests.size() && now.running + now.waiting + now.swapped == 0 && sched.pending_forks().empty()) {
-      if (++idle > idle_steps_simulated) {
-        if (const std::int64_t to = idle_skip_target(step, w.requests[next].arrival, o.max_steps); to > step) {
-          step_sample x = last;
-          x.step = step;
-          x.span = to - step;
-          x.batched_tokens = 0;
-          samples.add(x);
-          step = to;
-          continue;
-        }
-      }
-    } else {
-      idle = 0;
-    }
+        next < w.requests.size() &&
+        idle.skip(now.running + now.waiting + now.swapped == 0 && sched.pending_forks().empty(), step,
+                  w.requests[next].arrival, o.max_steps, samples))
+      continue;
     const kvpager::step_output& out = sched.schedule();
     std::int64_t batched = 0;
     for (const auto& e : out.scheduled) batched += e.num_tokens;
@@ -182,7 +170,7 @@ run_summary run_paged(const workload& w, Cache& cache, const paged_options& o, s
     x.swaps = m.swap_events();
     x.health = health.check(recorder).level;
     samples.add(x);
-    last = x;
+    idle.stepped(x);
     extras.last = m;
     ++step;
     if (o.progress && o.progress_every > 0 && step % o.progress_every == 0) o.progress(step, s.completed, total);
