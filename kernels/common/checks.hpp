@@ -12,6 +12,7 @@
 #include <initializer_list>
 
 #include "kvpager/c/kernels.h"
+#include "kvpager/core/dtype.hpp"
 
 namespace kvpager::kernels::detail {
 
@@ -22,10 +23,8 @@ inline bool valid_dtype(int32_t dtype) {
 }
 /// A KV pool's dtype as kvpager_can_implement accepts it: a valid_dtype or fp8 E4M3 (run by the _fp8 functions only).
 inline bool valid_kv_dtype(int32_t dtype) { return valid_dtype(dtype) || dtype == KVPAGER_DTYPE_FP8_E4M3; }
-/// Bytes of one element of a valid_kv_dtype.
-inline int64_t elem_bytes(int32_t dtype) {
-  return dtype == KVPAGER_DTYPE_FP32 ? 4 : dtype == KVPAGER_DTYPE_FP8_E4M3 ? 1 : 2;
-}
+/// Bytes of one element of a valid_kv_dtype: core's kvpager::elem_bytes (the C dtype codes are kv_dtype's values).
+inline int64_t elem_bytes(int32_t dtype) { return kvpager::elem_bytes(static_cast<kvpager::kv_dtype>(dtype)); }
 /// A per-tensor fp8 scale: finite and positive.
 inline bool valid_fp8_scale(float s) { return std::isfinite(s) && s > 0.0F; }
 

@@ -392,3 +392,48 @@ TEST(CacheConfig, BlockAndPoolSizesComeFromTheKernelGeometry) {
   EXPECT_EQ(cache->block_size(), g.block_size);
   EXPECT_EQ(cache->stats().total, g.num_blocks - 1);
 }
+
+// Issue 22, point 1: the cache owns the geometry. cache_config states the pool's whole geometry (positional
+// initialization unchanged), the cache answers geometry(), cache_config_for round-trips it, and create can check it
+// with the compiled kernels' verdict (or any check) before building anything.
+namespace {
+kvpager::status refuse_head_dim_100(const kvpager::kv_geometry& g) noexcept {
+  return g.head_dim == 100 ? kvpager::status{kvpager::errc::unsupported, "head dim 100"} : kvpager::ok_status();
+}
+}  // namespace
+
+TEST(CacheGeometry, TheCacheOwnsItsGeometryAndCreateChecksItWhenAsked) {
+  using namespace kvpager;
+  using cache = paged_kv_cache<free_list_allocator, lru_eviction, prefix_caching, no_swap>;
+  const cache_config positional{16, 101, 1, 0};
+  EXPECT_EQ(positional.block_size, 16);
+  EXPECT_EQ(positional.num_blocks, 101);
+  EXPECT_EQ(cache_config{}.block_size, default_block_size);
+  EXPECT_EQ(kv_geometry{}.block_size, default_block_size);
+  const kv_geometry g{64, 32, 8, 128, kv_dtype::bf16};
+  const cache_config cfg = cache_config_for(g, {.reserved_blocks = 1, .max_blocks_per_seq = 8});
+  EXPECT_EQ(cfg.geometry(), g);
+  EXPECT_EQ(cfg.reserved_blocks, 1);
+  auto c = cache::create(cfg);
+  ASSERT_TRUE(c);
+  EXPECT_EQ(c->geometry(), g);
+  EXPECT_EQ(block_bytes(c->geometry()), 2 * 32 * 8 * 128 * 2);
+  EXPECT_EQ(block_bytes(c->geometry(), 32), kv_bytes_per_block(g, 32)) << "one statement of a block's bytes";
+  EXPECT_EQ(kv_block_bytes(g, 32), block_bytes(g, 32));
+  EXPECT_EQ(kv_layout::of(g).block_bytes(), block_bytes(g));
+  // The check runs after validate() and its error is returned as it is; a passing check changes nothing.
+  ASSERT_TRUE(cache::create(cfg, refuse_head_dim_100));
+  cache_config bad = cfg;
+  bad.head_dim = 100;
+  const auto refused = cache::create(bad, refuse_head_dim_100);
+  ASSERT_FALSE(refused);
+  EXPECT_EQ(refused.code(), errc::unsupported);
+  EXPECT_TRUE(cache::create(bad)) << "the cache alone does not care about the head dim";
+  bad.head_dim = 0;
+  EXPECT_EQ(cache::create(bad).code(), errc::invalid_argument) << "but a geometry must be one";
+  bad = cfg;
+  bad.block_size = 48;
+  EXPECT_EQ(cache::create(bad, refuse_head_dim_100).code(), errc::invalid_block_size) << "validate() first";
+  EXPECT_TRUE(cache::create(cfg, {})) << "{} is still the default policies";
+  EXPECT_FALSE(checked_block_bytes({1, 1 << 20, 1 << 20, 1 << 21, kv_dtype::f16}));
+}

@@ -9,6 +9,7 @@
 #include <kvpager/kernels/kernel_status.hpp>
 #include <kvpager/kernels/kv_layout.hpp>
 #include <kvpager/cache/cache_types.hpp>
+#include <kvpager/cache/compositions.hpp>
 
 #include <gtest/gtest.h>
 
@@ -214,4 +215,22 @@ TEST(CanImplement, RefusesABlockSizeTheCacheWouldAccept) {
                                 .dtype = kvpager::kv_dtype::f16};
   EXPECT_TRUE(kvpager::can_implement(ok));
   EXPECT_TRUE(kvpager::validate(kvpager::cache_config_for(ok)));
+}
+
+// Issue 22, point 1: create(cfg, can_implement) learns at creation that the kernels cannot run a pool, with the
+// kernels' own verdict, and builds nothing; a geometry they run creates the cache as before.
+TEST(CanImplement, CacheCreationChecksTheGeometryWhenAsked) {
+  const kv_geometry ok{64, 16, 8, 128, kv_dtype::f16};
+  auto c = vllm_v1_cache::create(cache_config_for(ok, {.reserved_blocks = 1}), can_implement);
+  ASSERT_TRUE(c);
+  EXPECT_EQ(c->geometry(), ok);
+  EXPECT_TRUE(can_implement(c->geometry()));
+  for (const kv_geometry bad : {kv_geometry{64, 16, 8, 100, kv_dtype::f16}, kv_geometry{64, 64, 8, 128, kv_dtype::f16},
+                                kv_geometry{64, 16, 8, 128, static_cast<kv_dtype>(9)}}) {
+    const auto r = vllm_v1_cache::create(cache_config_for(bad, {.reserved_blocks = 1}), can_implement);
+    ASSERT_FALSE(r) << bad.head_dim << " " << bad.block_size;
+    EXPECT_EQ(r.code(), can_implement(bad).code());
+    EXPECT_TRUE(vllm_v1_cache::create(cache_config_for(bad, {.reserved_blocks = 1})))
+        << "without the check the cache itself accepts any power-of-two block size";
+  }
 }

@@ -19,27 +19,51 @@
 KVPAGER_NAMESPACE_BEGIN
 
 /// Run-time configuration of a paged_kv_cache.
+/// The cache's configuration. Block size and pool size are the cache's; with the KV shape after them (KV heads, head
+/// dim, dtype, which the cache itself does not use) they are the pool's whole geometry, geometry(), the one value
+/// the kernels' views, layouts and checks derive from. Positional initialization keeps its order:
+/// {block_size, num_blocks, reserved_blocks, max_blocks_per_seq, num_host_blocks}.
 struct cache_config {
-  std::int32_t block_size = 16;       ///< tokens per block; a power of two
+  std::int32_t block_size = default_block_size;  ///< tokens per block; a power of two
   std::int32_t num_blocks = 0;        ///< blocks in the pool, including reserved ones
   std::int32_t reserved_blocks = 0;   ///< blocks [0, reserved) never handed out (1 = vLLM's null block)
   std::int32_t max_blocks_per_seq = 0;  ///< longest block table allowed; 0 = no limit
   std::int32_t num_host_blocks = 0;     ///< host (swap) pool blocks, for swap_out/swap_in and preempt; 0 = none
+  std::int32_t num_kv_heads = 1;        ///< KV heads of one layer's pool (geometry(); > 0)
+  std::int32_t head_dim = 128;          ///< elements per head (geometry(); > 0)
+  kv_dtype dtype = kv_dtype::f16;       ///< element type of the pool (geometry())
+
+  /// The pool's geometry: num_blocks, block_size, num_kv_heads, head_dim, dtype.
+  [[nodiscard]] constexpr kv_geometry geometry() const noexcept {
+    return {num_blocks, block_size, num_kv_heads, head_dim, dtype};
+  }
 };
 
-/// The cache configuration of kernel geometry `g`: block size and pool size come from `g`, the other fields from
-/// `rest`, so the cache and the kernels cannot disagree on them. The cache accepts any power-of-two block size and
+/// The cache configuration of kernel geometry `g`: the geometry's fields come from `g` (cfg.geometry() == g), the
+/// others from `rest`, so the cache and the kernels cannot disagree on them. The cache accepts any power-of-two block size and
 /// the kernels only the ones they implement: check `kvpager::can_implement(g)` (kvpager/kernels/can_implement.hpp)
 /// before creating the cache, so an unsupported geometry is refused there and not at the first kernel call.
 [[nodiscard]] constexpr cache_config cache_config_for(const kv_geometry& g, cache_config rest = {}) noexcept {
   rest.block_size = g.block_size;
   rest.num_blocks = g.num_blocks;
+  rest.num_kv_heads = g.num_kv_heads;
+  rest.head_dim = g.head_dim;
+  rest.dtype = g.dtype;
   return rest;
 }
 
+/// A check of a pool's geometry that paged_kv_cache::create runs when given one: kvpager::can_implement
+/// (kvpager/kernels/can_implement.hpp, the compiled kernels' verdict), or the engine's own. A function, not a
+/// default-constructible value, so `create(cfg, {})` still means the default policies.
+struct geometry_check {
+  using function = status (*)(const kv_geometry&) noexcept;
+  constexpr geometry_check(function f) noexcept : fn(f) {}  // NOLINT(google-explicit-constructor): create(cfg, f)
+  function fn;
+};
+
 /// The checks of paged_kv_cache::create on `cfg` alone (the pool sizes are block_pool::create's):
-/// errc::invalid_block_size (not a positive power of two), errc::invalid_argument (negative max_blocks_per_seq),
-/// errc::invalid_pool_size (negative num_host_blocks).
+/// errc::invalid_block_size (not a positive power of two), errc::invalid_argument (negative max_blocks_per_seq,
+/// num_kv_heads or head_dim not positive), errc::invalid_pool_size (negative num_host_blocks).
 [[nodiscard]] constexpr status validate(const cache_config& cfg) noexcept {
   if (cfg.block_size <= 0 || !std::has_single_bit(static_cast<std::uint32_t>(cfg.block_size)))
     return status{errc::invalid_block_size, "paged_kv_cache::create: block_size must be a positive power of two",
@@ -47,6 +71,9 @@ struct cache_config {
   if (cfg.max_blocks_per_seq < 0)
     return status{errc::invalid_argument, "paged_kv_cache::create: max_blocks_per_seq must be >= 0",
                   cfg.max_blocks_per_seq};
+  if (cfg.num_kv_heads <= 0 || cfg.head_dim <= 0)
+    return status{errc::invalid_argument, "paged_kv_cache::create: num_kv_heads and head_dim must be positive",
+                  cfg.num_kv_heads <= 0 ? cfg.num_kv_heads : cfg.head_dim};
   if (cfg.num_host_blocks < 0)
     return status{errc::invalid_pool_size, "paged_kv_cache::create: num_host_blocks must be >= 0",
                   cfg.num_host_blocks};

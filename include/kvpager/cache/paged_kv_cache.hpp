@@ -93,7 +93,17 @@ class paged_kv_cache : public cache_exports<paged_kv_cache<A, E, S, W>> {
   /// cached: see prefix_caching.hpp); plus 21 bytes per host block (the host block_pool's refcount and links, the
   /// swap book's maps). Per sequence, its block table and (content caches) the token ids of its last, partial block.
   [[nodiscard]] static result<paged_kv_cache> create(cache_config cfg, policies p = {}) {
+    return create(cfg, geometry_check{nullptr}, std::move(p));
+  }
+
+  /// create, with the pool's geometry (cfg.geometry()) checked by `check` first (after validate(cfg)): its error is
+  /// returned as it is and nothing is created. `create(cfg, kvpager::can_implement)` refuses a pool the compiled
+  /// kernels cannot run, so an engine learns it at creation, not at its first kernel call.
+  [[nodiscard]] static result<paged_kv_cache> create(cache_config cfg, geometry_check check, policies p = {}) {
     if (status st = validate(cfg); !st) return st;
+    if (check.fn != nullptr) {
+      if (status st = check.fn(cfg.geometry()); !st) return st;
+    }
 #if KVPAGER_HAS_EXCEPTIONS
     try {
 #endif
@@ -355,6 +365,8 @@ class paged_kv_cache : public cache_exports<paged_kv_cache<A, E, S, W>> {
   [[nodiscard]] std::int32_t num_sequences() const noexcept { return seqs_.size(); }
   [[nodiscard]] std::int32_t block_size() const noexcept { return cfg_.block_size; }
   [[nodiscard]] const cache_config& config() const noexcept { return cfg_; }
+  /// The pool's geometry (config().geometry()): what the kernels' views and layouts of this cache derive from.
+  [[nodiscard]] constexpr kv_geometry geometry() const noexcept { return cfg_.geometry(); }
 
   /// Reference count of block `b` (0 when free, parked, reserved or out of range).
   [[nodiscard]] std::int32_t refcount(block_id b) const noexcept { return blocks_.refcount(b); }

@@ -45,7 +45,7 @@ struct prefix_cursors {
   using cursor = prefix_cursor_t<S>;
   using state = sequence_state<cursor>;
 
-  std::int32_t block_size = 16;
+  std::int32_t block_size = default_block_size;
 
   /// Tokens of block `i` of `tokens`.
   [[nodiscard]] std::span<const token_id> block_tokens(std::span<const token_id> tokens,

@@ -9,6 +9,11 @@
 
 KVPAGER_NAMESPACE_BEGIN
 
+/// Tokens per block wherever kvpager chooses one for the caller (cache_config, kv_geometry, the kernels' views and
+/// layouts, sizing requests): vLLM's default, and one of the sizes the compiled kernels run (8, 16, 32). Stated here
+/// once; every default block size is this constant.
+inline constexpr std::int32_t default_block_size = 16;
+
 /// Physical block id: an index into the paged KV pool. int32 because kernels index block tables as int32 (vLLM,
 /// FlashInfer); byte offsets into the pool are always computed in 64 bits.
 using block_id = std::int32_t;
@@ -22,7 +27,7 @@ using token_id = std::int32_t;
 /// Shape of a block pool, given to every policy when a cache is created.
 struct pool_geometry {
   std::int32_t num_blocks = 0;       ///< blocks in the pool, reserved ones included
-  std::int32_t block_size = 16;      ///< tokens per block
+  std::int32_t block_size = default_block_size;  ///< tokens per block
   std::int32_t reserved_blocks = 0;  ///< blocks [0, reserved) are never handed out
 };
 

@@ -26,7 +26,7 @@ KVPAGER_NAMESPACE_BEGIN
 struct paged_kv_view {
   const void* data = nullptr;
   std::int32_t dtype = KVPAGER_DTYPE_FP16;
-  std::int32_t num_blocks = 0, num_kv_heads = 0, block_size = 16, head_dim = 128;
+  std::int32_t num_blocks = 0, num_kv_heads = 0, block_size = default_block_size, head_dim = 128;
   std::int64_t stride_block = 0, stride_kv = 0, stride_head = 0, stride_token = 0;
 
   /// The default layout [num_blocks, 2, num_kv_heads, block_size, head_dim].

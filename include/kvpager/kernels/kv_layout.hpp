@@ -17,7 +17,7 @@ KVPAGER_NAMESPACE_BEGIN
 struct kv_layout {
   std::int32_t num_blocks = 0;
   std::int32_t num_kv_heads = 1;
-  std::int32_t block_size = 16;
+  std::int32_t block_size = default_block_size;
   std::int32_t head_dim = 128;
   std::int32_t elem_bytes = 2;  ///< 2 for fp16/bf16, 4 for fp32, 1 for fp8 E4M3
 
@@ -28,7 +28,8 @@ struct kv_layout {
 
   /// Bytes of one token's K (or V) for one head.
   [[nodiscard]] constexpr std::int64_t row_bytes() const noexcept { return std::int64_t{head_dim} * elem_bytes; }
-  /// Bytes of one block (K and V, all heads).
+  /// Bytes of one block (K and V, all heads): 2 x num_kv_heads x block_size x row_bytes(), as core's
+  /// block_bytes(geometry) counts them for the geometry the layout was made of.
   [[nodiscard]] constexpr std::int64_t block_bytes() const noexcept {
     return 2 * std::int64_t{num_kv_heads} * block_size * row_bytes();
   }

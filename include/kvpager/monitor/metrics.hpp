@@ -22,40 +22,16 @@
 
 KVPAGER_NAMESPACE_BEGIN
 
-namespace detail {
-/// 2 x block_size x num_kv_heads x head_dim x element bytes x num_layers in checked int64 arithmetic; 0 for a
-/// non-positive dimension or layer count, -1 where the product does not fit.
-[[nodiscard]] constexpr std::int64_t block_bytes_or_flag(const kv_geometry& g, std::int32_t num_layers) noexcept {
-  if (g.block_size <= 0 || g.num_kv_heads <= 0 || g.head_dim <= 0 || num_layers <= 0) return 0;
-  std::int64_t b = 2 * std::int64_t{elem_bytes(g.dtype)};
-  for (const std::int64_t f : {std::int64_t{g.block_size}, std::int64_t{g.num_kv_heads}, std::int64_t{g.head_dim},
-                               std::int64_t{num_layers}}) {
-    const auto p = checked_mul(b, f);
-    if (!p) return -1;
-    b = *p;
-  }
-  return b;
-}
-}  // namespace detail
-
-/// Bytes one block holds over all `num_layers` layers (K and V): 2 x block_size x num_kv_heads x head_dim x
-/// element bytes x num_layers; 0 (take_snapshot then reports no bytes) for a non-positive dimension or layer count
-/// and for a geometry whose block does not fit in int64 (checked_kv_bytes_per_block says which).
+/// Bytes one block holds over all `num_layers` layers (K and V): core's block_bytes(g, num_layers), 0 (take_snapshot
+/// then reports no bytes) for a non-positive dimension or layer count and for a block that does not fit in int64.
 [[nodiscard]] constexpr std::int64_t kv_bytes_per_block(const kv_geometry& g, std::int32_t num_layers = 1) noexcept {
-  const std::int64_t b = detail::block_bytes_or_flag(g, num_layers);
-  return b > 0 ? b : 0;
+  return block_bytes(g, num_layers);
 }
 
-/// kv_bytes_per_block with its errors: errc::invalid_argument for a non-positive dimension or layer count, or a
-/// block whose bytes do not fit in int64 (the value is the first dimension's; nothing is computed past the overflow).
+/// kv_bytes_per_block with its errors: core's checked_block_bytes.
 [[nodiscard]] inline result<std::int64_t> checked_kv_bytes_per_block(const kv_geometry& g,
                                                                      std::int32_t num_layers = 1) noexcept {
-  const std::int64_t b = detail::block_bytes_or_flag(g, num_layers);
-  if (b == 0)
-    return status{errc::invalid_argument, "kv_bytes_per_block: block size, KV heads, head dim and layers must be positive"};
-  if (b < 0)
-    return status{errc::invalid_argument, "kv_bytes_per_block: the block's bytes do not fit in 64 bits", g.block_size};
-  return b;
+  return checked_block_bytes(g, num_layers);
 }
 
 /// The numbers of one snapshot. A plain value: copy it, compare it, keep it (metrics_recorder keeps a history).

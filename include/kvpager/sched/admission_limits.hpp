@@ -21,7 +21,7 @@ KVPAGER_NAMESPACE_BEGIN
 
 struct admission_limits {
   std::int64_t usable_blocks = 0;        ///< the cache's usable blocks (cache_stats::total)
-  std::int32_t block_size = 16;          ///< tokens per block
+  std::int32_t block_size = default_block_size;  ///< tokens per block
   std::int32_t max_blocks_per_seq = 0;   ///< the cache's length cap in blocks (0: none)
 
   /// Blocks `num_tokens` tokens occupy (without prefix hits).

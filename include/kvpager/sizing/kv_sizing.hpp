@@ -19,6 +19,7 @@
 #include "kvpager/core/checked_math.hpp"
 #include "kvpager/core/config.hpp"
 #include "kvpager/core/status.hpp"
+#include "kvpager/core/types.hpp"
 #include "kvpager/sizing/model_shape.hpp"
 #include "kvpager/sizing/tensor_parallel.hpp"
 
@@ -147,7 +148,7 @@ struct pool_request {
   double utilization = 0.9;                   ///< fraction of a card the engine may use
   std::int32_t kv_dtype_bytes = 2;            ///< 2 for fp16/bf16 KV, 1 for fp8
   std::int32_t weight_dtype_bytes = 2;        ///< 2 for fp16/bf16 weights
-  std::int32_t block_size = 16;               ///< tokens per block
+  std::int32_t block_size = default_block_size;  ///< tokens per block
   std::int32_t tp = 1;                        ///< tensor-parallel degree (cards)
   std::int64_t activation_reserve_bytes = 0;  ///< per card
   std::int64_t seq_len = 2048;                ///< sequence length for max_sequences

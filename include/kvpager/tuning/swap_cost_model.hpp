@@ -26,20 +26,11 @@
 
 KVPAGER_NAMESPACE_BEGIN
 
-/// Bytes one block of geometry `g` holds over `num_layers` layers, keys and values: 2 x layers x block_size x
-/// num_kv_heads x head_dim x element bytes, in checked arithmetic (0 for a non-positive size and for a block whose
-/// bytes do not fit in int64, which validate() then refuses). Llama-2-7B in fp16 (32 layers, 32 KV heads, head dim
-/// 128, 16 tokens a block): 8 MiB.
+/// Bytes one block of geometry `g` holds over `num_layers` layers, keys and values: core's block_bytes (checked; 0
+/// for a non-positive size and for a block whose bytes do not fit in int64, which validate() then refuses).
+/// Llama-2-7B in fp16 (32 layers, 32 KV heads, head dim 128, 16 tokens a block): 8 MiB.
 [[nodiscard]] constexpr std::int64_t kv_block_bytes(const kv_geometry& g, std::int32_t num_layers) noexcept {
-  if (num_layers <= 0 || g.block_size <= 0 || g.num_kv_heads <= 0 || g.head_dim <= 0) return 0;
-  std::int64_t b = 2 * std::int64_t{elem_bytes(g.dtype)};
-  for (const std::int64_t f : {std::int64_t{num_layers}, std::int64_t{g.block_size}, std::int64_t{g.num_kv_heads},
-                               std::int64_t{g.head_dim}}) {
-    const auto p = checked_mul(b, f);
-    if (!p) return 0;
-    b = *p;
-  }
-  return b;
+  return block_bytes(g, num_layers);
 }
 
 /// Configuration of adaptive_preemption; a plain value, part of scheduler_config (scheduler_config::swap_cost).
