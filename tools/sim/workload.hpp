@@ -1,7 +1,7 @@
 // SPDX-License-Identifier: Apache-2.0
 #pragma once
 // kvpager-sim workloads: the built-in default (ShareGPT-like lengths, shared system prompts, Poisson arrivals,
-// parallel sampling) and kvtrace files (docs/KVTRACE.md, parsed by tools/replay/kvtrace.hpp). Everything is
+// parallel sampling) and kvtrace files (docs/KVTRACE.md, parsed by tools/kvtrace/kvtrace.hpp). Everything is
 // deterministic: the random numbers come from splitmix64 streams, never from a std:: distribution (whose output
 // differs between standard libraries), and token ids from the kvtrace token function.
 
