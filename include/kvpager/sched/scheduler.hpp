@@ -414,15 +414,32 @@ class scheduler : public scheduler_queues {
   KVPAGER_NOINLINE void admit() {
     order_waiting(cfg_.order);
     while (!waiting_.empty() && budget_ > 0 && static_cast<std::int64_t>(running_.size()) < max_running_)
-      if (admit_front(true) == admit_outcome::stopped) break;
+      if (const admit_outcome a = admit_front(true); a == admit_outcome::stopped || a == admit_outcome::budget_stop)
+        break;
   }
 
   /// What one admission attempt did with the head of the waiting queue.
   enum class admit_outcome {
     admitted,  ///< admitted, its first chunk scheduled
     removed,   ///< finished (a limit) or failed: the next request is at the head
-    stopped,   ///< does not fit now (blocks, watermark, or the budget without chunked prefill): stays at the head
+    stopped,   ///< its blocks do not fit now (with the watermark): stays at the head
+    budget_stop,  ///< chunked prefill off and its uncached tokens exceed the step's budget: stays at the head
   };
+
+  /// The first chunk an admission of `r` (`n` tokens, prefix hit `m`) would take: where it ends and the blocks it
+  /// needs; budget_stop when chunked prefill is off and the uncached tokens do not fit the budget.
+  struct first_chunk {
+    bool budget_stop = false;
+    std::int64_t end = 0, need = 0;
+  };
+  [[nodiscard]] first_chunk plan_first_chunk(std::int64_t n, const prefix_match& m) const {
+    const std::int64_t uncached = n - m.tokens;
+    const std::int64_t chunk = std::min(uncached, budget_);
+    if (!cfg_.chunked_prefill && chunk < uncached) return {true, 0, 0};  // whole, in a later step
+    // The first chunk ends at `end`: it takes the hit's blocks that consume capacity and blocks up to `end`.
+    const std::int64_t end = m.tokens + chunk;
+    return {false, end, m.blocks_to_allocate - cache_.blocks_needed(n) + cache_.blocks_needed(end)};
+  }
 
   /// One admission attempt of the head of the waiting queue (budget and a running slot left). `count`: a stop is
   /// counted in admit_fail / admit_budget_stop.
@@ -445,17 +462,12 @@ class scheduler : public scheduler_queues {
         return admit_outcome::removed;
       }
     }
-    const prefix_match* m = must_match ? &hit_.match : &no_match_;
-    const std::int64_t uncached = n - m->tokens;
-    const std::int64_t chunk = std::min(uncached, budget_);
-    if (!cfg_.chunked_prefill && chunk < uncached) {  // whole, in a later step
+    const first_chunk fc = plan_first_chunk(n, must_match ? hit_.match : no_match_);
+    if (fc.budget_stop) {
       if (count) ++stats_.admit_budget_stop;
-      budget_stop_ = true;
-      return admit_outcome::stopped;
+      return admit_outcome::budget_stop;
     }
-    // The first chunk ends at `end`: it takes the hit's blocks that consume capacity and blocks up to `end`.
-    const std::int64_t end = m->tokens + chunk;
-    const std::int64_t need = m->blocks_to_allocate - cache_.blocks_needed(n) + cache_.blocks_needed(end);
+    const std::int64_t end = fc.end, need = fc.need;
     if (must_match && cache_.available_blocks() - need < blocks_to_keep(need)) {  // LATER
       if (count) ++stats_.admit_fail;
       return admit_outcome::stopped;
@@ -504,8 +516,7 @@ class scheduler : public scheduler_queues {
         if (!displaced) {
           if (head_fits()) return;  // no inversion to resolve: admitted in turn, after the running requests
         } else {
-          budget_stop_ = false;
-          if (admit_front(false) != admit_outcome::stopped || budget_stop_) return;
+          if (admit_front(false) != admit_outcome::stopped) return;  // admitted, removed, or stopped by the budget
         }
       }
       const std::optional<seq_id> victim = priority_victim(reqs_.at_id(head).options.priority);
@@ -519,22 +530,14 @@ class scheduler : public scheduler_queues {
   }
 
   /// Whether the head of the waiting queue would be admitted now (its blocks and the watermark; a head that a limit
-  /// or the token budget stops counts as fitting: preempting cannot help it). Sets budget_stop_ for the latter.
+  /// or the token budget stops counts as fitting: preempting cannot help it).
   [[nodiscard]] bool head_fits() {
-    budget_stop_ = false;
     sched_request& r = reqs_.at_id(waiting_.front());
     const std::int64_t n = r.num_tokens();
     if (limit_reached(n, true)) return true;
     if (!cache_.match_prefix(r.tokens, r.options, hit_, r.block_hashes)) return true;  // admit() reports it
-    const std::int64_t uncached = n - hit_.match.tokens;
-    const std::int64_t chunk = std::min(uncached, budget_);
-    if (!cfg_.chunked_prefill && chunk < uncached) {
-      budget_stop_ = true;
-      return true;
-    }
-    const std::int64_t end = hit_.match.tokens + chunk;
-    const std::int64_t need = hit_.match.blocks_to_allocate - cache_.blocks_needed(n) + cache_.blocks_needed(end);
-    return cache_.available_blocks() - need >= blocks_to_keep(need);
+    const first_chunk fc = plan_first_chunk(n, hit_.match);
+    return fc.budget_stop || cache_.available_blocks() - fc.need >= blocks_to_keep(fc.need);
   }
 
   /// The running request priority preemption displaces for a waiting request of priority `priority` (its own,
@@ -584,7 +587,6 @@ class scheduler : public scheduler_queues {
   scheduler_tuners tuners_;
   bool preempted_ = false;   ///< this step preempted: no swap-in, no admission
   bool stop_running_ = false;
-  bool budget_stop_ = false;  ///< the last admission test stopped at the token budget (chunked prefill off)
 };
 
 KVPAGER_NAMESPACE_END
