@@ -50,7 +50,7 @@
 #include "kvpager/tuning/swap_cost_model.hpp"
 
 #include "kvpager/cache/paged_kv_cache.hpp"
-#include "kvpager/kernels/cpu_executor.hpp"
+#include "kvpager/kernels/step_executor.hpp"
 #include "kvpager/kernels/kv_layout.hpp"
 #include "kvpager/sched/scheduler.hpp"
 #include "kvpager/monitor/metrics.hpp"

@@ -7,7 +7,8 @@
 # - its `#include` lines go first, after an implicit `#include <kvpager/kvpager.hpp>` and the std headers the
 #   README's fragments use (<cstdint>, <cstdio>, <span>, <vector>);
 # - a block that defines `int main(` is compiled as it is (types, policies, functions at namespace scope);
-# - any other block is the body of `int main()`, which then returns 0.
+# - any other block is the body of `int main()`, which then returns 0;
+# - a block that includes a kvpager/kernels/ header links the compiled kernels (kvpager::kernels).
 # `#line` directives map the program back to the Markdown file, so an error names the README's own line. The
 # blocks are read when CMake configures; editing the Markdown file reconfigures.
 function(kvpager_add_doc_snippets md name)
@@ -69,6 +70,12 @@ function(kvpager_add_doc_snippets md name)
     set(target doc_${name}_snippet_${n})
     add_executable(${target} "${src}")
     target_link_libraries(${target} PRIVATE kvpager::kvpager kvpager_strict_warnings)
+    if(includes MATCHES "kvpager/kernels/")  # a block that calls the compiled kernels links them
+      if(NOT TARGET kvpager_kernels)
+        message(FATAL_ERROR "${md}: ```cpp block ${n} includes a kernels header, and the kernels are not built")
+      endif()
+      target_link_libraries(${target} PRIVATE kvpager::kernels)
+    endif()
     target_compile_definitions(${target} PRIVATE KVPAGER_ENABLE_ASSERTS=1)
     add_test(NAME docs.${name}.snippet_${n} COMMAND ${target})
   endwhile()

@@ -3,6 +3,7 @@
 #include <kvpager/c/kernels.h>
 #include <kvpager/kernels/attention.hpp>
 #include <kvpager/kernels/float16.hpp>
+#include <kvpager/kernels/step_executor.hpp>
 
 #include <cuda_runtime.h>
 #include <gtest/gtest.h>
@@ -382,15 +383,16 @@ TEST(CudaExecutor, RefusesWithoutADeviceOrRunsAPlan) {
     k[i] = static_cast<uint16_t>(i * 3);
     v[i] = static_cast<uint16_t>(i * 5 + 1);
   }
-  kvpager::cpu_executor cpu(geometry, 8);
-  ASSERT_TRUE(cpu.execute(cache.plan(), slots, std::as_bytes(std::span(k)), std::as_bytes(std::span(v))));
+  auto cpu = kvpager::host_kv_pools::create(geometry, 8);
+  ASSERT_TRUE(cpu.ok()) << cpu.error().message();
+  ASSERT_TRUE(cpu->execute(cache.plan(), slots, std::as_bytes(std::span(k)), std::as_bytes(std::span(v))));
   auto* dk = to_device(k);
   auto* dv = to_device(v);
   ASSERT_TRUE((*ex)->execute(cache.plan(), slots, dk, dv));
   ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
   std::vector<std::byte> got(static_cast<size_t>(layout.pool_bytes()));
   cudaMemcpy(got.data(), dev, got.size(), cudaMemcpyDeviceToHost);
-  EXPECT_TRUE(std::equal(got.begin(), got.end(), cpu.device_bytes().begin()));
+  EXPECT_TRUE(std::equal(got.begin(), got.end(), cpu->device_bytes().begin()));
   cudaFree(dk);
   cudaFree(dv);
   cudaFree(dev);

@@ -1,12 +1,12 @@
 // SPDX-License-Identifier: Apache-2.0
 // Per-step kernel paths allocate nothing: the CPU split decode with a caller's workspace (after the first call has
-// grown the calling thread's row buffers) and cpu_executor::execute. This executable replaces the global operator new
+// grown the calling thread's row buffers) and a step_executor step (run_plan, append). This executable replaces the global operator new
 // and counts every allocation; a workspace too small or misaligned is rejected before anything is written.
 #include <kvpager/c/kernels.h>
 #include <kvpager/core/config.hpp>
 #include <kvpager/core/step_plan.hpp>
 #include <kvpager/kernels/attention.hpp>
-#include <kvpager/kernels/cpu_executor.hpp>
+#include <kvpager/kernels/step_executor.hpp>
 #include <kvpager/kernels/kernel_status.hpp>
 
 #include <gtest/gtest.h>
@@ -101,17 +101,25 @@ TEST(CpuDecodeWorkspace, SizeWithPlannedSplitsCoversEveryPlan) {
   EXPECT_EQ(decode_workspace_size(p), -1);
 }
 
-TEST(CpuExecutor, SteadyStateExecuteAllocatesNothing) {
+TEST(StepExecutor, SteadyStateStepAllocatesNothing) {
+  // A whole step over two layers: the plan's moves on every layer, then each layer's appends.
   const kv_geometry g{8, 8, 2, 64, kv_dtype::f16};
-  cpu_executor ex(g, 4);
+  auto pools = host_kv_pools::create(g, 4, 2);
+  ASSERT_TRUE(pools.ok()) << pools.error().message();
   step_plan plan;
   plan.add_swap_out({1, 0});
   plan.add_swap_in({2, 3});
   plan.add_copy({4, 5});
   const std::vector<std::int64_t> slots = {0, 9, -1, 63};
   const std::vector<std::byte> k(slots.size() * 2 * 64 * 2, std::byte{1}), v(k.size(), std::byte{2});
-  ASSERT_TRUE(ex.execute(plan, slots, k, v));
+  auto step = [&] {
+    ASSERT_TRUE(pools->executor().run_plan(plan));
+    for (std::int32_t layer = 0; layer < 2; ++layer)
+      ASSERT_TRUE(pools->executor().append(layer, slots, k.data(), v.data()));
+    ASSERT_TRUE(pools->execute(plan, slots, k, v, 1));
+  };
+  step();
   const std::int64_t before = probe::allocations.load();
-  for (int i = 0; i < 3; ++i) ASSERT_TRUE(ex.execute(plan, slots, k, v));
+  for (int i = 0; i < 3; ++i) step();
   EXPECT_EQ(probe::allocations.load() - before, 0);
 }

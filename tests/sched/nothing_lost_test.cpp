@@ -12,6 +12,7 @@
 
 #include <cstring>
 
+#include "kvpager_testing/memcpy_executor.hpp"
 #include "support/cache_snapshot.hpp"
 #include "support/kv_content.hpp"
 #include <random>
@@ -198,7 +199,7 @@ class serving_run {
 
   Cache cache_;
   scheduler<Cache> sched_;
-  cpu_executor exec_;
+  kvpager_testing::memcpy_executor exec_;
   std::mt19937 rng_;
   seq_id next_id_ = 1;
   std::vector<seq_id> ballast_;

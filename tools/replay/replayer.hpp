@@ -149,6 +149,7 @@ inline replay_result replay_pool(const trace& t, const std::string& name, std::i
   // hybrid: hybrid_swap itself decides to recompute when the pool has no room.
   if (t.preemption != preemption_mode::recompute) c.preemption = kvpager::preemption_mode::cache_policy;
   c.export_slot_mapping = false;  // no kernel runs
+  c.export_tables = false;
   return c;
 }
 
@@ -170,7 +171,9 @@ class manager_replay {
     const stopwatch clock;
     for (const op& o : t_.ops) {
       if (at_line_ != nullptr) *at_line_ = o.line;
-      cache_.begin_step();  // every op starts from an executed plan
+      // An explicit op is the engine's own cache call, a step of its own: it starts from an executed plan. A 'run'
+      // op's steps begin in schedule(), the step's one owner.
+      if (o.kind != op_kind::run) cache_.begin_step();
       if (!apply(o)) return std::move(out_);
     }
     const double elapsed = clock.seconds();
@@ -431,8 +434,7 @@ class manager_replay {
   /// request samples its next token, and those at max_new are finished, in scheduled order. Returns whether
   /// anything was scheduled, preempted or finished.
   bool schedule_step() {
-    const kvpager::step_output& out = sched_.schedule();
-    cache_.begin_step();  // the engine executes the plan
+    const kvpager::step_output& out = sched_.schedule();  // the engine executes the plan; the next schedule() or op ends it
     for (std::size_t i = 0; i < out.scheduled.size(); ++i) {
       const kvpager::scheduled_sequence& s = out.scheduled[i];
       if (!s.last_chunk) continue;
@@ -489,16 +491,14 @@ replay_result replay_manager(const trace& t, const std::string& name, replay_lim
 }  // namespace detail
 
 /// The composition kvpager-replay uses for `enable_caching 0`: vLLM's free queue without prefix caching.
-using vllm_v1_no_caching_cache = kvpager::paged_kv_cache<kvpager::free_list_allocator, kvpager::no_eviction,
-                                                         kvpager::refcount_sharing, kvpager::no_swap>;
+using kvpager::vllm_v1_no_caching_cache;
 
 namespace detail {
 template <class W>
 replay_result replay_with_swap(const trace& t, const std::string& name, replay_limits limits, std::int64_t* at_line) {
   using namespace kvpager;
-  if (t.param("enable_caching", 1) != 0)
-    return replay_manager<paged_kv_cache<free_list_allocator, lru_eviction, prefix_caching, W>>(t, name, limits, at_line);
-  return replay_manager<paged_kv_cache<free_list_allocator, no_eviction, refcount_sharing, W>>(t, name, limits, at_line);
+  if (t.param("enable_caching", 1) != 0) return replay_manager<vllm_v1_cache_with<W>>(t, name, limits, at_line);
+  return replay_manager<no_caching_cache_with<W>>(t, name, limits, at_line);
 }
 
 /// Replays `t` over the composition its params name (no catch; see replay_guarded).

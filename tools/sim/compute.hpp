@@ -8,12 +8,14 @@
 // head_dim 64, K/V/Q/out in fp32 or bf16. Since k and v depend on the token and its position only, a prefix-cache
 // hit (same tokens at the same positions) may serve them, as in a real model's first layer.
 //
-// Every step, in the order of the step plan (core/step_plan.hpp): the plan's swap-outs, swap-ins and copies through
-// kvpager::cpu_executor; the K/V of the step's tokens through kvpager_cpu_kv_append and the step's slot mapping;
-// attention of every computed token through the block tables the cache exports: decode rows with
-// kvpager_cpu_paged_attention_decode, prompt chunks with kvpager_cpu_paged_attention_prefill. Each request keeps the output
-// row of every position it computed (the last time: a recompute overwrites). When the request finishes, its rows
-// are compared with causal attention over its tokens' K/V laid out contiguously (fp32, no cache, no kernel).
+// The simulator is a plain driver of the scheduler's step_output and the cache's geometry(): every step, the plan's
+// swap-outs, swap-ins and copies run through kvpager::step_executor (the shipped block-move kernels) over the pools
+// of a kvpager::host_kv_pools of the cache's geometry; the K/V of the step's tokens (out.input_ids at out.positions)
+// through its append (kvpager_cpu_kv_append) and out.slot_mapping; attention over the step's page tables: the
+// decode group (out.decode) with kvpager_cpu_paged_attention_decode, the prefill group (out.prefill, qo_indptr) with
+// kvpager_cpu_paged_attention_prefill. Each request keeps the output row of every position it computed (the last
+// time: a recompute overwrites). When the request finishes, its rows are compared with causal attention over its
+// tokens' K/V laid out contiguously (fp32, no cache, no kernel).
 
 #include <algorithm>
 #include <chrono>
@@ -23,12 +25,13 @@
 #include <span>
 #include <string>
 #include <unordered_map>
+#include <utility>
 #include <vector>
 
 #include <kvpager/c/kernels.h>
 #include <kvpager/core/step_plan.hpp>
-#include <kvpager/kernels/cpu_executor.hpp>
 #include <kvpager/kernels/float16.hpp>
+#include <kvpager/kernels/step_executor.hpp>
 #include <kvpager/sched/step_output.hpp>
 
 #include "workload.hpp"
@@ -48,7 +51,7 @@ inline int32_t prefill_attention(void* out, const void* query, void* kv_cache, c
                                              num_threads);
 }
 
-/// The attention layer, its KV pool (a cpu_executor's) and the outputs waiting to be checked.
+/// The attention layer, its KV pools (host_kv_pools) and the outputs waiting to be checked.
 class attention_compute {
  public:
   static constexpr std::int32_t d_model = 32, q_heads = 2, kv_heads = 1, head_dim = 64;
@@ -65,13 +68,9 @@ class attention_compute {
     std::string first_mismatch;      ///< which request and position, for the message
   };
 
-  /// `device`: the pool's geometry (all blocks of the cache, reserved ones included; head_dim and heads are the
-  /// layer's); `num_host_blocks`: the swap pool.
-  attention_compute(std::int32_t num_blocks, std::int32_t block_size, kvpager::kv_dtype dtype,
-                    std::int32_t num_host_blocks, std::int32_t max_blocks_per_seq, std::uint64_t seed)
-      : geom_{num_blocks, block_size, kv_heads, head_dim, dtype},
-        exec_(geom_, num_host_blocks),
-        max_blocks_(max_blocks_per_seq) {
+  /// The layer over `pools` (the cache's geometry(): kv_heads and head_dim must be the layer's; its host pool the
+  /// cache's swap pool).
+  attention_compute(kvpager::host_kv_pools pools, std::uint64_t seed) : pools_(std::move(pools)), geom_(pools_.geometry()) {
     random_stream rng(seed);
     const double w = 1.0 / std::sqrt(double{d_model});
     for (auto* m : {&wq_, &wk_, &wv_}) {
@@ -82,7 +81,6 @@ class attention_compute {
   }
 
   [[nodiscard]] const stats& counters() const noexcept { return st_; }
-  [[nodiscard]] std::int64_t pool_bytes() const noexcept { return kvpager::kv_layout::of(geom_).pool_bytes(); }
 
   /// Test hook (--inject-corruption): at the step numbered `step`, one V element of a running request's first
   /// block is overwritten, so the check must fail.
@@ -90,106 +88,83 @@ class attention_compute {
   /// Threads of the kernel calls (0: all cores).
   void set_threads(std::int32_t n) noexcept { threads_ = n; }
 
-  /// One step: `scheduled` as the scheduler output it, `tokens[i]` the token ids of scheduled[i]'s request,
-  /// `table` the dense block table of the scheduled requests (rows of max_blocks_per_seq) and `seq_lens` their
-  /// lengths, exported from the cache after schedule(). Returns "" or an error message.
-  std::string step(std::int64_t step_no, const kvpager::step_plan& plan, std::span<const std::int64_t> slots,
-                   std::span<const kvpager::scheduled_sequence> scheduled,
-                   std::span<const std::span<const kvpager::token_id>> tokens, std::span<const std::int32_t> table,
-                   std::span<const std::int32_t> seq_lens) {
+  /// One step, from the scheduler's output alone. Returns "" or an error message.
+  std::string step(std::int64_t step_no, const kvpager::step_output& out) {
     const auto t0 = std::chrono::steady_clock::now();
-    if (const kvpager::status st = exec_.execute(plan, {}, {}, {}); !st)
+    if (out.plan == nullptr) return "step_output without a plan";
+    const kvpager::step_plan& plan = *out.plan;
+    if (const kvpager::status st = pools_.executor().run_plan(plan); !st)
       return std::string("executor: ") + st.message();
     st_.copies += static_cast<std::int64_t>(plan.copies().size());
     st_.swap_outs += static_cast<std::int64_t>(plan.swap_outs().size());
     st_.swap_ins += static_cast<std::int64_t>(plan.swap_ins().size());
-    // K, V, Q of the step's tokens in slot-mapping order (the scheduled order).
-    std::int64_t ntok = 0;
-    for (const auto& e : scheduled) ntok += e.num_tokens;
-    if (ntok != static_cast<std::int64_t>(slots.size()))
-      return "slot mapping has " + std::to_string(slots.size()) + " entries for " + std::to_string(ntok) + " tokens";
+    const std::int64_t ntok = out.num_tokens();
+    if (ntok != static_cast<std::int64_t>(out.slot_mapping.size()) ||
+        ntok != static_cast<std::int64_t>(out.input_ids.size()))
+      return "slot mapping has " + std::to_string(out.slot_mapping.size()) + " entries and input_ids " +
+             std::to_string(out.input_ids.size()) + " for " + std::to_string(ntok) + " tokens";
+    for (const kvpager::step_tables* g : {&out.decode, &out.prefill})
+      for (std::size_t i = 0; i < g->rows(); ++i) {
+        const kvpager::scheduled_sequence& e = out.scheduled[static_cast<std::size_t>(g->entries[i])];
+        if (g->seq_lens[i] != e.start + e.num_tokens)
+          return "request " + std::to_string(e.id) + ": exported length " + std::to_string(g->seq_lens[i]) +
+                 ", scheduled up to " + std::to_string(e.start + e.num_tokens);
+      }
+    // K, V, Q of the step's tokens in slot-mapping order, from their ids and positions.
     const std::size_t es = elem();
     k_.resize(static_cast<std::size_t>(ntok) * kv_heads * head_dim * es);
     v_.resize(k_.size());
-    std::vector<std::byte>& q = q_;
-    q.resize(static_cast<std::size_t>(ntok) * q_heads * head_dim * es);
-    std::size_t t = 0;
-    for (std::size_t i = 0; i < scheduled.size(); ++i) {
-      const auto& e = scheduled[i];
-      if (seq_lens[i] != e.start + e.num_tokens)
-        return "request " + std::to_string(e.id) + ": exported length " + std::to_string(seq_lens[i]) +
-               ", scheduled up to " + std::to_string(e.start + e.num_tokens);
-      for (std::int32_t j = 0; j < e.num_tokens; ++j, ++t) {
-        const std::int32_t pos = e.start + j;
-        project(tokens[i][static_cast<std::size_t>(pos)], pos, proj_);
-        store(proj_.data(), q.data() + t * q_heads * head_dim * es, q_heads * head_dim);
-        store(proj_.data() + q_heads * head_dim, k_.data() + t * kv_heads * head_dim * es, kv_heads * head_dim);
-        store(proj_.data() + (q_heads + kv_heads) * head_dim, v_.data() + t * kv_heads * head_dim * es,
-              kv_heads * head_dim);
-      }
+    q_.resize(static_cast<std::size_t>(ntok) * q_heads * head_dim * es);
+    for (std::size_t t = 0; t < static_cast<std::size_t>(ntok); ++t) {
+      project(out.input_ids[t], out.positions[t], proj_);
+      store(proj_.data(), q_.data() + t * q_heads * head_dim * es, q_heads * head_dim);
+      store(proj_.data() + q_heads * head_dim, k_.data() + t * kv_heads * head_dim * es, kv_heads * head_dim);
+      store(proj_.data() + (q_heads + kv_heads) * head_dim, v_.data() + t * kv_heads * head_dim * es,
+            kv_heads * head_dim);
     }
-    void* pool = exec_.device_bytes().data();
+    if (const kvpager::status st = pools_.executor().append(0, out.slot_mapping, k_.data(), v_.data()); !st)
+      return std::string("kv_append: ") + st.message();
+    void* pool = pools_.device_bytes().data();
     const auto dtype = static_cast<std::int32_t>(geom_.dtype);
-    if (const int32_t rc = kvpager_cpu_kv_append(pool, k_.data(), v_.data(), slots.data(),
-                                                 static_cast<std::int32_t>(ntok), kv_heads, head_dim,
-                                                 geom_.block_size, geom_.num_blocks, dtype);
-        rc != 0)
-      return std::string("kv_append: ") + kvpager_status_string(rc);
-    // Attention: one decode call for the single-token rows, one prefill call for the prompt chunks.
     const float scale = 1.0F / std::sqrt(float{head_dim});
-    dec_table_.clear(), dec_lens_.clear(), dec_rows_.clear(), pre_table_.clear(), pre_lens_.clear();
-    pre_indptr_.assign(1, 0);
-    pre_rows_.clear();
-    t = 0;
-    const auto row = static_cast<std::size_t>(max_blocks_);
-    for (std::size_t i = 0; i < scheduled.size(); ++i) {
-      const auto& e = scheduled[i];
-      const auto* trow = table.data() + i * row;
-      if (e.num_tokens == 1) {
-        dec_table_.insert(dec_table_.end(), trow, trow + row);
-        dec_lens_.push_back(seq_lens[i]);
-        dec_rows_.push_back(t);
-      } else {
-        pre_table_.insert(pre_table_.end(), trow, trow + row);
-        pre_lens_.push_back(seq_lens[i]);
-        pre_indptr_.push_back(pre_indptr_.back() + e.num_tokens);
-        pre_rows_.push_back(t);
-      }
-      t += static_cast<std::size_t>(e.num_tokens);
-    }
-    const std::size_t qrow = q_heads * head_dim * es;
-    gather(q, dec_rows_, {}, dq_);
+    // Attention: one decode call over the decode group's table, one prefill call over the prefill group's.
+    const kvpager::step_tables& dec = out.decode;
+    const kvpager::step_tables& pre = out.prefill;
+    gather(out, dec, dq_);
     dout_.resize(dq_.size());
-    if (!dec_rows_.empty()) {
+    if (!dec.empty()) {
       if (const int32_t rc = kvpager_cpu_paged_attention_decode(
-              dout_.data(), dq_.data(), pool, dec_table_.data(), dec_lens_.data(),
-              static_cast<std::int32_t>(dec_rows_.size()), q_heads, kv_heads, head_dim, geom_.block_size, max_blocks_,
+              dout_.data(), dq_.data(), pool, dec.block_table.data(), dec.seq_lens.data(),
+              static_cast<std::int32_t>(dec.rows()), q_heads, kv_heads, head_dim, geom_.block_size, dec.row_stride,
               geom_.num_blocks, scale, dtype, threads_);
           rc != 0)
         return std::string("decode: ") + kvpager_status_string(rc);
     }
-    gather(q, pre_rows_, pre_indptr_, pq_);
+    gather(out, pre, pq_);
     pout_.resize(pq_.size());
-    if (!pre_rows_.empty()) {
-      if (const int32_t rc = prefill_attention(pout_.data(), pq_.data(), pool, pre_indptr_.data(), pre_table_.data(),
-                                               pre_lens_.data(), static_cast<std::int32_t>(pre_rows_.size()), q_heads,
-                                               kv_heads, head_dim, geom_.block_size, max_blocks_, geom_.num_blocks,
-                                               scale, dtype, threads_);
+    if (!pre.empty()) {
+      if (const int32_t rc = prefill_attention(pout_.data(), pq_.data(), pool, pre.qo_indptr.data(),
+                                               pre.block_table.data(), pre.seq_lens.data(),
+                                               static_cast<std::int32_t>(pre.rows()), q_heads, kv_heads, head_dim,
+                                               geom_.block_size, pre.row_stride, geom_.num_blocks, scale, dtype,
+                                               threads_);
           rc != 0)
         return std::string("prefill: ") + kvpager_status_string(rc);
     }
     // Keep every row for the check.
-    std::size_t d = 0, p = 0;
-    for (const auto& e : scheduled) {
-      const bool decode = e.num_tokens == 1;
-      for (std::int32_t j = 0; j < e.num_tokens; ++j) {
-        const std::byte* src = decode ? dout_.data() + (d++) * qrow : pout_.data() + (p++) * qrow;
-        keep(e.id, e.start + j, src);
-        ++st_.rows;
-        if (!decode) ++st_.prefill_rows;
+    const std::size_t qrow = q_heads * head_dim * es;
+    for (const kvpager::step_tables* g : {&dec, &pre}) {
+      const std::vector<std::byte>& o = g == &dec ? dout_ : pout_;
+      for (std::size_t i = 0; i < g->rows(); ++i) {
+        const kvpager::scheduled_sequence& e = out.scheduled[static_cast<std::size_t>(g->entries[i])];
+        for (std::int32_t j = 0; j < e.num_tokens; ++j) {
+          keep(e.id, e.start + j, o.data() + static_cast<std::size_t>(g->qo_indptr[i] + j) * qrow);
+          ++st_.rows;
+          if (g == &pre) ++st_.prefill_rows;
+        }
       }
     }
-    if (step_no == corrupt_step_) corrupt(scheduled, table);
+    if (step_no == corrupt_step_) corrupt(dec), corrupt(pre);
     st_.kernel_s += std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
     return "";
   }
@@ -258,15 +233,14 @@ class attention_compute {
     return kvpager::detail::bf16_to_float(b);
   }
 
-  /// The query rows of the step's entries starting at rows `starts` (counts from `indptr`, or 1 each) into `out`.
-  void gather(const std::vector<std::byte>& q, const std::vector<std::size_t>& starts,
-              const std::vector<std::int32_t>& indptr, std::vector<std::byte>& out) const {
+  /// The query rows of group `g` (its entries' tokens, row after row as g.qo_indptr lays them out) into `out`.
+  void gather(const kvpager::step_output& o, const kvpager::step_tables& g, std::vector<std::byte>& out) const {
     const std::size_t qrow = q_heads * head_dim * elem();
     out.clear();
-    for (std::size_t i = 0; i < starts.size(); ++i) {
-      const std::size_t n = indptr.empty() ? 1 : static_cast<std::size_t>(indptr[i + 1] - indptr[i]);
-      const auto* b = q.data() + starts[i] * qrow;
-      out.insert(out.end(), b, b + n * qrow);
+    for (std::size_t i = 0; i < g.rows(); ++i) {
+      const auto e = static_cast<std::size_t>(g.entries[i]);
+      const auto* b = q_.data() + static_cast<std::size_t>(o.query_start_loc[e]) * qrow;
+      out.insert(out.end(), b, b + static_cast<std::size_t>(g.qo_indptr[i + 1] - g.qo_indptr[i]) * qrow);
     }
   }
 
@@ -282,13 +256,13 @@ class attention_compute {
       r.out[static_cast<std::size_t>(pos) * q_heads * head_dim + i] = load(src, i);
   }
 
-  /// Overwrites one V element in the first block of every request scheduled in this step (at least one of them
-  /// computes again after it, in any workload the test uses).
-  void corrupt(std::span<const kvpager::scheduled_sequence> scheduled, std::span<const std::int32_t> table) {
-    for (std::size_t i = 0; i < scheduled.size(); ++i) {
-      const std::int32_t b = table[i * static_cast<std::size_t>(max_blocks_)];
+  /// Overwrites one V element in the first block of every request of group `g` (at least one of them computes again
+  /// after it, in any workload the test uses).
+  void corrupt(const kvpager::step_tables& g) {
+    for (std::size_t i = 0; i < g.rows(); ++i) {
+      const std::int32_t b = g.block_table[i * static_cast<std::size_t>(g.row_stride)];
       const auto off = static_cast<std::size_t>(kvpager::kv_layout::of(geom_).offset(b, 1, 0, 0));
-      std::byte* p = exec_.device_bytes().data() + off;
+      std::byte* p = pools_.device_bytes().data() + off;
       if (geom_.dtype == kvpager::kv_dtype::f32) {
         const float f = 1000.0F;
         std::memcpy(p, &f, 4);
@@ -361,9 +335,8 @@ class attention_compute {
     st_.reference_s += std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
   }
 
+  kvpager::host_kv_pools pools_;
   kvpager::kv_geometry geom_;
-  kvpager::cpu_executor exec_;
-  std::int32_t max_blocks_;
   std::int64_t corrupt_step_ = -1;
   std::int32_t threads_ = 0;
   std::vector<float> wq_, wk_, wv_;
@@ -372,8 +345,6 @@ class attention_compute {
   // Per-step buffers, reused.
   std::vector<float> proj_;
   std::vector<std::byte> k_, v_, q_, dq_, dout_, pq_, pout_;
-  std::vector<std::int32_t> dec_table_, dec_lens_, pre_table_, pre_lens_, pre_indptr_;
-  std::vector<std::size_t> dec_rows_, pre_rows_;
   std::vector<float> kt_, vv_, qq_, scores_;
 };
 

@@ -55,11 +55,10 @@
 
 namespace {
 
-/// The compositions compiled in (each is one instantiation of the scheduler and the cache: keep the list short).
-/// vllm_v1: vLLM v1's KV-cache manager (kvpager::vllm_v1_cache: free queue as LRU, prefix caching, recompute).
-/// hybrid_swap: the same with a host pool: a victim is swapped out while the host pool has room, else recomputed.
-using hybrid_swap_cache = kvpager::paged_kv_cache<kvpager::free_list_allocator, kvpager::lru_eviction,
-                                                  kvpager::prefix_caching, kvpager::hybrid_swap>;
+/// The compositions compiled in (each is one instantiation of the scheduler and the cache: keep the list short),
+/// both named in kvpager/cache/compositions.hpp. vllm_v1: vLLM v1's KV-cache manager (kvpager::vllm_v1_cache).
+/// hybrid_swap: the same with a host pool (kvpager::hybrid_swap_cache): a victim is swapped out while the host pool
+/// has room, else recomputed.
 constexpr const char* compositions = "hybrid_swap, vllm_v1";
 
 struct settings {
@@ -129,10 +128,36 @@ struct outcome {
   kvsim::step_history samples;
 };
 
+/// Creates the cache of `cc` (with --compute cpu, one the kernels run: create(cc, can_implement)) and runs the
+/// workload over it; --compute cpu's layer gets a pool of the cache's geometry() and swap pool. 0, 1 (the cache
+/// cannot be created) or 2 (a geometry the kernels refuse, a compute error).
 template <class Cache>
-int run_composition(Cache& cache, const kvsim::workload& w, const kvsim::paged_options& o, outcome& out) {
-  out.summary = kvsim::run_paged(w, cache, o, out.samples, out.extras);
-  return out.extras.error.empty() ? 0 : 2;
+int run_composition(const kvpager::cache_config& cc, const settings& s, const kvsim::workload& w,
+                    kvsim::paged_options po, outcome& out, std::unique_ptr<kvsim::attention_compute>& attn) {
+  const bool compute = s.compute == "cpu";
+  auto cache = compute ? Cache::create(cc, kvpager::can_implement) : Cache::create(cc);
+  if (!cache) {
+    if (compute && cache.error().code() == kvpager::errc::unsupported) {
+      std::fprintf(stderr, "kvpager-sim: --compute cpu: the kernels do not run this pool (block size %d): %s\n",
+                   cc.block_size, cache.error().message());
+      return kvtools::exit_bad_input;
+    }
+    std::fprintf(stderr, "kvpager-sim: cannot create the cache: %s\n", cache.error().message());
+    return 1;
+  }
+  if (compute) {
+    auto pools = kvpager::host_kv_pools::create(cache->geometry(), cc.num_host_blocks);
+    if (!pools) {
+      std::fprintf(stderr, "kvpager-sim: --compute cpu: cannot create the KV pools: %s\n", pools.error().message());
+      return 1;
+    }
+    attn = std::make_unique<kvsim::attention_compute>(std::move(*pools), s.seed);
+    attn->corrupt_at(s.corrupt_step);
+    attn->set_threads(s.threads);
+    po.compute = attn.get();
+  }
+  out.summary = kvsim::run_paged(w, *cache, po, out.samples, out.extras);
+  return out.extras.error.empty() ? 0 : 2;  // the caller reports the compute error
 }
 
 }  // namespace
@@ -230,11 +255,6 @@ int run_main(int argc, char** argv) {
     return kvtools::exit_bad_input;
   }
   const bool compute = s.compute == "cpu";
-  if (compute && w.block_size != 8 && w.block_size != 16 && w.block_size != 32) {
-    std::fprintf(stderr, "kvpager-sim: --compute cpu needs block size 8, 16 or 32 (the kernels'), not %d\n",
-                 w.block_size);
-    return kvtools::exit_bad_input;
-  }
   // In 64 bits: max_model_len is at most max_model_len_limit (2^24) and the block size at least 1, so the quotient
   // fits the cache's int32 field.
   const auto max_blocks_per_seq =
@@ -276,45 +296,29 @@ int run_main(int argc, char** argv) {
     progress("paged", step, done, total);
   };
 
-  // --compute cpu: one attention layer over a pool of the cache's geometry.
-  std::unique_ptr<kvsim::attention_compute> attn;
-  const kvpager::kv_dtype dtype = s.dtype == "bf16" ? kvpager::kv_dtype::bf16 : kvpager::kv_dtype::f32;
-  if (compute) {
-    attn = std::make_unique<kvsim::attention_compute>(w.num_blocks + 1, w.block_size, dtype, host_blocks,
-                                                      max_blocks_per_seq, s.seed);
-    attn->corrupt_at(s.corrupt_step);
-    attn->set_threads(s.threads);
-    po.compute = attn.get();
-  }
+  // The model runner consumes the step's tables only with --compute cpu.
+  po.sched.export_slot_mapping = po.sched.export_tables = compute;
 
-  // The paged run, over the chosen composition (one reserved null block, as vLLM).
+  // The paged run, over the chosen composition (one reserved null block, as vLLM); the pool's geometry is the
+  // --compute cpu layer's (kvsim::attention_compute), stated once here.
+  const kvpager::kv_dtype dtype = s.dtype == "bf16" ? kvpager::kv_dtype::bf16 : kvpager::kv_dtype::f32;
   const kvpager::cache_config cc{.block_size = w.block_size,
                                  .num_blocks = w.num_blocks + 1,
                                  .reserved_blocks = 1,
                                  .max_blocks_per_seq = max_blocks_per_seq,
-                                 .num_host_blocks = host_blocks};
+                                 .num_host_blocks = host_blocks,
+                                 .num_kv_heads = kvsim::attention_compute::kv_heads,
+                                 .head_dim = kvsim::attention_compute::head_dim,
+                                 .dtype = dtype};
+  std::unique_ptr<kvsim::attention_compute> attn;
   outcome paged;
-  int rc = 0;
-  if (s.composition == "vllm_v1") {
-    auto cache = kvpager::vllm_v1_cache::create(cc);
-    if (!cache) {
-      std::fprintf(stderr, "kvpager-sim: cannot create the cache: %s\n", cache.error().message());
-      return 1;
-    }
-    rc = run_composition(*cache, w, po, paged);
-  } else {
-    auto cache = hybrid_swap_cache::create(cc);
-    if (!cache) {
-      std::fprintf(stderr, "kvpager-sim: cannot create the cache: %s\n", cache.error().message());
-      return 1;
-    }
-    rc = run_composition(*cache, w, po, paged);
-  }
+  const int rc = s.composition == "vllm_v1"
+                     ? run_composition<kvpager::vllm_v1_cache>(cc, s, w, po, paged, attn)
+                     : run_composition<kvpager::hybrid_swap_cache>(cc, s, w, po, paged, attn);
   progress.end();
-  if (rc != 0) {
+  if (rc != 0 && !paged.extras.error.empty())
     std::fprintf(stderr, "kvpager-sim: --compute cpu: %s\n", paged.extras.error.c_str());
-    return 2;
-  }
+  if (rc != 0) return rc;
 
   // The contiguous baseline over a pool of the same bytes.
   kvsim::contiguous_options co;

@@ -62,10 +62,6 @@ run_summary run_paged(const workload& w, Cache& cache, const paged_options& o, s
   std::unordered_map<seq_id, state> live;
   std::int64_t total = 0;
   for (const sim_request& r : w.requests) total += 1 + static_cast<std::int64_t>(r.child_ids.size());
-  const std::int32_t row = cache.config().max_blocks_per_seq;
-  std::vector<seq_id> ids;
-  std::vector<std::int32_t> table, lens;
-  std::vector<std::span<const kvpager::token_id>> toks;
   std::size_t next = 0;
   std::int64_t step = 0;
   idle_skipper idle;
@@ -95,19 +91,7 @@ run_summary run_paged(const workload& w, Cache& cache, const paged_options& o, s
     std::int64_t batched = 0;
     for (const auto& e : out.scheduled) batched += e.num_tokens;
     if (o.compute != nullptr) {
-      ids.clear();
-      toks.clear();
-      for (const auto& e : out.scheduled) {
-        ids.push_back(e.id);
-        toks.push_back(sched.tokens(e.id));
-      }
-      table.resize(ids.size() * static_cast<std::size_t>(row));
-      lens.resize(ids.size());
-      if (const kvpager::status st = cache.export_block_table(ids, table, row, lens); !st) {
-        extras.error = std::string("export_block_table: ") + st.message();
-        break;
-      }
-      extras.error = o.compute->step(step, *out.plan, out.slot_mapping, out.scheduled, toks, table, lens);
+      extras.error = o.compute->step(step, out);
       if (!extras.error.empty()) break;
     }
     for (const auto& f : out.finished) {  // finished by the scheduler: too long, cache error

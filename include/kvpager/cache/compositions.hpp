@@ -2,19 +2,43 @@
 #pragma once
 /// \file
 /// Named compositions for common engines, so users start from a known behaviour and change one policy at a time.
+/// Every composition the library's tools, benchmarks and examples run is named here (kvpager-sim, kvpager-replay):
+/// the two families are vLLM v1's manager with prefix caching and the same without it, each with a choice of what a
+/// preemption does with the victim's blocks (no_swap: recompute; host_swap: swap to the host pool; hybrid_swap: swap
+/// while the host pool has room, else recompute). docs/policies.md describes the policies.
 
 #include "kvpager/allocator/free_list_allocator.hpp"
 #include "kvpager/cache/paged_kv_cache.hpp"
 #include "kvpager/core/config.hpp"
 #include "kvpager/eviction/lru_eviction.hpp"
+#include "kvpager/eviction/no_eviction.hpp"
 #include "kvpager/sharing/prefix_caching.hpp"
+#include "kvpager/sharing/refcount_sharing.hpp"
+#include "kvpager/swap/host_swap.hpp"
+#include "kvpager/swap/hybrid_swap.hpp"
 #include "kvpager/swap/no_swap.hpp"
 
 KVPAGER_NAMESPACE_BEGIN
 
-/// vLLM v1's KV-cache manager: one FIFO free queue that is also the LRU of cached blocks (lazy eviction, tail-first
-/// release), automatic prefix caching with chained block hashes. Create it with reserved_blocks = 1 for vLLM's
-/// null block. Preemption is by recompute (the engine frees and re-adds the sequence).
-using vllm_v1_cache = paged_kv_cache<free_list_allocator, lru_eviction, prefix_caching, no_swap>;
+/// vLLM v1's KV-cache manager with swap policy `Swap`: one FIFO free queue that is also the LRU of cached blocks (lazy
+/// eviction, tail-first release), automatic prefix caching with chained block hashes.
+template <class Swap>
+using vllm_v1_cache_with = paged_kv_cache<free_list_allocator, lru_eviction, prefix_caching, Swap>;
+
+/// vLLM v1's manager with prefix caching off (`enable_caching 0`): the same free queue, blocks shared only by
+/// reference count (forks), nothing kept after a free.
+template <class Swap>
+using no_caching_cache_with = paged_kv_cache<free_list_allocator, no_eviction, refcount_sharing, Swap>;
+
+/// vLLM v1's KV-cache manager. Create it with reserved_blocks = 1 for vLLM's null block. Preemption is by recompute
+/// (the engine frees and re-adds the sequence).
+using vllm_v1_cache = vllm_v1_cache_with<no_swap>;
+/// vllm_v1_cache with a host pool: a victim is swapped out while the host pool has room, else recomputed
+/// (kvpager-sim's default).
+using hybrid_swap_cache = vllm_v1_cache_with<hybrid_swap>;
+/// vllm_v1_cache with a host pool that every victim is swapped to (refused when it is full).
+using host_swap_cache = vllm_v1_cache_with<host_swap>;
+/// vLLM v1's manager without prefix caching (kvpager-replay's `enable_caching 0`).
+using vllm_v1_no_caching_cache = no_caching_cache_with<no_swap>;
 
 KVPAGER_NAMESPACE_END

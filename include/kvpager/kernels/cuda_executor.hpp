@@ -2,7 +2,7 @@
 #pragma once
 /// \file
 /// cuda_executor: applies the cache's step plans to a device KV pool and a pinned host pool on one CUDA stream, with
-/// the same order as cpu_executor: swap-outs, swap-ins, copies, then the appended tokens' K/V through the slot
+/// the same order as step_executor: swap-outs, swap-ins, copies, then the appended tokens' K/V through the slot
 /// mapping. All staging memory (device mapping and slot buffers, pinned staging, the host list of swap pairs) is
 /// allocated once at creation; execute() allocates nothing; it waits only for the previous step's staging copies (an event) before reusing the
 /// pinned staging buffer. Implemented in libkvpager_kernels when built with CUDA;

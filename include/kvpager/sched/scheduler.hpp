@@ -9,10 +9,11 @@
 /// swaps back in before admitting, admits nothing in a step that preempted, and ages waiting requests. No request is
 /// left stuck: each is finished by the engine, by the scheduler (step_output::finished: length cap, can no longer be
 /// computed) or rejected with admission::never. Engine behaviours are presets (scheduler_config::vllm_v1()).
-/// One step (docs/architecture.md):
+/// One step (docs/architecture.md): the step_output is everything the model runner consumes.
 /// \code
-///   const kvpager::step_output& out = sched.schedule();    // swaps, copies, slot mapping, scheduled sequences
-///   executor.execute(cache.plan(), out.slot_mapping, ...);   // the engine runs the model on out.scheduled
+///   const kvpager::step_output& out = sched.schedule();  // begins the step: plan, slots, tokens, page tables
+///   executor.run_plan(*out.plan);                          // swaps and copies, every layer (step_executor)
+///   for each layer: executor.append(layer, out.slot_mapping, k, v);  // then attention over out.decode, out.prefill
 ///   for (std::size_t i = 0; i < out.scheduled.size(); ++i)  // no token for a prefill chunk that is not the last
 ///     if (out.scheduled[i].last_chunk) sched.complete_scheduled(i, sampled_token, finished);
 /// \endcode
@@ -98,7 +99,10 @@ class scheduler : public scheduler_queues {
     return limits_.check(cfg_, num_tokens, cache_.available_blocks());
   }
 
-  /// One scheduling step; the previous step's plan must have been executed. In order: pending forks, priority
+  /// One scheduling step; it begins the cache's step (the previous step's plan must have been executed). The
+  /// returned step_output holds the plan (out.plan, the cache's: valid until the step's first complete() or
+  /// complete_scheduled(), which take the step as executed), and copies of everything else (valid until the next
+  /// schedule()). In order: pending forks, priority
   /// preemption (scheduler_config::priority_preemption: the waiting head that outranks running requests displaces
   /// them and is admitted first), running decodes, partially computed prompts, swap-ins, admissions (the last two
   /// not in a step that preempted).
@@ -126,6 +130,8 @@ class scheduler : public scheduler_queues {
       out_.slot_mapping.resize(static_cast<std::size_t>(cache_.slot_mapping_size()));
       (void)cache_.export_slot_mapping(out_.slot_mapping);
     }
+    if (cfg_.export_tables) export_tables();
+    step_open_ = true;
     return out_;
   }
 
@@ -152,6 +158,7 @@ class scheduler : public scheduler_queues {
   /// is not the prompt's last, for a waiting or swapped request, or a second token for one step is refused with
   /// errc::invalid_argument and changes nothing. errc::unknown_sequence for an unknown id.
   status complete(seq_id id, token_id next, bool finished = false) {
+    plan_executed();
     if (finished) return finish(id);
     return take_token(reqs_.get(id), next);
   }
@@ -161,6 +168,7 @@ class scheduler : public scheduler_queues {
   /// exactly as complete(out.scheduled[i].id, next, finished).
   KVPAGER_FLATTEN status complete_scheduled(std::size_t i, token_id next, bool finished = false) {
     if (i >= out_.scheduled.size()) return status{errc::invalid_argument, "complete_scheduled: no such entry"};
+    plan_executed();
     const seq_id id = out_.scheduled[i].id;
     sched_request& r = reqs_[scheduled_slots_[i]];
     if (finished || r.where == request_state::unknown || r.id != id) return complete(id, next, finished);
@@ -217,6 +225,16 @@ class scheduler : public scheduler_queues {
   status set_swap_cost(const swap_cost_model& m) noexcept { return tuners_.set_swap_cost(cfg_, m); }
 
  private:
+  /// The first sampled token of a step (complete, complete_scheduled) says the step ran, its plan executed: the
+  /// cache's step ends there (cache.begin_step(): blocks a planned copy kept busy are free again before the
+  /// finished requests free theirs, in vLLM's order). The scheduler owns the step boundary: an engine never calls
+  /// begin_step() around a scheduler step.
+  void plan_executed() {
+    if (!step_open_) return;
+    step_open_ = false;
+    cache_.begin_step();
+  }
+
   /// An allocation the scheduler made succeeded: the peak of blocks in use.
   void note_allocation() noexcept {
     stats_.peak_used_blocks = std::max(stats_.peak_used_blocks, usable_blocks() - cache_.available_blocks());
@@ -325,6 +343,61 @@ class scheduler : public scheduler_queues {
     if (last) r.prefilling = false;
     r.step = step_;
     budget_ -= n;
+  }
+
+  /// scheduler_config::export_tables: the step's tokens, positions and query_start_loc, and each group's page
+  /// tables. Every scheduled sequence runs in the cache now (a victim is never one scheduled in the step), so the
+  /// exports cannot fail; if the cache refuses one anyway, its status is the step's error and the tables are empty.
+  KVPAGER_NOINLINE void export_tables() {
+    out_.query_start_loc.push_back(0);
+    for (std::size_t i = 0; i < out_.scheduled.size(); ++i) {
+      const scheduled_sequence& e = out_.scheduled[i];
+      const sched_request& r = reqs_[scheduled_slots_[i]];
+      const auto first = r.tokens.begin() + e.start;
+      out_.input_ids.insert(out_.input_ids.end(), first, first + e.num_tokens);
+      for (std::int32_t j = 0; j < e.num_tokens; ++j) out_.positions.push_back(e.start + j);
+      out_.query_start_loc.push_back(out_.query_start_loc.back() + e.num_tokens);
+      (e.num_tokens == 1 ? out_.decode : out_.prefill).entries.push_back(static_cast<std::int32_t>(i));
+    }
+    for (step_tables* g : {&out_.decode, &out_.prefill}) {
+      if (const status st = export_group(*g); !st) {
+        if (out_.error.ok()) out_.error = st;
+        out_.decode.clear();
+        out_.prefill.clear();
+        return;
+      }
+    }
+  }
+
+  /// The page tables of group `g` (its entries are set): CSR from the cache, the dense table from the CSR.
+  status export_group(step_tables& g) {
+    group_ids_.clear();
+    g.qo_indptr.push_back(0);
+    for (const std::int32_t i : g.entries) {
+      const scheduled_sequence& e = out_.scheduled[static_cast<std::size_t>(i)];
+      group_ids_.push_back(e.id);
+      g.qo_indptr.push_back(g.qo_indptr.back() + e.num_tokens);
+    }
+    const result<std::int64_t> n = cache_.csr_size(group_ids_);
+    if (!n) return n.error();
+    g.kv_indptr.resize(g.entries.size() + 1);
+    g.kv_indices.resize(static_cast<std::size_t>(*n));
+    g.kv_last_page_len.resize(g.entries.size());
+    if (const status st = cache_.export_csr(group_ids_, g.kv_indptr, g.kv_indices, g.kv_last_page_len); !st)
+      return st;
+    std::int32_t stride = 1;
+    const std::int32_t bs = cache_.config().block_size;
+    for (std::size_t i = 0; i < g.entries.size(); ++i) {
+      const std::int32_t pages = g.kv_indptr[i + 1] - g.kv_indptr[i];
+      stride = std::max(stride, pages);
+      g.seq_lens.push_back((pages - 1) * bs + g.kv_last_page_len[i]);  // the cache's count, in its int32 range
+    }
+    g.row_stride = stride;
+    g.block_table.assign(g.entries.size() * static_cast<std::size_t>(stride), no_block);
+    for (std::size_t i = 0; i < g.entries.size(); ++i)
+      std::copy(g.kv_indices.begin() + g.kv_indptr[i], g.kv_indices.begin() + g.kv_indptr[i + 1],
+                g.block_table.begin() + static_cast<std::ptrdiff_t>(i * static_cast<std::size_t>(stride)));
+    return ok_status();
   }
 
   /// Takes running request `victim` off the device by the configured mode, by recompute where a swap is refused.
@@ -577,6 +650,7 @@ class scheduler : public scheduler_queues {
   scheduler_config cfg_;
   step_output out_;
   std::vector<slot_type> scheduled_slots_;  ///< the slot of out_.scheduled[i] (complete_scheduled)
+  std::vector<seq_id> group_ids_;           ///< scratch of export_group: the ids of a group's rows
   admission_limits limits_;                 ///< the admission arithmetic over the cache's fixed figures
   bool may_hit_limit_;  ///< a running request can reach a limit: the length cap, or (reject_impossible) the cache
   prefix_hit hit_;                  ///< scratch: the admission's lookup, consumed by add_sequence
@@ -586,6 +660,7 @@ class scheduler : public scheduler_queues {
   std::int64_t max_running_ = 0;  ///< running requests allowed in this step (max_num_seqs, tuned)
   scheduler_tuners tuners_;
   bool preempted_ = false;   ///< this step preempted: no swap-in, no admission
+  bool step_open_ = false;   ///< schedule() returned and no token of its step was given yet (plan_executed)
   bool stop_running_ = false;
 };
 

@@ -102,6 +102,10 @@ struct scheduler_config {
   /// Copy each step's slot mapping into step_output::slot_mapping. Off: an engine that exports it from the cache
   /// itself (cache.export_slot_mapping), or a replay that needs none, saves the copy.
   bool export_slot_mapping = true;
+  /// Fill what a model runner consumes into the step_output: the step's input_ids, positions, query_start_loc, and
+  /// the decode and prefill groups' page tables (dense and CSR, step_tables). Off: a replay that runs no model
+  /// saves the export (one lookup per scheduled sequence).
+  bool export_tables = true;
   /// Dynamic max batch size (batch_size_tuner): off by default. When on, the running requests are capped at the
   /// tuner's limit as well as max_num_seqs; the scheduler feeds it each step's KV utilization and preemptions.
   batch_size_tuning batch_tuning{};

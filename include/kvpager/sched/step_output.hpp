@@ -3,6 +3,7 @@
 /// \file
 /// What the scheduler reports: the output of one step (step_output) and its counters (scheduler_stats).
 
+#include <cstddef>
 #include <cstdint>
 #include <vector>
 
@@ -58,6 +59,39 @@ struct finished_request {
   friend bool operator==(const finished_request&, const finished_request&) = default;
 };
 
+/// The page tables of one group of a step's scheduled sequences (step_output::decode: the entries that compute one
+/// token; step_output::prefill: those that compute more), for the attention kernels (kvpager/kernels: a
+/// page_table_view over `block_table` or over the CSR arrays, `qo_indptr` for the prefill). Row i is
+/// step_output::scheduled[entries[i]]; its query rows are [qo_indptr[i], qo_indptr[i+1]) of the group's queries laid
+/// out row after row (gather them from the step's tokens at step_output::query_start_loc[entries[i]]). The buffers
+/// are the step_output's own and are reused every step.
+struct step_tables {
+  std::vector<std::int32_t> entries;    ///< index in step_output::scheduled of each row, in scheduled order
+  std::vector<std::int32_t> qo_indptr;  ///< [rows + 1] query rows per row (0, 1, 2, ... for the decode group)
+  std::vector<std::int32_t> seq_lens;   ///< KV length of each row once this step's tokens are written
+  std::int32_t row_stride = 0;          ///< entries per block_table row: the most blocks a row has (at least 1)
+  std::vector<std::int32_t> block_table;  ///< dense (vLLM): [rows, row_stride] block ids, padded with -1
+  std::vector<std::int32_t> kv_indptr;    ///< CSR (FlashInfer): [rows + 1] offsets into kv_indices
+  std::vector<std::int32_t> kv_indices;   ///< the rows' block ids, row after row
+  std::vector<std::int32_t> kv_last_page_len;  ///< [rows] tokens in each row's last block, in [1, block_size]
+
+  /// Rows in the group.
+  [[nodiscard]] std::size_t rows() const noexcept { return entries.size(); }
+  [[nodiscard]] bool empty() const noexcept { return entries.empty(); }
+  /// Query rows over the group (qo_indptr's last entry).
+  [[nodiscard]] std::int32_t num_query_rows() const noexcept { return qo_indptr.empty() ? 0 : qo_indptr.back(); }
+  void clear() noexcept {
+    entries.clear();
+    qo_indptr.clear();
+    seq_lens.clear();
+    row_stride = 0;
+    block_table.clear();
+    kv_indptr.clear();
+    kv_indices.clear();
+    kv_last_page_len.clear();
+  }
+};
+
 /// What one schedule() call decided. Byte movement is in the cache's plan(); its slot mapping is copied here. A step
 /// is always complete: a cache error the scheduler cannot absorb ends only the request it concerns (in `finished`,
 /// reason cache_error) and is reported in `error`. The scheduler reuses this object (and its buffers) every step.
@@ -75,7 +109,24 @@ struct step_output {
                                               ///< cache refused the fork, e.g. out of blocks to copy into)
   status error;                               ///< ok, or the first cache error that ended a request in this step
   std::vector<std::int64_t> slot_mapping;     ///< cache.export_slot_mapping() of this step
-  const step_plan* plan = nullptr;            ///< the cache's plan: swap-outs, swap-ins, copies, appends
+  /// The cache's plan: swap-outs, swap-ins, copies, appends. Execute it before the step's first complete(): that call
+  /// takes the step as executed and the cache clears its plan.
+  const step_plan* plan = nullptr;
+  // What the model runner consumes besides the plan (scheduler_config::export_tables; empty without it). The step's
+  // tokens are those of `scheduled`, entry after entry, in slot-mapping order.
+  std::vector<token_id> input_ids;            ///< the step's token ids
+  std::vector<std::int32_t> positions;        ///< each token's position in its sequence
+  /// [scheduled.size() + 1]: scheduled[i]'s tokens are [query_start_loc[i], query_start_loc[i+1]) (vLLM's name).
+  std::vector<std::int32_t> query_start_loc;
+  step_tables decode;                         ///< page tables of the entries computing one token
+  step_tables prefill;                        ///< page tables of the entries computing a chunk of several
+
+  /// Tokens computed in this step.
+  [[nodiscard]] std::int64_t num_tokens() const noexcept {
+    std::int64_t n = 0;
+    for (const scheduled_sequence& e : scheduled) n += e.num_tokens;
+    return n;
+  }
 
   /// Empties every list (keeping their capacity, so a step allocates nothing once they have grown).
   void clear() noexcept {
@@ -90,6 +141,11 @@ struct step_output {
     error = ok_status();
     slot_mapping.clear();
     plan = nullptr;
+    input_ids.clear();
+    positions.clear();
+    query_start_loc.clear();
+    decode.clear();
+    prefill.clear();
   }
 };
 

@@ -3,12 +3,12 @@
 /// \file
 /// tp_cpu_executors: the executor set-up of a tensor-parallel engine on the CPU backend. One cache decides (block
 /// ids, block tables, slot mapping, step plan); every rank has its own KV pool holding its KV heads
-/// (tp_rank_layout, tensor_parallel.hpp) and its own cpu_executor, and every rank runs the same plan and slot
+/// (tp_rank_layout, tensor_parallel.hpp) in its own host_kv_pools (and step_executor), and every rank runs the same plan and slot
 /// mapping on its own pool, with its own heads' K and V. Attention then runs per rank over the same exported block
 /// table (view(r) is rank r's pool for paged_attention_decode_cpu), each rank on its query heads; concatenating the
 /// ranks' outputs over heads gives the unsplit model's output.
 ///
-/// Header-only (cpu_executor moves bytes with memcpy); decode itself needs libkvpager_kernels.
+/// Needs libkvpager_kernels (the ranks' executors run the shipped CPU block-move kernels, as decode does).
 
 #include <cstddef>
 #include <cstdint>
@@ -23,7 +23,7 @@
 #include "kvpager/core/status.hpp"
 #include "kvpager/core/step_plan.hpp"
 #include "kvpager/kernels/attention.hpp"
-#include "kvpager/kernels/cpu_executor.hpp"
+#include "kvpager/kernels/step_executor.hpp"
 #include "kvpager/sizing/tensor_parallel.hpp"
 
 KVPAGER_NAMESPACE_BEGIN
@@ -33,7 +33,8 @@ class tp_cpu_executors {
   /// `tp` ranks for a cache of geometry `g` (the model's KV heads in g.num_kv_heads; g.num_blocks and g.block_size
   /// are the cache's) and a model with `num_q_heads` query heads; rank r's device pool has rank_layout(g,
   /// num_q_heads, tp, r).geometry, its host pool `num_host_blocks` blocks of that shape, all zero-filled. Errors:
-  /// those of rank_layout, errc::invalid_argument (g.num_blocks <= 0, num_host_blocks < 0), errc::out_of_memory
+  /// those of rank_layout, errc::invalid_argument (g.num_blocks <= 0, num_host_blocks < 0), host_kv_pools::create's
+  /// (a rank geometry the kernels do not run: errc::unsupported), errc::out_of_memory
   /// (the pools could not be allocated; built without exceptions, a failed allocation ends the program instead).
   [[nodiscard]] static result<tp_cpu_executors> create(const kv_geometry& g, std::int32_t num_q_heads, std::int32_t tp,
                                                        std::int32_t num_host_blocks) {
@@ -51,7 +52,9 @@ class tp_cpu_executors {
       out.ranks_.reserve(static_cast<std::size_t>(tp));
       for (std::int32_t r = 0; r < tp; ++r) {
         out.layouts_.push_back(*rank_layout(g, num_q_heads, tp, r));
-        out.ranks_.emplace_back(out.layouts_.back().geometry, num_host_blocks);
+        result<host_kv_pools> pools = host_kv_pools::create(out.layouts_.back().geometry, num_host_blocks);
+        if (!pools) return pools.error();
+        out.ranks_.push_back(std::move(*pools));
       }
       return out;
 #if KVPAGER_HAS_EXCEPTIONS
@@ -68,25 +71,26 @@ class tp_cpu_executors {
   /// Rank r's heads and pool geometry. r in [0, tp()).
   [[nodiscard]] const tp_rank_layout& layout(std::int32_t r) const noexcept { return layouts_[static_cast<std::size_t>(r)]; }
   /// Rank r's executor (its device and host pools). r in [0, tp()).
-  [[nodiscard]] cpu_executor& rank(std::int32_t r) noexcept { return ranks_[static_cast<std::size_t>(r)]; }
-  [[nodiscard]] const cpu_executor& rank(std::int32_t r) const noexcept { return ranks_[static_cast<std::size_t>(r)]; }
+  [[nodiscard]] host_kv_pools& rank(std::int32_t r) noexcept { return ranks_[static_cast<std::size_t>(r)]; }
+  [[nodiscard]] const host_kv_pools& rank(std::int32_t r) const noexcept { return ranks_[static_cast<std::size_t>(r)]; }
   /// Rank r's device pool as the decode kernels read it (the default HND layout).
   [[nodiscard]] paged_kv_view view(std::int32_t r) noexcept {
-    return paged_kv_view::hnd(rank(r).device_bytes().data(), layout(r).geometry);
+    return rank(r).view();
   }
 
   /// Runs `plan` with slot mapping `slots` on every rank; k[r] and v[r] are rank r's heads of the appended tokens'
   /// K and V in slot order ([num_tokens, layout(r).geometry.num_kv_heads, head_dim], e.g. from copy_rank_kv_heads).
   /// Everything is checked before any rank moves a byte: errc::invalid_argument (k or v not one span per rank),
   /// errc::buffer_too_small (a rank's k or v shorter than the mapping needs; detail = the rank), errc::invalid_block
-  /// (a block id or slot outside the pools, the same on every rank). Allocates nothing.
+  /// (a block id or slot outside the pools, the same on every rank). Allocates nothing once warm (the executors' scratch
+  /// lists have grown to the largest plan).
   status execute(const step_plan& plan, std::span<const std::int64_t> slots,
                  std::span<const std::span<const std::byte>> k, std::span<const std::span<const std::byte>> v) {
     if (k.size() != ranks_.size() || v.size() != ranks_.size())
       return status{errc::invalid_argument, "tp_cpu_executors::execute: k and v need one span per rank",
                     static_cast<std::int64_t>(ranks_.size())};
     for (std::size_t r = 0; r < ranks_.size(); ++r) {
-      const kv_layout& l = ranks_[r].layout();
+      const kv_layout l = ranks_[r].layout();
       const std::int64_t need = static_cast<std::int64_t>(slots.size()) * l.num_kv_heads * l.row_bytes();
       if (static_cast<std::int64_t>(k[r].size()) < need || static_cast<std::int64_t>(v[r].size()) < need)
         return status{errc::buffer_too_small, "tp_cpu_executors::execute: a rank's k/v is shorter than the slot mapping",
@@ -105,7 +109,7 @@ class tp_cpu_executors {
  private:
   tp_cpu_executors() = default;
   std::vector<tp_rank_layout> layouts_;
-  std::vector<cpu_executor> ranks_;
+  std::vector<host_kv_pools> ranks_;
 };
 
 KVPAGER_NAMESPACE_END

@@ -1,10 +1,10 @@
 // SPDX-License-Identifier: Apache-2.0
 #pragma once
-/// \file
-/// cpu_executor: applies a step plan to real KV bytes held in host memory, with the device pool emulated in host
-/// RAM, in the kernels' layout (kv_layout). The reference executor for tests and CPU-only engines; the CUDA
-/// executor accepts the same plan. Order: swap-outs, swap-ins, copies, then the appended tokens' K/V through the
-/// slot mapping (negative slots skipped).
+// memcpy_executor: a memcpy model of the shipped block-move kernels (kvpager::step_executor runs the kernels
+// themselves): a step plan applied to a device pool emulated in host RAM, in the kernels' layout (kv_layout), for
+// tests whose pools the kernels do not run (block size 4, head_dim 4: a cache or scheduler property, not a kernel's).
+// Order: swap-outs, swap-ins, copies, then the appended tokens' K/V through the slot mapping (negative slots
+// skipped).
 
 #include <cstddef>
 #include <cstdint>
@@ -12,21 +12,30 @@
 #include <span>
 #include <vector>
 
-#include "kvpager/core/step_plan.hpp"
-#include "kvpager/core/config.hpp"
-#include "kvpager/core/geometry.hpp"
-#include "kvpager/core/status.hpp"
-#include "kvpager/kernels/kv_layout.hpp"
+#include <kvpager/core/geometry.hpp>
+#include <kvpager/core/status.hpp>
+#include <kvpager/core/step_plan.hpp>
+#include <kvpager/kernels/kv_layout.hpp>
 
-KVPAGER_NAMESPACE_BEGIN
+namespace kvpager_testing {
 
-class cpu_executor {
+using kvpager::block_copy;
+using kvpager::block_id;
+using kvpager::block_swap;
+using kvpager::errc;
+using kvpager::kv_geometry;
+using kvpager::kv_layout;
+using kvpager::ok_status;
+using kvpager::status;
+using kvpager::step_plan;
+
+class memcpy_executor {
  public:
   /// A device pool of geometry `device` and a host pool of `num_host_blocks` blocks of the same shape, zero-filled.
-  cpu_executor(const kv_geometry& device, std::int32_t num_host_blocks)
-      : cpu_executor(kv_layout::of(device), num_host_blocks) {}
+  memcpy_executor(const kv_geometry& device, std::int32_t num_host_blocks)
+      : memcpy_executor(kv_layout::of(device), num_host_blocks) {}
   /// A device pool of `device.num_blocks` blocks and a host pool of `num_host_blocks` blocks, zero-filled.
-  cpu_executor(kv_layout device, std::int32_t num_host_blocks)
+  memcpy_executor(kv_layout device, std::int32_t num_host_blocks)
       : layout_(device),
         num_host_blocks_(num_host_blocks),
         device_(static_cast<std::size_t>(device.pool_bytes())),
@@ -46,19 +55,19 @@ class cpu_executor {
     const std::int64_t token_bytes = std::int64_t{layout_.num_kv_heads} * layout_.row_bytes();
     if (static_cast<std::int64_t>(k.size()) < static_cast<std::int64_t>(slots.size()) * token_bytes ||
         static_cast<std::int64_t>(v.size()) < static_cast<std::int64_t>(slots.size()) * token_bytes)
-      return status{errc::buffer_too_small, "cpu_executor::execute: k/v shorter than the slot mapping",
+      return status{errc::buffer_too_small, "memcpy_executor::execute: k/v shorter than the slot mapping",
                     static_cast<std::int64_t>(slots.size()) * token_bytes};
     auto dev_ok = [&](block_id b) { return b >= 0 && b < layout_.num_blocks; };
     auto host_ok = [&](block_id b) { return b >= 0 && b < num_host_blocks_; };
     for (const block_swap& w : plan.swap_outs())
-      if (!dev_ok(w.device) || !host_ok(w.host)) return status{errc::invalid_block, "cpu_executor: swap-out block out of range"};
+      if (!dev_ok(w.device) || !host_ok(w.host)) return status{errc::invalid_block, "memcpy_executor: swap-out block out of range"};
     for (const block_swap& w : plan.swap_ins())
-      if (!dev_ok(w.device) || !host_ok(w.host)) return status{errc::invalid_block, "cpu_executor: swap-in block out of range"};
+      if (!dev_ok(w.device) || !host_ok(w.host)) return status{errc::invalid_block, "memcpy_executor: swap-in block out of range"};
     for (const block_copy& c : plan.copies())
-      if (!dev_ok(c.src) || !dev_ok(c.dst)) return status{errc::invalid_block, "cpu_executor: copy block out of range"};
+      if (!dev_ok(c.src) || !dev_ok(c.dst)) return status{errc::invalid_block, "memcpy_executor: copy block out of range"};
     const std::int64_t max_slot = std::int64_t{layout_.num_blocks} * layout_.block_size;
     for (const std::int64_t s : slots)
-      if (s >= max_slot) return status{errc::invalid_block, "cpu_executor: slot out of range", s};
+      if (s >= max_slot) return status{errc::invalid_block, "memcpy_executor: slot out of range", s};
 
     const auto bb = static_cast<std::size_t>(layout_.block_bytes());
     for (const block_swap& w : plan.swap_outs())
@@ -99,4 +108,4 @@ class cpu_executor {
   std::vector<std::byte> host_;
 };
 
-KVPAGER_NAMESPACE_END
+}  // namespace kvpager_testing

@@ -1,0 +1,289 @@
+// SPDX-License-Identifier: Apache-2.0
+#pragma once
+/// \file
+/// step_executor: runs a step's plan (core/step_plan.hpp) over a model's KV pools, every layer, through the shipped
+/// CPU kernels: the swap-outs and swap-ins with kvpager_cpu_swap_blocks, the copies with kvpager_cpu_copy_blocks
+/// (all layers in one call), and each layer's appended K/V with kvpager_cpu_kv_append (kvpager_cpu_kv_append_fp8 for
+/// an fp8 E4M3 pool). An engine step over it (docs/architecture.md, "One step"):
+/// \code
+///   const kvpager::step_output& out = sched.schedule();
+///   if (auto st = exec.run_plan(*out.plan); !st) ...;          // before the forward pass: swaps, then copies
+///   for (layer = 0; layer < L; ++layer) {                       // in the forward pass, layer by layer
+///     exec.append(layer, out.slot_mapping, k, v);               // this step's K/V into the layer's pool
+///     attention over exec.view(layer) with out.decode and out.prefill (paged_attention_decode_cpu, ..._prefill_cpu)
+///   }
+/// \endcode
+/// The pools are the engine's (one device pool and one host pool per layer, all of one geometry); the executor keeps
+/// their addresses and two scratch lists that grow to the largest plan, so a warm step allocates nothing. Needs
+/// libkvpager_kernels (kvpager::kernels). The CUDA counterpart of one layer is cuda_executor.
+
+#include <cstddef>
+#include <cstdint>
+#include <cstring>
+#include <new>
+#include <optional>
+#include <span>
+#include <stdexcept>
+#include <utility>
+#include <vector>
+
+#include "kvpager/c/kernels.h"
+#include "kvpager/core/config.hpp"
+#include "kvpager/core/geometry.hpp"
+#include "kvpager/core/status.hpp"
+#include "kvpager/core/step_plan.hpp"
+#include "kvpager/kernels/attention.hpp"
+#include "kvpager/kernels/can_implement.hpp"
+#include "kvpager/kernels/kernel_status.hpp"
+#include "kvpager/kernels/kv_layout.hpp"
+
+KVPAGER_NAMESPACE_BEGIN
+
+/// A model's KV memory: one geometry for every layer, each layer's device pool (geometry.num_blocks blocks of
+/// block_bytes(geometry)) and, for swapping, its host pool (num_host_blocks blocks of the same size).
+struct kv_pools {
+  kv_geometry geometry{};
+  std::int32_t num_host_blocks = 0;
+  std::span<void* const> device{};  ///< one pool per layer (at least one layer)
+  std::span<void* const> host{};    ///< one pool per layer, or empty when num_host_blocks is 0
+};
+
+/// How an fp8 E4M3 pool stores appended K/V (ignored for the other dtypes): the dtype of the K/V given to append
+/// (KVPAGER_DTYPE_FP32, _FP16, _BF16) and the layer's per-tensor scales (vLLM's k_scale, v_scale).
+struct fp8_append {
+  std::int32_t src_dtype = KVPAGER_DTYPE_FP16;
+  float k_scale = 1.0F, v_scale = 1.0F;
+};
+
+class step_executor {
+ public:
+  /// An executor over `pools`. Errors: can_implement(pools.geometry)'s; errc::invalid_argument for no layer, a null
+  /// pool, a negative num_host_blocks, or host pools that are not one per layer (none with num_host_blocks 0).
+  [[nodiscard]] static result<step_executor> create(const kv_pools& pools) {
+    if (const status st = can_implement(pools.geometry); !st) return st;
+    if (pools.device.empty()) return status{errc::invalid_argument, "step_executor::create: no layer"};
+    if (pools.num_host_blocks < 0)
+      return status{errc::invalid_argument, "step_executor::create: num_host_blocks must not be negative",
+                    pools.num_host_blocks};
+    const std::size_t hosts = pools.num_host_blocks > 0 ? pools.device.size() : 0;
+    if (pools.host.size() != hosts)
+      return status{errc::invalid_argument,
+                    "step_executor::create: host pools must be one per layer (none without host blocks)",
+                    static_cast<std::int64_t>(pools.host.size())};
+    for (void* const p : pools.device)
+      if (p == nullptr) return status{errc::invalid_argument, "step_executor::create: a device pool is null"};
+    for (void* const p : pools.host)
+      if (p == nullptr) return status{errc::invalid_argument, "step_executor::create: a host pool is null"};
+    step_executor e;
+    e.geometry_ = pools.geometry;
+    e.num_host_blocks_ = pools.num_host_blocks;
+    e.block_bytes_ = block_bytes(pools.geometry);
+    e.device_.assign(pools.device.begin(), pools.device.end());
+    e.host_.assign(pools.host.begin(), pools.host.end());
+    return e;
+  }
+
+  [[nodiscard]] const kv_geometry& geometry() const noexcept { return geometry_; }
+  [[nodiscard]] std::int32_t num_layers() const noexcept { return static_cast<std::int32_t>(device_.size()); }
+  [[nodiscard]] std::int32_t num_host_blocks() const noexcept { return num_host_blocks_; }
+  /// Layer `layer`'s device pool as the attention kernels read it (the default HND layout). layer in [0, num_layers()).
+  [[nodiscard]] paged_kv_view view(std::int32_t layer) const noexcept {
+    return paged_kv_view::hnd(device_[static_cast<std::size_t>(layer)], geometry_);
+  }
+
+  /// Swap-outs (device to host), swap-ins (host to device), then copies of `plan`, on every layer. Every block id is
+  /// checked first: errc::invalid_block (outside its pool; a swap with no host pool) and nothing moved. Allocates
+  /// nothing once the scratch lists have grown to the largest plan.
+  status run_plan(const step_plan& plan) {
+    const auto dev_ok = [this](block_id b) { return b >= 0 && b < geometry_.num_blocks; };
+    const auto host_ok = [this](block_id b) { return b >= 0 && b < num_host_blocks_; };
+    for (const block_swap& w : plan.swap_outs())
+      if (!dev_ok(w.device) || !host_ok(w.host))
+        return status{errc::invalid_block, "step_executor::run_plan: a swap-out block is outside its pool"};
+    for (const block_swap& w : plan.swap_ins())
+      if (!dev_ok(w.device) || !host_ok(w.host))
+        return status{errc::invalid_block, "step_executor::run_plan: a swap-in block is outside its pool"};
+    for (const block_copy& c : plan.copies())
+      if (!dev_ok(c.src) || !dev_ok(c.dst))
+        return status{errc::invalid_block, "step_executor::run_plan: a copied block is outside the pool"};
+    if (!plan.swap_outs().empty()) {
+      fill_pairs(plan.swap_outs(), /*to_host=*/true);
+      for (std::size_t l = 0; l < device_.size(); ++l)
+        if (const status st = swap(host_[l], num_host_blocks_, device_[l], geometry_.num_blocks); !st) return st;
+    }
+    if (!plan.swap_ins().empty()) {
+      fill_pairs(plan.swap_ins(), /*to_host=*/false);
+      for (std::size_t l = 0; l < device_.size(); ++l)
+        if (const status st = swap(device_[l], geometry_.num_blocks, host_[l], num_host_blocks_); !st) return st;
+    }
+    if (!plan.copies().empty()) {
+      pairs_.clear();
+      for (const block_copy& c : plan.copies()) {
+        pairs_.push_back(c.src);
+        pairs_.push_back(c.dst);
+      }
+      return kernel_status(kvpager_cpu_copy_blocks(device_.data(), num_layers(), pairs_.data(),
+                                                   static_cast<std::int32_t>(plan.copies().size()),
+                                                   geometry_.num_blocks, block_bytes_));
+    }
+    return ok_status();
+  }
+
+  /// Writes this step's K and V of layer `layer` through `slots` (the step's slot mapping; a negative slot is
+  /// skipped): `k` and `v` hold [slots.size(), num_kv_heads, head_dim] elements in the pool's dtype, or for an fp8
+  /// pool in `fp8.src_dtype`, quantized with its scales. Errors (nothing written): errc::invalid_argument (layer out of
+  /// range, more than 2^31-1 slots), the kernel's (kvpager_cpu_kv_append, _fp8: errc::invalid_block for a slot
+  /// outside the pool, bad scales).
+  status append(std::int32_t layer, std::span<const std::int64_t> slots, const void* k, const void* v,
+                const fp8_append& fp8 = {}) const noexcept {
+    if (layer < 0 || layer >= num_layers())
+      return status{errc::invalid_argument, "step_executor::append: no such layer", layer};
+    if (slots.size() > static_cast<std::size_t>(INT32_MAX))
+      return status{errc::invalid_argument, "step_executor::append: more than 2^31-1 slots"};
+    void* pool = device_[static_cast<std::size_t>(layer)];
+    const auto n = static_cast<std::int32_t>(slots.size());
+    const kv_geometry& g = geometry_;
+    if (g.dtype == kv_dtype::fp8_e4m3)
+      return kernel_status(kvpager_cpu_kv_append_fp8(pool, k, v, slots.data(), n, g.num_kv_heads, g.head_dim,
+                                                     g.block_size, g.num_blocks, fp8.src_dtype, fp8.k_scale,
+                                                     fp8.v_scale));
+    return kernel_status(kvpager_cpu_kv_append(pool, k, v, slots.data(), n, g.num_kv_heads, g.head_dim, g.block_size,
+                                               g.num_blocks, static_cast<std::int32_t>(g.dtype)));
+  }
+
+ private:
+  step_executor() = default;
+
+  void fill_pairs(std::span<const block_swap> swaps, bool to_host) {
+    pairs_.clear();
+    for (const block_swap& w : swaps) {
+      pairs_.push_back(to_host ? w.device : w.host);
+      pairs_.push_back(to_host ? w.host : w.device);
+    }
+  }
+  [[nodiscard]] status swap(void* dst, std::int32_t dst_blocks, const void* src, std::int32_t src_blocks) const {
+    return kernel_status(kvpager_cpu_swap_blocks(dst, dst_blocks, src, src_blocks, block_bytes_, pairs_.data(),
+                                                 static_cast<std::int32_t>(pairs_.size() / 2)));
+  }
+
+  kv_geometry geometry_{};
+  std::int32_t num_host_blocks_ = 0;
+  std::int64_t block_bytes_ = 0;
+  std::vector<void*> device_, host_;
+  std::vector<std::int64_t> pairs_;  ///< scratch: [n, 2] (source, destination) of one kind of move
+};
+
+/// KV pools in host memory with their step_executor: the CPU backend's pools for an engine or a test that has none
+/// of its own (the tools, tp_cpu_executors). `num_layers` device pools of `geometry` and as many host pools of
+/// `num_host_blocks` blocks, zero-filled, in the kernels' default layout (kv_layout). Move-only (the executor holds
+/// the pools' addresses, which a move keeps).
+class host_kv_pools {
+ public:
+  /// Errors: step_executor::create's (can_implement(geometry), num_host_blocks < 0), errc::invalid_argument
+  /// (num_layers < 1), errc::out_of_memory (the pools could not be allocated; built without exceptions, a failed
+  /// allocation ends the program instead).
+  [[nodiscard]] static result<host_kv_pools> create(const kv_geometry& geometry, std::int32_t num_host_blocks,
+                                                    std::int32_t num_layers = 1) {
+    if (num_layers < 1)
+      return status{errc::invalid_argument, "host_kv_pools::create: num_layers must be positive", num_layers};
+    if (const status st = can_implement(geometry); !st) return st;
+    if (num_host_blocks < 0)
+      return status{errc::invalid_argument, "host_kv_pools::create: num_host_blocks must not be negative",
+                    num_host_blocks};
+    const auto block = static_cast<std::size_t>(block_bytes(geometry));
+#if KVPAGER_HAS_EXCEPTIONS
+    try {
+#endif
+      host_kv_pools out;
+      out.device_.resize(static_cast<std::size_t>(num_layers));
+      out.host_.resize(num_host_blocks > 0 ? static_cast<std::size_t>(num_layers) : 0);
+      for (auto& d : out.device_) d.resize(block * static_cast<std::size_t>(geometry.num_blocks));
+      for (auto& h : out.host_) h.resize(block * static_cast<std::size_t>(num_host_blocks));
+      std::vector<void*> dev, host;
+      for (auto& d : out.device_) dev.push_back(d.data());
+      for (auto& h : out.host_) host.push_back(h.data());
+      result<step_executor> e = step_executor::create({geometry, num_host_blocks, dev, host});
+      if (!e) return e.error();
+      out.exec_.emplace(std::move(*e));
+      return out;
+#if KVPAGER_HAS_EXCEPTIONS
+    } catch (const std::bad_alloc&) {
+      return status{errc::out_of_memory, "host_kv_pools::create: not enough host memory for the pools",
+                    geometry.num_blocks};
+    } catch (const std::length_error&) {
+      return status{errc::out_of_memory, "host_kv_pools::create: the pools exceed max_size", geometry.num_blocks};
+    }
+#endif
+  }
+
+  host_kv_pools(host_kv_pools&&) noexcept = default;
+  host_kv_pools& operator=(host_kv_pools&&) noexcept = default;
+  host_kv_pools(const host_kv_pools&) = delete;
+  host_kv_pools& operator=(const host_kv_pools&) = delete;
+
+  [[nodiscard]] step_executor& executor() noexcept { return *exec_; }
+  [[nodiscard]] const step_executor& executor() const noexcept { return *exec_; }
+  [[nodiscard]] const kv_geometry& geometry() const noexcept { return exec_->geometry(); }
+  [[nodiscard]] kv_layout layout() const noexcept { return kv_layout::of(geometry()); }
+  [[nodiscard]] std::span<std::byte> device_bytes(std::int32_t layer = 0) noexcept {
+    return device_[static_cast<std::size_t>(layer)];
+  }
+  [[nodiscard]] std::span<std::byte> host_bytes(std::int32_t layer = 0) noexcept {
+    return host_.empty() ? std::span<std::byte>{} : std::span<std::byte>(host_[static_cast<std::size_t>(layer)]);
+  }
+  [[nodiscard]] paged_kv_view view(std::int32_t layer = 0) const noexcept { return exec_->view(layer); }
+
+  /// One layer's step, checked whole before anything moves: the plan (every layer's pools), then layer `layer`'s
+  /// K/V of the slot mapping `slots`, given as bytes in the pool's dtype ([slots.size(), kv_heads, head_dim]; for
+  /// an fp8 pool the e4m3 codes, copied as they are). Errors (nothing moved): errc::buffer_too_small (k or v
+  /// shorter than the mapping needs; detail = bytes needed), errc::invalid_block (a block id or slot outside the
+  /// pools), errc::invalid_argument (no such layer).
+  status execute(const step_plan& plan, std::span<const std::int64_t> slots, std::span<const std::byte> k,
+                 std::span<const std::byte> v, std::int32_t layer = 0) {
+    const kv_layout l = layout();
+    const std::int64_t need = static_cast<std::int64_t>(slots.size()) * l.num_kv_heads * l.row_bytes();
+    if (static_cast<std::int64_t>(k.size()) < need || static_cast<std::int64_t>(v.size()) < need)
+      return status{errc::buffer_too_small, "host_kv_pools::execute: k/v shorter than the slot mapping", need};
+    if (layer < 0 || layer >= exec_->num_layers())
+      return status{errc::invalid_argument, "host_kv_pools::execute: no such layer", layer};
+    const std::int64_t max_slot = std::int64_t{l.num_blocks} * l.block_size;
+    for (const std::int64_t s : slots)
+      if (s >= max_slot) return status{errc::invalid_block, "host_kv_pools::execute: slot outside the pool", s};
+    if (const status st = exec_->run_plan(plan); !st) return st;
+    if (slots.empty()) return ok_status();
+    if (geometry().dtype != kv_dtype::fp8_e4m3) return exec_->append(layer, slots, k.data(), v.data());
+    // e4m3 codes as they are (kv_append_fp8 takes unquantized K/V): row by row, as the plain append copies.
+    const auto row = static_cast<std::size_t>(l.row_bytes());
+    std::byte* pool = device_[static_cast<std::size_t>(layer)].data();
+    for (std::size_t t = 0; t < slots.size(); ++t) {
+      if (slots[t] < 0) continue;
+      const auto b = static_cast<block_id>(slots[t] / l.block_size);
+      const auto pos = static_cast<std::int32_t>(slots[t] % l.block_size);
+      for (std::int32_t h = 0; h < l.num_kv_heads; ++h) {
+        const std::size_t src = (t * static_cast<std::size_t>(l.num_kv_heads) + static_cast<std::size_t>(h)) * row;
+        std::memcpy(pool + l.offset(b, 0, h, pos), k.data() + src, row);
+        std::memcpy(pool + l.offset(b, 1, h, pos), v.data() + src, row);
+      }
+    }
+    return ok_status();
+  }
+
+  /// K (kv = 0) or V (kv = 1) of one head of the token at `pos` of a sequence with block table `table`, in layer
+  /// `layer`'s device pool (or, with `host`, its host pool).
+  [[nodiscard]] std::span<const std::byte> token(std::span<const block_id> table, std::int32_t pos, std::int32_t kv,
+                                                 std::int32_t head, bool host = false,
+                                                 std::int32_t layer = 0) const noexcept {
+    const kv_layout l = layout();
+    const block_id b = table[static_cast<std::size_t>(pos / l.block_size)];
+    const auto& pool = host ? host_[static_cast<std::size_t>(layer)] : device_[static_cast<std::size_t>(layer)];
+    return std::span<const std::byte>(pool).subspan(static_cast<std::size_t>(l.offset(b, kv, head, pos % l.block_size)),
+                                                    static_cast<std::size_t>(l.row_bytes()));
+  }
+
+ private:
+  host_kv_pools() = default;
+  std::vector<std::vector<std::byte>> device_, host_;
+  std::optional<step_executor> exec_;
+};
+
+KVPAGER_NAMESPACE_END

@@ -1,0 +1,290 @@
+// SPDX-License-Identifier: Apache-2.0
+// step_executor: a step's plan over every layer's pools through the shipped block-move kernels, checked against the
+// memcpy model of those kernels (kvpager_testing::memcpy_executor), its errors (nothing moved), and an engine step
+// from the scheduler's step_output alone: plan, appends, then decode and prefill attention over the step's tables,
+// equal to the same attention over tables exported from the cache by hand.
+#include <kvpager/kernels/prefill.hpp>
+#include <kvpager/kvpager.hpp>
+
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <cstdint>
+#include <cstring>
+#include <random>
+#include <span>
+#include <vector>
+
+#include "kvpager_testing/memcpy_executor.hpp"
+
+using namespace kvpager;
+
+namespace {
+
+/// Fills every pool byte of every layer with a pattern that differs per layer.
+void fill(host_kv_pools& p, std::int32_t layers, std::uint32_t seed) {
+  std::mt19937 rng(seed);
+  for (std::int32_t l = 0; l < layers; ++l) {
+    for (std::byte& b : p.device_bytes(l)) b = static_cast<std::byte>(rng());
+    for (std::byte& b : p.host_bytes(l)) b = static_cast<std::byte>(rng());
+  }
+}
+
+struct bytes_of {
+  std::vector<std::vector<std::byte>> device, host;
+  friend bool operator==(const bytes_of&, const bytes_of&) = default;
+};
+bytes_of snapshot(host_kv_pools& p, std::int32_t layers) {
+  bytes_of s;
+  for (std::int32_t l = 0; l < layers; ++l) {
+    s.device.emplace_back(p.device_bytes(l).begin(), p.device_bytes(l).end());
+    s.host.emplace_back(p.host_bytes(l).begin(), p.host_bytes(l).end());
+  }
+  return s;
+}
+
+constexpr kv_geometry geom{12, 16, 2, 64, kv_dtype::f16};
+
+step_plan mixed_plan() {
+  step_plan plan;
+  plan.add_swap_out({3, 0});
+  plan.add_swap_out({4, 1});  // a run of two
+  plan.add_swap_out({9, 5});
+  plan.add_swap_in({6, 2});
+  plan.add_swap_in({7, 3});
+  plan.add_copy({1, 10});
+  plan.add_copy({2, 11});
+  return plan;
+}
+
+}  // namespace
+
+TEST(StepExecutor, PlanOnEveryLayerEqualsTheMemcpyModel) {
+  constexpr std::int32_t layers = 3;
+  auto pools = host_kv_pools::create(geom, 6, layers);
+  ASSERT_TRUE(pools.ok()) << pools.error().message();
+  fill(*pools, layers, 7);
+  std::vector<kvpager_testing::memcpy_executor> model;
+  for (std::int32_t l = 0; l < layers; ++l) {
+    model.emplace_back(geom, 6);
+    std::memcpy(model.back().device_bytes().data(), pools->device_bytes(l).data(), pools->device_bytes(l).size());
+    std::memcpy(model.back().host_bytes().data(), pools->host_bytes(l).data(), pools->host_bytes(l).size());
+  }
+  const step_plan plan = mixed_plan();
+  ASSERT_TRUE(pools->executor().run_plan(plan));
+  const std::vector<std::int64_t> slots = {5, -1, 17, 190};
+  std::vector<std::uint16_t> k(slots.size() * 2 * 64), v(k.size());
+  for (std::size_t i = 0; i < k.size(); ++i) k[i] = static_cast<std::uint16_t>(i * 7 + 1), v[i] = static_cast<std::uint16_t>(i * 3);
+  for (std::int32_t l = 0; l < layers; ++l) {
+    ASSERT_TRUE(pools->executor().append(l, slots, k.data(), v.data()));
+    ASSERT_TRUE(model[static_cast<std::size_t>(l)].execute(plan, slots, std::as_bytes(std::span(k)),
+                                                           std::as_bytes(std::span(v))));
+    const auto want_d = model[static_cast<std::size_t>(l)].device_bytes();
+    const auto want_h = model[static_cast<std::size_t>(l)].host_bytes();
+    EXPECT_TRUE(std::equal(want_d.begin(), want_d.end(), pools->device_bytes(l).begin())) << "layer " << l;
+    EXPECT_TRUE(std::equal(want_h.begin(), want_h.end(), pools->host_bytes(l).begin())) << "layer " << l;
+  }
+}
+
+TEST(StepExecutor, BadPlansAndAppendsMoveNothing) {
+  constexpr std::int32_t layers = 2;
+  auto pools = host_kv_pools::create(geom, 6, layers);
+  ASSERT_TRUE(pools.ok());
+  fill(*pools, layers, 11);
+  const bytes_of before = snapshot(*pools, layers);
+  // Each bad plan is valid up to its last entry, so a check after the first move would leave bytes moved.
+  auto bad = [](auto add_bad) {
+    step_plan p = mixed_plan();
+    add_bad(p);
+    return p;
+  };
+  const step_plan plans[] = {
+      bad([](step_plan& p) { p.add_copy({1, 12}); }),      // copy past the device pool
+      bad([](step_plan& p) { p.add_copy({-1, 8}); }),      // negative source
+      bad([](step_plan& p) { p.add_swap_in({8, 6}); }),    // host block past the host pool
+      bad([](step_plan& p) { p.add_swap_out({12, 4}); }),  // device block past the pool
+  };
+  for (const step_plan& p : plans) EXPECT_EQ(pools->executor().run_plan(p).code(), errc::invalid_block);
+  EXPECT_TRUE(snapshot(*pools, layers) == before);
+
+  const std::vector<std::int64_t> slots = {0, 12 * 16};  // the second is one past the last slot
+  std::vector<std::uint16_t> k(slots.size() * 2 * 64, 1), v(k.size(), 2);
+  EXPECT_EQ(pools->executor().append(0, slots, k.data(), v.data()).code(), errc::invalid_block);
+  EXPECT_EQ(pools->executor().append(2, slots, k.data(), v.data()).code(), errc::invalid_argument);
+  EXPECT_EQ(pools->executor().append(-1, slots, k.data(), v.data()).code(), errc::invalid_argument);
+  // host_kv_pools::execute checks the slots before it runs the plan: a good plan with a bad slot moves nothing.
+  EXPECT_EQ(pools->execute(mixed_plan(), slots, std::as_bytes(std::span(k)), std::as_bytes(std::span(v))).code(),
+            errc::invalid_block);
+  EXPECT_EQ(pools->execute(mixed_plan(), std::span(slots).first(1), std::as_bytes(std::span(k)).first(8),
+                           std::as_bytes(std::span(v)))
+                .code(),
+            errc::buffer_too_small);
+  EXPECT_TRUE(snapshot(*pools, layers) == before);
+}
+
+TEST(StepExecutor, SwapsNeedHostPools) {
+  auto pools = host_kv_pools::create(geom, 0, 2);
+  ASSERT_TRUE(pools.ok());
+  step_plan p;
+  p.add_swap_out({1, 0});
+  EXPECT_EQ(pools->executor().run_plan(p).code(), errc::invalid_block);
+  EXPECT_TRUE(pools->host_bytes(0).empty());
+  step_plan copies;
+  copies.add_copy({1, 2});
+  EXPECT_TRUE(pools->executor().run_plan(copies));
+}
+
+TEST(StepExecutor, CreateChecksThePools) {
+  std::vector<std::byte> a(static_cast<std::size_t>(block_bytes(geom)) * 12), b(a.size()), h(a.size());
+  void* const two[] = {a.data(), b.data()};
+  void* const one_null[] = {a.data(), nullptr};
+  void* const host_one[] = {h.data()};
+  EXPECT_TRUE(step_executor::create({geom, 0, two, {}}));
+  EXPECT_EQ(step_executor::create({geom, 0, {}, {}}).code(), errc::invalid_argument);
+  EXPECT_EQ(step_executor::create({geom, 0, one_null, {}}).code(), errc::invalid_argument);
+  EXPECT_EQ(step_executor::create({geom, 12, two, host_one}).code(), errc::invalid_argument);  // one host pool for two layers
+  EXPECT_EQ(step_executor::create({geom, 0, two, host_one}).code(), errc::invalid_argument);   // host pools without blocks
+  EXPECT_EQ(step_executor::create({geom, -1, two, {}}).code(), errc::invalid_argument);
+  EXPECT_EQ(step_executor::create({kv_geometry{12, 4, 2, 64, kv_dtype::f16}, 0, two, {}}).code(), errc::unsupported);
+  EXPECT_EQ(host_kv_pools::create(geom, 0, 0).code(), errc::invalid_argument);
+  EXPECT_EQ(host_kv_pools::create(kv_geometry{12, 16, 2, 60, kv_dtype::f16}, 0).code(), errc::unsupported);
+  const auto e = step_executor::create({geom, 0, two, {}});
+  EXPECT_EQ(e->num_layers(), 2);
+  EXPECT_EQ(e->view(1).data, b.data());
+  EXPECT_EQ(e->view(1).geometry(), geom);
+}
+
+TEST(StepExecutor, Fp8AppendQuantizesWithTheLayersScales) {
+  const kv_geometry g{4, 16, 1, 64, kv_dtype::fp8_e4m3};
+  auto pools = host_kv_pools::create(g, 0, 2);
+  ASSERT_TRUE(pools.ok());
+  std::vector<std::byte> want(pools->device_bytes(1).size());
+  const std::vector<std::int64_t> slots = {3, 40};
+  std::vector<float> k(slots.size() * 64), v(k.size());
+  for (std::size_t i = 0; i < k.size(); ++i) k[i] = 0.01F * static_cast<float>(i), v[i] = -0.02F * static_cast<float>(i);
+  ASSERT_EQ(kvpager_cpu_kv_append_fp8(want.data(), k.data(), v.data(), slots.data(), 2, 1, 64, 16, 4,
+                                      KVPAGER_DTYPE_FP32, 0.5F, 2.0F),
+            KVPAGER_STATUS_OK);
+  ASSERT_TRUE(pools->executor().append(1, slots, k.data(), v.data(), {KVPAGER_DTYPE_FP32, 0.5F, 2.0F}));
+  EXPECT_TRUE(std::equal(want.begin(), want.end(), pools->device_bytes(1).begin()));
+  EXPECT_EQ(pools->executor().append(1, slots, k.data(), v.data(), {KVPAGER_DTYPE_FP32, 0.0F, 2.0F}).code(),
+            errc::invalid_argument);
+}
+
+TEST(StepExecutor, AnEngineStepFromTheStepOutputAlone) {
+  // A decode batch and a prefill chunk in one step (chunked prefill), over two layers; attention over the step's
+  // tables must equal attention over tables the test exports from the cache itself.
+  constexpr std::int32_t layers = 2, q_heads = 4;
+  const kv_geometry g{64, 16, 2, 64, kv_dtype::f32};
+  auto cache = vllm_v1_cache::create(cache_config_for(g, {.reserved_blocks = 1}), can_implement);
+  ASSERT_TRUE(cache.ok()) << cache.error().message();
+  auto pools = host_kv_pools::create(cache->geometry(), 0, layers);
+  ASSERT_TRUE(pools.ok());
+  scheduler_config cfg;
+  cfg.max_num_batched_tokens = 40;
+  scheduler<vllm_v1_cache> sched(*cache, cfg);
+  std::vector<token_id> p1(37), p2(70);
+  for (std::size_t i = 0; i < p1.size(); ++i) p1[i] = static_cast<token_id>(i + 1);
+  for (std::size_t i = 0; i < p2.size(); ++i) p2[i] = static_cast<token_id>(1000 + i);
+  ASSERT_TRUE(sched.add_request(1, p1));
+  std::mt19937 rng(5);
+  std::normal_distribution<float> nd;
+  bool saw_mixed = false;
+  for (int step = 0; step < 6; ++step) {
+    if (step == 1) {
+      ASSERT_TRUE(sched.add_request(2, p2));
+    }
+    const step_output& out = sched.schedule();
+    ASSERT_TRUE(out.error.ok());
+    const std::int64_t n = out.num_tokens();
+    ASSERT_EQ(static_cast<std::int64_t>(out.input_ids.size()), n);
+    ASSERT_EQ(static_cast<std::int64_t>(out.positions.size()), n);
+    ASSERT_EQ(out.query_start_loc.size(), out.scheduled.size() + 1);
+    ASSERT_EQ(out.decode.rows() + out.prefill.rows(), out.scheduled.size());
+    saw_mixed = saw_mixed || (!out.decode.empty() && !out.prefill.empty());
+    for (std::size_t i = 0; i < out.scheduled.size(); ++i) {
+      const scheduled_sequence& e = out.scheduled[i];
+      for (std::int32_t j = 0; j < e.num_tokens; ++j) {
+        const auto t = static_cast<std::size_t>(out.query_start_loc[i] + j);
+        EXPECT_EQ(out.positions[t], e.start + j);
+        EXPECT_EQ(out.input_ids[t], sched.tokens(e.id)[static_cast<std::size_t>(e.start + j)]);
+      }
+    }
+    ASSERT_TRUE(pools->executor().run_plan(*out.plan));
+    const std::size_t kv_row = 2 * 64, q_row = q_heads * 64;
+    std::vector<float> k(static_cast<std::size_t>(n) * kv_row), v(k.size()), q(static_cast<std::size_t>(n) * q_row);
+    for (std::int32_t layer = 0; layer < layers; ++layer) {
+      for (float& x : k) x = nd(rng);
+      for (float& x : v) x = nd(rng);
+      for (float& x : q) x = nd(rng);
+      ASSERT_TRUE(pools->executor().append(layer, out.slot_mapping, k.data(), v.data()));
+      for (const step_tables* grp : {&out.decode, &out.prefill}) {
+        if (grp->empty()) continue;
+        // The group's queries, row after row.
+        std::vector<float> gq, got(static_cast<std::size_t>(grp->num_query_rows()) * q_row), want(got.size());
+        std::vector<seq_id> ids;
+        for (std::size_t r = 0; r < grp->rows(); ++r) {
+          const auto e = static_cast<std::size_t>(grp->entries[r]);
+          ids.push_back(out.scheduled[e].id);
+          const float* b = q.data() + static_cast<std::size_t>(out.query_start_loc[e]) * q_row;
+          gq.insert(gq.end(), b, b + static_cast<std::size_t>(out.scheduled[e].num_tokens) * q_row);
+        }
+        // The same tables exported by hand.
+        const std::int32_t stride = grp->row_stride;
+        std::vector<std::int32_t> table(ids.size() * static_cast<std::size_t>(stride)), lens(ids.size());
+        ASSERT_TRUE(cache->export_block_table(ids, table, stride, lens));
+        EXPECT_EQ(table, grp->block_table);
+        EXPECT_EQ(lens, grp->seq_lens);
+        prefill_params p;
+        p.query = gq.data();
+        p.kv = pools->executor().view(layer);
+        p.qo_indptr = grp->qo_indptr.data();
+        p.num_seqs = static_cast<std::int32_t>(grp->rows());
+        p.num_q_heads = q_heads;
+        p.scale = 0.125F;
+        p.out = got.data();
+        p.pages = {.block_table = grp->block_table.data(), .row_stride = stride, .seq_lens = grp->seq_lens.data()};
+        ASSERT_TRUE(paged_attention_prefill_cpu(p));
+        // CSR tables give the same rows.
+        p.out = want.data();
+        p.pages = {.indptr = grp->kv_indptr.data(), .indices = grp->kv_indices.data(),
+                   .last_page_len = grp->kv_last_page_len.data()};
+        ASSERT_TRUE(paged_attention_prefill_cpu(p));
+        EXPECT_EQ(got, want);
+        if (grp == &out.decode) {  // the decode kernel over the decode group's dense table, the same rows
+          decode_params d;
+          d.query = gq.data();
+          d.out = want.data();
+          d.kv = p.kv;
+          d.pages = {.block_table = grp->block_table.data(), .row_stride = stride, .seq_lens = grp->seq_lens.data()};
+          d.num_seqs = p.num_seqs;
+          d.num_q_heads = q_heads;
+          d.scale = 0.125F;
+          ASSERT_TRUE(paged_attention_decode_cpu(d));
+          for (std::size_t i = 0; i < got.size(); ++i) ASSERT_NEAR(got[i], want[i], 1e-5F);
+        }
+      }
+    }
+    for (std::size_t i = 0; i < out.scheduled.size(); ++i)
+      if (out.scheduled[i].last_chunk) {
+        ASSERT_TRUE(sched.complete_scheduled(i, 5));
+      }
+  }
+  EXPECT_TRUE(saw_mixed) << "a step with both groups";
+}
+
+TEST(StepExecutor, TablesOffLeaveTheOutputEmpty) {
+  auto cache = *vllm_v1_cache::create({16, 32, 1, 0});
+  scheduler_config cfg;
+  cfg.export_tables = false;
+  scheduler<vllm_v1_cache> sched(cache, cfg);
+  const std::vector<token_id> p(20, 3);
+  ASSERT_TRUE(sched.add_request(1, p));
+  const step_output& out = sched.schedule();
+  ASSERT_EQ(out.scheduled.size(), 1U);
+  EXPECT_TRUE(out.input_ids.empty());
+  EXPECT_TRUE(out.positions.empty());
+  EXPECT_TRUE(out.query_start_loc.empty());
+  EXPECT_TRUE(out.decode.empty() && out.prefill.empty() && out.prefill.block_table.empty());
+  EXPECT_EQ(out.slot_mapping.size(), 20U);
+}
