@@ -1,8 +1,8 @@
 // SPDX-License-Identifier: Apache-2.0
 // block_store alone: taking, touching, releasing and settling blocks across pool, eviction and sharing.
 #include <kvpager/allocator/free_list_allocator.hpp>
-#include <kvpager/cache/block_store.hpp>
-#include <kvpager/cache/copy_on_write.hpp>
+#include <kvpager/cache/detail/block_store.hpp>
+#include <kvpager/cache/detail/copy_on_write.hpp>
 #include <kvpager/eviction/indexed_eviction.hpp>
 #include <kvpager/eviction/no_eviction.hpp>
 #include <kvpager/sharing/refcount_sharing.hpp>
@@ -12,6 +12,7 @@
 #include <vector>
 
 using namespace kvpager;
+using namespace kvpager::detail;  // the cache's parts, tested alone
 
 namespace {
 template <class E>

@@ -1,7 +1,7 @@
 // SPDX-License-Identifier: Apache-2.0
 // prefix_cursors alone: the lookup of match_prefix, a prefix_hit's freshness, and the hit blocks an admission
 // takes from it, over a prefix_caching policy fed by hand.
-#include <kvpager/cache/prefix_cursor.hpp>
+#include <kvpager/cache/detail/prefix_cursor.hpp>
 #include <kvpager/sharing/no_sharing.hpp>
 #include <kvpager/sharing/prefix_caching.hpp>
 
@@ -14,6 +14,7 @@
 #include <vector>
 
 using namespace kvpager;
+using namespace kvpager::detail;  // the cache's parts, tested alone
 
 namespace {
 constexpr std::int32_t bs = 4;

@@ -1,6 +1,6 @@
 // SPDX-License-Identifier: Apache-2.0
 // sequence_table alone: handles, the one checked lookup (naming the calling operation), group checks.
-#include <kvpager/cache/sequence_table.hpp>
+#include <kvpager/cache/detail/sequence_table.hpp>
 
 #include <gtest/gtest.h>
 
@@ -8,6 +8,7 @@
 #include <vector>
 
 using namespace kvpager;
+using namespace kvpager::detail;  // the cache's parts, tested alone
 
 namespace {
 struct cursor {

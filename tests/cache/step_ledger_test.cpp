@@ -1,12 +1,13 @@
 // SPDX-License-Identifier: Apache-2.0
 // step_ledger alone: the plan, busy and parked blocks, cancelled and frozen appends, the slot mapping.
-#include <kvpager/cache/step_ledger.hpp>
+#include <kvpager/cache/detail/step_ledger.hpp>
 
 #include <gtest/gtest.h>
 
 #include <vector>
 
 using namespace kvpager;
+using namespace kvpager::detail;  // the cache's parts, tested alone
 
 namespace {
 step_ledger make(std::int32_t blocks = 16) {

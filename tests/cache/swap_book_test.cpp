@@ -2,10 +2,10 @@
 // swap_book alone (over a sequence_table, a block_store and a step_ledger): host references, one host block per
 // distinct device block of a group, host blocks returned one step late, all or nothing.
 #include <kvpager/allocator/free_list_allocator.hpp>
-#include <kvpager/cache/block_store.hpp>
-#include <kvpager/cache/sequence_table.hpp>
-#include <kvpager/cache/step_ledger.hpp>
-#include <kvpager/cache/swap_book.hpp>
+#include <kvpager/cache/detail/block_store.hpp>
+#include <kvpager/cache/detail/sequence_table.hpp>
+#include <kvpager/cache/detail/step_ledger.hpp>
+#include <kvpager/cache/detail/swap_book.hpp>
 #include <kvpager/eviction/no_eviction.hpp>
 #include <kvpager/sharing/refcount_sharing.hpp>
 #include <kvpager/swap/host_swap.hpp>
@@ -17,6 +17,7 @@
 #include <vector>
 
 using namespace kvpager;
+using namespace kvpager::detail;  // the cache's parts, tested alone
 
 namespace {
 struct no_cur {};

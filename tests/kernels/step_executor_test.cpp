@@ -3,11 +3,13 @@
 // memcpy model of those kernels (kvpager_testing::memcpy_executor), its errors (nothing moved), and an engine step
 // from the scheduler's step_output alone: plan, appends, then decode and prefill attention over the step's tables,
 // equal to the same attention over tables exported from the cache by hand.
+#include <kvpager/kernels/block_moves.hpp>
 #include <kvpager/kernels/prefill.hpp>
 #include <kvpager/kvpager.hpp>
 
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cstdint>
 #include <cstring>
@@ -148,6 +150,9 @@ TEST(StepExecutor, CreateChecksThePools) {
   EXPECT_EQ(step_executor::create({kv_geometry{12, 4, 2, 64, kv_dtype::f16}, 0, two, {}}).code(), errc::unsupported);
   EXPECT_EQ(host_kv_pools::create(geom, 0, 0).code(), errc::invalid_argument);
   EXPECT_EQ(host_kv_pools::create(kv_geometry{12, 16, 2, 60, kv_dtype::f16}, 0).code(), errc::unsupported);
+  // A host pool whose size overflows int64 is refused before anything is allocated (2^36-byte blocks x 2^30).
+  EXPECT_EQ(host_kv_pools::create(kv_geometry{1, 32, 1 << 20, 256, kv_dtype::f32}, 1 << 30).code(),
+            errc::invalid_argument);
   const auto e = step_executor::create({geom, 0, two, {}});
   EXPECT_EQ(e->num_layers(), 2);
   EXPECT_EQ(e->view(1).data, b.data());
@@ -287,4 +292,83 @@ TEST(StepExecutor, TablesOffLeaveTheOutputEmpty) {
   EXPECT_TRUE(out.query_start_loc.empty());
   EXPECT_TRUE(out.decode.empty() && out.prefill.empty() && out.prefill.block_table.empty());
   EXPECT_EQ(out.slot_mapping.size(), 20U);
+}
+
+TEST(BlockMoves, AppendThroughAnyViewWritesWhereTheViewSays) {
+  // The same tokens appended through an HND and an NHD view of two pools: every K/V row lands at view.offset().
+  const kv_geometry g{6, 8, 3, 64, kv_dtype::bf16};
+  std::vector<std::uint16_t> hnd(static_cast<std::size_t>(block_bytes(g)) / 2 * 6), nhd(hnd.size());
+  const std::vector<std::int64_t> slots = {0, 13, -1, 47};
+  std::vector<std::uint16_t> k(slots.size() * 3 * 64), v(k.size());
+  for (std::size_t i = 0; i < k.size(); ++i) k[i] = static_cast<std::uint16_t>(i + 1), v[i] = static_cast<std::uint16_t>(40000 - i);
+  append_params p;
+  p.key = k.data();
+  p.value = v.data();
+  p.slot_mapping = slots.data();
+  p.num_tokens = 4;
+  for (const bool interleaved : {false, true}) {
+    p.kv = interleaved ? paged_kv_view::nhd(nhd.data(), g) : paged_kv_view::hnd(hnd.data(), g);
+    ASSERT_TRUE(kv_append_cpu(p));
+    const auto* pool = static_cast<const std::uint16_t*>(p.kv.data);
+    for (std::size_t t = 0; t < slots.size(); ++t) {
+      if (slots[t] < 0) continue;
+      for (std::int32_t h = 0; h < 3; ++h)
+        for (std::int32_t d = 0; d < 64; ++d) {
+          const std::size_t src = (t * 3 + static_cast<std::size_t>(h)) * 64 + static_cast<std::size_t>(d);
+          const auto b = slots[t] / 8;
+          const auto off = static_cast<std::int32_t>(slots[t] % 8);
+          ASSERT_EQ(pool[static_cast<std::size_t>(p.kv.offset(b, 0, h, off) + d)], k[src]);
+          ASSERT_EQ(pool[static_cast<std::size_t>(p.kv.offset(b, 1, h, off) + d)], v[src]);
+        }
+    }
+  }
+  // The HND view is the C function's layout: the same bytes.
+  std::vector<std::uint16_t> c(hnd.size());
+  ASSERT_EQ(kvpager_cpu_kv_append(c.data(), k.data(), v.data(), slots.data(), 4, 3, 64, 8, 6, KVPAGER_DTYPE_BF16),
+            KVPAGER_STATUS_OK);
+  EXPECT_EQ(c, hnd);
+}
+
+TEST(BlockMoves, OneCheckPerCallAndNothingWrittenOnError) {
+  const kv_geometry g{4, 16, 1, 64, kv_dtype::f16};
+  std::vector<std::uint16_t> pool(static_cast<std::size_t>(block_bytes(g)) / 2 * 4, 7);
+  const std::vector<std::uint16_t> before = pool;
+  const std::vector<std::int64_t> slots = {1, 64};  // 64 is one past the last slot
+  std::vector<std::uint16_t> k(2 * 64, 1), v(k.size(), 2);
+  append_params p;
+  p.kv = paged_kv_view::hnd(pool.data(), g);
+  p.key = k.data();
+  p.value = v.data();
+  p.slot_mapping = slots.data();
+  p.num_tokens = 2;
+  EXPECT_EQ(kv_append_cpu(p).detail(), KVPAGER_STATUS_INVALID_BLOCK);
+  p.num_tokens = 1;
+  p.src_dtype = KVPAGER_DTYPE_FP32;  // a plain pool takes only its own dtype
+  EXPECT_EQ(kv_append_cpu(p).detail(), KVPAGER_STATUS_UNSUPPORTED_DTYPE);
+  p.src_dtype = -1;
+  p.kv.stride_token = -64;  // a view that reaches outside itself
+  EXPECT_EQ(kv_append_cpu(p).detail(), KVPAGER_STATUS_INVALID_ARGUMENT);
+  p.kv = paged_kv_view::hnd(pool.data(), g);
+  p.num_tokens = -1;
+  EXPECT_EQ(kv_append_cpu(p).detail(), KVPAGER_STATUS_INVALID_ARGUMENT);
+  EXPECT_EQ(pool, before);
+  // The C entry points answer as the operation they forward to.
+  EXPECT_EQ(kvpager_cpu_kv_append(pool.data(), k.data(), v.data(), slots.data(), 2, 1, 64, 16, 4, KVPAGER_DTYPE_FP16),
+            KVPAGER_STATUS_INVALID_BLOCK);
+  EXPECT_EQ(kvpager_cpu_kv_append(pool.data(), k.data(), v.data(), slots.data(), 1, 1, 64, 16, 4, KVPAGER_DTYPE_FP8_E4M3),
+            KVPAGER_STATUS_UNSUPPORTED_DTYPE);
+  p.num_tokens = 1;
+  EXPECT_TRUE(kv_append_cpu(p));
+  EXPECT_NE(pool, before);
+  const std::int64_t pairs[] = {0, 3, 2, 4};
+  void* const layers[] = {pool.data()};
+  EXPECT_EQ(copy_blocks_cpu({layers, 1, pairs, 2, 4, block_bytes(g)}).detail(), KVPAGER_STATUS_INVALID_BLOCK);
+  EXPECT_TRUE(copy_blocks_cpu({layers, 1, pairs, 1, 4, block_bytes(g)}));
+  std::vector<std::uint16_t> host(pool.size() / 2);
+  EXPECT_EQ(swap_blocks_cpu({host.data(), 2, pool.data(), 4, block_bytes(g), pairs, 1}).detail(),
+            KVPAGER_STATUS_INVALID_BLOCK);  // host block 3 of 2
+  const std::int64_t to_host[] = {3, 1};
+  EXPECT_TRUE(swap_blocks_cpu({host.data(), 2, pool.data(), 4, block_bytes(g), to_host, 1}));
+  EXPECT_TRUE(std::equal(host.begin() + static_cast<std::ptrdiff_t>(host.size() / 2), host.end(),
+                         pool.begin() + static_cast<std::ptrdiff_t>(3 * pool.size() / 4)));
 }

@@ -23,14 +23,14 @@
 #include <vector>
 
 #include "kvpager/allocator/free_list_allocator.hpp"
-#include "kvpager/cache/block_store.hpp"
+#include "kvpager/cache/detail/block_store.hpp"
 #include "kvpager/cache/cache_types.hpp"
-#include "kvpager/cache/copy_on_write.hpp"
-#include "kvpager/cache/exports.hpp"
-#include "kvpager/cache/prefix_cursor.hpp"
-#include "kvpager/cache/sequence_table.hpp"
-#include "kvpager/cache/step_ledger.hpp"
-#include "kvpager/cache/swap_book.hpp"
+#include "kvpager/cache/detail/copy_on_write.hpp"
+#include "kvpager/cache/detail/exports.hpp"
+#include "kvpager/cache/detail/prefix_cursor.hpp"
+#include "kvpager/cache/detail/sequence_table.hpp"
+#include "kvpager/cache/detail/step_ledger.hpp"
+#include "kvpager/cache/detail/swap_book.hpp"
 #include "kvpager/concepts/block_allocator.hpp"
 #include "kvpager/concepts/eviction_policy.hpp"
 #include "kvpager/concepts/sharing_policy.hpp"
@@ -49,11 +49,12 @@ KVPAGER_NAMESPACE_BEGIN
 /// block tables, one checked lookup), the block_store (device blocks across pool, eviction and sharing), the
 /// step_ledger (the plan, parked blocks, cancelled appends), the swap_book (host-side bookkeeping), and the
 /// prefix_cursors (hash-chain positions and the prefix lookup). Its read side (token counts, block tables, kernel
-/// exports) comes from its base cache_exports (exports.hpp). Every public operation validates first, then mutates.
+/// exports) comes from its base detail::cache_exports (detail/exports.hpp). The parts live in cache/detail/
+/// (namespace kvpager::detail): implementation, tested alone, not API. Every public operation validates first, then mutates.
 template <block_allocator A = free_list_allocator, eviction_policy E = no_eviction,
           sharing_policy S = refcount_sharing, swap_policy W = no_swap>
-class paged_kv_cache : public cache_exports<paged_kv_cache<A, E, S, W>> {
-  friend class cache_exports<paged_kv_cache>;
+class paged_kv_cache : public detail::cache_exports<paged_kv_cache<A, E, S, W>> {
+  friend class detail::cache_exports<paged_kv_cache>;
   static constexpr bool free_order_fits = [] {
     if constexpr (requires { E::required_free_order; }) {
       return allocator_traits<A>::order == static_cast<free_order>(E::required_free_order);
@@ -65,9 +66,9 @@ class paged_kv_cache : public cache_exports<paged_kv_cache<A, E, S, W>> {
                 "this eviction policy evicts in the allocator's free order: pair it with the allocator it names "
                 "(lru_eviction needs free_list_allocator)");
 
-  using cursor_type = prefix_cursor_t<S>;
-  using cursor_ops = prefix_cursors<S>;
-  using table_type = sequence_table<cursor_type>;
+  using cursor_type = detail::prefix_cursor_t<S>;
+  using cursor_ops = detail::prefix_cursors<S>;
+  using table_type = detail::sequence_table<cursor_type>;
   using seq_state = typename table_type::state;
 
  public:
@@ -83,7 +84,7 @@ class paged_kv_cache : public cache_exports<paged_kv_cache<A, E, S, W>> {
   /// that a user-written policy's reset throws passes through). Errors: errc::invalid_block_size (not a positive
   /// power of two), errc::invalid_pool_size (no usable block, negative num_host_blocks), errc::invalid_argument
   /// (negative max_blocks_per_seq), errc::out_of_memory (the bookkeeping below could not be allocated,
-  /// std::bad_alloc or std::length_error; everything allocated so far is freed again, detail = num_blocks. Built
+  /// std::bad_alloc; everything allocated so far is freed again, detail = num_blocks. Built
   /// without exceptions, a failed allocation ends the program instead). All sizes are computed in 64 bits.
   ///
   /// Host memory allocated here, per device block: 4 bytes of reference count plus the allocator's links (8 bytes
@@ -114,10 +115,7 @@ class paged_kv_cache : public cache_exports<paged_kv_cache<A, E, S, W>> {
     } catch (const std::bad_alloc&) {
       return status{errc::out_of_memory, "paged_kv_cache::create: not enough host memory for the cache's bookkeeping",
                     cfg.num_blocks};
-    } catch (const std::length_error&) {
-      return status{errc::out_of_memory, "paged_kv_cache::create: the cache's bookkeeping exceeds max_size",
-                    cfg.num_blocks};
-    }
+    }  // std::length_error cannot come from here: every container holds at most an int32 count of small elements
 #endif
   }
 
@@ -228,7 +226,7 @@ class paged_kv_cache : public cache_exports<paged_kv_cache<A, E, S, W>> {
   /// errc::pending_append (the parent's tokens appended in this step are not written yet: fork after begin_step),
   /// errc::out_of_blocks (copy mode).
   status fork(seq_id parent, seq_id child, std::int32_t num_tokens = 0) {
-    const auto ph = seqs_.template checked<"fork">(parent, residency::any);
+    const auto ph = seqs_.template checked<"fork">(parent, detail::residency::any);
     if (!ph) return ph.error();
     if (child == parent || seqs_.contains(child))
       return status{errc::duplicate_sequence, "fork: child sequence id is already live"};
@@ -266,7 +264,7 @@ class paged_kv_cache : public cache_exports<paged_kv_cache<A, E, S, W>> {
   /// step, whose content that sequence needs: those slots are kept, and the engine must still write them.
   /// Error: errc::unknown_sequence (never added or already freed).
   status free_sequence(seq_id id) {
-    const auto h = seqs_.template checked<"free_sequence">(id, residency::any);
+    const auto h = seqs_.template checked<"free_sequence">(id, detail::residency::any);
     if (!h) return h.error();
     seq_state& s = seqs_[*h];
     if (s.swapped) {
@@ -299,7 +297,7 @@ class paged_kv_cache : public cache_exports<paged_kv_cache<A, E, S, W>> {
   status swap_out(std::span<const seq_id> group) {
     if (!book_.has_host_pool())
       return status{errc::unsupported, "swap_out: the cache has no host pool (num_host_blocks 0)"};
-    if (status st = seqs_.template checked_group<"swap_out">(group, residency::device, ledger_.step()); !st) return st;
+    if (status st = seqs_.template checked_group<"swap_out">(group, detail::residency::device, ledger_.step()); !st) return st;
     const auto release_ref = [this](block_id b, retention_hint hint) { release(b, hint); };
     if (status st = book_.swap_out(group, seqs_, ledger_, release_ref); !st) return st;
     for (const seq_id id : group) cursors_.stop(seqs_.at(id));
@@ -313,7 +311,7 @@ class paged_kv_cache : public cache_exports<paged_kv_cache<A, E, S, W>> {
   /// errc::unknown_sequence, errc::invalid_argument (an id listed twice), errc::sequence_swapped (not swapped out),
   /// errc::out_of_blocks (detail = device blocks needed).
   status swap_in(std::span<const seq_id> group) {
-    if (status st = seqs_.template checked_group<"swap_in">(group, residency::swapped, ledger_.step()); !st) return st;
+    if (status st = seqs_.template checked_group<"swap_in">(group, detail::residency::swapped, ledger_.step()); !st) return st;
     return book_.swap_in(group, seqs_, blocks_, ledger_);
   }
   status swap_in(seq_id id) { return swap_in(std::span<const seq_id>(&id, 1)); }
@@ -482,7 +480,7 @@ class paged_kv_cache : public cache_exports<paged_kv_cache<A, E, S, W>> {
       return status{errc::invalid_argument, "append_tokens: sequence would need more than max_blocks_per_seq blocks",
                     total_blocks};
     const retention_hint hint{s.priority};
-    write_growth g;
+    detail::write_growth g;
     if (status st = grow_for_write(blocks_, ledger_, s.blocks, s.num_tokens, cfg_.block_size, total_blocks,
                                    [&](block_id b) { release(b, hint); }, g);
         !st)
@@ -500,9 +498,9 @@ class paged_kv_cache : public cache_exports<paged_kv_cache<A, E, S, W>> {
   }
 
   cache_config cfg_;
-  block_store<A, E, S> blocks_;
-  swap_book<W> book_;
-  step_ledger ledger_;
+  detail::block_store<A, E, S> blocks_;
+  detail::swap_book<W> book_;
+  detail::step_ledger ledger_;
   table_type seqs_;
   cursor_ops cursors_;
   std::vector<block_id> hits_;  ///< scratch for add_sequence's lookup

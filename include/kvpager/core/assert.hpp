@@ -5,7 +5,6 @@
 /// A broken invariant calls the installed handler; the default prints the failed expression and aborts.
 /// Replace it with set_assert_handler (for example to throw, log, or record in a test).
 
-#include <atomic>
 #include <cstdio>
 #include <cstdlib>
 
@@ -24,25 +23,27 @@ inline void default_assert_handler(const char* expr, const char* message, const 
 }
 
 namespace detail {
-inline std::atomic<assert_handler>& assert_handler_slot() noexcept {
-  static std::atomic<assert_handler> slot{&default_assert_handler};
+// The slot is read and written with the compiler's atomic builtins (GCC, Clang), not std::atomic: libstdc++'s C++20
+// <atomic> costs every consumer of the core ~0.65 G instructions to compile (bench/RESULTS.md, "Compile cost").
+inline assert_handler& assert_handler_slot() noexcept {
+  static assert_handler slot = &default_assert_handler;
   return slot;
 }
 [[gnu::cold, gnu::noinline]] inline void assert_fail(const char* expr, const char* message, const char* file,
                                                      int line) {
-  assert_handler_slot().load(std::memory_order_acquire)(expr, message, file, line);
+  __atomic_load_n(&assert_handler_slot(), __ATOMIC_ACQUIRE)(expr, message, file, line);
 }
 }  // namespace detail
 
 /// Installs `handler` (nullptr restores the default) and returns the previous one. Thread-safe.
 inline assert_handler set_assert_handler(assert_handler handler) noexcept {
-  return detail::assert_handler_slot().exchange(handler != nullptr ? handler : &default_assert_handler,
-                                                std::memory_order_acq_rel);
+  return __atomic_exchange_n(&detail::assert_handler_slot(), handler != nullptr ? handler : &default_assert_handler,
+                             __ATOMIC_ACQ_REL);
 }
 
 /// The handler currently installed.
 [[nodiscard]] inline assert_handler get_assert_handler() noexcept {
-  return detail::assert_handler_slot().load(std::memory_order_acquire);
+  return __atomic_load_n(&detail::assert_handler_slot(), __ATOMIC_ACQUIRE);
 }
 
 KVPAGER_NAMESPACE_END

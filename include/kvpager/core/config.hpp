@@ -18,6 +18,23 @@
   }                           \
   }
 
+/// Marks the small value functions kernels call on the device too (paged_kv_view::offset): __host__ __device__
+/// under nvcc, nothing elsewhere.
+#if defined(__CUDACC__)
+#define KVPAGER_HOST_DEVICE __host__ __device__
+#else
+#define KVPAGER_HOST_DEVICE
+#endif
+
+/// xxHash (prefix_caching's default block hasher, sharing/xxh3_hasher.hpp) is a build feature, the same on every
+/// machine: CMake's KVPAGER_WITH_XXHASH (on by default) defines KVPAGER_HAS_XXHASH for every consumer of
+/// kvpager::kvpager; without CMake it is on. On, the umbrella headers include prefix caching and the compositions
+/// over it, and a machine without <xxhash.h> gets an #error naming the package; off (-DKVPAGER_HAS_XXHASH=0), they
+/// leave them out.
+#ifndef KVPAGER_HAS_XXHASH
+#define KVPAGER_HAS_XXHASH 1
+#endif
+
 #if defined(__cpp_exceptions) || defined(__EXCEPTIONS)
 #define KVPAGER_HAS_EXCEPTIONS 1
 #else

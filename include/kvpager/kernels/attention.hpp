@@ -49,6 +49,12 @@ struct paged_kv_view {
   static constexpr paged_kv_view nhd(const void* data, const kv_geometry& g) noexcept {
     return nhd(data, static_cast<std::int32_t>(g.dtype), g.num_blocks, g.num_kv_heads, g.block_size, g.head_dim);
   }
+  /// Element offset of (block, kv = 0 for K / 1 for V, head, token in block), dim 0: the one address rule of every
+  /// kernel that reads or writes K/V through a view (host and device). In elements; times the dtype's bytes for bytes.
+  [[nodiscard]] KVPAGER_HOST_DEVICE constexpr std::int64_t offset(std::int64_t block, std::int32_t kv, std::int32_t head,
+                                                                  std::int32_t token) const noexcept {
+    return block * stride_block + kv * stride_kv + head * stride_head + token * stride_token;
+  }
   /// The pool's geometry (block count, block size, heads, head dim, dtype); the strides are the view's own.
   [[nodiscard]] constexpr kv_geometry geometry() const noexcept {
     return {num_blocks, block_size, num_kv_heads, head_dim, static_cast<kv_dtype>(dtype)};

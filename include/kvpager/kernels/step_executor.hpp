@@ -2,9 +2,9 @@
 #pragma once
 /// \file
 /// step_executor: runs a step's plan (core/step_plan.hpp) over a model's KV pools, every layer, through the shipped
-/// CPU kernels: the swap-outs and swap-ins with kvpager_cpu_swap_blocks, the copies with kvpager_cpu_copy_blocks
-/// (all layers in one call), and each layer's appended K/V with kvpager_cpu_kv_append (kvpager_cpu_kv_append_fp8 for
-/// an fp8 E4M3 pool). An engine step over it (docs/architecture.md, "One step"):
+/// CPU kernels (kernels/block_moves.hpp, the operations behind the C ABI's functions): the swap-outs and swap-ins
+/// with swap_blocks_cpu (kvpager_cpu_swap_blocks), the copies with copy_blocks_cpu (all layers in one call), and each
+/// layer's appended K/V with kv_append_cpu (quantized with the layer's scales into an fp8 E4M3 pool). An engine step over it (docs/architecture.md, "One step"):
 /// \code
 ///   const kvpager::step_output& out = sched.schedule();
 ///   if (auto st = exec.run_plan(*out.plan); !st) ...;          // before the forward pass: swaps, then copies
@@ -19,20 +19,20 @@
 
 #include <cstddef>
 #include <cstdint>
-#include <cstring>
 #include <new>
 #include <optional>
 #include <span>
-#include <stdexcept>
 #include <utility>
 #include <vector>
 
 #include "kvpager/c/kernels.h"
+#include "kvpager/core/checked_math.hpp"
 #include "kvpager/core/config.hpp"
 #include "kvpager/core/geometry.hpp"
 #include "kvpager/core/status.hpp"
 #include "kvpager/core/step_plan.hpp"
 #include "kvpager/kernels/attention.hpp"
+#include "kvpager/kernels/block_moves.hpp"
 #include "kvpager/kernels/can_implement.hpp"
 #include "kvpager/kernels/kernel_status.hpp"
 #include "kvpager/kernels/kv_layout.hpp"
@@ -122,9 +122,8 @@ class step_executor {
         pairs_.push_back(c.src);
         pairs_.push_back(c.dst);
       }
-      return kernel_status(kvpager_cpu_copy_blocks(device_.data(), num_layers(), pairs_.data(),
-                                                   static_cast<std::int32_t>(plan.copies().size()),
-                                                   geometry_.num_blocks, block_bytes_));
+      return copy_blocks_cpu({device_.data(), num_layers(), pairs_.data(),
+                              static_cast<std::int32_t>(plan.copies().size()), geometry_.num_blocks, block_bytes_});
     }
     return ok_status();
   }
@@ -140,15 +139,18 @@ class step_executor {
       return status{errc::invalid_argument, "step_executor::append: no such layer", layer};
     if (slots.size() > static_cast<std::size_t>(INT32_MAX))
       return status{errc::invalid_argument, "step_executor::append: more than 2^31-1 slots"};
-    void* pool = device_[static_cast<std::size_t>(layer)];
-    const auto n = static_cast<std::int32_t>(slots.size());
-    const kv_geometry& g = geometry_;
-    if (g.dtype == kv_dtype::fp8_e4m3)
-      return kernel_status(kvpager_cpu_kv_append_fp8(pool, k, v, slots.data(), n, g.num_kv_heads, g.head_dim,
-                                                     g.block_size, g.num_blocks, fp8.src_dtype, fp8.k_scale,
-                                                     fp8.v_scale));
-    return kernel_status(kvpager_cpu_kv_append(pool, k, v, slots.data(), n, g.num_kv_heads, g.head_dim, g.block_size,
-                                               g.num_blocks, static_cast<std::int32_t>(g.dtype)));
+    append_params p;
+    p.kv = view(layer);
+    p.key = k;
+    p.value = v;
+    p.slot_mapping = slots.data();
+    p.num_tokens = static_cast<std::int32_t>(slots.size());
+    if (geometry_.dtype == kv_dtype::fp8_e4m3) {
+      p.src_dtype = fp8.src_dtype;
+      p.k_scale = fp8.k_scale;
+      p.v_scale = fp8.v_scale;
+    }
+    return kv_append_cpu(p);
   }
 
  private:
@@ -162,8 +164,8 @@ class step_executor {
     }
   }
   [[nodiscard]] status swap(void* dst, std::int32_t dst_blocks, const void* src, std::int32_t src_blocks) const {
-    return kernel_status(kvpager_cpu_swap_blocks(dst, dst_blocks, src, src_blocks, block_bytes_, pairs_.data(),
-                                                 static_cast<std::int32_t>(pairs_.size() / 2)));
+    return swap_blocks_cpu({dst, dst_blocks, src, src_blocks, block_bytes_, pairs_.data(),
+                            static_cast<std::int32_t>(pairs_.size() / 2)});
   }
 
   kv_geometry geometry_{};
@@ -180,7 +182,7 @@ class step_executor {
 class host_kv_pools {
  public:
   /// Errors: step_executor::create's (can_implement(geometry), num_host_blocks < 0), errc::invalid_argument
-  /// (num_layers < 1), errc::out_of_memory (the pools could not be allocated; built without exceptions, a failed
+  /// (num_layers < 1, a host pool whose size overflows int64), errc::out_of_memory (the pools could not be allocated; built without exceptions, a failed
   /// allocation ends the program instead).
   [[nodiscard]] static result<host_kv_pools> create(const kv_geometry& geometry, std::int32_t num_host_blocks,
                                                     std::int32_t num_layers = 1) {
@@ -189,6 +191,11 @@ class host_kv_pools {
     if (const status st = can_implement(geometry); !st) return st;
     if (num_host_blocks < 0)
       return status{errc::invalid_argument, "host_kv_pools::create: num_host_blocks must not be negative",
+                    num_host_blocks};
+    // The device pool's size fits in int64 (can_implement); the host pool's is checked here. So no vector below can
+    // exceed max_size (PTRDIFF_MAX): std::length_error cannot come from here, std::bad_alloc can.
+    if (!checked_mul(block_bytes(geometry), num_host_blocks))
+      return status{errc::invalid_argument, "host_kv_pools::create: the host pool's size overflows int64",
                     num_host_blocks};
     const auto block = static_cast<std::size_t>(block_bytes(geometry));
 #if KVPAGER_HAS_EXCEPTIONS
@@ -210,8 +217,6 @@ class host_kv_pools {
     } catch (const std::bad_alloc&) {
       return status{errc::out_of_memory, "host_kv_pools::create: not enough host memory for the pools",
                     geometry.num_blocks};
-    } catch (const std::length_error&) {
-      return status{errc::out_of_memory, "host_kv_pools::create: the pools exceed max_size", geometry.num_blocks};
     }
 #endif
   }
@@ -234,10 +239,10 @@ class host_kv_pools {
   [[nodiscard]] paged_kv_view view(std::int32_t layer = 0) const noexcept { return exec_->view(layer); }
 
   /// One layer's step, checked whole before anything moves: the plan (every layer's pools), then layer `layer`'s
-  /// K/V of the slot mapping `slots`, given as bytes in the pool's dtype ([slots.size(), kv_heads, head_dim]; for
-  /// an fp8 pool the e4m3 codes, copied as they are). Errors (nothing moved): errc::buffer_too_small (k or v
-  /// shorter than the mapping needs; detail = bytes needed), errc::invalid_block (a block id or slot outside the
-  /// pools), errc::invalid_argument (no such layer).
+  /// K/V of the slot mapping `slots`, given as bytes in the pool's dtype ([slots.size(), kv_heads, head_dim]).
+  /// Errors (nothing moved): errc::buffer_too_small (k or v shorter than the mapping needs; detail = bytes needed),
+  /// errc::invalid_block (a block id or slot outside the pools), errc::invalid_argument (no such layer),
+  /// errc::unsupported for an fp8 pool (its appends quantize: executor().append with the layer's fp8_append).
   status execute(const step_plan& plan, std::span<const std::int64_t> slots, std::span<const std::byte> k,
                  std::span<const std::byte> v, std::int32_t layer = 0) {
     const kv_layout l = layout();
@@ -246,26 +251,14 @@ class host_kv_pools {
       return status{errc::buffer_too_small, "host_kv_pools::execute: k/v shorter than the slot mapping", need};
     if (layer < 0 || layer >= exec_->num_layers())
       return status{errc::invalid_argument, "host_kv_pools::execute: no such layer", layer};
+    if (geometry().dtype == kv_dtype::fp8_e4m3)
+      return status{errc::unsupported, "host_kv_pools::execute: an fp8 pool's appends quantize (executor().append)"};
     const std::int64_t max_slot = std::int64_t{l.num_blocks} * l.block_size;
     for (const std::int64_t s : slots)
       if (s >= max_slot) return status{errc::invalid_block, "host_kv_pools::execute: slot outside the pool", s};
     if (const status st = exec_->run_plan(plan); !st) return st;
     if (slots.empty()) return ok_status();
-    if (geometry().dtype != kv_dtype::fp8_e4m3) return exec_->append(layer, slots, k.data(), v.data());
-    // e4m3 codes as they are (kv_append_fp8 takes unquantized K/V): row by row, as the plain append copies.
-    const auto row = static_cast<std::size_t>(l.row_bytes());
-    std::byte* pool = device_[static_cast<std::size_t>(layer)].data();
-    for (std::size_t t = 0; t < slots.size(); ++t) {
-      if (slots[t] < 0) continue;
-      const auto b = static_cast<block_id>(slots[t] / l.block_size);
-      const auto pos = static_cast<std::int32_t>(slots[t] % l.block_size);
-      for (std::int32_t h = 0; h < l.num_kv_heads; ++h) {
-        const std::size_t src = (t * static_cast<std::size_t>(l.num_kv_heads) + static_cast<std::size_t>(h)) * row;
-        std::memcpy(pool + l.offset(b, 0, h, pos), k.data() + src, row);
-        std::memcpy(pool + l.offset(b, 1, h, pos), v.data() + src, row);
-      }
-    }
-    return ok_status();
+    return exec_->append(layer, slots, k.data(), v.data());
   }
 
   /// K (kv = 0) or V (kv = 1) of one head of the token at `pos` of a sequence with block table `table`, in layer

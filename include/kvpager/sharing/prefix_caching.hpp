@@ -43,7 +43,6 @@
 #include <algorithm>
 #include <bit>
 #include <cstdint>
-#include <memory>
 #include <new>
 #include <span>
 #include <utility>

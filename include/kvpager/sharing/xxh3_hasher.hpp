@@ -9,12 +9,18 @@
 #include <cstdint>
 #include <span>
 
+#include "kvpager/core/config.hpp"
+
+#if !KVPAGER_HAS_XXHASH
+#error "kvpager: prefix_caching's default hasher needs xxHash, and this build has KVPAGER_HAS_XXHASH=0 (CMake: -DKVPAGER_WITH_XXHASH=ON)"
+#elif !__has_include(<xxhash.h>)
+#error "kvpager: <xxhash.h> not found: prefix_caching's default hasher needs xxHash (Debian/Ubuntu: apt-get install libxxhash-dev; Fedora: xxhash-devel; Homebrew: xxhash), or build kvpager with -DKVPAGER_WITH_XXHASH=OFF"
+#endif
 #ifndef XXH_INLINE_ALL
 #define XXH_INLINE_ALL
 #endif
 #include <xxhash.h>
 
-#include "kvpager/core/config.hpp"
 #include "kvpager/core/types.hpp"
 
 KVPAGER_NAMESPACE_BEGIN

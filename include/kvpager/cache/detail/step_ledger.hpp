@@ -20,6 +20,7 @@
 #include "kvpager/core/types.hpp"
 
 KVPAGER_NAMESPACE_BEGIN
+namespace detail {
 
 /// The bookkeeping of the current step. Every member function is O(1) amortized unless noted.
 /// A template only so that a translation unit that does not use it analyses none of its members (and none of the
@@ -196,4 +197,5 @@ class basic_step_ledger {
 
 using step_ledger = basic_step_ledger<>;
 
+}  // namespace detail
 KVPAGER_NAMESPACE_END

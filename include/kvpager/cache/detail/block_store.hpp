@@ -22,6 +22,7 @@
 #include "kvpager/core/types.hpp"
 
 KVPAGER_NAMESPACE_BEGIN
+namespace detail {
 
 template <block_allocator A, eviction_policy E, sharing_policy S>
 class block_store {
@@ -165,4 +166,5 @@ class block_store {
   std::int64_t evictions_ = 0;
 };
 
+}  // namespace detail
 KVPAGER_NAMESPACE_END

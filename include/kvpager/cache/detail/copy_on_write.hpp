@@ -11,13 +11,14 @@
 #include <span>
 #include <vector>
 
-#include "kvpager/cache/step_ledger.hpp"
+#include "kvpager/cache/detail/step_ledger.hpp"
 #include "kvpager/concepts/sharing_policy.hpp"
 #include "kvpager/core/config.hpp"
 #include "kvpager/core/status.hpp"
 #include "kvpager/core/types.hpp"
 
 KVPAGER_NAMESPACE_BEGIN
+namespace detail {
 
 /// What grow_for_write did.
 struct write_growth {
@@ -25,7 +26,6 @@ struct write_growth {
   bool copied = false;          ///< the last block was copied (copy-on-write)
 };
 
-namespace detail {
 /// grow_for_write's part that takes blocks: copy-on-write of the last block, new blocks at the end.
 template <class Store, class Release>
 status grow_into_new_blocks(Store& store, step_ledger& ledger, std::vector<block_id>& blocks, Release& release,
@@ -48,7 +48,6 @@ status grow_into_new_blocks(Store& store, step_ledger& ledger, std::vector<block
   }
   return ok_status();
 }
-}  // namespace detail
 
 /// Makes `blocks` (holding `num_tokens` tokens of `block_size`) ready for writes up to `total_blocks` blocks, over
 /// block_store `store` (take, refcount, is_cached, evict, release) and the step's `ledger`; `release(b)` drops the
@@ -89,4 +88,5 @@ std::int64_t fork_blocks(Store& store, step_ledger& ledger, std::span<const bloc
   }
 }
 
+}  // namespace detail
 KVPAGER_NAMESPACE_END

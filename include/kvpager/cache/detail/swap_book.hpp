@@ -17,8 +17,8 @@
 
 #include "kvpager/allocator/lifo_allocator.hpp"
 #include "kvpager/cache/cache_types.hpp"
-#include "kvpager/cache/sequence_table.hpp"
-#include "kvpager/cache/step_ledger.hpp"
+#include "kvpager/cache/detail/sequence_table.hpp"
+#include "kvpager/cache/detail/step_ledger.hpp"
 #include "kvpager/core/step_plan.hpp"
 #include "kvpager/concepts/eviction_policy.hpp"
 #include "kvpager/concepts/swap_policy.hpp"
@@ -29,6 +29,7 @@
 #include "kvpager/core/types.hpp"
 
 KVPAGER_NAMESPACE_BEGIN
+namespace detail {
 
 template <swap_policy W>
 class swap_book {
@@ -214,4 +215,5 @@ class swap_book {
   std::int64_t swap_ins_ = 0;   ///< sequences swapped in
 };
 
+}  // namespace detail
 KVPAGER_NAMESPACE_END

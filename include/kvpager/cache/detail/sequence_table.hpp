@@ -19,8 +19,8 @@
 #include "kvpager/core/types.hpp"
 
 KVPAGER_NAMESPACE_BEGIN
-
 namespace detail {
+
 
 /// A string literal usable as a template argument: the name of a public operation, e.g. call_name{"fork"}.
 template <std::size_t N>
@@ -43,7 +43,6 @@ struct joined {
   }();
 };
 
-}  // namespace detail
 
 /// Where a looked-up sequence's blocks must be for the calling operation.
 enum class residency : std::uint8_t {
@@ -182,4 +181,5 @@ class sequence_table {
   id_map index_;
 };
 
+}  // namespace detail
 KVPAGER_NAMESPACE_END

@@ -12,12 +12,13 @@
 #include <span>
 #include <vector>
 
-#include "kvpager/cache/sequence_table.hpp"
+#include "kvpager/cache/detail/sequence_table.hpp"
 #include "kvpager/core/config.hpp"
 #include "kvpager/core/status.hpp"
 #include "kvpager/core/types.hpp"
 
 KVPAGER_NAMESPACE_BEGIN
+namespace detail {
 
 /// Dense page table: row i of `table` (`row_stride` int32 entries) gets the block ids of `seqs[i]`, padded with
 /// -1; `seq_lens[i]` its token count. Errors: errc::invalid_argument (row_stride <= 0), errc::unknown_sequence,
@@ -147,18 +148,18 @@ class cache_exports {
   /// kvpager::export_block_table for the format and errors. Validates everything before writing.
   status export_block_table(std::span<const seq_id> seqs, std::span<std::int32_t> table, std::int32_t row_stride,
                             std::span<std::int32_t> seq_lens) const noexcept {
-    return ::kvpager::export_block_table(self().seqs_, seqs, table, row_stride, seq_lens);
+    return ::kvpager::detail::export_block_table(self().seqs_, seqs, table, row_stride, seq_lens);
   }
 
   /// Number of `indices` entries export_csr needs for `seqs`; errc::unknown_sequence, errc::sequence_swapped.
   [[nodiscard]] result<std::int64_t> csr_size(std::span<const seq_id> seqs) const noexcept {
-    return ::kvpager::csr_size(self().seqs_, seqs);
+    return ::kvpager::detail::csr_size(self().seqs_, seqs);
   }
 
   /// CSR page table (FlashInfer layout) of `seqs`; see kvpager::export_csr. Validates before writing.
   status export_csr(std::span<const seq_id> seqs, std::span<std::int32_t> indptr, std::span<std::int32_t> indices,
                     std::span<std::int32_t> last_page_len) const noexcept {
-    return ::kvpager::export_csr(self().seqs_, self().cfg_.block_size, seqs, indptr, indices, last_page_len);
+    return ::kvpager::detail::export_csr(self().seqs_, self().cfg_.block_size, seqs, indptr, indices, last_page_len);
   }
 
   /// Length of the slot mapping of this step (plan().num_append_tokens()).
@@ -178,4 +179,5 @@ class cache_exports {
   [[nodiscard]] const Cache& self() const noexcept { return static_cast<const Cache&>(*this); }
 };
 
+}  // namespace detail
 KVPAGER_NAMESPACE_END

@@ -14,14 +14,14 @@
 #include <vector>
 
 #include "kvpager/cache/cache_types.hpp"
-#include "kvpager/cache/sequence_table.hpp"
+#include "kvpager/cache/detail/sequence_table.hpp"
 #include "kvpager/concepts/sharing_policy.hpp"
 #include "kvpager/core/config.hpp"
 #include "kvpager/core/types.hpp"
 
 KVPAGER_NAMESPACE_BEGIN
-
 namespace detail {
+
 struct no_cursor {
   friend bool operator==(const no_cursor&, const no_cursor&) = default;
 };
@@ -33,11 +33,10 @@ template <content_cache S>
 struct cursor_of<S> {
   using type = typename S::cursor;
 };
-}  // namespace detail
 
 /// The hash-chain position type of sharing policy `S` (an empty type when `S` caches no content).
 template <class S>
-using prefix_cursor_t = typename detail::cursor_of<S>::type;
+using prefix_cursor_t = typename cursor_of<S>::type;
 
 /// Prefix-cursor operations over sharing policy `S`, for blocks of `block_size` tokens.
 template <sharing_policy S>
@@ -236,4 +235,5 @@ struct prefix_cursors {
   }
 };
 
+}  // namespace detail
 KVPAGER_NAMESPACE_END
