@@ -372,3 +372,31 @@ TEST(BlockMoves, OneCheckPerCallAndNothingWrittenOnError) {
   EXPECT_TRUE(std::equal(host.begin() + static_cast<std::ptrdiff_t>(host.size() / 2), host.end(),
                          pool.begin() + static_cast<std::ptrdiff_t>(3 * pool.size() / 4)));
 }
+
+TEST(StepExecutor, TheFirstTokenEndsTheStepAndARefusedOneChangesNothing) {
+  auto cache = *vllm_v1_cache::create({16, 32, 1, 0});
+  scheduler_config cfg;
+  cfg.max_num_batched_tokens = 16;  // a 20-token prompt in two chunks
+  scheduler<vllm_v1_cache> sched(cache, cfg);
+  const std::vector<token_id> p(20, 3), q(4, 5);
+  ASSERT_TRUE(sched.add_request(1, p));
+  const step_output& out = sched.schedule();
+  ASSERT_EQ(out.scheduled.size(), 1U);
+  ASSERT_FALSE(out.scheduled[0].last_chunk);
+  ASSERT_EQ(out.plan->num_append_tokens(), 16);
+  // Refused tokens (a chunk that is not the prompt's last, an unknown request, no such entry) leave the step open.
+  EXPECT_EQ(sched.complete(1, 9).code(), errc::invalid_argument);
+  EXPECT_EQ(sched.complete_scheduled(0, 9).code(), errc::invalid_argument);
+  EXPECT_EQ(sched.complete_scheduled(1, 9).code(), errc::invalid_argument);
+  EXPECT_EQ(sched.complete(77, 9).code(), errc::unknown_sequence);
+  EXPECT_EQ(sched.complete(77, 9, true).code(), errc::unknown_sequence);
+  EXPECT_EQ(out.plan->num_append_tokens(), 16) << "the plan is still the step's";
+  // The second step computes the last chunk; its token is taken, and the step ends with it.
+  const step_output& two = sched.schedule();
+  ASSERT_TRUE(two.scheduled.at(0).last_chunk);
+  ASSERT_EQ(two.plan->num_append_tokens(), 4);
+  ASSERT_TRUE(sched.add_request(2, q));  // queued: adding changes nothing in the cache's step
+  EXPECT_EQ(two.plan->num_append_tokens(), 4);
+  ASSERT_TRUE(sched.complete_scheduled(0, 9));
+  EXPECT_TRUE(two.plan->empty()) << "the step's first token takes its plan as executed";
+}

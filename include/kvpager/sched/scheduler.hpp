@@ -158,9 +158,11 @@ class scheduler : public scheduler_queues {
   /// is not the prompt's last, for a waiting or swapped request, or a second token for one step is refused with
   /// errc::invalid_argument and changes nothing. errc::unknown_sequence for an unknown id.
   status complete(seq_id id, token_id next, bool finished = false) {
-    plan_executed();
-    if (finished) return finish(id);
-    return take_token(reqs_.get(id), next);
+    if (finished) {
+      if (known(id)) plan_executed();  // an unknown id is an error and changes nothing
+      return finish(id);
+    }
+    return taken(take_token(reqs_.get(id), next));
   }
 
   /// complete() for entry `i` of the last step's step_output::scheduled, without looking its id up (an engine
@@ -168,11 +170,10 @@ class scheduler : public scheduler_queues {
   /// exactly as complete(out.scheduled[i].id, next, finished).
   KVPAGER_FLATTEN status complete_scheduled(std::size_t i, token_id next, bool finished = false) {
     if (i >= out_.scheduled.size()) return status{errc::invalid_argument, "complete_scheduled: no such entry"};
-    plan_executed();
     const seq_id id = out_.scheduled[i].id;
     sched_request& r = reqs_[scheduled_slots_[i]];
     if (finished || r.where == request_state::unknown || r.id != id) return complete(id, next, finished);
-    return take_token(&r, next);  // the slot still holds the request: no lookup
+    return taken(take_token(&r, next));  // the slot still holds the request: no lookup
   }
 
  public:
@@ -225,7 +226,7 @@ class scheduler : public scheduler_queues {
   status set_swap_cost(const swap_cost_model& m) noexcept { return tuners_.set_swap_cost(cfg_, m); }
 
  private:
-  /// The first sampled token of a step (complete, complete_scheduled) says the step ran, its plan executed: the
+  /// The first sampled token of a step (a complete or complete_scheduled call that succeeds) says the step ran, its plan executed: the
   /// cache's step ends there (cache.begin_step(): blocks a planned copy kept busy are free again before the
   /// finished requests free theirs, in vLLM's order). The scheduler owns the step boundary: an engine never calls
   /// begin_step() around a scheduler step.
@@ -233,6 +234,11 @@ class scheduler : public scheduler_queues {
     if (!step_open_) return;
     step_open_ = false;
     cache_.begin_step();
+  }
+  /// A token was given (`st` ok): the step ran. A refused token changes nothing, the open step included.
+  status taken(status st) {
+    if (st.ok()) plan_executed();
+    return st;
   }
 
   /// An allocation the scheduler made succeeded: the peak of blocks in use.
