@@ -12,6 +12,7 @@
 #include "kvpager/kernels/attention.hpp"
 #include "kvpager/kernels/block_moves.hpp"
 #include "kvpager/kernels/can_implement.hpp"
+#include "kvpager/kernels/cuda_attention.hpp"
 #include "kvpager/kernels/cuda_executor.hpp"
 #include "kvpager/kernels/float16.hpp"
 #include "kvpager/kernels/float8.hpp"

@@ -21,7 +21,7 @@ inline bool supported_block_size(int32_t b) { return b == 8 || b == 16 || b == 3
 inline bool valid_dtype(int32_t dtype) {
   return dtype == KVPAGER_DTYPE_FP32 || dtype == KVPAGER_DTYPE_FP16 || dtype == KVPAGER_DTYPE_BF16;
 }
-/// A KV pool's dtype as kvpager_can_implement accepts it: a valid_dtype or fp8 E4M3 (run by the _fp8 functions only).
+/// A KV pool's dtype as kvpager_can_implement accepts it: a valid_dtype or fp8 E4M3 (run by the fp8 path, fp8_path).
 inline bool valid_kv_dtype(int32_t dtype) { return valid_dtype(dtype) || dtype == KVPAGER_DTYPE_FP8_E4M3; }
 /// Bytes of one element of a valid_kv_dtype: core's kvpager::elem_bytes (the C dtype codes are kv_dtype's values).
 inline int64_t elem_bytes(int32_t dtype) { return kvpager::elem_bytes(static_cast<kvpager::kv_dtype>(dtype)); }
@@ -45,8 +45,8 @@ inline int64_t checked_sum(int64_t a, int64_t b) {
 /// order: KV heads (positive, else BAD_HEADS), head dim, dtype, block size (the UNSUPPORTED_* codes), then
 /// num_blocks (positive) and the pool's size in bytes, num_blocks x 2 x num_kv_heads x block_size x head_dim x
 /// element bytes, which must fit in int64 (else INVALID_ARGUMENT).
-/// `dtype_ok` says whether this entry point runs the pool's dtype: valid_dtype for the plain functions, valid_kv_dtype
-/// for kvpager_can_implement, fp8 only for the _fp8 functions.
+/// `dtype_ok` says whether this call runs the pool's dtype: valid_dtype on the plain path, valid_kv_dtype for
+/// kvpager_can_implement, true on the fp8 path (fp8_path).
 inline int32_t check_pool_geometry(int32_t num_kv_heads, int32_t head_dim, int32_t block_size, int32_t dtype,
                                    int32_t num_blocks, bool dtype_ok) {
   if (num_kv_heads <= 0) return KVPAGER_STATUS_BAD_HEADS;
@@ -83,18 +83,45 @@ inline int64_t decode_workspace_bytes(int32_t num_seqs, int32_t num_q_heads, int
   return checked_product({num_seqs, num_q_heads, num_splits, int64_t{head_dim} + 2, 4});
 }
 
-/// The scalar arguments of every decode entry point (CPU and CUDA), checked before any pointer is read, in this
-/// order: num_seqs (non-negative) and scale (finite), else INVALID_ARGUMENT; query heads (a positive multiple of the
-/// KV heads, else BAD_HEADS); the pool geometry (check_kv_geometry); then the query and output size, num_seqs x
-/// num_q_heads x head_dim x element bytes, and the split workspace (num_splits from 1 to 256) within int64.
+/// Whether an attention or append call over a pool of `kv_dtype` runs the fp8 path: an fp8 E4M3 pool with an
+/// io_dtype (query and output of attention, key and value of an append) that is not the pool's own (-1 or fp8). -1 is
+/// the pool's dtype on every path; on the plain path fp8 is not a dtype (UNSUPPORTED_DTYPE in the geometry's order).
+/// The plain C functions pass their `dtype` as both.
+inline bool fp8_path(int32_t kv_dtype, int32_t io_dtype) {
+  return kv_dtype == KVPAGER_DTYPE_FP8_E4M3 && io_dtype != KVPAGER_DTYPE_FP8_E4M3 && io_dtype != -1;
+}
+/// An io_dtype that no path runs: the _fp8 C functions pass it for a q_dtype or src_dtype of -1 or fp8, which is not
+/// a query or source dtype there, so that the call stays on the fp8 path and is answered in its order
+/// (UNSUPPORTED_DTYPE after the geometry).
+inline constexpr int32_t no_io_dtype = -2;
+/// The io_dtype an _fp8 C function passes for its q_dtype or src_dtype argument.
+inline int32_t fp8_entry_io_dtype(int32_t io_dtype) {
+  return io_dtype == KVPAGER_DTYPE_FP8_E4M3 || io_dtype == -1 ? no_io_dtype : io_dtype;
+}
+
+/// The scalar arguments of every decode and prefill entry point (CPU and CUDA, every pool dtype), checked before any
+/// pointer is read. The plain path (fp8_path false): a query dtype other than -1 or the pool's first
+/// (UNSUPPORTED_DTYPE), then num_seqs (non-negative) and scale (finite), else INVALID_ARGUMENT; query heads (a positive
+/// multiple of the KV heads, else BAD_HEADS); the pool geometry (check_kv_geometry: an fp8 pool is UNSUPPORTED_DTYPE
+/// here); then the query and output size, num_seqs x num_q_heads x head_dim x element bytes, and the split workspace
+/// (num_splits from 1 to 256) within int64. The fp8 path: num_seqs, scale, and k_scale and v_scale finite and positive
+/// (INVALID_ARGUMENT); query heads (BAD_HEADS); the fp8 pool's geometry; q_dtype fp32/fp16/bf16 (else
+/// UNSUPPORTED_DTYPE); the sizes, counted in q_dtype (INVALID_ARGUMENT).
 inline int32_t check_decode_args(int32_t num_seqs, int32_t num_q_heads, int32_t num_kv_heads, int32_t head_dim,
-                                 int32_t block_size, int32_t dtype, int32_t num_blocks, float scale,
-                                 int32_t num_splits) {
-  if (num_seqs < 0 || !std::isfinite(scale)) return KVPAGER_STATUS_INVALID_ARGUMENT;
+                                 int32_t block_size, int32_t kv_dtype, int32_t q_dtype, int32_t num_blocks, float scale,
+                                 float k_scale, float v_scale, int32_t num_splits) {
+  const bool fp8 = fp8_path(kv_dtype, q_dtype);
+  if (!fp8 && q_dtype != -1 && q_dtype != kv_dtype) return KVPAGER_STATUS_UNSUPPORTED_DTYPE;
+  if (num_seqs < 0 || !std::isfinite(scale) || (fp8 && (!valid_fp8_scale(k_scale) || !valid_fp8_scale(v_scale))))
+    return KVPAGER_STATUS_INVALID_ARGUMENT;
   if (num_kv_heads <= 0 || num_q_heads <= 0 || num_q_heads % num_kv_heads != 0) return KVPAGER_STATUS_BAD_HEADS;
-  if (const int32_t rc = check_kv_geometry(num_kv_heads, head_dim, block_size, dtype, num_blocks); rc != KVPAGER_STATUS_OK)
+  if (const int32_t rc = check_pool_geometry(num_kv_heads, head_dim, block_size, kv_dtype, num_blocks,
+                                             fp8 || valid_dtype(kv_dtype));
+      rc != KVPAGER_STATUS_OK)
     return rc;
-  if (checked_product({num_seqs, num_q_heads, head_dim, elem_bytes(dtype)}) < 0 ||
+  if (fp8 && !valid_dtype(q_dtype)) return KVPAGER_STATUS_UNSUPPORTED_DTYPE;
+  const int32_t io_dtype = fp8 ? q_dtype : kv_dtype;
+  if (checked_product({num_seqs, num_q_heads, head_dim, elem_bytes(io_dtype)}) < 0 ||
       decode_workspace_bytes(num_seqs, num_q_heads, head_dim, num_splits) < 0)
     return KVPAGER_STATUS_INVALID_ARGUMENT;
   return KVPAGER_STATUS_OK;
@@ -108,17 +135,18 @@ inline int32_t check_window_and_cap(int32_t window_left, float logits_soft_cap) 
                                                                                         : KVPAGER_STATUS_OK;
 }
 
-/// Every argument of the dense C ABI decode entry points (kvpager_cpu_paged_attention_decode and the CUDA ones) that
+/// Every argument of the dense C ABI decode entry points (the CUDA ones; the CPU's forward to the C++ operation) that
 /// can be checked without reading a page table: max_blocks_per_seq positive (else INVALID_ARGUMENT), then
-/// check_decode_args, then the pointers, which may be null only when num_seqs is 0. The CPU then checks every
-/// sequence length and block id before reading KV; the CUDA kernels check them on the device.
+/// check_decode_args, then the pointers, which may be null only when num_seqs is 0. The CUDA kernels check every
+/// sequence length and block id on the device.
 inline int32_t check_dense_decode(const void* out, const void* query, const void* kv_cache, const int32_t* block_table,
                                   const int32_t* seq_lens, int32_t num_seqs, int32_t num_q_heads, int32_t num_kv_heads,
                                   int32_t head_dim, int32_t block_size, int32_t max_blocks_per_seq, int32_t num_blocks,
-                                  float scale, int32_t dtype, int32_t num_splits) {
+                                  float scale, int32_t kv_dtype, int32_t q_dtype, float k_scale, float v_scale,
+                                  int32_t num_splits) {
   if (max_blocks_per_seq <= 0) return KVPAGER_STATUS_INVALID_ARGUMENT;
-  if (const int32_t rc = check_decode_args(num_seqs, num_q_heads, num_kv_heads, head_dim, block_size, dtype, num_blocks,
-                                           scale, num_splits);
+  if (const int32_t rc = check_decode_args(num_seqs, num_q_heads, num_kv_heads, head_dim, block_size, kv_dtype, q_dtype,
+                                           num_blocks, scale, k_scale, v_scale, num_splits);
       rc != KVPAGER_STATUS_OK)
     return rc;
   if (num_seqs > 0 &&
@@ -135,32 +163,28 @@ inline int32_t check_seq_len(int32_t len, int32_t block_size, int64_t max_blocks
   return len < 0 || blocks_for(len, block_size) > max_blocks_per_seq ? KVPAGER_STATUS_SEQ_TOO_LONG : KVPAGER_STATUS_OK;
 }
 
-/// What check_dense_prefill and check_dense_prefill_fp8 check after their own arguments: check_window_and_cap, then the
-/// pointers, which may be null only when num_seqs is 0.
-inline int32_t check_prefill_window_and_pointers(int32_t num_seqs, int32_t window_left, float logits_soft_cap,
-                                                 std::initializer_list<const void*> pointers) {
-  if (const int32_t rc = check_window_and_cap(window_left, logits_soft_cap); rc != KVPAGER_STATUS_OK) return rc;
-  if (num_seqs > 0)
-    for (const void* ptr : pointers)
-      if (ptr == nullptr) return KVPAGER_STATUS_INVALID_ARGUMENT;
-  return KVPAGER_STATUS_OK;
-}
-
-/// Every argument of the dense C ABI prefill entry points that can be checked without reading a page table, in this
-/// order: max_blocks_per_seq positive, check_decode_args (num_seqs, scale, heads, geometry), check_window_and_cap,
-/// then the pointers, which may be null only when num_seqs is 0 (qo_indptr too).
+/// Every argument of the dense C ABI prefill entry points (CUDA; the CPU's forward to the C++ operation) that can be
+/// checked without reading a page table, in this order: max_blocks_per_seq positive, check_decode_args (the query
+/// dtype, num_seqs, scale, an fp8 pool's scales, heads, geometry, q_dtype, the query size), check_window_and_cap, then
+/// the pointers, which may be null only when num_seqs is 0 (qo_indptr too). The rows come after this (the CUDA prepare
+/// kernel checks them on the device).
 inline int32_t check_dense_prefill(const void* out, const void* query, const void* kv_cache, const int32_t* qo_indptr,
                                    const int32_t* block_table, const int32_t* seq_lens, int32_t num_seqs,
                                    int32_t num_q_heads, int32_t num_kv_heads, int32_t head_dim, int32_t block_size,
                                    int32_t max_blocks_per_seq, int32_t num_blocks, float scale, int32_t window_left,
-                                   float logits_soft_cap, int32_t dtype) {
+                                   float logits_soft_cap, int32_t kv_dtype, int32_t q_dtype, float k_scale,
+                                   float v_scale) {
   if (max_blocks_per_seq <= 0) return KVPAGER_STATUS_INVALID_ARGUMENT;
-  if (const int32_t rc = check_decode_args(num_seqs, num_q_heads, num_kv_heads, head_dim, block_size, dtype, num_blocks,
-                                           scale, 1);
+  if (const int32_t rc = check_decode_args(num_seqs, num_q_heads, num_kv_heads, head_dim, block_size, kv_dtype, q_dtype,
+                                           num_blocks, scale, k_scale, v_scale, 1);
       rc != KVPAGER_STATUS_OK)
     return rc;
-  return check_prefill_window_and_pointers(num_seqs, window_left, logits_soft_cap,
-                                          {out, query, kv_cache, qo_indptr, block_table, seq_lens});
+  if (const int32_t rc = check_window_and_cap(window_left, logits_soft_cap); rc != KVPAGER_STATUS_OK) return rc;
+  if (num_seqs > 0)
+    for (const void* ptr : {out, query, kv_cache, static_cast<const void*>(qo_indptr),
+                            static_cast<const void*>(block_table), static_cast<const void*>(seq_lens)})
+      if (ptr == nullptr) return KVPAGER_STATUS_INVALID_ARGUMENT;
+  return KVPAGER_STATUS_OK;
 }
 
 /// A prefill's query row offsets (host memory): qo_indptr[0] = 0 and never decreasing (else INVALID_ARGUMENT), and
@@ -215,95 +239,29 @@ inline int32_t plan_prefill_ctas(int32_t total_q_rows, int32_t num_q_heads, int3
   return static_cast<int32_t>(tiles < 1 ? 1 : tiles > cap ? cap : tiles);
 }
 
-/// kv_append arguments (CPU and CUDA): num_tokens non-negative, the pool geometry (check_kv_geometry), the key and
-/// value size num_tokens x num_kv_heads x head_dim x element bytes within int64, and every pointer non-null unless
-/// num_tokens is 0. Slots are checked by the kernels (the CPU before writing anything).
+/// kv_append arguments (CPU and CUDA, every pool dtype), src_dtype the key/value dtype (-1: the pool's). The plain path
+/// (fp8_path false): num_tokens non-negative, the pool geometry (check_kv_geometry), the key and value size num_tokens
+/// x num_kv_heads x head_dim x element bytes within int64, every pointer non-null unless num_tokens is 0
+/// (INVALID_ARGUMENT), then a src_dtype other than -1 or the pool's (UNSUPPORTED_DTYPE). The fp8 path: num_tokens
+/// non-negative and both scales finite and positive (INVALID_ARGUMENT); the fp8 pool's geometry; src_dtype
+/// fp32/fp16/bf16 (else UNSUPPORTED_DTYPE); the key and value size in src_dtype within int64 and the pointers
+/// (INVALID_ARGUMENT). Slots are checked by the kernels (the CPU before writing anything).
 inline int32_t check_append(const void* kv_cache, const void* key, const void* value, const int64_t* slot_mapping,
                             int32_t num_tokens, int32_t num_kv_heads, int32_t head_dim, int32_t block_size,
-                            int32_t num_blocks, int32_t dtype) {
-  if (num_tokens < 0) return KVPAGER_STATUS_INVALID_ARGUMENT;
-  if (const int32_t rc = check_kv_geometry(num_kv_heads, head_dim, block_size, dtype, num_blocks); rc != KVPAGER_STATUS_OK)
-    return rc;
-  if (checked_product({num_tokens, num_kv_heads, head_dim, elem_bytes(dtype)}) < 0) return KVPAGER_STATUS_INVALID_ARGUMENT;
-  if (num_tokens > 0 && (kv_cache == nullptr || key == nullptr || value == nullptr || slot_mapping == nullptr))
+                            int32_t num_blocks, int32_t kv_dtype, int32_t src_dtype, float k_scale, float v_scale) {
+  const bool fp8 = fp8_path(kv_dtype, src_dtype);
+  if (num_tokens < 0 || (fp8 && (!valid_fp8_scale(k_scale) || !valid_fp8_scale(v_scale))))
     return KVPAGER_STATUS_INVALID_ARGUMENT;
-  return KVPAGER_STATUS_OK;
-}
-
-/// decode over an fp8 E4M3 pool (the _fp8 entry points, CPU and CUDA), in this order: num_seqs non-negative, scale
-/// finite, k_scale and v_scale finite and positive (else INVALID_ARGUMENT); query heads (BAD_HEADS); the pool geometry
-/// with dtype fp8; q_dtype, the dtype of query and output (fp32/fp16/bf16, else UNSUPPORTED_DTYPE); then the query and
-/// output size in q_dtype and the split workspace within int64 (INVALID_ARGUMENT).
-inline int32_t check_decode_fp8_args(int32_t num_seqs, int32_t num_q_heads, int32_t num_kv_heads, int32_t head_dim,
-                                     int32_t block_size, int32_t q_dtype, int32_t num_blocks, float scale,
-                                     float k_scale, float v_scale, int32_t num_splits) {
-  if (num_seqs < 0 || !std::isfinite(scale) || !valid_fp8_scale(k_scale) || !valid_fp8_scale(v_scale))
-    return KVPAGER_STATUS_INVALID_ARGUMENT;
-  if (num_kv_heads <= 0 || num_q_heads <= 0 || num_q_heads % num_kv_heads != 0) return KVPAGER_STATUS_BAD_HEADS;
-  if (const int32_t rc =
-          check_pool_geometry(num_kv_heads, head_dim, block_size, KVPAGER_DTYPE_FP8_E4M3, num_blocks, true);
+  if (const int32_t rc = check_pool_geometry(num_kv_heads, head_dim, block_size, kv_dtype, num_blocks,
+                                             fp8 || valid_dtype(kv_dtype));
       rc != KVPAGER_STATUS_OK)
     return rc;
-  if (!valid_dtype(q_dtype)) return KVPAGER_STATUS_UNSUPPORTED_DTYPE;
-  if (checked_product({num_seqs, num_q_heads, head_dim, elem_bytes(q_dtype)}) < 0 ||
-      decode_workspace_bytes(num_seqs, num_q_heads, head_dim, num_splits) < 0)
-    return KVPAGER_STATUS_INVALID_ARGUMENT;
-  return KVPAGER_STATUS_OK;
-}
-
-/// check_dense_decode for the _fp8 decode entry points: max_blocks_per_seq positive, check_decode_fp8_args, then the
-/// pointers (null only when num_seqs is 0).
-inline int32_t check_dense_decode_fp8(const void* out, const void* query, const void* kv_cache,
-                                      const int32_t* block_table, const int32_t* seq_lens, int32_t num_seqs,
-                                      int32_t num_q_heads, int32_t num_kv_heads, int32_t head_dim, int32_t block_size,
-                                      int32_t max_blocks_per_seq, int32_t num_blocks, float scale, int32_t q_dtype,
-                                      float k_scale, float v_scale, int32_t num_splits) {
-  if (max_blocks_per_seq <= 0) return KVPAGER_STATUS_INVALID_ARGUMENT;
-  if (const int32_t rc = check_decode_fp8_args(num_seqs, num_q_heads, num_kv_heads, head_dim, block_size, q_dtype,
-                                               num_blocks, scale, k_scale, v_scale, num_splits);
-      rc != KVPAGER_STATUS_OK)
-    return rc;
-  if (num_seqs > 0 &&
-      (out == nullptr || query == nullptr || kv_cache == nullptr || block_table == nullptr || seq_lens == nullptr))
-    return KVPAGER_STATUS_INVALID_ARGUMENT;
-  return KVPAGER_STATUS_OK;
-}
-
-/// check_dense_prefill for the _fp8 prefill entry points (CPU and CUDA), in this order: max_blocks_per_seq positive,
-/// check_decode_fp8_args (num_seqs, scale, k_scale and v_scale, heads, the fp8 pool geometry, q_dtype, the query size),
-/// check_window_and_cap, then the pointers (null only when num_seqs is 0, qo_indptr too). The rows come after this
-/// (check_prefill_rows with q_dtype on the CPU; the CUDA prepare kernel on the device).
-inline int32_t check_dense_prefill_fp8(const void* out, const void* query, const void* kv_cache,
-                                       const int32_t* qo_indptr, const int32_t* block_table, const int32_t* seq_lens,
-                                       int32_t num_seqs, int32_t num_q_heads, int32_t num_kv_heads, int32_t head_dim,
-                                       int32_t block_size, int32_t max_blocks_per_seq, int32_t num_blocks, float scale,
-                                       int32_t window_left, float logits_soft_cap, int32_t q_dtype, float k_scale,
-                                       float v_scale) {
-  if (max_blocks_per_seq <= 0) return KVPAGER_STATUS_INVALID_ARGUMENT;
-  if (const int32_t rc = check_decode_fp8_args(num_seqs, num_q_heads, num_kv_heads, head_dim, block_size, q_dtype,
-                                               num_blocks, scale, k_scale, v_scale, 1);
-      rc != KVPAGER_STATUS_OK)
-    return rc;
-  return check_prefill_window_and_pointers(num_seqs, window_left, logits_soft_cap,
-                                          {out, query, kv_cache, qo_indptr, block_table, seq_lens});
-}
-
-/// kv_append_fp8 arguments (CPU and CUDA), in this order: num_tokens non-negative and both scales finite and positive
-/// (INVALID_ARGUMENT); the pool geometry with dtype fp8; src_dtype, the key/value dtype (fp32/fp16/bf16, else
-/// UNSUPPORTED_DTYPE); the key and value size in src_dtype within int64 and the pointers (INVALID_ARGUMENT).
-inline int32_t check_append_fp8(const void* kv_cache, const void* key, const void* value, const int64_t* slot_mapping,
-                                int32_t num_tokens, int32_t num_kv_heads, int32_t head_dim, int32_t block_size,
-                                int32_t num_blocks, int32_t src_dtype, float k_scale, float v_scale) {
-  if (num_tokens < 0 || !valid_fp8_scale(k_scale) || !valid_fp8_scale(v_scale)) return KVPAGER_STATUS_INVALID_ARGUMENT;
-  if (const int32_t rc =
-          check_pool_geometry(num_kv_heads, head_dim, block_size, KVPAGER_DTYPE_FP8_E4M3, num_blocks, true);
-      rc != KVPAGER_STATUS_OK)
-    return rc;
-  if (!valid_dtype(src_dtype)) return KVPAGER_STATUS_UNSUPPORTED_DTYPE;
-  if (checked_product({num_tokens, num_kv_heads, head_dim, elem_bytes(src_dtype)}) < 0)
+  if (fp8 && !valid_dtype(src_dtype)) return KVPAGER_STATUS_UNSUPPORTED_DTYPE;
+  if (checked_product({num_tokens, num_kv_heads, head_dim, elem_bytes(fp8 ? src_dtype : kv_dtype)}) < 0)
     return KVPAGER_STATUS_INVALID_ARGUMENT;
   if (num_tokens > 0 && (kv_cache == nullptr || key == nullptr || value == nullptr || slot_mapping == nullptr))
     return KVPAGER_STATUS_INVALID_ARGUMENT;
+  if (!fp8 && src_dtype != -1 && src_dtype != kv_dtype) return KVPAGER_STATUS_UNSUPPORTED_DTYPE;
   return KVPAGER_STATUS_OK;
 }
 

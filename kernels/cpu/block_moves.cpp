@@ -13,30 +13,22 @@
 #include "kvpager/kernels/float8.hpp"
 #include "kvpager/kernels/kernel_status.hpp"
 #include "kernels/common/checks.hpp"
+#include "kernels/cpu/c_args.hpp"
 #include "kernels/cpu/page_tables.hpp"
 
 namespace {
 
 namespace kd = kvpager::kernels::detail;
 
-/// The one validation of an append: plain and fp8 pools in the C functions' orders (checks.hpp), then the view's
-/// extent and every slot.
+/// The one validation of an append, every pool dtype (checks.hpp's check_append, fp8 a value of kv.dtype), then the
+/// view's extent and every slot.
 int32_t check_append_params(const kvpager::append_params& p) {
   const kvpager::paged_kv_view& kv = p.kv;
-  const bool fp8 = kv.dtype == KVPAGER_DTYPE_FP8_E4M3;
-  if (fp8) {
-    if (const int32_t rc = kd::check_append_fp8(kv.data, p.key, p.value, p.slot_mapping, p.num_tokens,
-                                                kv.num_kv_heads, kv.head_dim, kv.block_size, kv.num_blocks,
-                                                p.src_dtype, p.k_scale, p.v_scale);
-        rc != KVPAGER_STATUS_OK)
-      return rc;
-  } else {
-    if (const int32_t rc = kd::check_append(kv.data, p.key, p.value, p.slot_mapping, p.num_tokens, kv.num_kv_heads,
-                                            kv.head_dim, kv.block_size, kv.num_blocks, kv.dtype);
-        rc != KVPAGER_STATUS_OK)
-      return rc;
-    if (p.src_dtype != -1 && p.src_dtype != kv.dtype) return KVPAGER_STATUS_UNSUPPORTED_DTYPE;
-  }
+  if (const int32_t rc = kd::check_append(kv.data, p.key, p.value, p.slot_mapping, p.num_tokens, kv.num_kv_heads,
+                                          kv.head_dim, kv.block_size, kv.num_blocks, kv.dtype, p.src_dtype, p.k_scale,
+                                          p.v_scale);
+      rc != KVPAGER_STATUS_OK)
+    return rc;
   if (kd::view_extent_bytes(kv, kd::elem_bytes(kv.dtype)) < 0) return KVPAGER_STATUS_INVALID_ARGUMENT;
   const std::int64_t slots = std::int64_t{kv.num_blocks} * kv.block_size;
   for (int32_t t = 0; t < p.num_tokens; ++t)
@@ -150,13 +142,12 @@ extern "C" {
 int32_t kvpager_cpu_kv_append(void* kv_cache, const void* key, const void* value, const int64_t* slot_mapping,
                               int32_t num_tokens, int32_t num_kv_heads, int32_t head_dim, int32_t block_size,
                               int32_t num_blocks, int32_t dtype) {
-  // The plain entry point runs only plain pools: an fp8 dtype is answered as a plain pool's (check_append's
-  // UNSUPPORTED_DTYPE, after the checks before it).
-  if (dtype == KVPAGER_DTYPE_FP8_E4M3)
-    return kd::check_append(kv_cache, key, value, slot_mapping, num_tokens, num_kv_heads, head_dim, block_size,
-                            num_blocks, dtype);
-  return append(c_append(kv_cache, dtype, num_blocks, num_kv_heads, block_size, head_dim, key, value, slot_mapping,
-                         num_tokens));
+  // The plain entry point: key and value of the pool's dtype (an fp8 dtype is then UNSUPPORTED_DTYPE in the geometry's
+  // order, as the plain path answers it).
+  kvpager::append_params p = c_append(kv_cache, dtype, num_blocks, num_kv_heads, block_size, head_dim, key, value,
+                                      slot_mapping, num_tokens);
+  p.src_dtype = dtype;
+  return append(p);
 }
 
 int32_t kvpager_cpu_kv_append_fp8(void* kv_cache, const void* key, const void* value, const int64_t* slot_mapping,
@@ -164,9 +155,25 @@ int32_t kvpager_cpu_kv_append_fp8(void* kv_cache, const void* key, const void* v
                                   int32_t num_blocks, int32_t src_dtype, float k_scale, float v_scale) {
   kvpager::append_params p = c_append(kv_cache, KVPAGER_DTYPE_FP8_E4M3, num_blocks, num_kv_heads, block_size, head_dim,
                                       key, value, slot_mapping, num_tokens);
-  p.src_dtype = src_dtype;
+  p.src_dtype = kd::fp8_entry_io_dtype(src_dtype);
   p.k_scale = k_scale;
   p.v_scale = v_scale;
+  return append(p);
+}
+
+int32_t kvpager_cpu_append(const kvpager_append_args* args) {
+  kvpager_append_args a;
+  if (const int32_t rc = kd::read_c_args(args, a); rc != KVPAGER_STATUS_OK) return rc;
+  if (a.kv.reserved != 0 || a.reserved != 0) return KVPAGER_STATUS_INVALID_ARGUMENT;
+  kvpager::append_params p;
+  p.kv = kd::view_of(a.kv);
+  p.key = a.key;
+  p.value = a.value;
+  p.slot_mapping = a.slot_mapping;
+  p.num_tokens = a.num_tokens;
+  p.src_dtype = a.src_dtype;
+  p.k_scale = a.k_scale;
+  p.v_scale = a.v_scale;
   return append(p);
 }
 

@@ -1,7 +1,7 @@
 // SPDX-License-Identifier: Apache-2.0
-// CPU paged decode attention of the C ABI and of the C++ interface (GQA/MQA, fp32/fp16/bf16 and, through
-// decode_fp8.cpp's checks, fp8 E4M3 pools, fp32 accumulation); the block moves (kv_append, copy_blocks, swap_blocks)
-// are in block_moves.cpp. Every argument is validated before any KV memory is touched. Decode work items are
+// CPU paged decode attention of the C ABI and of the C++ interface (GQA/MQA, fp32/fp16/bf16 and fp8 E4M3 pools, fp32
+// accumulation); the block moves (kv_append, copy_blocks, swap_blocks) are in block_moves.cpp. Every argument is
+// validated once (check_decode, params_checks.hpp) before any KV memory is touched. Decode work items are
 // (sequence, range of KV heads, split), handed to the process-wide worker pool (worker_pool.hpp); each item reads its
 // heads' rows once for their whole query-head groups, block by block over all its heads. One kernel,
 // decode_tiled.inc, compiled per path (AVX-512 with and without AVX512-BF16, AVX2, portable), chosen at run time.
@@ -24,10 +24,12 @@
 #include "kvpager/kernels/kernel_status.hpp"
 #include "kernels/common/checks.hpp"
 #include "kernels/common/decode_math.hpp"
+#include "kernels/cpu/c_args.hpp"
 #include "kernels/cpu/cpu_path.hpp"
-#include "kernels/cpu/decode_fp8.hpp"
+#include "kernels/cpu/decode.hpp"
 #include "kernels/cpu/element_ops.hpp"
 #include "kernels/cpu/page_tables.hpp"
+#include "kernels/cpu/params_checks.hpp"
 #include "kernels/cpu/vec_ops.hpp"
 #include "worker_pool.hpp"
 
@@ -158,34 +160,13 @@ item_buffers& buffers_or(item_buffers& own) noexcept {
   return destroyed ? own : buffers.b;
 }
 
-/// Every argument, page tables included, before any KV memory is read; every size and length in 64 bits.
-std::int32_t validate(const kvpager::decode_params& p) noexcept {
-  const auto& kv = p.kv;
-  if (p.num_threads < 0 || p.num_splits < 0 || p.workspace_bytes < 0 ||
-      reinterpret_cast<std::uintptr_t>(p.workspace) % alignof(float) != 0)
-    return KVPAGER_STATUS_INVALID_ARGUMENT;
-  if (const std::int32_t rc =
-          kvpager::kernels::detail::check_decode_args(p.num_seqs, p.num_q_heads, kv.num_kv_heads, kv.head_dim, kv.block_size,
-                                             kv.dtype, kv.num_blocks, p.scale, std::max(p.num_splits, 1));
-      rc != KVPAGER_STATUS_OK)
-    return rc;
-  if (const std::int32_t rc = kvpager::kernels::detail::check_window_and_cap(p.window_left, p.logits_soft_cap);
-      rc != KVPAGER_STATUS_OK)
-    return rc;
-  if (kvpager::kernels::detail::view_extent_bytes(kv, kvpager::kernels::detail::elem_bytes(kv.dtype)) < 0)
-    return KVPAGER_STATUS_INVALID_ARGUMENT;
-  if (p.num_seqs == 0) return KVPAGER_STATUS_OK;
-  if (p.out == nullptr || p.query == nullptr || kv.data == nullptr) return KVPAGER_STATUS_INVALID_ARGUMENT;
-  return kvpager::kernels::detail::check_pages(p.pages, p.num_seqs, kv.block_size, kv.num_blocks);
-}
-
 }  // namespace
 
 namespace {
 
 /// The decode itself, returning a KVPAGER_STATUS_* code (the C function returns it, the C++ one maps it).
 std::int32_t decode_cpu(const kvpager::decode_params& p) noexcept {
-  if (const std::int32_t rc = validate(p); rc != KVPAGER_STATUS_OK) return rc;
+  if (const std::int32_t rc = kvpager::kernels::detail::check_decode(p); rc != KVPAGER_STATUS_OK) return rc;
   return kvpager::kernels::detail::decode_validated(p);
 }
 
@@ -358,23 +339,59 @@ int32_t kvpager_cpu_paged_attention_decode(void* out, const void* query, const v
                                                -1, 0.0F, dtype, num_threads);
 }
 
+// The C decode functions fill a decode_params and run the C++ operation, whose one check (check_decode) validates the
+// call; the plain functions pass `dtype` as the query dtype too (an fp8 `dtype` is then UNSUPPORTED_DTYPE in the
+// geometry's order), the fp8 functions an fp8 pool with their q_dtype and scales.
 int32_t kvpager_cpu_paged_attention_decode_ex(void* out, const void* query, const void* kv_cache,
                                               const int32_t* block_table, const int32_t* seq_lens, int32_t num_seqs,
                                               int32_t num_q_heads, int32_t num_kv_heads, int32_t head_dim,
                                               int32_t block_size, int32_t max_blocks_per_seq, int32_t num_blocks,
                                               float scale, int32_t window_left, float logits_soft_cap, int32_t dtype,
                                               int32_t num_threads) {
-  using namespace kvpager::kernels::detail;
-  if (const int32_t rc = check_dense_decode(out, query, kv_cache, block_table, seq_lens, num_seqs, num_q_heads,
-                                            num_kv_heads, head_dim, block_size, max_blocks_per_seq, num_blocks, scale,
-                                            dtype, 1);
-      rc != KVPAGER_STATUS_OK)
-    return rc;
-  if (const int32_t rc = check_window_and_cap(window_left, logits_soft_cap); rc != KVPAGER_STATUS_OK) return rc;
-  return decode_cpu(dense_params<kvpager::decode_params>(out, query, kv_cache, dtype, block_table, seq_lens, num_seqs,
-                                                         num_q_heads, num_kv_heads, head_dim, block_size,
-                                                         max_blocks_per_seq, num_blocks, scale, window_left,
-                                                         logits_soft_cap, num_threads));
+  if (max_blocks_per_seq <= 0) return KVPAGER_STATUS_INVALID_ARGUMENT;
+  auto p = kvpager::kernels::detail::dense_params<kvpager::decode_params>(
+      out, query, kv_cache, dtype, block_table, seq_lens, num_seqs, num_q_heads, num_kv_heads, head_dim, block_size,
+      max_blocks_per_seq, num_blocks, scale, window_left, logits_soft_cap, num_threads);
+  p.q_dtype = dtype;
+  return decode_cpu(p);
+}
+
+int32_t kvpager_cpu_paged_attention_decode_fp8_ex(void* out, const void* query, const void* kv_cache,
+                                                  const int32_t* block_table, const int32_t* seq_lens, int32_t num_seqs,
+                                                  int32_t num_q_heads, int32_t num_kv_heads, int32_t head_dim,
+                                                  int32_t block_size, int32_t max_blocks_per_seq, int32_t num_blocks,
+                                                  float scale, int32_t window_left, float logits_soft_cap,
+                                                  int32_t q_dtype, float k_scale, float v_scale, int32_t num_threads) {
+  if (max_blocks_per_seq <= 0) return KVPAGER_STATUS_INVALID_ARGUMENT;
+  auto p = kvpager::kernels::detail::dense_params<kvpager::decode_params>(
+      out, query, kv_cache, KVPAGER_DTYPE_FP8_E4M3, block_table, seq_lens, num_seqs, num_q_heads, num_kv_heads,
+      head_dim, block_size, max_blocks_per_seq, num_blocks, scale, window_left, logits_soft_cap, num_threads);
+  p.q_dtype = kvpager::kernels::detail::fp8_entry_io_dtype(q_dtype);
+  p.k_scale = k_scale;
+  p.v_scale = v_scale;
+  return decode_cpu(p);
+}
+
+int32_t kvpager_cpu_paged_attention_decode_fp8(void* out, const void* query, const void* kv_cache,
+                                               const int32_t* block_table, const int32_t* seq_lens, int32_t num_seqs,
+                                               int32_t num_q_heads, int32_t num_kv_heads, int32_t head_dim,
+                                               int32_t block_size, int32_t max_blocks_per_seq, int32_t num_blocks,
+                                               float scale, int32_t q_dtype, float k_scale, float v_scale,
+                                               int32_t num_threads) {
+  return kvpager_cpu_paged_attention_decode_fp8_ex(out, query, kv_cache, block_table, seq_lens, num_seqs, num_q_heads,
+                                                   num_kv_heads, head_dim, block_size, max_blocks_per_seq, num_blocks,
+                                                   scale, -1, 0.0F, q_dtype, k_scale, v_scale, num_threads);
+}
+
+int32_t kvpager_cpu_decode(const kvpager_decode_args* args) {
+  kvpager_decode_args a;
+  if (const int32_t rc = kvpager::kernels::detail::read_c_args(args, a); rc != KVPAGER_STATUS_OK) return rc;
+  if (a.kv.reserved != 0 || a.reserved != 0) return KVPAGER_STATUS_INVALID_ARGUMENT;
+  auto p = kvpager::kernels::detail::attention_params_of<kvpager::decode_params>(a);
+  p.num_splits = a.num_splits;
+  p.workspace = a.workspace;
+  p.workspace_bytes = a.workspace_bytes;
+  return decode_cpu(p);
 }
 
 }  // extern "C"
@@ -396,12 +413,6 @@ std::int64_t decode_workspace_size(const decode_params& p) noexcept {
                                                  p.num_splits == 0 ? max_planned_splits : p.num_splits);
 }
 
-status paged_attention_decode_cpu(const decode_params& p) noexcept {
-  // An fp8 pool: decode_fp8.cpp (its own checks, q_dtype and scales). Otherwise query and output share the pool's
-  // dtype (q_dtype -1 or kv.dtype).
-  if (p.kv.dtype == KVPAGER_DTYPE_FP8_E4M3) return kernel_status(kernels::detail::decode_fp8_cpu(p));
-  if (p.q_dtype != -1 && p.q_dtype != p.kv.dtype) return kernel_status(KVPAGER_STATUS_UNSUPPORTED_DTYPE);
-  return kernel_status(decode_cpu(p));
-}
+status paged_attention_decode_cpu(const decode_params& p) noexcept { return kernel_status(decode_cpu(p)); }
 
 KVPAGER_NAMESPACE_END

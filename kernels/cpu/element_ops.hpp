@@ -1,7 +1,7 @@
 // SPDX-License-Identifier: Apache-2.0
 #pragma once
 // One element of a query, output or KV row of dtype fp32, fp16 or bf16, read or written as float: the scalar access
-// the CPU kernels (decode.cpp, prefill.cpp, decode_fp8.cpp) share for their portable paths and their edges.
+// the CPU kernels (decode.cpp, prefill.cpp) share for their portable paths and their edges.
 #include <cstdint>
 
 #include "kvpager/c/kernels.h"

@@ -1,6 +1,6 @@
 // SPDX-License-Identifier: Apache-2.0
 #pragma once
-// Vector e4m3 -> fp32 conversions of the CPU kernels over fp8 E4M3 KV pools (decode_fp8.cpp, prefill.cpp): one
+// Vector e4m3 -> fp32 conversions of the CPU kernels over fp8 E4M3 KV pools (decode.cpp, prefill.cpp): one
 // definition per instruction set, each under its own target attribute and reached only from code that the runtime
 // dispatch (kvpager_cpu_decode_path) chose after checking the CPU. Internal to libkvpager_kernels.
 //

@@ -1,6 +1,6 @@
 // SPDX-License-Identifier: Apache-2.0
 #pragma once
-// Page-table reading and checking for the CPU kernels (decode.cpp, decode_fp8.cpp, prefill.cpp) over a
+// Page-table reading and checking for the CPU kernels (decode.cpp, prefill.cpp, and params_checks.hpp) over a
 // kvpager::page_table_view (dense block table or CSR indptr/indices/last_page_len): one definition of a sequence's
 // length and blocks, and of the checks every kernel runs before reading KV (lengths, block ids), and of the bytes a
 // paged_kv_view spans.

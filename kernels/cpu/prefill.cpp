@@ -25,10 +25,12 @@
 #include "kernels/common/checks.hpp"
 #include "kernels/common/decode_math.hpp"
 #include "kernels/cpu/cpu_path.hpp"
-#include "kernels/cpu/decode_fp8.hpp"
+#include "kernels/cpu/c_args.hpp"
+#include "kernels/cpu/decode.hpp"
 #include "kernels/cpu/fp8_convert.hpp"
 #include "kernels/cpu/element_ops.hpp"
 #include "kernels/cpu/page_tables.hpp"
+#include "kernels/cpu/params_checks.hpp"
 #include "kernels/cpu/vec_ops.hpp"
 #include "worker_pool.hpp"
 
@@ -123,40 +125,6 @@ prefill_kernel pick_kernel() {
   return k;
 }
 
-/// Every argument, page tables and qo_indptr included, before any KV memory is read. fp8: the pool is fp8 E4M3 and
-/// the scalar checks are decode_fp8's (scales, q_dtype), the query size counted in q_dtype.
-std::int32_t validate(const kvpager::prefill_params& p, bool fp8) noexcept {
-  using namespace kvpager::kernels::detail;
-  const auto& kv = p.kv;
-  if (p.num_threads < 0) return KVPAGER_STATUS_INVALID_ARGUMENT;
-  if (const std::int32_t rc =
-          fp8 ? check_decode_fp8_args(p.num_seqs, p.num_q_heads, kv.num_kv_heads, kv.head_dim, kv.block_size, p.q_dtype,
-                                      kv.num_blocks, p.scale, p.k_scale, p.v_scale, 1)
-              : check_decode_args(p.num_seqs, p.num_q_heads, kv.num_kv_heads, kv.head_dim, kv.block_size, kv.dtype,
-                                  kv.num_blocks, p.scale, 1);
-      rc != KVPAGER_STATUS_OK)
-    return rc;
-  if (const std::int32_t rc = check_window_and_cap(p.window_left, p.logits_soft_cap); rc != KVPAGER_STATUS_OK) return rc;
-  if (view_extent_bytes(kv, elem_bytes(kv.dtype)) < 0) return KVPAGER_STATUS_INVALID_ARGUMENT;
-  if (p.num_seqs == 0) return KVPAGER_STATUS_OK;
-  if (p.out == nullptr || p.query == nullptr || kv.data == nullptr || p.qo_indptr == nullptr)
-    return KVPAGER_STATUS_INVALID_ARGUMENT;
-  if (const std::int32_t rc = check_page_pointers(p.pages, p.num_seqs); rc != KVPAGER_STATUS_OK) return rc;
-  std::int64_t rows = 0;
-  if (const std::int32_t rc =
-          check_qo_indptr(p.qo_indptr, p.num_seqs, p.num_q_heads, kv.head_dim, fp8 ? p.q_dtype : kv.dtype, &rows);
-      rc != KVPAGER_STATUS_OK)
-    return rc;
-  for (std::int32_t s = 0; s < p.num_seqs; ++s) {  // per sequence: its length, then its q_len, then its blocks
-    std::int64_t len = 0, blocks = 0;
-    if (const std::int32_t rc = check_page_length(p.pages, s, kv.block_size, len, blocks); rc != KVPAGER_STATUS_OK)
-      return rc;
-    if (std::int64_t{p.qo_indptr[s + 1]} - p.qo_indptr[s] > len) return KVPAGER_STATUS_INVALID_ARGUMENT;
-    if (const std::int32_t rc = check_page_blocks(p.pages, s, blocks, kv.num_blocks); rc != KVPAGER_STATUS_OK) return rc;
-  }
-  return KVPAGER_STATUS_OK;
-}
-
 /// A thread's buffers, reused across calls; `own` once the thread's thread_locals are gone (a call from a static
 /// object's destructor at exit), as decode does.
 struct item_buffers {
@@ -181,9 +149,10 @@ item_buffers& buffers_or(item_buffers& own) noexcept {
 /// fills 1/W to group/W of them), with its split workspace in the calling thread's buffer (grown once, kept; splits
 /// happen only with fewer (sequence, KV head) items than twice the threads, so it stays small). When decode gains
 /// window and soft cap (issue 12), this shortcut can take those calls too.
-/// Over an fp8 pool (fp8) it is the fp8 decode (decode_fp8.cpp) with the call's q_dtype and scales.
+/// Over an fp8 pool it is the decode with the call's q_dtype and scales. The arguments are check_prefill's, which
+/// cover check_decode's for such a batch, so the decode runs without checking them again (decode_validated).
 /// Returns -1 when the batch is not one.
-std::int32_t as_decode(const kvpager::prefill_params& p, bool fp8, item_buffers& b) noexcept {
+std::int32_t as_decode(const kvpager::prefill_params& p, item_buffers& b) noexcept {
   if (p.window_left >= 0 || p.logits_soft_cap > 0.0F || p.num_seqs == 0) return -1;
   for (std::int32_t s = 0; s < p.num_seqs; ++s)
     if (p.qo_indptr[s + 1] - p.qo_indptr[s] != 1) return -1;
@@ -197,11 +166,9 @@ std::int32_t as_decode(const kvpager::prefill_params& p, bool fp8, item_buffers&
   d.num_q_heads = p.num_q_heads;
   d.scale = p.scale;
   d.num_threads = p.num_threads;
-  if (fp8) {
-    d.q_dtype = p.q_dtype;
-    d.k_scale = p.k_scale;
-    d.v_scale = p.v_scale;
-  }
+  d.q_dtype = p.q_dtype;
+  d.k_scale = p.k_scale;
+  d.v_scale = p.v_scale;
   // The split decode would choose for itself (its rule: a call under 8192 (token, query head) pairs runs on one
   // thread), chosen here so that the workspace is sized for that split only, not for the most any call could take.
   std::int32_t max_len = 0;
@@ -220,16 +187,14 @@ std::int32_t as_decode(const kvpager::prefill_params& p, bool fp8, item_buffers&
   if (b.workspace.size() < floats) b.workspace.resize(floats);
   d.workspace = b.workspace.data();
   d.workspace_bytes = bytes;
-  if (fp8) return kvpager::kernels::detail::decode_fp8_cpu(d);
-  const kvpager::status st = kvpager::paged_attention_decode_cpu(d);
-  return st ? KVPAGER_STATUS_OK : static_cast<std::int32_t>(st.detail());
+  return kvpager::kernels::detail::decode_validated(d);
 }
 
-/// fp8: over an fp8 E4M3 pool with p.q_dtype the query dtype (the plain prefill answers dtype 3 as unsupported).
-std::int32_t prefill_cpu(const kvpager::prefill_params& p, bool fp8) noexcept {
-  if (const std::int32_t rc = validate(p, fp8); rc != KVPAGER_STATUS_OK) return rc;
+/// The prefill of every pool dtype (an fp8 pool with p.q_dtype the query dtype), after its one check.
+std::int32_t prefill_cpu(const kvpager::prefill_params& p) noexcept {
+  if (const std::int32_t rc = kvpager::kernels::detail::check_prefill(p); rc != KVPAGER_STATUS_OK) return rc;
   item_buffers own_decode;
-  if (const std::int32_t rc = as_decode(p, fp8, buffers_or(own_decode)); rc >= 0) return rc;
+  if (const std::int32_t rc = as_decode(p, buffers_or(own_decode)); rc >= 0) return rc;
   const auto& kv = p.kv;
   const prefill_kernel kernel = pick_kernel();
   const std::int32_t group = p.num_q_heads / kv.num_kv_heads;
@@ -274,6 +239,9 @@ std::int32_t prefill_cpu(const kvpager::prefill_params& p, bool fp8) noexcept {
 
 }  // namespace
 
+// The C prefill functions fill a prefill_params and run the C++ operation (one check, check_prefill): the plain one
+// with `dtype` as the query dtype too (an fp8 `dtype` is UNSUPPORTED_DTYPE in the geometry's order), the fp8 one over
+// an fp8 pool with its q_dtype and scales.
 extern "C" int32_t kvpager_cpu_paged_attention_prefill(void* out, const void* query, const void* kv_cache,
                                                        const int32_t* qo_indptr, const int32_t* block_table,
                                                        const int32_t* seq_lens, int32_t num_seqs, int32_t num_q_heads,
@@ -281,16 +249,13 @@ extern "C" int32_t kvpager_cpu_paged_attention_prefill(void* out, const void* qu
                                                        int32_t max_blocks_per_seq, int32_t num_blocks, float scale,
                                                        int32_t window_left, float logits_soft_cap, int32_t dtype,
                                                        int32_t num_threads) {
-  if (const int32_t rc = kvpager::kernels::detail::check_dense_prefill(
-          out, query, kv_cache, qo_indptr, block_table, seq_lens, num_seqs, num_q_heads, num_kv_heads, head_dim,
-          block_size, max_blocks_per_seq, num_blocks, scale, window_left, logits_soft_cap, dtype);
-      rc != KVPAGER_STATUS_OK)
-    return rc;
+  if (max_blocks_per_seq <= 0) return KVPAGER_STATUS_INVALID_ARGUMENT;
   auto p = kvpager::kernels::detail::dense_params<kvpager::prefill_params>(
       out, query, kv_cache, dtype, block_table, seq_lens, num_seqs, num_q_heads, num_kv_heads, head_dim, block_size,
       max_blocks_per_seq, num_blocks, scale, window_left, logits_soft_cap, num_threads);
   p.qo_indptr = qo_indptr;
-  return prefill_cpu(p, false);
+  p.q_dtype = dtype;
+  return prefill_cpu(p);
 }
 
 extern "C" int32_t kvpager_cpu_paged_attention_prefill_fp8(void* out, const void* query, const void* kv_cache,
@@ -301,30 +266,28 @@ extern "C" int32_t kvpager_cpu_paged_attention_prefill_fp8(void* out, const void
                                                            int32_t num_blocks, float scale, int32_t window_left,
                                                            float logits_soft_cap, int32_t q_dtype, float k_scale,
                                                            float v_scale, int32_t num_threads) {
-  if (const int32_t rc = kvpager::kernels::detail::check_dense_prefill_fp8(
-          out, query, kv_cache, qo_indptr, block_table, seq_lens, num_seqs, num_q_heads, num_kv_heads, head_dim,
-          block_size, max_blocks_per_seq, num_blocks, scale, window_left, logits_soft_cap, q_dtype, k_scale, v_scale);
-      rc != KVPAGER_STATUS_OK)
-    return rc;
+  if (max_blocks_per_seq <= 0) return KVPAGER_STATUS_INVALID_ARGUMENT;
   auto p = kvpager::kernels::detail::dense_params<kvpager::prefill_params>(
       out, query, kv_cache, KVPAGER_DTYPE_FP8_E4M3, block_table, seq_lens, num_seqs, num_q_heads, num_kv_heads, head_dim,
       block_size, max_blocks_per_seq, num_blocks, scale, window_left, logits_soft_cap, num_threads);
   p.qo_indptr = qo_indptr;
-  p.q_dtype = q_dtype;
+  p.q_dtype = kvpager::kernels::detail::fp8_entry_io_dtype(q_dtype);
   p.k_scale = k_scale;
   p.v_scale = v_scale;
-  return prefill_cpu(p, true);
+  return prefill_cpu(p);
+}
+
+extern "C" int32_t kvpager_cpu_prefill(const kvpager_prefill_args* args) {
+  kvpager_prefill_args a;
+  if (const int32_t rc = kvpager::kernels::detail::read_c_args(args, a); rc != KVPAGER_STATUS_OK) return rc;
+  if (a.kv.reserved != 0) return KVPAGER_STATUS_INVALID_ARGUMENT;
+  auto p = kvpager::kernels::detail::attention_params_of<kvpager::prefill_params>(a);
+  p.qo_indptr = a.qo_indptr;
+  return prefill_cpu(p);
 }
 
 KVPAGER_NAMESPACE_BEGIN
 
-status paged_attention_prefill_cpu(const prefill_params& p) noexcept {
-  // An fp8 pool with a query dtype runs over fp8 (its own scalar checks); with q_dtype -1 it is answered as the plain
-  // prefill answers dtype 3 (UNSUPPORTED_DTYPE in the geometry's order). Otherwise query and output share the pool's
-  // dtype (q_dtype -1 or kv.dtype).
-  if (p.kv.dtype == KVPAGER_DTYPE_FP8_E4M3 && p.q_dtype != -1) return kernel_status(prefill_cpu(p, true));
-  if (p.q_dtype != -1 && p.q_dtype != p.kv.dtype) return kernel_status(KVPAGER_STATUS_UNSUPPORTED_DTYPE);
-  return kernel_status(prefill_cpu(p, false));
-}
+status paged_attention_prefill_cpu(const prefill_params& p) noexcept { return kernel_status(prefill_cpu(p)); }
 
 KVPAGER_NAMESPACE_END

@@ -104,9 +104,10 @@ int32_t kvpager_cuda_paged_attention_decode_fp8_split_ex(
     int32_t q_dtype, float k_scale, float v_scale, int32_t num_splits, void* workspace, int64_t workspace_bytes,
     int32_t* error_flag, void* stream) {
   if (num_splits < 1 || workspace_bytes < 0) return KVPAGER_STATUS_INVALID_ARGUMENT;
-  if (const int32_t rc = check_dense_decode_fp8(out, query, kv_cache, block_table, seq_lens, num_seqs, num_q_heads,
-                                                num_kv_heads, head_dim, block_size, max_blocks_per_seq, num_blocks,
-                                                scale, q_dtype, k_scale, v_scale, num_splits);
+  if (const int32_t rc = check_dense_decode(out, query, kv_cache, block_table, seq_lens, num_seqs, num_q_heads,
+                                            num_kv_heads, head_dim, block_size, max_blocks_per_seq, num_blocks, scale,
+                                            KVPAGER_DTYPE_FP8_E4M3, fp8_entry_io_dtype(q_dtype), k_scale, v_scale,
+                                            num_splits);
       rc != KVPAGER_STATUS_OK)
     return rc;
   if (const int32_t rc = check_window_and_cap(window_left, logits_soft_cap); rc != KVPAGER_STATUS_OK) return rc;
@@ -153,8 +154,9 @@ int32_t kvpager_cuda_kv_append_fp8(void* kv_cache, const void* key, const void* 
                                    int32_t num_tokens, int32_t num_kv_heads, int32_t head_dim, int32_t block_size,
                                    int32_t num_blocks, int32_t src_dtype, float k_scale, float v_scale,
                                    int32_t* error_flag, void* stream) {
-  if (const int32_t rc = check_append_fp8(kv_cache, key, value, slot_mapping, num_tokens, num_kv_heads, head_dim,
-                                          block_size, num_blocks, src_dtype, k_scale, v_scale);
+  if (const int32_t rc = check_append(kv_cache, key, value, slot_mapping, num_tokens, num_kv_heads, head_dim,
+                                      block_size, num_blocks, KVPAGER_DTYPE_FP8_E4M3, fp8_entry_io_dtype(src_dtype),
+                                      k_scale, v_scale);
       rc != KVPAGER_STATUS_OK)
     return rc;
   if (num_tokens == 0) return KVPAGER_STATUS_OK;
@@ -193,7 +195,8 @@ int32_t kvpager_cuda_paged_attention_decode_split_ex(void* out, float* lse, cons
   if (num_splits < 1 || workspace_bytes < 0) return KVPAGER_STATUS_INVALID_ARGUMENT;
   if (const int32_t rc = kvpager::kernels::detail::check_dense_decode(out, query, kv_cache, block_table, seq_lens, num_seqs,
                                                              num_q_heads, num_kv_heads, head_dim, block_size,
-                                                             max_blocks_per_seq, num_blocks, scale, dtype, num_splits);
+                                                             max_blocks_per_seq, num_blocks, scale, dtype, dtype, 1.0F, 1.0F,
+                                                             num_splits);
       rc != KVPAGER_STATUS_OK)
     return rc;
   if (const int32_t rc = check_window_and_cap(window_left, logits_soft_cap); rc != KVPAGER_STATUS_OK) return rc;
@@ -236,7 +239,7 @@ int32_t kvpager_cuda_kv_append(void* kv_cache, const void* key, const void* valu
                                int32_t num_tokens, int32_t num_kv_heads, int32_t head_dim, int32_t block_size,
                                int32_t num_blocks, int32_t dtype, int32_t* error_flag, void* stream) {
   if (const int32_t rc = kvpager::kernels::detail::check_append(kv_cache, key, value, slot_mapping, num_tokens, num_kv_heads,
-                                                       head_dim, block_size, num_blocks, dtype);
+                                                       head_dim, block_size, num_blocks, dtype, dtype, 1.0F, 1.0F);
       rc != KVPAGER_STATUS_OK)
     return rc;
   if (num_tokens == 0) return KVPAGER_STATUS_OK;

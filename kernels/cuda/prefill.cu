@@ -62,7 +62,7 @@ int32_t kvpager_cuda_paged_attention_prefill(void* out, float* lse, const void* 
   if (num_ctas < 1 || workspace_bytes < 0) return KVPAGER_STATUS_INVALID_ARGUMENT;
   if (const int32_t rc = check_dense_prefill(out, query, kv_cache, qo_indptr, block_table, seq_lens, num_seqs,
                                             num_q_heads, num_kv_heads, head_dim, block_size, max_blocks_per_seq,
-                                            num_blocks, scale, window_left, logits_soft_cap, dtype);
+                                            num_blocks, scale, window_left, logits_soft_cap, dtype, dtype, 1.0F, 1.0F);
       rc != KVPAGER_STATUS_OK)
     return rc;
   if (num_seqs == 0) return KVPAGER_STATUS_OK;
@@ -90,10 +90,10 @@ int32_t kvpager_cuda_paged_attention_prefill_fp8(void* out, float* lse, const vo
                                                  float k_scale, float v_scale, int32_t num_ctas, void* workspace,
                                                  int64_t workspace_bytes, int32_t* error_flag, void* stream) {
   if (num_ctas < 1 || workspace_bytes < 0) return KVPAGER_STATUS_INVALID_ARGUMENT;
-  if (const int32_t rc = check_dense_prefill_fp8(out, query, kv_cache, qo_indptr, block_table, seq_lens, num_seqs,
-                                                num_q_heads, num_kv_heads, head_dim, block_size, max_blocks_per_seq,
-                                                num_blocks, scale, window_left, logits_soft_cap, q_dtype, k_scale,
-                                                v_scale);
+  if (const int32_t rc = check_dense_prefill(out, query, kv_cache, qo_indptr, block_table, seq_lens, num_seqs,
+                                            num_q_heads, num_kv_heads, head_dim, block_size, max_blocks_per_seq,
+                                            num_blocks, scale, window_left, logits_soft_cap, KVPAGER_DTYPE_FP8_E4M3,
+                                            fp8_entry_io_dtype(q_dtype), k_scale, v_scale);
       rc != KVPAGER_STATUS_OK)
     return rc;
   if (num_seqs == 0) return KVPAGER_STATUS_OK;

@@ -84,7 +84,7 @@ int32_t emulated_decode(void* out, const void* q, const void* kv, const int32_t*
                         int32_t num_seqs, int32_t hq, int32_t hkv, int32_t d, int32_t bs, int32_t maxb, int32_t nb,
                         float scale, int32_t dtype) {
   if (const int32_t rc = kvpager::kernels::detail::check_dense_decode(out, q, kv, table, lens, num_seqs, hq, hkv, d, bs, maxb, nb,
-                                                             scale, dtype, 1);
+                                                             scale, dtype, dtype, 1.0F, 1.0F, 1);
       rc != KVPAGER_STATUS_OK)
     return rc;
   if (num_seqs == 0) return KVPAGER_STATUS_OK;
@@ -99,7 +99,8 @@ int32_t emulated_decode(void* out, const void* q, const void* kv, const int32_t*
 
 int32_t emulated_append(void* kv, const void* k, const void* v, const int64_t* slots, int32_t num_tokens, int32_t hkv,
                         int32_t d, int32_t bs, int32_t nb, int32_t dtype) {
-  if (const int32_t rc = kvpager::kernels::detail::check_append(kv, k, v, slots, num_tokens, hkv, d, bs, nb, dtype);
+  if (const int32_t rc = kvpager::kernels::detail::check_append(kv, k, v, slots, num_tokens, hkv, d, bs, nb, dtype, dtype,
+                                                                    1.0F, 1.0F);
       rc != KVPAGER_STATUS_OK)
     return rc;
   if (num_tokens == 0) return KVPAGER_STATUS_OK;

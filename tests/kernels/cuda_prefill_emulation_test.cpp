@@ -54,7 +54,7 @@ int32_t emulated_prefill(void* out, float* lse, const void* q, const void* kv, c
                          int32_t num_ctas, void* ws, int64_t ws_bytes, int32_t* error) {
   if (num_ctas < 1 || ws_bytes < 0) return KVPAGER_STATUS_INVALID_ARGUMENT;
   if (const int32_t rc = kk::check_dense_prefill(out, q, kv, indptr, table, lens, num_seqs, hq, hkv, d, bs, maxb, nb,
-                                                scale, window, cap, dtype);
+                                                scale, window, cap, dtype, dtype, 1.0F, 1.0F);
       rc != KVPAGER_STATUS_OK)
     return rc;
   if (num_seqs == 0) return KVPAGER_STATUS_OK;

@@ -45,8 +45,9 @@ int32_t emulated_prefill_fp8(void* out, float* lse, const void* q, const void* k
                              int32_t q_dtype, float k_scale, float v_scale, int32_t num_ctas, void* ws,
                              int64_t ws_bytes, int32_t* error) {
   if (num_ctas < 1 || ws_bytes < 0) return KVPAGER_STATUS_INVALID_ARGUMENT;
-  if (const int32_t rc = kk::check_dense_prefill_fp8(out, q, kv, indptr, table, lens, num_seqs, hq, hkv, d, bs, maxb,
-                                                    nb, scale, window, cap, q_dtype, k_scale, v_scale);
+  if (const int32_t rc = kk::check_dense_prefill(out, q, kv, indptr, table, lens, num_seqs, hq, hkv, d, bs, maxb, nb,
+                                                scale, window, cap, KVPAGER_DTYPE_FP8_E4M3,
+                                                kk::fp8_entry_io_dtype(q_dtype), k_scale, v_scale);
       rc != KVPAGER_STATUS_OK)
     return rc;
   if (num_seqs == 0) return KVPAGER_STATUS_OK;

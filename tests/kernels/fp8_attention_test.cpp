@@ -11,6 +11,7 @@
 #include <kvpager/kernels/float16.hpp>
 #include <kvpager/kernels/float8.hpp>
 #include <kvpager/kernels/kv_layout.hpp>
+#include <kvpager/kernels/prefill.hpp>
 #include <kvpager/monitor/metrics.hpp>
 
 #include <gtest/gtest.h>
@@ -499,4 +500,97 @@ TEST(CpuFp8Decode, EveryCodeIsReadExactlyAndNaNPropagates) {
         EXPECT_EQ(std::isnan(x), qh / 4 == 1 && e == 5) << "head " << qh << " dim " << e;
       }
   }
+}
+
+namespace {
+
+/// The documented order of the _fp8 C decode and prefill functions' scalar checks (include/kvpager/c/kernels.h),
+/// written out independently of kernels/common/checks.hpp: max_blocks_per_seq, num_seqs and the scales, heads, the fp8
+/// pool's geometry (as kvpager_can_implement with dtype 3), q_dtype, then the pointers (null only without sequences).
+std::int32_t documented_fp8_answer(std::int32_t maxb, std::int32_t num_seqs, float k_scale, std::int32_t hq,
+                                   std::int32_t hkv, std::int32_t dim, std::int32_t bs, std::int32_t blocks,
+                                   std::int32_t q_dtype) {
+  const auto scale_ok = [](float s) { return std::isfinite(s) && s > 0.0F; };
+  if (maxb <= 0 || num_seqs < 0 || !scale_ok(k_scale)) return KVPAGER_STATUS_INVALID_ARGUMENT;
+  if (hkv <= 0 || hq <= 0 || hq % hkv != 0) return KVPAGER_STATUS_BAD_HEADS;
+  if (const std::int32_t g = kvpager_can_implement(blocks, bs, hkv, dim, KVPAGER_DTYPE_FP8_E4M3); g != KVPAGER_STATUS_OK)
+    return g;
+  if (q_dtype < KVPAGER_DTYPE_FP32 || q_dtype > KVPAGER_DTYPE_BF16) return KVPAGER_STATUS_UNSUPPORTED_DTYPE;
+  return num_seqs > 0 ? KVPAGER_STATUS_INVALID_ARGUMENT : KVPAGER_STATUS_OK;  // null pointers
+}
+
+}  // namespace
+
+TEST(CpuFp8Decode, EveryEntryPointAnswersEachBadInputInTheDocumentedOrder) {
+  // One check per operation, fp8 a dtype value: the _fp8 C functions (forwarders) and the C++ operations over an fp8
+  // pool answer every combination of bad fields in the order kernels.h documents, the C++ ones with a query dtype
+  // (fp32/fp16/bf16) exactly as the C ones, and the plain C functions answer dtype 3 as can_implement answers a dtype
+  // no kernel takes, whatever else is wrong.
+  std::int32_t checked = 0;
+  for (const std::int32_t maxb : {0, 4})
+    for (const std::int32_t num_seqs : {-1, 0, 2})
+      for (const float ks : {1.0F, 0.0F, std::numeric_limits<float>::quiet_NaN()})
+        for (const std::int32_t hkv : {0, 2})
+          for (const std::int32_t bs : {12, 16})
+            for (const std::int32_t dim : {100, 64})
+              for (const std::int32_t q_dtype : {-1, 0, 1, 2, 3, 9}) {
+                const std::int32_t hq = 4, blocks = 8;
+                const std::int32_t want = documented_fp8_answer(maxb, num_seqs, ks, hq, hkv, dim, bs, blocks, q_dtype);
+                const auto where = ::testing::Message() << maxb << " " << num_seqs << " " << ks << " " << hkv << " "
+                                                        << bs << " " << dim << " " << q_dtype;
+                EXPECT_EQ(kvpager_cpu_paged_attention_decode_fp8(nullptr, nullptr, nullptr, nullptr, nullptr, num_seqs,
+                                                                 hq, hkv, dim, bs, maxb, blocks, 0.1F, q_dtype, ks,
+                                                                 1.0F, 1),
+                          want)
+                    << where;
+                EXPECT_EQ(kvpager_cpu_paged_attention_decode_fp8_ex(nullptr, nullptr, nullptr, nullptr, nullptr,
+                                                                    num_seqs, hq, hkv, dim, bs, maxb, blocks, 0.1F, -1,
+                                                                    0.0F, q_dtype, ks, 1.0F, 1),
+                          want)
+                    << where;
+                EXPECT_EQ(kvpager_cpu_paged_attention_prefill_fp8(nullptr, nullptr, nullptr, nullptr, nullptr, nullptr,
+                                                                  num_seqs, hq, hkv, dim, bs, maxb, blocks, 0.1F, -1,
+                                                                  0.0F, q_dtype, ks, 1.0F, 1),
+                          want)
+                    << where;
+                // The plain functions over dtype 3: can_implement's answer for dtype -1 once the fields before the
+                // geometry (max_blocks_per_seq, num_seqs, heads) pass, whatever q_dtype or the scales say.
+                const std::int32_t plain =
+                    maxb <= 0 || num_seqs < 0 ? KVPAGER_STATUS_INVALID_ARGUMENT
+                    : hkv <= 0                ? KVPAGER_STATUS_BAD_HEADS
+                                              : kvpager_can_implement(blocks, bs, hkv, dim, -1);
+                EXPECT_EQ(kvpager_cpu_paged_attention_decode(nullptr, nullptr, nullptr, nullptr, nullptr, num_seqs, hq,
+                                                             hkv, dim, bs, maxb, blocks, 0.1F, KVPAGER_DTYPE_FP8_E4M3, 1),
+                          plain)
+                    << where;
+                EXPECT_EQ(kvpager_cpu_paged_attention_prefill(nullptr, nullptr, nullptr, nullptr, nullptr, nullptr,
+                                                              num_seqs, hq, hkv, dim, bs, maxb, blocks, 0.1F, -1, 0.0F,
+                                                              KVPAGER_DTYPE_FP8_E4M3, 1),
+                          plain)
+                    << where;
+                if (maxb > 0 && q_dtype >= KVPAGER_DTYPE_FP32 && q_dtype <= KVPAGER_DTYPE_BF16) {
+                  decode_params d;
+                  d.kv = paged_kv_view::hnd(nullptr, KVPAGER_DTYPE_FP8_E4M3, blocks, hkv, bs, dim);
+                  d.pages.row_stride = maxb;
+                  d.num_seqs = num_seqs;
+                  d.num_q_heads = hq;
+                  d.scale = 0.1F;
+                  d.q_dtype = q_dtype;
+                  d.k_scale = ks;
+                  const status sd = paged_attention_decode_cpu(d);
+                  EXPECT_EQ(sd.ok() ? KVPAGER_STATUS_OK : static_cast<std::int32_t>(sd.detail()), want) << where;
+                  prefill_params p;
+                  p.kv = d.kv;
+                  p.pages = d.pages;
+                  p.num_seqs = num_seqs;
+                  p.num_q_heads = hq;
+                  p.scale = 0.1F;
+                  p.q_dtype = q_dtype;
+                  p.k_scale = ks;
+                  const status sp = paged_attention_prefill_cpu(p);
+                  EXPECT_EQ(sp.ok() ? KVPAGER_STATUS_OK : static_cast<std::int32_t>(sp.detail()), want) << where;
+                }
+                ++checked;
+              }
+  EXPECT_EQ(checked, 2 * 3 * 3 * 2 * 2 * 2 * 6);
 }

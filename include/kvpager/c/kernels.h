@@ -273,6 +273,110 @@ KVPAGER_C_API int32_t kvpager_cpu_copy_blocks(void* const* kv_caches, int32_t nu
 KVPAGER_C_API int32_t kvpager_cpu_swap_blocks(void* dst, int32_t dst_blocks, const void* src, int32_t src_blocks,
                                               int64_t block_bytes, const int64_t* pairs, int32_t num_pairs);
 
+/* ------------------------------------------------------------------------- struct-taking entry points (0.3)
+ * One argument struct per operation, as the C++ interface has (kvpager/kernels/attention.hpp, prefill.hpp,
+ * block_moves.hpp): any pool strides (HND, NHD, K and V interleaved or apart), dense or CSR page tables, the LSE
+ * output, a caller's split workspace, window, soft cap and fp8 pools as a dtype value, none of which the positional
+ * functions above can express. Each struct starts with its own size: the caller sets struct_size = sizeof(the struct)
+ * as its header declares it. A size below this release's is KVPAGER_STATUS_INVALID_ARGUMENT; a larger one (a caller
+ * built against a later header) is accepted when every byte past the fields this library knows is zero (a later
+ * field's zero is its default), else INVALID_ARGUMENT. A NULL args pointer is INVALID_ARGUMENT. The fields, their
+ * defaults and every check and its order are the C++ params' (the struct is copied into them field by field and
+ * validated once); start from KVPAGER_*_ARGS_INIT, which sets the size and the C++ defaults.
+ */
+
+/** A paged KV pool: element (block, kv, head, token, dim) of K (kv = 0) or V (kv = 1) is at data[block *
+ *  stride_block + kv * stride_kv + head * stride_head + token * stride_token + dim], in elements of dtype. */
+typedef struct kvpager_kv_view {
+  const void* data;
+  int32_t dtype, num_blocks, num_kv_heads, block_size, head_dim, reserved; /**< reserved: 0 */
+  int64_t stride_block, stride_kv, stride_head, stride_token;
+} kvpager_kv_view;
+
+/** Which blocks each sequence reads: dense (block_table non-NULL: row s at block_table + s * row_stride, length
+ *  seq_lens[s]) or CSR (block_table NULL: blocks indices[indptr[s] .. indptr[s+1]), length (pages - 1) x block_size
+ *  + last_page_len[s]). */
+typedef struct kvpager_page_table {
+  const int32_t* block_table;
+  int64_t row_stride;
+  const int32_t* seq_lens;
+  const int32_t* indptr;
+  const int32_t* indices;
+  const int32_t* last_page_len;
+} kvpager_page_table;
+
+/** kvpager_cpu_decode's arguments: kvpager::decode_params field for field. */
+typedef struct kvpager_decode_args {
+  uint32_t struct_size; /**< sizeof(kvpager_decode_args) */
+  int32_t num_seqs;
+  void* out;
+  const void* query;
+  float* lse; /**< optional [num_seqs, num_q_heads] */
+  kvpager_kv_view kv;
+  kvpager_page_table pages;
+  int32_t num_q_heads;
+  float scale;
+  int32_t num_splits;  /**< 0 = chosen per call */
+  int32_t num_threads; /**< 0 = all cores */
+  void* workspace;
+  int64_t workspace_bytes;
+  int32_t window_left; /**< -1 = none */
+  float logits_soft_cap; /**< 0 = none */
+  int32_t q_dtype;       /**< -1 = the pool's dtype; an fp8 pool needs 0, 1 or 2 */
+  float k_scale, v_scale;
+  int32_t reserved; /**< 0 */
+} kvpager_decode_args;
+
+/** kvpager_cpu_prefill's arguments: kvpager::prefill_params field for field. */
+typedef struct kvpager_prefill_args {
+  uint32_t struct_size; /**< sizeof(kvpager_prefill_args) */
+  int32_t num_seqs;
+  void* out;
+  const void* query;
+  float* lse; /**< optional [qo_indptr[num_seqs], num_q_heads] */
+  kvpager_kv_view kv;
+  kvpager_page_table pages;
+  const int32_t* qo_indptr; /**< [num_seqs + 1] query row offsets */
+  int32_t num_q_heads;
+  float scale;
+  int32_t window_left;
+  float logits_soft_cap;
+  int32_t num_threads;
+  int32_t q_dtype;
+  float k_scale, v_scale;
+} kvpager_prefill_args;
+
+/** kvpager_cpu_append's arguments: kvpager::append_params field for field. */
+typedef struct kvpager_append_args {
+  uint32_t struct_size; /**< sizeof(kvpager_append_args) */
+  int32_t num_tokens;
+  kvpager_kv_view kv; /**< written through data */
+  const void* key;
+  const void* value;
+  const int64_t* slot_mapping;
+  int32_t src_dtype; /**< -1 = the pool's dtype; an fp8 pool needs 0, 1 or 2 */
+  float k_scale, v_scale;
+  int32_t reserved; /**< 0 */
+} kvpager_append_args;
+
+/** Initializers with the size set and the C++ defaults (q_dtype, src_dtype and window -1, scales 1). */
+#define KVPAGER_KV_VIEW_INIT {0, 1, 0, 0, 16, 128, 0, 0, 0, 0, 0}
+#define KVPAGER_PAGE_TABLE_INIT {0, 0, 0, 0, 0, 0}
+#define KVPAGER_DECODE_ARGS_INIT                                                                                     \
+  {(uint32_t)sizeof(kvpager_decode_args), 0, 0, 0, 0, KVPAGER_KV_VIEW_INIT, KVPAGER_PAGE_TABLE_INIT, 0, 1.0f, 0, 0, 0, \
+   0, -1, 0.0f, -1, 1.0f, 1.0f, 0}
+#define KVPAGER_PREFILL_ARGS_INIT                                                                                   \
+  {(uint32_t)sizeof(kvpager_prefill_args), 0, 0, 0, 0, KVPAGER_KV_VIEW_INIT, KVPAGER_PAGE_TABLE_INIT, 0, 0, 1.0f, -1, \
+   0.0f, 0, -1, 1.0f, 1.0f}
+#define KVPAGER_APPEND_ARGS_INIT {(uint32_t)sizeof(kvpager_append_args), 0, KVPAGER_KV_VIEW_INIT, 0, 0, 0, -1, 1.0f, 1.0f, 0}
+
+/** Decode attention over any view and page table (kvpager::paged_attention_decode_cpu; its checks, same order). */
+KVPAGER_C_API int32_t kvpager_cpu_decode(const kvpager_decode_args* args);
+/** Prefill attention over any view and page table (kvpager::paged_attention_prefill_cpu; its checks, same order). */
+KVPAGER_C_API int32_t kvpager_cpu_prefill(const kvpager_prefill_args* args);
+/** kv_append into any view, fp8 pools included (kvpager::kv_append_cpu; its checks, same order). */
+KVPAGER_C_API int32_t kvpager_cpu_append(const kvpager_append_args* args);
+
 /* ----------------------------------------------------------------------------------------------- CUDA
  * Same semantics on device memory, launched on `stream` (a cudaStream_t, NULL = default stream). Host-visible
  * arguments are checked before launch; block ids and slots live in device memory, so the kernels check them
@@ -387,7 +491,7 @@ KVPAGER_C_API int32_t kvpager_cuda_prefill_workspace_size(int32_t num_seqs, int6
  * into shared memory; an fp32 query runs on CUDA cores. Host checks, in this order: num_ctas < 1 or a negative
  * workspace_bytes, then max_blocks_per_seq, num_seqs, scale, k_scale and v_scale (finite and > 0, else
  * INVALID_ARGUMENT), heads, the pool geometry with dtype 3, q_dtype (UNSUPPORTED_DTYPE), the query size, window_left
- * and logits_soft_cap, the pointers (kernels/common/checks.hpp check_dense_prefill_fp8), then the workspace; the rows
+ * and logits_soft_cap, the pointers (kernels/common/checks.hpp check_dense_prefill on the fp8 path), then the workspace; the rows
  * and block ids are checked on the device as for the plain prefill.
  */
 KVPAGER_C_API int32_t kvpager_cuda_paged_attention_prefill_fp8(

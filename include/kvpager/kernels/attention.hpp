@@ -102,8 +102,10 @@ struct decode_params {
   /// output is then of the capped scores). Negative, NaN or infinite: invalid_argument.
   float logits_soft_cap = 0.0F;
   /// dtype of query and out: -1 (the default) = kv.dtype, the only choice for an fp32/fp16/bf16 pool (-1 or kv.dtype;
-  /// another value is KVPAGER_STATUS_UNSUPPORTED_DTYPE); an fp8 pool (kv.dtype = KVPAGER_DTYPE_FP8_E4M3) needs fp32, fp16 or bf16
-  /// here (-1 or any other value: UNSUPPORTED_DTYPE).
+  /// another value is KVPAGER_STATUS_UNSUPPORTED_DTYPE, before any other check). fp8 is a dtype value, not a family:
+  /// an fp8 pool (kv.dtype = KVPAGER_DTYPE_FP8_E4M3) runs with fp32, fp16 or bf16 here (another value:
+  /// UNSUPPORTED_DTYPE after the geometry, as kvpager_cpu_paged_attention_decode_fp8 answers it); with -1 or fp8 it is
+  /// answered as the plain decode answers dtype 3 (UNSUPPORTED_DTYPE in the geometry's order).
   std::int32_t q_dtype = -1;
   /// fp8 pools only (ignored otherwise): K = e4m3 x k_scale, V = e4m3 x v_scale (per tensor; finite and > 0, else
   /// invalid_argument), as kvpager_cpu_kv_append_fp8 stored them. Window and soft cap work over an fp8 pool too
@@ -128,8 +130,12 @@ inline constexpr std::int32_t max_planned_splits = 64;
 /// workspace sized once for the largest batch serves every step. -1 for fields out of range or a size beyond int64.
 [[nodiscard]] KVPAGER_KERNELS_EXPORT std::int64_t decode_workspace_size(const decode_params& p) noexcept;
 
-/// Runs decode attention. Validates everything (page tables and workspace included) before reading KV or writing
-/// out; on error nothing is written. Returns kernel_status(code) of the C ABI's code for the same input (for example
+/// Runs decode attention. One check (kernels/cpu/params_checks.hpp) validates everything before reading KV or writing
+/// out, in this order: the C decode functions' order for the fields they share (the query dtype, num_seqs, scale, an
+/// fp8 pool's scales, heads, the geometry, the query size and split workspace within int64, window and cap), then
+/// num_threads, the view's extent, the pointers and page-table pointers, num_splits, workspace_bytes and the
+/// workspace's alignment, then every sequence's length and block ids; on error nothing is written. The C functions
+/// fill a decode_params and call this (one validation per call). Returns kernel_status(code) of the C ABI's code for the same input (for example
 /// errc::invalid_block with detail() KVPAGER_STATUS_INVALID_BLOCK).
 [[nodiscard]] KVPAGER_KERNELS_EXPORT status paged_attention_decode_cpu(const decode_params& p) noexcept;
 

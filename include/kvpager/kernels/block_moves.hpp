@@ -28,7 +28,8 @@ struct append_params {
   const std::int64_t* slot_mapping = nullptr;  ///< [num_tokens]: block * block_size + offset; a negative slot is skipped
   std::int32_t num_tokens = 0;
   /// dtype of key and value: -1 (the default) = kv.dtype, the only choice for an fp32/fp16/bf16 pool (-1 or kv.dtype;
-  /// another value is UNSUPPORTED_DTYPE); an fp8 pool needs fp32, fp16 or bf16 here (-1: UNSUPPORTED_DTYPE) and stores
+  /// another value is UNSUPPORTED_DTYPE); an fp8 pool needs fp32, fp16 or bf16 here (-1 or fp8: UNSUPPORTED_DTYPE, in
+  /// the geometry's order, as the plain kv_append answers dtype 3; another value: after the geometry) and stores
   /// e4m3(x / k_scale) for K and e4m3(x / v_scale) for V (round to nearest even, saturated to +-448, NaN kept).
   std::int32_t src_dtype = -1;
   float k_scale = 1.0F, v_scale = 1.0F;  ///< fp8 pools only (finite and > 0, else invalid_argument)

@@ -37,25 +37,25 @@ struct prefill_params {
   std::int32_t window_left = -1;   ///< -1: no window; w >= 0: row at position p sees KV positions [p - w, p]
   float logits_soft_cap = 0.0F;    ///< > 0: score = cap * tanh(scale * q.k / cap); 0 = off (finite, >= 0)
   std::int32_t num_threads = 0;    ///< 0 = all cores
-  /// dtype of query and out, as decode_params::q_dtype: -1 (the default) = kv.dtype, the only choice for an
-  /// fp32/fp16/bf16 pool (-1 or kv.dtype; another value is KVPAGER_STATUS_UNSUPPORTED_DTYPE); an fp8 E4M3 pool
-  /// (kv.dtype = KVPAGER_DTYPE_FP8_E4M3) needs fp32, fp16 or bf16 here (with -1 the call is answered as the plain
-  /// prefill answers a pool of dtype 3: UNSUPPORTED_DTYPE, after the heads and head-dim checks).
+  /// dtype of query and out, exactly as decode_params::q_dtype: -1 (the default) = kv.dtype, the only choice for an
+  /// fp32/fp16/bf16 pool; an fp8 E4M3 pool runs with fp32, fp16 or bf16 here (with -1 the call is answered as the
+  /// plain prefill answers a pool of dtype 3: UNSUPPORTED_DTYPE, after the heads and head-dim checks).
   std::int32_t q_dtype = -1;
   /// fp8 pools only (ignored otherwise): K = e4m3 x k_scale, V = e4m3 x v_scale (per tensor; finite and > 0, else
   /// invalid_argument), as kvpager_cpu_kv_append_fp8 stored them. Window and soft cap work as over any pool.
   float k_scale = 1.0F, v_scale = 1.0F;
 };
 
-/// Runs prefill attention. Validates everything before reading KV or writing out, in decode's order with the prefill
-/// checks after their decode counterparts: num_threads (>= 0), num_seqs and scale, heads, pool geometry (decode's
-/// checks, same codes), window_left >= -1 and a finite non-negative soft cap, the view's extent, the pointers (non-null
-/// unless num_seqs is 0), qo_indptr (starts at 0, never decreases, query size within int64: INVALID_ARGUMENT), then
-/// per sequence its length (SEQ_TOO_LONG, or INVALID_ARGUMENT for a decreasing CSR indptr), q_len <= length
-/// (INVALID_ARGUMENT) and every block id (INVALID_BLOCK). On error nothing is written. Allocation: none once
+/// Runs prefill attention. One check (kernels/cpu/params_checks.hpp) validates everything before reading KV or
+/// writing out, in decode's order with the prefill checks after their decode counterparts: the query dtype, num_seqs
+/// and scale (and an fp8 pool's scales), heads, pool geometry (decode's checks, same codes), window_left >= -1 and a
+/// finite non-negative soft cap, num_threads (>= 0), the view's extent, the pointers (non-null unless num_seqs is 0),
+/// qo_indptr (starts at 0, never decreases, query size within int64: INVALID_ARGUMENT), then per sequence its length
+/// (SEQ_TOO_LONG, or INVALID_ARGUMENT for a decreasing CSR indptr), q_len <= length (INVALID_ARGUMENT) and every block
+/// id (INVALID_BLOCK). On error nothing is written. Allocation: none once
 /// the calling and worker threads' buffers have grown to the largest tile shape seen (they are kept per thread).
-/// An fp8 pool (q_dtype 0-2) is checked as kvpager_cpu_paged_attention_prefill_fp8 documents (the scales and q_dtype
-/// with decode_fp8's checks) and reads one byte per KV element. Returns kernel_status of the C ABI's code for the same
+/// An fp8 pool (q_dtype 0-2) is checked as kvpager_cpu_paged_attention_prefill_fp8 documents and reads one byte per
+/// KV element. The C functions fill a prefill_params and call this (one validation per call). Returns kernel_status of the C ABI's code for the same
 /// input.
 [[nodiscard]] KVPAGER_KERNELS_EXPORT status paged_attention_prefill_cpu(const prefill_params& p) noexcept;
 
