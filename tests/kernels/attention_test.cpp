@@ -1,8 +1,10 @@
 // SPDX-License-Identifier: Apache-2.0
-// CPU kernels of the C ABI against an independent fp64 reference computed from the stored (rounded) values:
-// paged decode attention over head dims, block sizes, GQA ratios and MQA, context lengths around block and
-// partition boundaries, mixed batches, shuffled block ids and NaN-poisoned unused slots; kv_append and copy_blocks
-// bit-exact; every bad argument rejected before KV memory is read.
+// CPU kernels of the C ABI against an independent fp64 reference computed from the stored (rounded) values: paged
+// decode attention as one suite over every pool dtype, fp8 under each query dtype a value of the parameter
+// (DecodeEveryDtype, at the end: head dims, block sizes, GQA ratios and MQA, context lengths around block and
+// partition boundaries, mixed batches, windows and soft caps, splits, LSE, CSR and NHD, shuffled block ids and
+// NaN-poisoned unused slots), then the plain pools' own decode tests; kv_append and copy_blocks bit-exact; every bad
+// argument rejected before KV memory is read.
 #include <kvpager/c/kernels.h>
 #include <kvpager/kvpager.hpp>
 #include <kvpager/kernels/attention.hpp>
@@ -12,6 +14,7 @@
 
 #include "kernels/common/checks.hpp"  // for_each_run: the run merging both swap_blocks use
 #include "kernels/common/decode_math.hpp"
+#include "prefill_fixture.hpp"
 
 #include <algorithm>
 #include <array>
@@ -21,6 +24,7 @@
 #include <limits>
 #include <numeric>
 #include <random>
+#include <tuple>
 #include <vector>
 
 #include <unistd.h>
@@ -146,59 +150,6 @@ double check(const problem& p, std::uint32_t seed, std::int32_t threads = 0, std
 }
 
 }  // namespace
-
-TEST(CpuDecodeAttention, MatchesReferenceAcrossShapes) {
-  const std::int32_t dims[] = {64, 80, 96, 112, 128, 256};
-  const std::int32_t block_sizes[] = {8, 16, 32};
-  // GQA 1, 2, 4, 8 and MQA, plus groups of 3, 5 and 7 (the vector paths tile query heads by 4: 3, 4 + 1, 4 + 3).
-  const std::pair<std::int32_t, std::int32_t> heads[] = {{4, 4}, {8, 4}, {8, 2}, {8, 1}, {16, 2}, {12, 4}, {10, 2}, {7, 1}};
-  std::uint32_t seed = 1;
-  for (std::int32_t dtype : {KVPAGER_DTYPE_FP32, KVPAGER_DTYPE_FP16, KVPAGER_DTYPE_BF16})
-    for (std::int32_t d : dims)
-      for (std::int32_t bs : block_sizes) {
-        const auto [hq, hkv] = heads[seed % 8];
-        problem p{dtype, hq, hkv, d, bs, 0, 0, {1, bs - 1, bs, bs + 1, 97, 513}};
-        p.max_blocks = (513 + bs - 1) / bs + 1;
-        p.num_blocks = 0;
-        for (std::int32_t len : p.lens) p.num_blocks += (len + bs - 1) / bs;
-        p.num_blocks += 5;  // unused, NaN-poisoned blocks
-        const double err = check(p, seed++);
-        EXPECT_LE(err, tolerance(dtype)) << "dtype " << dtype << " d " << d << " bs " << bs << " hq " << hq << " hkv " << hkv;
-      }
-}
-
-TEST(CpuDecodeAttention, LongContextsAndThreadCounts) {
-  for (std::int32_t dtype : {KVPAGER_DTYPE_FP32, KVPAGER_DTYPE_BF16}) {
-    problem p{dtype, 8, 2, 128, 16, 0, 260, {4097, 511, 512, 0, 2048}};
-    for (std::int32_t len : p.lens) p.num_blocks += (len + 15) / 16;
-    p.num_blocks += 3;
-    for (std::int32_t threads : {1, 2, 0}) EXPECT_LE(check(p, 77, threads), tolerance(dtype)) << threads;
-  }
-}
-
-TEST(CpuDecodeAttention, WindowAndSoftCapMatchReference) {
-  // Windows of 0 (the query's own token), inside a block, across blocks and longer than the sequence, with and without
-  // a soft cap (small caps bend most scores), every dtype, GQA 4 and a group of 3, one thread and all (splits: the
-  // 4097-token sequence is split when threads would idle).
-  struct variant {
-    std::int32_t window;
-    float cap;
-  };
-  const variant variants[] = {{0, 0.0F}, {5, 0.0F}, {100, 0.0F}, {-1, 0.5F}, {37, 2.0F}, {5000, 30.0F}};
-  std::uint32_t seed = 900;
-  for (std::int32_t dtype : {KVPAGER_DTYPE_FP32, KVPAGER_DTYPE_FP16, KVPAGER_DTYPE_BF16})
-    for (const variant& v : variants) {
-      const std::int32_t hq = seed % 2 == 0 ? 8 : 6, hkv = 2, bs = seed % 3 == 0 ? 8 : 16;
-      problem p{dtype, hq, hkv, 128, bs, 0, 0, {1, 17, 300, 0, 4097}};
-      p.max_blocks = (4097 + bs - 1) / bs;
-      for (std::int32_t len : p.lens) p.num_blocks += (len + bs - 1) / bs;
-      p.num_blocks += 2;
-      for (std::int32_t threads : {1, 0})
-        EXPECT_LE(check(p, seed, threads, v.window, v.cap), tolerance(dtype))
-            << "dtype " << dtype << " window " << v.window << " cap " << v.cap << " threads " << threads;
-      ++seed;
-    }
-}
 
 // Issue 21, point 1: the soft cap is cap * tanh(s / cap) to float accuracy for every cap, on every path (the tests
 // run once per dispatch path). The old CPU decode formed tanh as 1 - 2 / (e^(2x) + 1), which cancels for x << 1:
@@ -659,4 +610,268 @@ TEST(CpuDecodeAttention, PlanSplitsOnlyWhenThreadsWouldIdle) {
   EXPECT_GT(plan_decode(1, 1, 32768, 16), 1);
   EXPECT_EQ(plan_decode(1, 1, 100, 16), 1) << "short contexts are not split";
   EXPECT_LE(plan_decode(1, 1, 1 << 20, 1024), 64);
+}
+
+// ------------------------------------------------------------------ the decode over every dtype (issue 22, point 3)
+// One suite for every pool dtype, fp8 under each query dtype a value of the parameter: a decode problem is a prefill
+// problem of one query row per sequence (prefill_fixture.hpp: the same pool, poisoning and fp64 reference). The
+// reference tolerance is the decode's (fp32 output 1e-5, 2e-5 over an fp8 pool, whose scales add a rounding).
+
+namespace {
+
+double decode_tolerance(const kvpager_prefill_test::dtypes& t) {
+  if (t.kv == KVPAGER_DTYPE_FP8_E4M3) return kvpager_fp8_test::tolerance(t.q);
+  return tolerance(t.q);
+}
+
+struct decode_run {
+  std::int32_t threads = 0;
+  bool c_abi = false;         ///< the C functions (HND, dense, no LSE); otherwise the C++ operation with LSE
+  std::int32_t splits = 0;    ///< C++ only: num_splits, with a caller's workspace when > 0
+  float q_amp = 1.0F;         ///< scales the query (peaked softmax weights for large ones)
+};
+
+/// Runs the decode over `sh` (every q_len set to 1) and returns the worst relative error of output and LSE against the
+/// reference; a sequence of length 0 must give zeros (and LSE -inf).
+double decode_check(kvpager_prefill_test::shape sh, std::uint32_t seed, const decode_run& run = {}) {
+  sh.q_lens.assign(sh.lens.size(), 1);
+  kvpager_prefill_test::fixture f(sh, seed);
+  if (run.q_amp != 1.0F)
+    for (std::size_t i = 0; i < f.out_elems(); ++i)
+      kvpager_fp8_test::set(f.q, sh.q_dtype, i, static_cast<float>(run.q_amp * kvpager_fp8_test::get(f.q, sh.q_dtype, i)));
+  const auto S = static_cast<std::int32_t>(sh.lens.size());
+  std::vector<unsigned char> out(f.out_bytes(), 0xAB);
+  std::vector<float> lse(static_cast<std::size_t>(S * sh.hq), 123.0F), ws;
+  if (run.c_abi) {
+    const bool ex = sh.window != -1 || sh.cap != 0.0F;
+    std::int32_t rc = 0;
+    if (sh.fp8())
+      rc = ex ? kvpager_cpu_paged_attention_decode_fp8_ex(out.data(), f.q.data(), f.kv.data(), f.table.data(),
+                                                          sh.lens.data(), S, sh.hq, sh.hkv, sh.d, sh.bs, f.max_blocks,
+                                                          f.num_blocks, f.scale(), sh.window, sh.cap, sh.q_dtype,
+                                                          sh.k_scale, sh.v_scale, run.threads)
+              : kvpager_cpu_paged_attention_decode_fp8(out.data(), f.q.data(), f.kv.data(), f.table.data(),
+                                                       sh.lens.data(), S, sh.hq, sh.hkv, sh.d, sh.bs, f.max_blocks,
+                                                       f.num_blocks, f.scale(), sh.q_dtype, sh.k_scale, sh.v_scale,
+                                                       run.threads);
+    else
+      rc = ex ? kvpager_cpu_paged_attention_decode_ex(out.data(), f.q.data(), f.kv.data(), f.table.data(),
+                                                      sh.lens.data(), S, sh.hq, sh.hkv, sh.d, sh.bs, f.max_blocks,
+                                                      f.num_blocks, f.scale(), sh.window, sh.cap, sh.kv_dtype,
+                                                      run.threads)
+              : kvpager_cpu_paged_attention_decode(out.data(), f.q.data(), f.kv.data(), f.table.data(), sh.lens.data(),
+                                                   S, sh.hq, sh.hkv, sh.d, sh.bs, f.max_blocks, f.num_blocks, f.scale(),
+                                                   sh.kv_dtype, run.threads);
+    EXPECT_EQ(rc, KVPAGER_STATUS_OK);
+  } else {
+    const prefill_params pp = f.params(out.data(), lse.data());
+    decode_params p;
+    p.out = pp.out;
+    p.query = pp.query;
+    p.lse = pp.lse;
+    p.kv = pp.kv;
+    p.pages = pp.pages;
+    p.num_seqs = S;
+    p.num_q_heads = sh.hq;
+    p.scale = pp.scale;
+    p.window_left = sh.window;
+    p.logits_soft_cap = sh.cap;
+    p.num_threads = run.threads;
+    p.q_dtype = pp.q_dtype;
+    p.k_scale = pp.k_scale;
+    p.v_scale = pp.v_scale;
+    p.num_splits = run.splits;
+    if (run.splits > 0) {
+      ws.resize(static_cast<std::size_t>(decode_workspace_size(p) / 4 + 1));
+      p.workspace = ws.data();
+      p.workspace_bytes = static_cast<std::int64_t>(ws.size() * 4);
+    }
+    EXPECT_TRUE(paged_attention_decode_cpu(p));
+  }
+  double worst = 0;
+  std::vector<double> o;
+  double ref_lse = 0;
+  for (std::int32_t s = 0; s < S; ++s)
+    for (std::int32_t h = 0; h < sh.hq; ++h) {
+      const auto row = static_cast<std::size_t>((s * sh.hq + h) * sh.d);
+      if (sh.lens[static_cast<std::size_t>(s)] == 0) {
+        for (std::int32_t e = 0; e < sh.d; ++e) EXPECT_EQ(f.out(out, row + static_cast<std::size_t>(e)), 0.0) << s;
+        if (!run.c_abi) {
+          EXPECT_TRUE(std::isinf(lse[static_cast<std::size_t>(s * sh.hq + h)])) << "LSE of an empty sequence";
+        }
+        continue;
+      }
+      f.reference(s, h, o, ref_lse);
+      for (std::int32_t e = 0; e < sh.d; ++e) {
+        const double got = f.out(out, row + static_cast<std::size_t>(e));
+        if (std::isnan(got)) return INFINITY;  // a NaN from an unused slot reached the output
+        const double want = o[static_cast<std::size_t>(e)];
+        worst = std::max(worst, std::abs(got - want) / (1.0 + std::abs(want)));
+      }
+      if (!run.c_abi) {
+        const double got = lse[static_cast<std::size_t>(s * sh.hq + h)];
+        worst = std::max(worst, std::abs(got - ref_lse) / (1.0 + std::abs(ref_lse)));
+      }
+    }
+  return worst;
+}
+
+class DecodeEveryDtype : public ::testing::TestWithParam<kvpager_prefill_test::dtypes> {
+ protected:
+  [[nodiscard]] kvpager_prefill_test::shape base() const { return kvpager_prefill_test::shape(GetParam()); }
+  [[nodiscard]] double tol() const { return decode_tolerance(GetParam()); }
+  [[nodiscard]] std::uint32_t salt() const {
+    return static_cast<std::uint32_t>(GetParam().kv * 16 + GetParam().q) * 1000U;
+  }
+};
+
+// The prefix "Cpu" puts the suite under the kernels.<path>_path runs (--gtest_filter=Cpu*): every dispatch path.
+INSTANTIATE_TEST_SUITE_P(Cpu, DecodeEveryDtype, ::testing::ValuesIn(kvpager_prefill_test::every_dtype()),
+                         [](const ::testing::TestParamInfo<kvpager_prefill_test::dtypes>& i) {
+                           return kvpager_prefill_test::name_of(i.param);
+                         });
+
+}  // namespace
+
+TEST_P(DecodeEveryDtype, MatchesReferenceAcrossShapes) {
+  const std::int32_t dims[] = {64, 80, 96, 112, 128, 256};
+  const std::int32_t block_sizes[] = {8, 16, 32};
+  // MHA, GQA 2, 4, 8 and MQA, groups of 3, 5 and 7 (the vector paths tile query heads by 4: 3, 4 + 1, 4 + 3), 10 and
+  // 12 (two work items of up to 8 heads).
+  const std::pair<std::int32_t, std::int32_t> heads[] = {{4, 4}, {8, 4}, {8, 2}, {8, 1},  {16, 2}, {12, 4},
+                                                         {10, 2}, {7, 1}, {6, 2}, {20, 2}, {12, 1}};
+  const float scales[][2] = {{1.0F / 160, 1.0F / 224}, {0.02F, 0.5F / 448}, {1.0F, 1.0F / 400}};  // fp8 pools
+  std::uint32_t seed = 1;
+  for (const std::int32_t d : dims)
+    for (const std::int32_t bs : block_sizes) {
+      kvpager_prefill_test::shape sh = base();
+      std::tie(sh.hq, sh.hkv) = heads[seed % std::size(heads)];
+      sh.d = d;
+      sh.bs = bs;
+      sh.k_scale = scales[seed % 3][0];
+      sh.v_scale = scales[seed % 3][1];
+      // lengths around block boundaries, an empty sequence, and past the split and tile sizes
+      sh.lens = {1, bs - 1, bs, bs + 1, 97, 0, 300, 513};
+      decode_run run;
+      run.c_abi = seed % 2 == 0;
+      run.threads = seed % 3 == 0 ? 1 : 0;
+      EXPECT_LE(decode_check(sh, salt() + seed, run), tol())
+          << "d " << d << " bs " << bs << " hq " << sh.hq << " hkv " << sh.hkv << (run.c_abi ? " (C)" : " (C++)");
+      ++seed;
+    }
+}
+
+TEST_P(DecodeEveryDtype, LongContextsAndThreadCounts) {
+  kvpager_prefill_test::shape sh = base();
+  sh.hq = 8;
+  sh.hkv = 2;
+  sh.d = 128;
+  sh.bs = 16;
+  sh.lens = {4097, 511, 512, 0, 2048};
+  for (const std::int32_t threads : {1, 2, 0})
+    for (const bool c_abi : {true, false}) {
+      decode_run run;
+      run.threads = threads;
+      run.c_abi = c_abi;
+      EXPECT_LE(decode_check(sh, 77 + salt(), run), tol()) << threads << " threads" << (c_abi ? " (C)" : " (C++)");
+    }
+}
+
+TEST_P(DecodeEveryDtype, WindowAndSoftCapMatchReference) {
+  // Windows of 0 (the query's own token), inside a block, across blocks and longer than the sequence, with and without
+  // a soft cap (small caps bend most scores; caps whose s / cap is tiny, where 1 - 2 / (e^(2x) + 1) cancelled to 0,
+  // issue 21), GQA 4 and a group of 3, one thread and all (splits: the 4097-token sequence is split when threads
+  // would idle), through the _ex C functions and the C++ operation.
+  struct variant {
+    std::int32_t window;
+    float cap;
+  };
+  const variant variants[] = {{0, 0.0F},     {5, 0.0F},    {20, 0.0F},   {100, 0.0F},  {-1, 0.5F},
+                              {33, 5.0F},    {37, 2.0F},   {300, 30.0F}, {5000, 30.0F}, {-1, 0.25F},
+                              {-1, 1e6F},    {50, 1e8F},   {-1, std::numeric_limits<float>::max()}};
+  const std::int32_t dims[] = {128, 64, 80, 256, 96};
+  std::uint32_t seed = 900;
+  for (const variant& v : variants) {
+    kvpager_prefill_test::shape sh = base();
+    sh.hq = seed % 2 == 0 ? 8 : 6;
+    sh.hkv = 2;
+    sh.bs = seed % 3 == 0 ? 8 : 16;
+    sh.d = dims[seed % std::size(dims)];
+    sh.lens = {1, 17, 300, 0, 4097};
+    sh.window = v.window;
+    sh.cap = v.cap;
+    for (const std::int32_t threads : {1, 0}) {
+      decode_run run;
+      run.threads = threads;
+      run.c_abi = threads == 1;
+      EXPECT_LE(decode_check(sh, seed + salt(), run), tol())
+          << "window " << v.window << " cap " << v.cap << " threads " << threads;
+    }
+    ++seed;
+  }
+}
+
+TEST_P(DecodeEveryDtype, SplitsLseCsrAndNhdMatchReference) {
+  kvpager_prefill_test::shape sh = base();
+  sh.hq = 8;
+  sh.hkv = 2;
+  sh.d = 128;
+  sh.bs = 16;
+  sh.lens = {1500, 33, 0, 700};
+  for (const std::int32_t splits : {1, 3, 7, 13, 0}) {
+    decode_run run;
+    run.splits = splits;
+    EXPECT_LE(decode_check(sh, 50 + salt(), run), tol()) << "splits " << splits;
+  }
+  sh.csr = true;
+  EXPECT_LE(decode_check(sh, 51 + salt()), tol()) << "CSR";
+  kvpager_prefill_test::shape nhd = base();
+  nhd.hq = 6;
+  nhd.hkv = 3;
+  nhd.d = 64;
+  nhd.bs = 8;
+  nhd.lens = {40, 9};
+  nhd.nhd = true;
+  for (const bool csr : {false, true}) {
+    nhd.csr = csr;
+    decode_run run;
+    run.splits = 3;
+    EXPECT_LE(decode_check(nhd, 61 + salt(), run), tol()) << "NHD" << (csr ? ", CSR" : "");
+  }
+}
+
+TEST_P(DecodeEveryDtype, PlainFunctionIsTheExOneWithoutWindowOrCap) {
+  // Through the C functions: decode == decode_ex(window -1, cap 0), byte for byte (the _fp8 pair likewise).
+  kvpager_prefill_test::shape sh = base();
+  sh.hq = 8;
+  sh.hkv = 2;
+  sh.lens = {1, 17, 97, 0, 300};
+  sh.q_lens.assign(sh.lens.size(), 1);
+  const kvpager_prefill_test::fixture f(sh, 70 + salt());
+  const auto S = static_cast<std::int32_t>(sh.lens.size());
+  for (const std::int32_t threads : {1, 0}) {
+    std::vector<unsigned char> plain(f.out_bytes(), 0xAB), ex(f.out_bytes(), 0xCD);
+    if (sh.fp8()) {
+      ASSERT_EQ(kvpager_cpu_paged_attention_decode_fp8(plain.data(), f.q.data(), f.kv.data(), f.table.data(),
+                                                       sh.lens.data(), S, sh.hq, sh.hkv, sh.d, sh.bs, f.max_blocks,
+                                                       f.num_blocks, f.scale(), sh.q_dtype, sh.k_scale, sh.v_scale,
+                                                       threads),
+                KVPAGER_STATUS_OK);
+      ASSERT_EQ(kvpager_cpu_paged_attention_decode_fp8_ex(ex.data(), f.q.data(), f.kv.data(), f.table.data(),
+                                                          sh.lens.data(), S, sh.hq, sh.hkv, sh.d, sh.bs, f.max_blocks,
+                                                          f.num_blocks, f.scale(), -1, 0.0F, sh.q_dtype, sh.k_scale,
+                                                          sh.v_scale, threads),
+                KVPAGER_STATUS_OK);
+    } else {
+      ASSERT_EQ(kvpager_cpu_paged_attention_decode(plain.data(), f.q.data(), f.kv.data(), f.table.data(),
+                                                   sh.lens.data(), S, sh.hq, sh.hkv, sh.d, sh.bs, f.max_blocks,
+                                                   f.num_blocks, f.scale(), sh.kv_dtype, threads),
+                KVPAGER_STATUS_OK);
+      ASSERT_EQ(kvpager_cpu_paged_attention_decode_ex(ex.data(), f.q.data(), f.kv.data(), f.table.data(),
+                                                      sh.lens.data(), S, sh.hq, sh.hkv, sh.d, sh.bs, f.max_blocks,
+                                                      f.num_blocks, f.scale(), -1, 0.0F, sh.kv_dtype, threads),
+                KVPAGER_STATUS_OK);
+    }
+    EXPECT_EQ(plain, ex) << threads << " threads";
+  }
 }

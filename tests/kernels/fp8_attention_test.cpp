@@ -1,9 +1,10 @@
 // SPDX-License-Identifier: Apache-2.0
 // fp8 E4M3 KV on the CPU (issue 12, point 3): kvpager_cpu_kv_append_fp8 stores e4m3(x / scale) for every element;
-// kvpager_cpu_paged_attention_decode_fp8 and paged_attention_decode_cpu over an fp8 pool match an fp64 reference
-// computed from the stored fp8 values for every query dtype, head dim, block size and GQA ratio, with splits, LSE, CSR
-// tables and the NHD layout; bad scales and bad input leave the cache and the output byte-identical; the plain
-// functions still refuse dtype 3; the fp8 geometry is sized with one byte per element.
+// the decode over an fp8 pool's own tests (the reference checks for every query dtype, head dim, block size and GQA
+// ratio, with windows, soft caps, splits, LSE, CSR tables and the NHD layout, are attention_test.cpp's DecodeEveryDtype
+// suite, fp8 a value of its dtype parameter): the scales are applied to K and V; bad scales and bad input leave the
+// cache and the output byte-identical; the plain functions still refuse dtype 3; the fp8 geometry is sized with one
+// byte per element; every code is read exactly; each entry point answers bad input in the documented order.
 #include <kvpager/c/kernels.h>
 #include <kvpager/core/geometry.hpp>
 #include <kvpager/kernels/attention.hpp>
@@ -163,74 +164,7 @@ TEST(CpuFp8Decode, PlainFunctionsStillRefuseDtype3AndQueryDtypeMustMatchOtherPoo
   EXPECT_TRUE(paged_attention_decode_cpu(p).ok());
 }
 
-TEST(CpuFp8Decode, MatchesTheReferenceFromStoredValuesAcrossShapes) {
-  const std::int32_t dims[] = {64, 80, 96, 112, 128, 256};
-  const std::int32_t block_sizes[] = {8, 16, 32};
-  // MHA, GQA 2/4/8, groups of 3, 5, 7 (tiles of 4), 10 and 12 (two work items of up to 8 heads), MQA.
-  const std::pair<std::int32_t, std::int32_t> heads[] = {{4, 4}, {8, 4}, {8, 2}, {16, 2}, {6, 2}, {10, 2}, {7, 1},
-                                                         {20, 2}, {12, 1}};
-  std::uint32_t seed = 1;
-  for (const std::int32_t q_dtype : {KVPAGER_DTYPE_FP32, KVPAGER_DTYPE_FP16, KVPAGER_DTYPE_BF16})
-    for (const std::int32_t d : dims)
-      for (const std::int32_t bs : block_sizes) {
-        const auto [hq, hkv] = heads[seed % 9];
-        const fp8_problem pr(q_dtype, d, bs, hq, hkv, {1, bs - 1, bs, bs + 1, 97, 0, 300}, seed);
-        const auto what = ::testing::Message() << "q dtype " << q_dtype << " d " << d << " bs " << bs << " hq " << hq
-                                               << " hkv " << hkv;
-        int32_t rc = -1;
-        const auto out = run_c(pr, seed % 2 == 0 ? 1 : 0, &rc);
-        ASSERT_EQ(rc, KVPAGER_STATUS_OK) << what;
-        EXPECT_LE(pr.out_error(out), tolerance(q_dtype)) << what;
-        ++seed;
-      }
-}
 
-TEST(CpuFp8Decode, SplitsLseCsrAndNhdAgreeWithTheReference) {
-  for (const std::int32_t q_dtype : {KVPAGER_DTYPE_FP32, KVPAGER_DTYPE_BF16}) {
-    const fp8_problem pr(q_dtype, 128, 16, 8, 2, {1500, 33, 0, 700}, 50 + static_cast<std::uint32_t>(q_dtype));
-    std::vector<float> lse(static_cast<std::size_t>(pr.S * pr.hq), 99.0F);
-    for (const std::int32_t splits : {1, 3, 7, 0}) {
-      std::vector<unsigned char> out(pr.out_bytes(), 0xAB);
-      decode_params p = params_of(pr, out.data());
-      p.num_splits = splits;
-      p.lse = lse.data();
-      std::vector<float> ws(static_cast<std::size_t>(decode_workspace_size(p) / 4 + 1));
-      p.workspace = ws.data();
-      p.workspace_bytes = static_cast<std::int64_t>(ws.size() * 4);
-      ASSERT_TRUE(paged_attention_decode_cpu(p).ok()) << splits;
-      EXPECT_LE(pr.out_error(out), tolerance(q_dtype)) << "splits " << splits;
-      EXPECT_LE(pr.lse_error(lse), 1e-5) << "splits " << splits;
-    }
-    // The same tables as CSR (indptr / indices / last_page_len).
-    std::vector<std::int32_t> indptr = {0}, indices, last;
-    for (std::int32_t s = 0; s < pr.S; ++s) {
-      const std::int32_t len = pr.lens[static_cast<std::size_t>(s)], pages = (len + pr.bs - 1) / pr.bs;
-      for (std::int32_t b = 0; b < pages; ++b) indices.push_back(pr.table[static_cast<std::size_t>(s * pr.maxb + b)]);
-      indptr.push_back(static_cast<std::int32_t>(indices.size()));
-      last.push_back(pages == 0 ? 1 : len - (pages - 1) * pr.bs);
-    }
-    std::vector<unsigned char> out(pr.out_bytes(), 0xAB);
-    decode_params p = params_of(pr, out.data());
-    p.pages = page_table_view{nullptr, 0, nullptr, indptr.data(), indices.data(), last.data()};
-    ASSERT_TRUE(paged_attention_decode_cpu(p).ok());
-    EXPECT_LE(pr.out_error(out), tolerance(q_dtype)) << "CSR";
-  }
-  // NHD: the same values re-laid as [blocks, 2, block_size, kv_heads, head_dim].
-  const fp8_problem pr(KVPAGER_DTYPE_FP16, 64, 8, 6, 3, {40, 9}, 61);
-  std::vector<std::uint8_t> nhd(pr.kv.size());
-  for (std::int32_t b = 0; b < pr.nb; ++b)
-    for (std::int32_t kvi = 0; kvi < 2; ++kvi)
-      for (std::int32_t h = 0; h < pr.hkv; ++h)
-        for (std::int32_t t = 0; t < pr.bs; ++t)
-          for (std::int32_t e = 0; e < pr.d; ++e)
-            nhd[static_cast<std::size_t>((((b * 2 + kvi) * pr.bs + t) * pr.hkv + h) * pr.d + e)] =
-                pr.kv[static_cast<std::size_t>((((b * 2 + kvi) * pr.hkv + h) * pr.bs + t) * pr.d + e)];
-  std::vector<unsigned char> out(pr.out_bytes(), 0xAB);
-  decode_params p = params_of(pr, out.data());
-  p.kv = paged_kv_view::nhd(nhd.data(), KVPAGER_DTYPE_FP8_E4M3, pr.nb, pr.hkv, pr.bs, pr.d);
-  ASSERT_TRUE(paged_attention_decode_cpu(p).ok());
-  EXPECT_LE(pr.out_error(out), tolerance(KVPAGER_DTYPE_FP16)) << "NHD";
-}
 
 TEST(CpuFp8Decode, ScalesAreAppliedToKAndV) {
   // Doubling v_scale doubles the output; a K scale change equals the same change of the softmax scale.
@@ -288,80 +222,6 @@ TEST(CpuFp8Decode, BadInputLeavesTheOutputByteIdentical) {
   p.workspace_bytes = 32;
   EXPECT_EQ(paged_attention_decode_cpu(p).detail(), KVPAGER_STATUS_INVALID_ARGUMENT);
   EXPECT_EQ(out, before);
-}
-
-namespace {
-
-/// fp64 attention of every query row over the stored fp8 values with a window and a soft cap; the largest error of
-/// `out` relative to 1 + |reference|.
-double windowed_error(const fp8_problem& pr, const std::vector<unsigned char>& out, int32_t window_left, float cap) {
-  double worst = 0.0;
-  const int32_t group = pr.hq / pr.hkv;
-  for (int32_t s = 0; s < pr.S; ++s)
-    for (int32_t h = 0; h < pr.hq; ++h) {
-      const int32_t len = pr.lens[static_cast<std::size_t>(s)];
-      const int32_t first = window_left < 0 ? 0 : std::max(0, len - 1 - window_left);
-      std::vector<double> w;
-      double mx = -INFINITY;
-      for (int32_t t = first; t < len; ++t) {
-        double dot = 0.0;
-        for (int32_t e = 0; e < pr.d; ++e)
-          dot += kvpager_fp8_test::get(pr.q, pr.q_dtype, static_cast<std::size_t>((s * pr.hq + h) * pr.d + e)) *
-                 pr.value(s, t, 0, h / group, e);
-        double sc = dot * pr.scale;
-        if (cap > 0.0F) sc = cap * std::tanh(sc / cap);
-        w.push_back(sc);
-        mx = std::max(mx, sc);
-      }
-      double sum = 0.0;
-      for (double& x : w) sum += (x = std::exp(x - mx));
-      for (int32_t e = 0; e < pr.d; ++e) {
-        double ref = 0.0;
-        for (int32_t t = first; t < len; ++t) ref += w[static_cast<std::size_t>(t - first)] / sum * pr.value(s, t, 1, h / group, e);
-        const double got = kvpager_fp8_test::get(out, pr.q_dtype, static_cast<std::size_t>((s * pr.hq + h) * pr.d + e));
-        worst = std::max(worst, std::abs(got - (len > 0 ? ref : 0.0)) / (1.0 + std::abs(ref)));
-      }
-    }
-  return worst;
-}
-
-}  // namespace
-
-TEST(CpuFp8Decode, WindowAndSoftCapOfTheExFunctionMatchTheReference) {
-  struct cfg {
-    int32_t q_dtype, d, bs, hq, hkv, window_left;
-    float cap;
-  };
-  const cfg cases[] = {{KVPAGER_DTYPE_FP32, 64, 16, 8, 2, 20, 0.0F},  {KVPAGER_DTYPE_FP16, 128, 8, 4, 4, 0, 0.0F},
-                       {KVPAGER_DTYPE_BF16, 80, 32, 6, 3, 33, 5.0F},   {KVPAGER_DTYPE_FP32, 256, 16, 4, 1, -1, 0.25F},
-                       {KVPAGER_DTYPE_FP16, 96, 16, 10, 2, 300, 30.0F},
-                       // issue 21, point 1: caps whose s / cap is tiny (1 - 2 / (e^(2x) + 1) cancelled to 0 there)
-                       {KVPAGER_DTYPE_FP32, 64, 16, 8, 2, -1, 1e6F},   {KVPAGER_DTYPE_FP32, 128, 16, 4, 1, 50, 1e8F},
-                       {KVPAGER_DTYPE_FP32, 64, 8, 4, 4, -1, std::numeric_limits<float>::max()}};
-  std::uint32_t seed = 70;
-  for (const cfg& c : cases)
-    for (const int32_t threads : {1, 0}) {
-      const fp8_problem pr(c.q_dtype, c.d, c.bs, c.hq, c.hkv, {1, c.bs + 1, 97, 0, 300}, seed++);
-      std::vector<unsigned char> out(pr.out_bytes(), 0xAB);
-      const int32_t rc = kvpager_cpu_paged_attention_decode_fp8_ex(
-          out.data(), pr.q.data(), pr.kv.data(), pr.table.data(), pr.lens.data(), pr.S, pr.hq, pr.hkv, pr.d, pr.bs,
-          pr.maxb, pr.nb, pr.scale, c.window_left, c.cap, pr.q_dtype, pr.k_scale, pr.v_scale, threads);
-      const auto what = ::testing::Message() << "q dtype " << c.q_dtype << " d " << c.d << " window " << c.window_left
-                                             << " cap " << c.cap << " threads " << threads;
-      ASSERT_EQ(rc, KVPAGER_STATUS_OK) << what;
-      EXPECT_LE(windowed_error(pr, out, c.window_left, c.cap), tolerance(c.q_dtype)) << what;
-      // The plain fp8 function is the _ex one with no window and no cap.
-      int32_t plain_rc = -1;
-      const auto plain = run_c(pr, threads, &plain_rc);
-      ASSERT_EQ(plain_rc, KVPAGER_STATUS_OK);
-      std::vector<unsigned char> none(pr.out_bytes(), 0xAB);
-      ASSERT_EQ(kvpager_cpu_paged_attention_decode_fp8_ex(none.data(), pr.q.data(), pr.kv.data(), pr.table.data(),
-                                                          pr.lens.data(), pr.S, pr.hq, pr.hkv, pr.d, pr.bs, pr.maxb,
-                                                          pr.nb, pr.scale, -1, 0.0F, pr.q_dtype, pr.k_scale,
-                                                          pr.v_scale, threads),
-                KVPAGER_STATUS_OK);
-      EXPECT_EQ(none, plain) << what;
-    }
 }
 
 TEST(CpuFp8Decode, BadWindowOrCapOfTheExFunctionLeavesTheOutputByteIdentical) {

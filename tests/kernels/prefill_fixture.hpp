@@ -16,6 +16,7 @@
 #include <cmath>
 #include <cstdint>
 #include <limits>
+#include <ostream>
 #include <random>
 #include <string>
 #include <vector>
@@ -41,6 +42,8 @@ inline std::string dtype_name(std::int32_t d) {
 inline std::string name_of(const dtypes& t) {
   return t.kv == t.q ? dtype_name(t.kv) : dtype_name(t.kv) + "_q" + dtype_name(t.q);
 }
+/// How GoogleTest prints a parameter (in a failure's "where GetParam() = ...").
+inline void PrintTo(const dtypes& t, std::ostream* os) { *os << name_of(t); }
 
 /// Output tolerance (relative to 1 + |reference|): the query/output rounding of q_dtype plus fp32 accumulation.
 inline double tolerance(std::int32_t q_dtype) {
