@@ -664,22 +664,8 @@ double decode_check(kvpager_prefill_test::shape sh, std::uint32_t seed, const de
                                                    sh.kv_dtype, run.threads);
     EXPECT_EQ(rc, KVPAGER_STATUS_OK);
   } else {
-    const prefill_params pp = f.params(out.data(), lse.data());
-    decode_params p;
-    p.out = pp.out;
-    p.query = pp.query;
-    p.lse = pp.lse;
-    p.kv = pp.kv;
-    p.pages = pp.pages;
-    p.num_seqs = S;
-    p.num_q_heads = sh.hq;
-    p.scale = pp.scale;
-    p.window_left = sh.window;
-    p.logits_soft_cap = sh.cap;
+    decode_params p = kvpager_prefill_test::decode_of(f.params(out.data(), lse.data()));
     p.num_threads = run.threads;
-    p.q_dtype = pp.q_dtype;
-    p.k_scale = pp.k_scale;
-    p.v_scale = pp.v_scale;
     p.num_splits = run.splits;
     if (run.splits > 0) {
       ws.resize(static_cast<std::size_t>(decode_workspace_size(p) / 4 + 1));

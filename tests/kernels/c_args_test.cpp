@@ -241,20 +241,7 @@ TEST(CStructEntryPoints, EveryBadInputGetsTheCppAnswerAndWritesNothing) {
     EXPECT_EQ(kvpager_cpu_prefill(&a), want) << i;
     // The decode of the same fields (its rows are one per sequence: the qo_indptr cases do not apply).
     if (p.qo_indptr != nullptr && p.qo_indptr == b.t.qo.data()) {
-      decode_params d;
-      d.out = p.out;
-      d.query = p.query;
-      d.kv = p.kv;
-      d.pages = p.pages;
-      d.num_seqs = p.num_seqs;
-      d.num_q_heads = p.num_q_heads;
-      d.scale = p.scale;
-      d.window_left = p.window_left;
-      d.logits_soft_cap = p.logits_soft_cap;
-      d.num_threads = p.num_threads;
-      d.q_dtype = p.q_dtype;
-      d.k_scale = p.k_scale;
-      d.v_scale = p.v_scale;
+      const decode_params d = kvpager_prefill_test::decode_of(p);
       const kvpager_decode_args da = c_decode(d);
       EXPECT_EQ(kvpager_cpu_decode(&da), code(paged_attention_decode_cpu(d))) << i;
     }

@@ -15,6 +15,8 @@
 #include <limits>
 #include <vector>
 
+#include "paged_tables.hpp"
+
 using namespace kvpager;
 
 namespace {
@@ -47,15 +49,7 @@ struct batch {
     return p;
   }
   decode_params decode() {
-    const prefill_params f = prefill();
-    decode_params d;
-    d.out = f.out;
-    d.query = f.query;
-    d.kv = f.kv;
-    d.pages = f.pages;
-    d.num_seqs = f.num_seqs;
-    d.num_q_heads = f.num_q_heads;
-    d.scale = f.scale;
+    decode_params d = kvpager_prefill_test::decode_of(prefill());
     d.num_splits = 1;
     return d;
   }
