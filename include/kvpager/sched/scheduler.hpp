@@ -100,12 +100,12 @@ class scheduler : public scheduler_queues {
   }
 
   /// One scheduling step; it begins the cache's step (the previous step's plan must have been executed). The
-  /// returned step_output holds the plan (out.plan, the cache's: valid until the step's first complete() or
-  /// complete_scheduled(), which take the step as executed), and copies of everything else (valid until the next
-  /// schedule()). In order: pending forks, priority
-  /// preemption (scheduler_config::priority_preemption: the waiting head that outranks running requests displaces
-  /// them and is admitted first), running decodes, partially computed prompts, swap-ins, admissions (the last two
-  /// not in a step that preempted).
+  /// returned step_output holds the plan (out.plan, the cache's: valid until the step's first successful complete()
+  /// or complete_scheduled(), which takes the step as executed; a refused one changes nothing), and copies of
+  /// everything else (valid until the next schedule()). In order: pending forks, priority preemption
+  /// (scheduler_config::priority_preemption: the waiting head that outranks running requests displaces them and is
+  /// admitted first), running decodes, partially computed prompts, swap-ins, admissions (the last two not in a step
+  /// that preempted).
   const step_output& schedule() {
     cache_.begin_step();
     out_.clear();
@@ -226,10 +226,10 @@ class scheduler : public scheduler_queues {
   status set_swap_cost(const swap_cost_model& m) noexcept { return tuners_.set_swap_cost(cfg_, m); }
 
  private:
-  /// The first sampled token of a step (a complete or complete_scheduled call that succeeds) says the step ran, its plan executed: the
-  /// cache's step ends there (cache.begin_step(): blocks a planned copy kept busy are free again before the
-  /// finished requests free theirs, in vLLM's order). The scheduler owns the step boundary: an engine never calls
-  /// begin_step() around a scheduler step.
+  /// The first sampled token of a step (a complete or complete_scheduled call that succeeds) says the step ran, its
+  /// plan executed: the cache's step ends there (cache.begin_step(): blocks a planned copy kept busy are free again
+  /// before the finished requests free theirs, in vLLM's order). The scheduler owns the step boundary: an engine never
+  /// calls begin_step() around a scheduler step.
   void plan_executed() {
     if (!step_open_) return;
     step_open_ = false;
