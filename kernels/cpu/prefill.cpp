@@ -156,19 +156,7 @@ std::int32_t as_decode(const kvpager::prefill_params& p, item_buffers& b) noexce
   if (p.window_left >= 0 || p.logits_soft_cap > 0.0F || p.num_seqs == 0) return -1;
   for (std::int32_t s = 0; s < p.num_seqs; ++s)
     if (p.qo_indptr[s + 1] - p.qo_indptr[s] != 1) return -1;
-  kvpager::decode_params d;
-  d.out = p.out;
-  d.query = p.query;
-  d.lse = p.lse;
-  d.kv = p.kv;
-  d.pages = p.pages;
-  d.num_seqs = p.num_seqs;
-  d.num_q_heads = p.num_q_heads;
-  d.scale = p.scale;
-  d.num_threads = p.num_threads;
-  d.q_dtype = p.q_dtype;
-  d.k_scale = p.k_scale;
-  d.v_scale = p.v_scale;
+  kvpager::decode_params d = kvpager::decode_params_of(p);
   // The split decode would choose for itself (its rule: a call under 8192 (token, query head) pairs runs on one
   // thread), chosen here so that the workspace is sized for that split only, not for the most any call could take.
   std::int32_t max_len = 0;

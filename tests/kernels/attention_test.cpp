@@ -664,7 +664,7 @@ double decode_check(kvpager_prefill_test::shape sh, std::uint32_t seed, const de
                                                    sh.kv_dtype, run.threads);
     EXPECT_EQ(rc, KVPAGER_STATUS_OK);
   } else {
-    decode_params p = kvpager_prefill_test::decode_of(f.params(out.data(), lse.data()));
+    decode_params p = decode_params_of(f.params(out.data(), lse.data()));
     p.num_threads = run.threads;
     p.num_splits = run.splits;
     if (run.splits > 0) {

@@ -241,7 +241,7 @@ TEST(CStructEntryPoints, EveryBadInputGetsTheCppAnswerAndWritesNothing) {
     EXPECT_EQ(kvpager_cpu_prefill(&a), want) << i;
     // The decode of the same fields (its rows are one per sequence: the qo_indptr cases do not apply).
     if (p.qo_indptr != nullptr && p.qo_indptr == b.t.qo.data()) {
-      const decode_params d = kvpager_prefill_test::decode_of(p);
+      const decode_params d = decode_params_of(p);
       const kvpager_decode_args da = c_decode(d);
       EXPECT_EQ(kvpager_cpu_decode(&da), code(paged_attention_decode_cpu(d))) << i;
     }

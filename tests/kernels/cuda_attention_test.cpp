@@ -49,7 +49,7 @@ struct batch {
     return p;
   }
   decode_params decode() {
-    decode_params d = kvpager_prefill_test::decode_of(prefill());
+    decode_params d = decode_params_of(prefill());
     d.num_splits = 1;
     return d;
   }

@@ -14,26 +14,6 @@
 
 namespace kvpager_prefill_test {
 
-/// The decode_params with the fields a prefill_params shares (a batch of one query row per sequence is both).
-inline kvpager::decode_params decode_of(const kvpager::prefill_params& p) {
-  kvpager::decode_params d;
-  d.out = p.out;
-  d.query = p.query;
-  d.lse = p.lse;
-  d.kv = p.kv;
-  d.pages = p.pages;
-  d.num_seqs = p.num_seqs;
-  d.num_q_heads = p.num_q_heads;
-  d.scale = p.scale;
-  d.window_left = p.window_left;
-  d.logits_soft_cap = p.logits_soft_cap;
-  d.num_threads = p.num_threads;
-  d.q_dtype = p.q_dtype;
-  d.k_scale = p.k_scale;
-  d.v_scale = p.v_scale;
-  return d;
-}
-
 /// Calls fn(j) for every KV position j < len that a query row at position `pos` may not attend to: after it, or,
 /// with window >= 0, before pos - window (issue 21: what the masked-position tests poison).
 template <class Fn>

@@ -46,6 +46,28 @@ struct prefill_params {
   float k_scale = 1.0F, v_scale = 1.0F;
 };
 
+/// The decode_params with the fields a prefill_params shares (window and cap, the query dtype and scales included):
+/// a batch of one query row per sequence is a decode of the same arguments. The decode's own fields (num_splits,
+/// workspace) keep their defaults.
+[[nodiscard]] constexpr decode_params decode_params_of(const prefill_params& p) noexcept {
+  decode_params d;
+  d.out = p.out;
+  d.query = p.query;
+  d.lse = p.lse;
+  d.kv = p.kv;
+  d.pages = p.pages;
+  d.num_seqs = p.num_seqs;
+  d.num_q_heads = p.num_q_heads;
+  d.scale = p.scale;
+  d.window_left = p.window_left;
+  d.logits_soft_cap = p.logits_soft_cap;
+  d.num_threads = p.num_threads;
+  d.q_dtype = p.q_dtype;
+  d.k_scale = p.k_scale;
+  d.v_scale = p.v_scale;
+  return d;
+}
+
 /// Runs prefill attention. One check (kernels/cpu/params_checks.hpp) validates everything before reading KV or
 /// writing out, in decode's order with the prefill checks after their decode counterparts: the query dtype, num_seqs
 /// and scale (and an fp8 pool's scales), heads, pool geometry (decode's checks, same codes), window_left >= -1 and a
