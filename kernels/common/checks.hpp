@@ -2,7 +2,7 @@
 #pragma once
 // Argument checks shared by the CPU and CUDA entry points of the C ABI, so both reject the same inputs with the
 // same status codes (documented in include/kvpager/c/kernels.h). Host code only. The rules, for every entry point:
-//  - one geometry check (check_kv_geometry) for every kernel that takes a KV pool's shape;
+//  - one geometry check (check_pool_geometry) for every kernel that takes a KV pool's shape;
 //  - every size in bytes (pool, query/output, key/value, workspace) is computed in 64 bits and must fit in int64:
 //    a product that overflows is KVPAGER_STATUS_INVALID_ARGUMENT, never undefined behaviour;
 //  - a pointer may be null only when nothing is read or written through it (its count is zero); a call with nothing
@@ -57,11 +57,6 @@ inline int32_t check_pool_geometry(int32_t num_kv_heads, int32_t head_dim, int32
     return KVPAGER_STATUS_INVALID_ARGUMENT;
   return KVPAGER_STATUS_OK;
 }
-/// The plain (fp32/fp16/bf16) kernels' geometry check: an fp8 pool is UNSUPPORTED_DTYPE here.
-inline int32_t check_kv_geometry(int32_t num_kv_heads, int32_t head_dim, int32_t block_size, int32_t dtype,
-                                 int32_t num_blocks) {
-  return check_pool_geometry(num_kv_heads, head_dim, block_size, dtype, num_blocks, valid_dtype(dtype));
-}
 
 /// The most KV splits a decode call takes (CPU and CUDA).
 constexpr int32_t max_decode_splits = 256;
@@ -102,7 +97,7 @@ inline int32_t fp8_entry_io_dtype(int32_t io_dtype) {
 /// The scalar arguments of every decode and prefill entry point (CPU and CUDA, every pool dtype), checked before any
 /// pointer is read. The plain path (fp8_path false): a query dtype other than -1 or the pool's first
 /// (UNSUPPORTED_DTYPE), then num_seqs (non-negative) and scale (finite), else INVALID_ARGUMENT; query heads (a positive
-/// multiple of the KV heads, else BAD_HEADS); the pool geometry (check_kv_geometry: an fp8 pool is UNSUPPORTED_DTYPE
+/// multiple of the KV heads, else BAD_HEADS); the pool geometry (check_pool_geometry: an fp8 pool is UNSUPPORTED_DTYPE
 /// here); then the query and output size, num_seqs x num_q_heads x head_dim x element bytes, and the split workspace
 /// (num_splits from 1 to 256) within int64. The fp8 path: num_seqs, scale, and k_scale and v_scale finite and positive
 /// (INVALID_ARGUMENT); query heads (BAD_HEADS); the fp8 pool's geometry; q_dtype fp32/fp16/bf16 (else
@@ -240,7 +235,7 @@ inline int32_t plan_prefill_ctas(int32_t total_q_rows, int32_t num_q_heads, int3
 }
 
 /// kv_append arguments (CPU and CUDA, every pool dtype), src_dtype the key/value dtype (-1: the pool's). The plain path
-/// (fp8_path false): num_tokens non-negative, the pool geometry (check_kv_geometry), the key and value size num_tokens
+/// (fp8_path false): num_tokens non-negative, the pool geometry (check_pool_geometry), the key and value size num_tokens
 /// x num_kv_heads x head_dim x element bytes within int64, every pointer non-null unless num_tokens is 0
 /// (INVALID_ARGUMENT), then a src_dtype other than -1 or the pool's (UNSUPPORTED_DTYPE). The fp8 path: num_tokens
 /// non-negative and both scales finite and positive (INVALID_ARGUMENT); the fp8 pool's geometry; src_dtype
