@@ -1,0 +1,280 @@
+// SPDX-License-Identifier: Apache-2.0
+#pragma once
+// The engine loop: kvpager's scheduler over a shipped composition, one step at a time, written only against the
+// public API (docs/generate.md):
+//
+//   const step_output& out = sched.schedule();        // the step: plan, slot mapping, page tables, tokens, positions
+//   exec.run_plan(*out.plan);                          // swaps and copies (copy-on-write), every layer
+//   model.forward(out.input_ids, out.positions, ...)   // K/V by kv_append, attention by kvpager's kernels
+//   sched.complete_scheduled(i, token, finished);      // the sampled token of each entry whose prompt is done
+//
+// Parallel sampling (n > 1) forks: when a request's prompt is computed, its other samples are forked from it
+// (scheduler::fork: they share its blocks by reference count; the first write into the shared partial block copies
+// it, a copy the plan carries). Each sample draws its own first token from the prompt's logits, so the parent gives
+// its token only once the children exist (the step after), and each child gives its own then. A fork the cache
+// refuses falls back to a request of its own with the same prompt (a prefix hit). Every sample ends finished ("stop",
+// "length") or with the reason it was refused.
+
+#include <algorithm>
+#include <chrono>
+#include <cstdint>
+#include <functional>
+#include <string>
+#include <unordered_map>
+#include <vector>
+
+#include <kvpager/monitor/metrics.hpp>
+#include <kvpager/sched/scheduler.hpp>
+
+#include "model.hpp"
+#include "paged_attention.hpp"
+#include "results.hpp"
+
+namespace kvgen {
+
+struct engine_options {
+  std::int32_t max_model_len = 0;
+  std::int32_t keep_top = 0;  ///< top logits kept per generated position (--logprobs / --top-logits / --reference)
+  std::vector<std::int32_t> eos;
+  std::int64_t bytes_per_block = 0;  ///< KV bytes of one block over all layers (the monitor's byte figures)
+  /// Called after every step with its number and the snapshot (for --report and progress).
+  std::function<void(std::int64_t, const kvpager::metrics_snapshot&, std::int64_t done, std::int64_t total)> on_step;
+};
+
+/// What the run measured.
+struct engine_stats {
+  std::int64_t steps = 0, prompt_tokens = 0, computed_tokens = 0, prefill_tokens = 0, decode_tokens = 0;
+  std::int64_t generated = 0, forks = 0, fork_fallbacks = 0, block_copies = 0, swap_outs = 0, swap_ins = 0;
+  double wall_s = 0, schedule_s = 0, plan_s = 0, forward_s = 0, sample_s = 0;
+  double peak_kv_usage = 0;
+  /// Largest (allocated slots - held tokens) / running sequences over the steps: at most one partly filled block.
+  double max_slack_tokens_per_seq = 0;
+  std::int64_t max_slack_tokens = 0, slack_sequences_at_max = 0;
+};
+
+template <class Cache>
+class engine {
+ public:
+  engine(transformer& m, Cache& cache, kvpager::step_executor& exec, paged_attention& attn,
+         const kvpager::scheduler_config& cfg, engine_options o)
+      : m_(m), cache_(cache), exec_(exec), attn_(attn), sched_(cache, cfg), o_(std::move(o)) {}
+
+  [[nodiscard]] const kvpager::scheduler<Cache>& scheduler() const noexcept { return sched_; }
+  [[nodiscard]] const engine_stats& stats() const noexcept { return st_; }
+
+  /// Runs every request to its end. Returns "" or the error that stopped the run (a kernel or executor error).
+  std::string run(const std::vector<gen_request>& reqs, std::vector<request_result>& results) {
+    using clock = std::chrono::steady_clock;
+    const auto start = clock::now();
+    const auto since = [&] { return std::chrono::duration<double>(clock::now() - start).count(); };
+    results.assign(reqs.size(), {});
+    for (std::size_t r = 0; r < reqs.size(); ++r) {
+      results[r].samples.resize(static_cast<std::size_t>(reqs[r].n));
+      st_.prompt_tokens += static_cast<std::int64_t>(reqs[r].prompt.size()) * reqs[r].n;
+      if (reqs[r].max_tokens == 0) {
+        for (sample_result& s : results[r].samples) s.finish_reason = "length";
+        continue;
+      }
+      const kvpager::seq_id id = new_seq(static_cast<std::int32_t>(r), 0);
+      seqs_[id].forks_pending = reqs[r].n > 1;
+      add(id, reqs, results);
+    }
+    std::vector<std::int32_t> rows;
+    std::vector<float> logits;
+    std::int64_t idle = 0;
+    while (live_ > 0) {
+      auto t = clock::now();
+      const kvpager::step_output& out = sched_.schedule();
+      st_.schedule_s += std::chrono::duration<double>(clock::now() - t).count();
+      ++st_.steps;
+      t = clock::now();
+      if (const kvpager::status s = exec_.run_plan(*out.plan); !s) return std::string("step plan: ") + s.message();
+      st_.block_copies += static_cast<std::int64_t>(out.plan->copies().size());
+      st_.swap_outs += static_cast<std::int64_t>(out.plan->swap_outs().size());
+      st_.swap_ins += static_cast<std::int64_t>(out.plan->swap_ins().size());
+      st_.plan_s += std::chrono::duration<double>(clock::now() - t).count();
+      // The forward pass over the step's tokens; logits for each entry whose last pending token is computed.
+      rows.clear();
+      for (std::size_t i = 0; i < out.scheduled.size(); ++i) {
+        const kvpager::scheduled_sequence& e = out.scheduled[i];
+        (e.prefill ? st_.prefill_tokens : st_.decode_tokens) += e.num_tokens;
+        if (e.last_chunk) rows.push_back(out.query_start_loc[i + 1] - 1);
+      }
+      st_.computed_tokens += out.num_tokens();
+      t = clock::now();
+      if (!out.scheduled.empty()) {
+        attn_.begin(out);
+        if (std::string e = m_.forward(out.input_ids, out.positions, attn_, rows, logits); !e.empty()) return e;
+      }
+      st_.forward_s += std::chrono::duration<double>(clock::now() - t).count();
+      t = clock::now();
+      std::int64_t given = 0;
+      for (const kvpager::finished_request& f : out.finished)
+        end(f.id, reqs, results, f.reason == kvpager::finish_reason::length_cap ? "length"
+                                 : f.reason == kvpager::finish_reason::too_long
+                                     ? "too_long: the sequence no longer fits the KV cache"
+                                     : std::string("cache_error: ") + out.error.message());
+      for (const kvpager::seq_id c : out.dropped_forks) {  // the parent stopped or the cache refused: run it alone
+        ++st_.fork_fallbacks;
+        --live_;  // counted when the fork was asked for; add() counts it again
+        seqs_[c].await_own = false;
+        seqs_[c].own_logits.clear();
+        add(c, reqs, results);
+      }
+      for (const kvpager::seq_id c : out.forked) seqs_[c].await_own = true;
+      std::size_t row = 0;
+      for (std::size_t i = 0; i < out.scheduled.size(); ++i) {
+        const kvpager::scheduled_sequence& e = out.scheduled[i];
+        if (!e.last_chunk) continue;
+        const float* lg = logits.data() + row++ * static_cast<std::size_t>(m_.config().vocab_size);
+        seq& s = seqs_.at(e.id);
+        if (s.forks_pending) {  // n > 1: fork the other samples first; each then draws its own first token
+          s.forks_pending = false;
+          s.own_logits.assign(lg, lg + m_.config().vocab_size);
+          s.await_own = true;
+          s.await_step = st_.steps + 1;
+          for (std::int32_t k = 1; k < reqs[static_cast<std::size_t>(s.req)].n; ++k) {
+            const kvpager::seq_id c = new_seq(s.req, k);
+            seq& child = seqs_.at(c);
+            child.own_logits = seqs_.at(e.id).own_logits;
+            ++live_;
+            if (sched_.fork(e.id, c)) {
+              ++st_.forks;
+            } else {
+              ++st_.fork_fallbacks;
+              --live_;
+              seqs_.at(c).own_logits.clear();
+              add(c, reqs, results);
+            }
+          }
+          continue;
+        }
+        s.await_own = false;
+        if (std::string err = give(e.id, lg, reqs, results, since, i); !err.empty()) return err;
+        ++given;
+      }
+      // Samples that draw from logits computed earlier: forked children, and parents once their children exist.
+      awaiting_.clear();
+      for (const auto& [id, s] : seqs_)
+        if (s.await_own && s.await_step <= st_.steps && sched_.state(id) == kvpager::request_state::running &&
+            sched_.num_computed_tokens(id) == static_cast<std::int32_t>(sched_.tokens(id).size()))
+          awaiting_.push_back(id);
+      std::sort(awaiting_.begin(), awaiting_.end());
+      for (const kvpager::seq_id id : awaiting_) {
+        seq& s = seqs_.at(id);
+        s.await_own = false;
+        std::vector<float> lg = std::move(s.own_logits);
+        s.own_logits.clear();
+        if (std::string err = give(id, lg.data(), reqs, results, since, SIZE_MAX); !err.empty()) return err;
+        ++given;
+      }
+      st_.sample_s += std::chrono::duration<double>(clock::now() - t).count();
+      const kvpager::metrics_snapshot snap = kvpager::take_snapshot(cache_, sched_, o_.bytes_per_block);
+      st_.peak_kv_usage = std::max(st_.peak_kv_usage, snap.kv_cache_usage);
+      const auto cs = cache_.stats();
+      const std::int64_t slack = std::int64_t{cs.logical} * cs.block_size - cs.tokens;
+      const std::int64_t running = sched_.stats().running;
+      if (running > 0 && static_cast<double>(slack) / static_cast<double>(running) > st_.max_slack_tokens_per_seq) {
+        st_.max_slack_tokens_per_seq = static_cast<double>(slack) / static_cast<double>(running);
+        st_.max_slack_tokens = slack;
+        st_.slack_sequences_at_max = running;
+      }
+      if (o_.on_step) o_.on_step(st_.steps, snap, done_, total_);
+      idle = out.num_tokens() == 0 && given == 0 && out.forked.empty() ? idle + 1 : 0;
+      if (idle > 1000) return "no progress in 1000 steps (" + std::to_string(live_) + " samples left)";
+    }
+    st_.wall_s = since();
+    return "";
+  }
+
+ private:
+  struct seq {
+    std::int32_t req = 0, sample = 0;
+    bool forks_pending = false;  ///< n > 1 and its prompt not computed yet: fork the others when it is
+    bool await_own = false;      ///< draws its next token from own_logits once it is running with nothing pending
+    std::int64_t await_step = 0;
+    std::vector<float> own_logits;
+  };
+
+  kvpager::seq_id new_seq(std::int32_t req, std::int32_t sample) {
+    const kvpager::seq_id id = next_id_++;
+    seqs_[id] = seq{req, sample, false, false, 0, {}};
+    ++total_;
+    return id;
+  }
+
+  void add(kvpager::seq_id id, const std::vector<gen_request>& reqs, std::vector<request_result>& results) {
+    const seq& s = seqs_.at(id);
+    const gen_request& r = reqs[static_cast<std::size_t>(s.req)];
+    const auto a = sched_.add_request(id, r.prompt, 0);
+    if (!a || *a == kvpager::admission::never) {
+      // Refused whole: its prompt cannot fit even an empty cache (or the cache's table limit).
+      std::string why = !a ? std::string("rejected: ") + a.error().message()
+                           : "rejected: the prompt does not fit the KV cache (" + std::to_string(r.prompt.size()) +
+                                 " tokens)";
+      const std::int32_t first = s.forks_pending ? 0 : s.sample, last = s.forks_pending ? r.n : s.sample + 1;
+      for (std::int32_t k = first; k < last; ++k)
+        results[static_cast<std::size_t>(s.req)].samples[static_cast<std::size_t>(k)].finish_reason = why;
+      seqs_.erase(id);
+      ++done_;
+      return;
+    }
+    ++live_;
+  }
+
+  void end(kvpager::seq_id id, const std::vector<gen_request>& reqs, std::vector<request_result>& results,
+           const std::string& why) {
+    const auto it = seqs_.find(id);
+    if (it == seqs_.end()) return;
+    const seq& s = it->second;
+    const std::int32_t first = s.forks_pending ? 0 : s.sample,
+                       last = s.forks_pending ? reqs[static_cast<std::size_t>(s.req)].n : s.sample + 1;
+    for (std::int32_t k = first; k < last; ++k)
+      results[static_cast<std::size_t>(s.req)].samples[static_cast<std::size_t>(k)].finish_reason = why;
+    seqs_.erase(it);
+    --live_;
+    ++done_;
+  }
+
+  template <class Since>
+  std::string give(kvpager::seq_id id, const float* lg, const std::vector<gen_request>& reqs,
+                   std::vector<request_result>& results, Since&& since, std::size_t entry) {
+    seq& s = seqs_.at(id);
+    const gen_request& r = reqs[static_cast<std::size_t>(s.req)];
+    sample_result& out = results[static_cast<std::size_t>(s.req)].samples[static_cast<std::size_t>(s.sample)];
+    position_record rec;
+    const std::int32_t tok =
+        sample_token(lg, m_.config().vocab_size, r.sampling, static_cast<std::uint32_t>(s.sample),
+                     static_cast<std::int32_t>(out.tokens.size()), o_.keep_top, rec, scratch_);
+    out.tokens.push_back(tok);
+    out.positions.push_back(std::move(rec));
+    if (out.first_token_s < 0) out.first_token_s = since();
+    ++st_.generated;
+    const char* why = stop_reason(r, o_.eos, tok, out.tokens.size(), o_.max_model_len);
+    const bool fin = *why != 0;
+    const kvpager::status st = entry != SIZE_MAX ? sched_.complete_scheduled(entry, tok, fin) : sched_.complete(id, tok, fin);
+    if (!st) return "complete(" + std::to_string(id) + "): " + st.message();
+    if (fin) {
+      out.finish_reason = why;
+      seqs_.erase(id);
+      --live_;
+      ++done_;
+    }
+    return "";
+  }
+
+  transformer& m_;
+  Cache& cache_;
+  kvpager::step_executor& exec_;
+  paged_attention& attn_;
+  kvpager::scheduler<Cache> sched_;
+  engine_options o_;
+  engine_stats st_;
+  std::unordered_map<kvpager::seq_id, seq> seqs_;
+  kvpager::seq_id next_id_ = 1;
+  std::int64_t live_ = 0, done_ = 0, total_ = 0;
+  std::vector<std::pair<float, std::int32_t>> scratch_;
+  std::vector<kvpager::seq_id> awaiting_;
+};
+
+}  // namespace kvgen

@@ -1,0 +1,387 @@
+// SPDX-License-Identifier: Apache-2.0
+// kvpager-generate: offline batch generation for Hugging Face decoder-only checkpoints (llama, qwen2, mistral) served
+// on kvpager: its scheduler over a shipped cache composition, K/V in paged pools written by kv_append, attention by
+// kvpager's prefill and decode kernels, the step's swaps and copies by the step executor. docs/generate.md.
+//
+//   kvpager-generate MODEL_DIR requests.jsonl [--output FILE] [--logprobs K] [--top-logits K] [--reference]
+//       [--num-blocks N | --kv-bytes B] [--block-size B] [--kv-dtype fp32|fp16|bf16|fp8] [--max-num-batched-tokens T]
+//       [--max-num-seqs S] [--preemption swap|recompute|hybrid] [--num-host-blocks H] [--composition NAME]
+//       [--threads N] [--json] [--report DIR]
+//
+// Exit status: 0, 1 (--reference found an output that differs, or the run failed), 2 (bad input: the command line, a
+// checkpoint file, tensor or field, a requests line), each with a message naming what was wrong.
+
+#include <unistd.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cmath>
+#include <cstdint>
+#include <cstdio>
+#include <filesystem>
+#include <fstream>
+#include <memory>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include <CLI/CLI.hpp>
+#include <nlohmann/json.hpp>
+
+#include <kvpager/cache/compositions.hpp>
+#include <kvpager/kernels/can_implement.hpp>
+#include <kvpager/kernels/step_executor.hpp>
+#include <kvpager/monitor/prometheus.hpp>
+
+#include "checkpoint.hpp"
+#include "cli_options.hpp"
+#include "engine.hpp"
+#include "model.hpp"
+#include "paged_attention.hpp"
+#include "reference.hpp"
+#include "requests.hpp"
+
+extern "C" void openblas_set_num_threads(int);  // OpenBLAS's own (cblas.h declares it; kept explicit here)
+
+namespace {
+
+using ordered_json = nlohmann::ordered_json;
+
+struct settings {
+  std::string model_dir, requests, output, report, composition = "hybrid_swap", kv_dtype = "fp32",
+                                                  preemption = "hybrid";
+  std::int32_t logprobs = 0, top_logits = 0, block_size = 16, max_num_seqs = 64, threads = 0, max_model_len = 0;
+  std::int64_t num_blocks = 0, kv_bytes = 0, num_host_blocks = -1, max_num_batched_tokens = 512;
+  double k_scale = 1.0, v_scale = 1.0, tolerance = -1;
+  bool reference = false, json = false, quiet = false;
+};
+
+double percentile(std::vector<double> v, double p) {
+  if (v.empty()) return 0;
+  std::sort(v.begin(), v.end());
+  const auto i = static_cast<std::size_t>(std::ceil(p * static_cast<double>(v.size()))) - 1;
+  return v[std::min(i, v.size() - 1)];
+}
+
+/// The default tolerance of --reference per KV dtype: logits of fp32 activations over K/V rounded alike differ by
+/// summation order only; rounded queries and outputs (fp16, bf16) and fp8 K/V can land one step of rounding apart.
+double default_tolerance(kvpager::kv_dtype d) {
+  switch (d) {
+    case kvpager::kv_dtype::f32: return 2e-3;
+    case kvpager::kv_dtype::f16: return 2e-2;
+    default: return 1e-1;
+  }
+}
+
+template <class Cache>
+int serve(const settings& s, const kvgen::model_weights& w, const std::vector<kvgen::gen_request>& reqs,
+          kvpager::kv_dtype dtype, std::int32_t max_model_len, std::int32_t threads) {
+  const kvgen::model_config& c = w.config;
+  // The pool: one geometry for every layer, the block count from --num-blocks or --kv-bytes.
+  kvpager::kv_geometry g{1, s.block_size, c.num_kv_heads, c.head_dim, dtype};
+  const std::int64_t per_block = kvpager::block_bytes(g) * c.num_layers;
+  std::int64_t blocks = s.num_blocks;
+  if (blocks == 0) blocks = (s.kv_bytes > 0 ? s.kv_bytes : std::int64_t{256} << 20) / per_block;
+  if (blocks < 1 || blocks > INT32_MAX - 1) {
+    std::fprintf(stderr, "kvpager-generate: --kv-bytes gives %lld blocks of %lld bytes (over %d layers); need 1 to 2^31-2\n",
+                 static_cast<long long>(blocks), static_cast<long long>(per_block), c.num_layers);
+    return kvtools::exit_bad_input;
+  }
+  const bool has_host = s.composition != "vllm_v1";
+  const std::int64_t host = !has_host ? 0 : s.num_host_blocks >= 0 ? s.num_host_blocks : blocks / 4;
+  if (!has_host && s.num_host_blocks > 0)
+    std::fprintf(stderr, "kvpager-generate: --composition vllm_v1 has no host pool; --num-host-blocks ignored\n");
+  const kvpager::cache_config cc{.block_size = s.block_size,
+                                 .num_blocks = static_cast<std::int32_t>(blocks + 1),
+                                 .reserved_blocks = 1,
+                                 .max_blocks_per_seq = (max_model_len + s.block_size - 1) / s.block_size,
+                                 .num_host_blocks = static_cast<std::int32_t>(host),
+                                 .num_kv_heads = c.num_kv_heads,
+                                 .head_dim = c.head_dim,
+                                 .dtype = dtype};
+  auto cache = Cache::create(cc, kvpager::can_implement);
+  if (!cache) {
+    std::fprintf(stderr, "kvpager-generate: the KV cache (block size %d, head_dim %d, %d KV heads, %s): %s\n",
+                 s.block_size, c.head_dim, c.num_kv_heads, s.kv_dtype.c_str(), cache.error().message());
+    return kvtools::exit_bad_input;
+  }
+  auto pools = kvpager::host_kv_pools::create(cache->geometry(), cc.num_host_blocks, c.num_layers);
+  if (!pools) {
+    std::fprintf(stderr, "kvpager-generate: cannot create the KV pools: %s\n", pools.error().message());
+    return 1;
+  }
+  kvpager::scheduler_config sc;
+  sc.max_num_seqs = s.max_num_seqs;
+  sc.max_num_batched_tokens = s.max_num_batched_tokens;
+  sc.preemption = s.preemption == "swap"        ? kvpager::preemption_mode::swap
+                  : s.preemption == "recompute" ? kvpager::preemption_mode::recompute
+                                                : kvpager::preemption_mode::cache_policy;
+  if (const kvpager::status st = sc.validate(); !st) {
+    std::fprintf(stderr, "kvpager-generate: scheduler configuration: %s\n", st.message());
+    return kvtools::exit_bad_input;
+  }
+
+  kvgen::transformer model(w);
+  kvgen::paged_attention attn(pools->executor(), c, threads, static_cast<float>(s.k_scale), static_cast<float>(s.v_scale));
+  const std::int32_t keep = std::max({s.logprobs, s.top_logits, s.reference ? 8 : 0, 2});
+  kvgen::engine_options eo;
+  eo.max_model_len = max_model_len;
+  eo.keep_top = keep;
+  eo.eos = c.eos_ids;
+  eo.bytes_per_block = per_block;
+  std::ofstream steps_csv;
+  if (!s.report.empty()) {
+    std::error_code ec;
+    std::filesystem::create_directories(s.report, ec);
+    steps_csv.open(s.report + "/steps.csv");
+    if (!steps_csv) {
+      std::fprintf(stderr, "kvpager-generate: --report %s: cannot write steps.csv\n", s.report.c_str());
+      return kvtools::exit_bad_input;
+    }
+    steps_csv << "step,running,waiting,swapped,kv_cache_usage,preemptions,swap_events,prefix_hit_rate\n";
+  }
+  const bool tty = isatty(2) != 0 && !s.quiet;
+  kvpager::metrics_snapshot last{};
+  eo.on_step = [&](std::int64_t step, const kvpager::metrics_snapshot& m, std::int64_t done, std::int64_t total) {
+    last = m;
+    if (steps_csv)
+      steps_csv << step << ',' << m.running << ',' << m.waiting << ',' << m.swapped << ',' << m.kv_cache_usage << ','
+                << m.preemptions() << ',' << m.swap_events() << ',' << m.prefix_hit_rate << '\n';
+    if (tty && step % 8 == 0)
+      std::fprintf(stderr, "\rkvpager-generate: step %lld, %lld/%lld samples done, KV %.0f%%   ",
+                   static_cast<long long>(step), static_cast<long long>(done), static_cast<long long>(total),
+                   100.0 * m.kv_cache_usage);
+  };
+  kvgen::engine<Cache> eng(model, *cache, pools->executor(), attn, sc, eo);
+  std::vector<kvgen::request_result> results;
+  if (std::string e = eng.run(reqs, results); !e.empty()) {
+    if (tty) std::fputc('\n', stderr);
+    std::fprintf(stderr, "kvpager-generate: %s\n", e.c_str());
+    return 1;
+  }
+  if (tty) std::fprintf(stderr, "\r%80s\r", "");
+
+  if (!s.output.empty()) {
+    std::ofstream out(s.output);
+    if (!out) {
+      std::fprintf(stderr, "kvpager-generate: --output %s: cannot write\n", s.output.c_str());
+      return kvtools::exit_bad_input;
+    }
+    for (std::size_t r = 0; r < reqs.size(); ++r)
+      out << kvgen::result_json(reqs[r], results[r], s.logprobs, s.top_logits).dump() << '\n';
+  }
+
+  // --reference: every sample again, alone, over contiguous K/V.
+  kvgen::reference_check chk;
+  chk.tolerance = s.tolerance >= 0 ? s.tolerance : default_tolerance(dtype);
+  double ref_s = 0;
+  if (s.reference) {
+    const auto t0 = std::chrono::steady_clock::now();
+    kvgen::transformer ref_model(w);
+    kvgen::io_dtype dt;
+    dt.pool = dtype;
+    kvgen::contiguous_attention ref_attn(c, dt, static_cast<float>(s.k_scale), static_cast<float>(s.v_scale));
+    std::vector<float> scratch;
+    for (std::size_t r = 0; r < reqs.size(); ++r)
+      for (std::size_t k = 0; k < results[r].samples.size(); ++k) {
+        const kvgen::sample_result& got = results[r].samples[k];
+        if (got.finish_reason != "stop" && got.finish_reason != "length") continue;  // refused: nothing to compare
+        kvgen::sample_result want;
+        if (std::string e = kvgen::reference_sample(ref_model, ref_attn, reqs[r], static_cast<std::uint32_t>(k), c.eos_ids,
+                                                    max_model_len, keep, want, scratch);
+            !e.empty()) {
+          std::fprintf(stderr, "kvpager-generate: reference: %s\n", e.c_str());
+          return 1;
+        }
+        kvgen::compare_sample(got, want, "request " + reqs[r].id.dump() + " sample " + std::to_string(k), chk);
+      }
+    ref_s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  }
+
+  // The summary.
+  const kvgen::engine_stats& st = eng.stats();
+  const kvpager::scheduler_stats ss = eng.scheduler().stats();
+  std::int64_t samples = 0, finished = 0, refused = 0;
+  std::vector<double> ttft;
+  for (const auto& r : results)
+    for (const auto& x : r.samples) {
+      ++samples;
+      (x.finish_reason == "stop" || x.finish_reason == "length" ? finished : refused) += 1;
+      if (x.first_token_s >= 0) ttft.push_back(x.first_token_s);
+    }
+  std::int64_t prompt_tokens = 0;
+  for (const auto& r : reqs) prompt_tokens += static_cast<std::int64_t>(r.prompt.size());
+  const kvgen::forward_times& ft = model.times();
+  const double wall = std::max(st.wall_s, 1e-9);
+  ordered_json j;
+  j["model"] = {{"model_type", c.model_type}, {"layers", c.num_layers}, {"hidden_size", c.hidden_size},
+                {"heads", c.num_heads}, {"kv_heads", c.num_kv_heads}, {"head_dim", c.head_dim},
+                {"vocab_size", c.vocab_size}, {"parameters", w.parameters}, {"weights_mapped_bytes", w.mapped_bytes},
+                {"weights_converted_bytes", w.converted_bytes}};
+  j["kv"] = {{"dtype", s.kv_dtype}, {"blocks", blocks}, {"block_size", s.block_size}, {"host_blocks", host},
+             {"bytes_per_block", per_block}, {"composition", s.composition}};
+  j["requests"] = reqs.size();
+  j["samples"] = samples;
+  j["finished"] = finished;
+  j["refused"] = refused;
+  j["prompt_tokens"] = prompt_tokens;
+  j["generated_tokens"] = st.generated;
+  j["computed_tokens"] = st.computed_tokens;
+  j["prefill_tokens"] = st.prefill_tokens;
+  j["decode_tokens"] = st.decode_tokens;
+  j["steps"] = st.steps;
+  j["wall_s"] = st.wall_s;
+  j["prefill_tokens_per_s"] = static_cast<double>(st.prefill_tokens) / wall;
+  j["decode_tokens_per_s"] = static_cast<double>(st.decode_tokens) / wall;
+  j["generated_tokens_per_s"] = static_cast<double>(st.generated) / wall;
+  j["ttft_p50_s"] = percentile(ttft, 0.5);
+  j["ttft_p99_s"] = percentile(ttft, 0.99);
+  j["prefix_hit_rate"] = ss.prefix.query_tokens > 0 ? static_cast<double>(ss.prefix.hit_tokens) / ss.prefix.query_tokens : 0.0;
+  j["prefix_hit_tokens"] = ss.prefix.hit_tokens;
+  j["preemptions_swap"] = ss.preempted_swap;
+  j["preemptions_recompute"] = ss.preempted_recompute;
+  j["swapped_out_blocks"] = st.swap_outs;
+  j["swapped_in_blocks"] = st.swap_ins;
+  j["block_copies"] = st.block_copies;
+  j["forks"] = st.forks;
+  j["fork_fallbacks"] = st.fork_fallbacks;
+  j["peak_kv_usage"] = st.peak_kv_usage;
+  j["kv_slack_tokens_per_seq_max"] = st.max_slack_tokens_per_seq;
+  j["time_share"] = {{"scheduler_cache_exports", st.schedule_s / wall}, {"plan", st.plan_s / wall},
+                     {"gemm", ft.gemm_s / wall}, {"attention", ft.attention_s / wall},
+                     {"other_forward", ft.other_s / wall}, {"sampling", st.sample_s / wall}};
+  j["threads"] = threads;
+  if (s.reference)
+    j["reference"] = {{"samples", chk.samples}, {"identical", chk.identical}, {"near_tie", chk.near_tie},
+                      {"mismatched", chk.mismatched}, {"positions", chk.positions},
+                      {"max_logit_diff", chk.max_logit_diff}, {"tolerance", chk.tolerance},
+                      {"matched", chk.mismatched == 0 && chk.max_logit_diff <= chk.tolerance}, {"seconds", ref_s}};
+  if (!s.report.empty()) {
+    std::ofstream(s.report + "/summary.json") << j.dump(2) << '\n';
+    std::string prom;
+    kvpager::write_prometheus(prom, last);
+    std::ofstream(s.report + "/metrics.prom") << prom;
+  }
+  if (s.json) {
+    std::printf("%s\n", j.dump(2).c_str());
+  } else {
+    const auto row = [](const char* k, const std::string& v) { std::printf("  %-40s %s\n", k, v.c_str()); };
+    const auto f = [](const char* fmt, double x) {
+      char b[64];
+      std::snprintf(b, sizeof b, fmt, x);
+      return std::string(b);
+    };
+    std::printf("kvpager-generate: %s, %d layers, hidden %d, %d/%d heads x %d, vocab %d; KV %s, %lld blocks x %d "
+                "tokens (%s), %d threads\n\n",
+                c.model_type.c_str(), c.num_layers, c.hidden_size, c.num_heads, c.num_kv_heads, c.head_dim, c.vocab_size,
+                s.kv_dtype.c_str(), static_cast<long long>(blocks), s.block_size, s.composition.c_str(), threads);
+    row("requests (samples)", std::to_string(reqs.size()) + " (" + std::to_string(samples) + ", " +
+                                  std::to_string(refused) + " refused)");
+    row("prompt tokens / generated tokens", std::to_string(prompt_tokens) + " / " + std::to_string(st.generated));
+    row("steps", std::to_string(st.steps));
+    row("prefill tokens/s", f("%.1f", static_cast<double>(st.prefill_tokens) / wall));
+    row("decode tokens/s", f("%.1f", static_cast<double>(st.decode_tokens) / wall));
+    row("time to first token p50 / p99", f("%.3f s", percentile(ttft, 0.5)) + " / " + f("%.3f s", percentile(ttft, 0.99)));
+    row("prefix hit rate (tokens)", f("%.1f%%", 100.0 * j["prefix_hit_rate"].get<double>()));
+    row("preemptions (swap + recompute)", std::to_string(ss.preempted_swap) + " + " + std::to_string(ss.preempted_recompute));
+    row("blocks swapped out / in", std::to_string(st.swap_outs) + " / " + std::to_string(st.swap_ins));
+    row("forks (copy-on-write block copies)", std::to_string(st.forks) + " (" + std::to_string(st.block_copies) + ")");
+    row("peak KV usage", f("%.1f%%", 100.0 * st.peak_kv_usage));
+    row("time: scheduler+cache / GEMM / attention",
+        f("%.2f%%", 100.0 * st.schedule_s / wall) + " / " + f("%.1f%%", 100.0 * ft.gemm_s / wall) + " / " +
+            f("%.1f%%", 100.0 * ft.attention_s / wall));
+    row("wall time", f("%.2f s", st.wall_s));
+    if (s.reference)
+      std::printf("\nreference (one sample at a time, contiguous K/V, no cache): %lld/%lld samples identical%s, "
+                  "max logit difference %.2g (tolerance %.2g): %s\n",
+                  static_cast<long long>(chk.identical), static_cast<long long>(chk.samples),
+                  chk.near_tie > 0 ? (", " + std::to_string(chk.near_tie) + " diverge at a near tie").c_str() : "",
+                  chk.max_logit_diff, chk.tolerance,
+                  chk.mismatched == 0 && chk.max_logit_diff <= chk.tolerance ? "every output matched" : "MISMATCH");
+  }
+  if (s.reference && !(chk.mismatched == 0 && chk.max_logit_diff <= chk.tolerance)) {
+    if (!chk.first_problem.empty()) std::fprintf(stderr, "kvpager-generate: reference: %s\n", chk.first_problem.c_str());
+    return 1;
+  }
+  return 0;
+}
+
+int run_main(int argc, char** argv) {
+  CLI::App app{"kvpager-generate: offline batch generation for Hugging Face checkpoints (llama, qwen2, mistral) served "
+               "on kvpager's scheduler, paged KV cache and kernels"};
+  settings s;
+  using kvtools::finite_range;
+  using kvtools::int_range;
+  app.add_option("model_dir", s.model_dir, "checkpoint directory (config.json, model.safetensors or shards)")->required();
+  app.add_option("requests", s.requests, "requests, JSON Lines (id, prompt_ids, max_tokens, n, temperature, top_k, "
+                                         "top_p, seed, ignore_eos)")->required();
+  app.add_option("--output", s.output, "write the outputs as JSON Lines here");
+  app.add_option("--logprobs", s.logprobs, "top-K log-probabilities of every generated position")->check(int_range(0, 1024));
+  app.add_option("--top-logits", s.top_logits, "top-K raw logits (top_ids, top_logits, lse) of every generated position")
+      ->check(int_range(0, 1024));
+  app.add_flag("--reference", s.reference, "also run every sample alone over contiguous K/V without kvpager and "
+                                            "compare (exit 1 on a difference)");
+  app.add_option("--tolerance", s.tolerance, "--reference's logit tolerance (default by --kv-dtype)")
+      ->check(finite_range(0, 1e6));
+  app.add_option("--num-blocks", s.num_blocks, "KV blocks in the device pool")->check(int_range(1, INT32_MAX - 1));
+  app.add_option("--kv-bytes", s.kv_bytes, "KV pool size in bytes over all layers (default 256 MiB)")
+      ->check(int_range(1, std::int64_t{1} << 50));
+  app.add_option("--block-size", s.block_size, "tokens per block")->check(int_range(1, 1 << 16));
+  app.add_option("--kv-dtype", s.kv_dtype, "fp32, fp16, bf16 or fp8 (E4M3 with --k-scale, --v-scale)");
+  app.add_option("--k-scale", s.k_scale, "fp8 K scale")->check(finite_range(0, 1e30, true));
+  app.add_option("--v-scale", s.v_scale, "fp8 V scale")->check(finite_range(0, 1e30, true));
+  app.add_option("--max-num-batched-tokens", s.max_num_batched_tokens, "token budget of a step")
+      ->check(int_range(1, 1 << 24));
+  app.add_option("--max-num-seqs", s.max_num_seqs, "running sequences at most")->check(int_range(1, 1 << 20));
+  app.add_option("--max-model-len", s.max_model_len, "context length (default: max_position_embeddings)")
+      ->check(int_range(1, 1 << 24));
+  app.add_option("--preemption", s.preemption, "swap, recompute or hybrid (the cache decides: swap while the host pool has room)");
+  app.add_option("--num-host-blocks", s.num_host_blocks, "host (swap) pool blocks (default a quarter of the device pool)")
+      ->check(int_range(0, INT32_MAX));
+  app.add_option("--composition", s.composition, "cache composition: hybrid_swap or vllm_v1");
+  app.add_option("--threads", s.threads, "threads of the GEMMs and the kernels (0: every core)")->check(int_range(0, 1024));
+  app.add_flag("--json", s.json, "print the summary as JSON");
+  app.add_flag("--quiet", s.quiet, "no progress line");
+  app.add_option("--report", s.report, "write steps.csv, metrics.prom and summary.json into this directory");
+  if (const int rc = kvtools::parse(app, argc, argv); rc >= 0) return rc;
+
+  const auto bad = [](const std::string& m) {
+    std::fprintf(stderr, "kvpager-generate: %s\n", m.c_str());
+    return kvtools::exit_bad_input;
+  };
+  kvpager::kv_dtype dtype{};
+  if (s.kv_dtype == "fp32") dtype = kvpager::kv_dtype::f32;
+  else if (s.kv_dtype == "fp16") dtype = kvpager::kv_dtype::f16;
+  else if (s.kv_dtype == "bf16") dtype = kvpager::kv_dtype::bf16;
+  else if (s.kv_dtype == "fp8") dtype = kvpager::kv_dtype::fp8_e4m3;
+  else return bad("--kv-dtype: '" + s.kv_dtype + "' is not one of fp32, fp16, bf16, fp8");
+  if (s.preemption != "swap" && s.preemption != "recompute" && s.preemption != "hybrid")
+    return bad("--preemption: '" + s.preemption + "' is not one of swap, recompute, hybrid");
+  if (s.composition != "hybrid_swap" && s.composition != "vllm_v1")
+    return bad("--composition: '" + s.composition + "' is not one of hybrid_swap, vllm_v1");
+  if (s.num_blocks > 0 && s.kv_bytes > 0) return bad("--num-blocks and --kv-bytes: give one of them");
+
+  kvgen::model_weights w;
+  if (std::string e = kvgen::load_checkpoint(s.model_dir, w); !e.empty()) return bad(e);
+  const std::int32_t max_model_len = s.max_model_len > 0 ? s.max_model_len : w.config.max_position_embeddings;
+  std::vector<kvgen::gen_request> reqs;
+  if (std::string e = kvgen::read_requests(s.requests, w.config.vocab_size, max_model_len, reqs); !e.empty()) return bad(e);
+  const std::int32_t threads =
+      s.threads > 0 ? s.threads : static_cast<std::int32_t>(std::max(1U, std::thread::hardware_concurrency()));
+  // One pool of threads at a time: OpenBLAS's for the GEMMs, the kernels' for attention, never both at once (the
+  // forward pass runs them one after the other), each sized to --threads.
+  openblas_set_num_threads(threads);
+  return s.composition == "vllm_v1" ? serve<kvpager::vllm_v1_cache>(s, w, reqs, dtype, max_model_len, threads)
+                                    : serve<kvpager::hybrid_swap_cache>(s, w, reqs, dtype, max_model_len, threads);
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  try {
+    return run_main(argc, argv);
+  } catch (const std::exception& e) {  // nothing above is meant to throw; a message rather than an abort if it does
+    std::fprintf(stderr, "kvpager-generate: %s\n", e.what());
+    return 1;
+  }
+}
