@@ -54,6 +54,41 @@ CASES = [
 ]
 QUICK = {"llama_gqa", "qwen2_bias", "mistral_window"}
 
+# Checkpoints written by transformers itself (its config classes and save_pretrained), weights drawn as
+# kvpager-make-checkpoint draws them: name, config class, config arguments, save dtype, kvpager-generate options.
+HF_WRITTEN = [
+    ("hf_llama_gqa4", "LlamaConfig", dict(num_hidden_layers=3, hidden_size=384, num_attention_heads=8,
+                                          num_key_value_heads=2, head_dim=48 * 2, intermediate_size=512),
+     torch.float32, ["--num-blocks", "22", "--block-size", "8"]),
+    ("hf_qwen2_mqa_bf16", "Qwen2Config", dict(num_hidden_layers=2, hidden_size=256, num_attention_heads=4,
+                                              num_key_value_heads=1, intermediate_size=384, tie_word_embeddings=True),
+     torch.bfloat16, ["--num-blocks", "24", "--max-num-batched-tokens", "24"]),
+    ("hf_mistral_window", "MistralConfig", dict(num_hidden_layers=2, hidden_size=256, num_attention_heads=4,
+                                                num_key_value_heads=2, intermediate_size=512, sliding_window=12),
+     torch.float32, ["--num-blocks", "20", "--preemption", "recompute"]),
+]
+
+
+def hf_checkpoint(d, cls, kw, dtype):
+    cfg = getattr(transformers, cls)(vocab_size=512, max_position_embeddings=1024, rms_norm_eps=1e-6, eos_token_id=2,
+                                     bos_token_id=1, **kw)
+    torch.manual_seed(3)
+    model = AutoModelForCausalLM.from_config(cfg)
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            if name.endswith("norm.weight"):
+                p.copy_(1 + 0.1 * torch.randn_like(p))
+            elif name.endswith("bias"):
+                p.copy_(0.1 * torch.randn_like(p))
+            elif "embed_tokens" in name:
+                p.copy_(torch.randn_like(p))
+            elif "lm_head" in name:
+                p.copy_(torch.randn_like(p) * 4 / p.shape[1] ** 0.5)
+            else:
+                gain = 0.5 if ("o_proj" in name or "down_proj" in name) else 1.0
+                p.copy_(torch.randn_like(p) * gain / p.shape[1] ** 0.5)
+    model.to(dtype).save_pretrained(d, safe_serialization=True)
+
 
 def requests(vocab, rng, count=8):
     shared = [rng.randrange(3, vocab) for _ in range(64)]
@@ -96,13 +131,18 @@ def main():
     torch.set_num_threads(max(1, min(4, os.cpu_count() or 1)))
     print(f"transformers {transformers.__version__}, torch {torch.__version__}")
     failures = 0
-    for name, mk, gen in CASES:
+    cases = [(n, mk, None, gen) for n, mk, gen in CASES]
+    cases += [(n, None, (cls, kw, dt), gen) for n, cls, kw, dt, gen in HF_WRITTEN]
+    for name, mk, hf, gen in cases:
         if a.quick and name not in QUICK:
             continue
         d = os.path.join(a.work, name)
-        run([a.make_checkpoint, d] + mk)
+        if mk is not None:
+            run([a.make_checkpoint, d] + mk)
+        else:
+            hf_checkpoint(d, *hf)
         cfg = json.load(open(os.path.join(d, "config.json")))
-        eos = [cfg["eos_token_id"]]
+        eos = cfg["eos_token_id"] if isinstance(cfg["eos_token_id"], list) else [cfg["eos_token_id"]]
         rng = random.Random(sum(map(ord, name)))
         reqs = requests(cfg["vocab_size"], rng)
         rp = os.path.join(d, "requests.jsonl")

@@ -46,6 +46,9 @@ struct engine_stats {
   std::int64_t steps = 0, prompt_tokens = 0, computed_tokens = 0, prefill_tokens = 0, decode_tokens = 0;
   std::int64_t generated = 0, forks = 0, fork_fallbacks = 0, block_copies = 0, swap_outs = 0, swap_ins = 0;
   double wall_s = 0, schedule_s = 0, plan_s = 0, forward_s = 0, sample_s = 0;
+  /// Each step's time shared among its tokens (a prompt token and a decode token cost about the same GEMM work):
+  /// the prefill and the decode share, for the tokens/s of each.
+  double prefill_s = 0, decode_s = 0;
   double peak_kv_usage = 0;
   /// Largest (allocated slots - held tokens) / running sequences over the steps: at most one partly filled block.
   double max_slack_tokens_per_seq = 0;
@@ -84,6 +87,8 @@ class engine {
     std::int64_t idle = 0;
     while (live_ > 0) {
       auto t = clock::now();
+      const auto step_start = t;
+      std::int64_t step_prefill = 0, step_decode = 0;
       const kvpager::step_output& out = sched_.schedule();
       st_.schedule_s += std::chrono::duration<double>(clock::now() - t).count();
       ++st_.steps;
@@ -97,10 +102,12 @@ class engine {
       rows.clear();
       for (std::size_t i = 0; i < out.scheduled.size(); ++i) {
         const kvpager::scheduled_sequence& e = out.scheduled[i];
-        (e.prefill ? st_.prefill_tokens : st_.decode_tokens) += e.num_tokens;
+        (e.prefill ? step_prefill : step_decode) += e.num_tokens;
         if (e.last_chunk) rows.push_back(out.query_start_loc[i + 1] - 1);
       }
       st_.computed_tokens += out.num_tokens();
+      st_.prefill_tokens += step_prefill;
+      st_.decode_tokens += step_decode;
       t = clock::now();
       if (!out.scheduled.empty()) {
         attn_.begin(out);
@@ -169,6 +176,12 @@ class engine {
         ++given;
       }
       st_.sample_s += std::chrono::duration<double>(clock::now() - t).count();
+      if (step_prefill + step_decode > 0) {
+        const double step_s = std::chrono::duration<double>(clock::now() - step_start).count();
+        const auto total = static_cast<double>(step_prefill + step_decode);
+        st_.prefill_s += step_s * static_cast<double>(step_prefill) / total;
+        st_.decode_s += step_s * static_cast<double>(step_decode) / total;
+      }
       const kvpager::metrics_snapshot snap = kvpager::take_snapshot(cache_, sched_, o_.bytes_per_block);
       st_.peak_kv_usage = std::max(st_.peak_kv_usage, snap.kv_cache_usage);
       const auto cs = cache_.stats();

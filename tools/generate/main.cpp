@@ -231,8 +231,10 @@ int serve(const settings& s, const kvgen::model_weights& w, const std::vector<kv
   j["decode_tokens"] = st.decode_tokens;
   j["steps"] = st.steps;
   j["wall_s"] = st.wall_s;
-  j["prefill_tokens_per_s"] = static_cast<double>(st.prefill_tokens) / wall;
-  j["decode_tokens_per_s"] = static_cast<double>(st.decode_tokens) / wall;
+  const double prefill_rate = st.prefill_s > 0 ? static_cast<double>(st.prefill_tokens) / st.prefill_s : 0.0;
+  const double decode_rate = st.decode_s > 0 ? static_cast<double>(st.decode_tokens) / st.decode_s : 0.0;
+  j["prefill_tokens_per_s"] = prefill_rate;
+  j["decode_tokens_per_s"] = decode_rate;
   j["generated_tokens_per_s"] = static_cast<double>(st.generated) / wall;
   j["ttft_p50_s"] = percentile(ttft, 0.5);
   j["ttft_p99_s"] = percentile(ttft, 0.99);
@@ -279,8 +281,8 @@ int serve(const settings& s, const kvgen::model_weights& w, const std::vector<kv
                                   std::to_string(refused) + " refused)");
     row("prompt tokens / generated tokens", std::to_string(prompt_tokens) + " / " + std::to_string(st.generated));
     row("steps", std::to_string(st.steps));
-    row("prefill tokens/s", f("%.1f", static_cast<double>(st.prefill_tokens) / wall));
-    row("decode tokens/s", f("%.1f", static_cast<double>(st.decode_tokens) / wall));
+    row("prefill tokens/s", f("%.1f", prefill_rate) + " (" + std::to_string(st.prefill_tokens) + " computed)");
+    row("decode tokens/s", f("%.1f", decode_rate));
     row("time to first token p50 / p99", f("%.3f s", percentile(ttft, 0.5)) + " / " + f("%.3f s", percentile(ttft, 0.99)));
     row("prefix hit rate (tokens)", f("%.1f%%", 100.0 * j["prefix_hit_rate"].get<double>()));
     row("preemptions (swap + recompute)", std::to_string(ss.preempted_swap) + " + " + std::to_string(ss.preempted_recompute));
