@@ -7,6 +7,7 @@
 // with paged_attention_prefill_cpu, both causal and with the layer's sliding window. fp16 and bf16 pools take their
 // queries and give their outputs in the pool's dtype (converted here); fp32 and fp8 E4M3 pools take fp32 queries.
 
+#include <algorithm>
 #include <cmath>
 #include <cstdint>
 #include <cstring>
@@ -124,7 +125,7 @@ class paged_attention {
         p.num_seqs = static_cast<std::int32_t>(g->rows());
         p.num_q_heads = c_.num_heads;
         p.scale = scale;
-        p.num_threads = threads_;
+        p.num_threads = decode_threads(*g, io.window_left);
         p.window_left = io.window_left;
         p.q_dtype = dt_.code();
         p.k_scale = k_scale_;
@@ -165,6 +166,18 @@ class paged_attention {
   }
 
  private:
+  /// A decode group that reads little K/V runs on the calling thread: waking the kernels' workers costs more than it
+  /// saves there, the more so while OpenBLAS's threads still spin after the last GEMM (bench/RESULTS.md, issue 23).
+  [[nodiscard]] std::int32_t decode_threads(const kvpager::step_tables& g, std::int32_t window_left) const noexcept {
+    constexpr std::int64_t one_thread_below = std::int64_t{4} << 20;  // bytes of K and V the group reads
+    std::int64_t tokens = 0;
+    for (std::size_t i = 0; i < g.rows(); ++i)
+      tokens += window_left >= 0 ? std::min<std::int64_t>(g.seq_lens[i], window_left + 1) : g.seq_lens[i];
+    const std::int64_t bytes =
+        tokens * c_.num_kv_heads * c_.head_dim * 2 * kvpager::elem_bytes(exec_.geometry().dtype);
+    return bytes < one_thread_below ? 1 : threads_;
+  }
+
   kvpager::step_executor& exec_;
   const model_config& c_;
   std::int32_t threads_;
