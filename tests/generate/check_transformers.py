@@ -13,7 +13,6 @@ Exit status: 0 all matched, 1 a mismatch, 77 transformers or torch is not instal
 """
 import argparse
 import json
-import math
 import os
 import random
 import subprocess

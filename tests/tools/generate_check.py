@@ -24,23 +24,11 @@ import os
 import random
 import shutil
 import struct
-import subprocess
 import sys
 import tempfile
 
 
-def run(args, timeout=600):
-    return subprocess.run(args, capture_output=True, text=True, timeout=timeout)
-
-
-def fail(msg):
-    print("FAIL: " + msg)
-    sys.exit(1)
-
-
-def check(cond, msg):
-    if not cond:
-        fail(msg)
+from check_util import check, run  # tests/tools/check_util.py
 
 
 class Ctx:

@@ -11,24 +11,12 @@
 import csv
 import json
 import math
-import subprocess
 import sys
 import tempfile
 import xml.etree.ElementTree as ET
 
 
-def run(args):
-    return subprocess.run(args, capture_output=True, text=True, timeout=600)
-
-
-def fail(msg):
-    print("FAIL: " + msg)
-    sys.exit(1)
-
-
-def check(cond, msg):
-    if not cond:
-        fail(msg)
+from check_util import check, run  # tests/tools/check_util.py
 
 
 def close(a, b, tol=1e-5):
