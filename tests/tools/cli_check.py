@@ -21,7 +21,7 @@ import sys
 import tempfile
 import time
 
-from sim_check import check, fail  # the same FAIL line and exit status as the other tool checks
+from check_util import check, fail  # tests/tools/check_util.py: the same FAIL line and exit status as the other checks
 
 
 def run(args, timeout=120):

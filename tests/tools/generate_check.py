@@ -14,8 +14,9 @@ contiguous K/V without the cache): the outputs must match it, and the summary mu
   window           mistral, a window shorter than the prompts, under pressure
   determinism      sampled requests give the same tokens alone, batched, chunked and preempted
   eos              an eos id ends a sample ("stop", the eos kept), ignore_eos runs on; generation_config.json wins
-  report           --report: steps.csv (one row per step), metrics.prom (parsed by prometheus_client when
-                   installed), summary.json equal to --json
+  report           --report: steps.csv (one row per step), chart.svg (XML: four panels, one line each, as many
+                   points as steps), metrics.prom (parsed by prometheus_client when installed), summary.json equal to
+                   --json
   bad_input        every malformed checkpoint, config and request: exit 2 and a message naming the file, tensor or
                    field (and FILE:LINE for the requests), never a crash
 """
@@ -26,6 +27,7 @@ import shutil
 import struct
 import sys
 import tempfile
+import xml.etree.ElementTree as ET
 
 
 from check_util import check, run  # tests/tools/check_util.py
@@ -195,8 +197,15 @@ def report(c):
         doc = json.load(f)
     for k in ["steps", "generated_tokens", "prompt_tokens", "preemptions_swap"]:
         check(doc[k] == s[k], f"summary.json {k} {doc[k]} != --json {s[k]}")
+    svg = ET.parse(os.path.join(d, "chart.svg")).getroot()
+    check(svg.tag == "{http://www.w3.org/2000/svg}svg", f"chart.svg root is {svg.tag}")
+    lines = svg.findall("{http://www.w3.org/2000/svg}polyline")
+    check(len(lines) == 4, f"chart.svg has {len(lines)} lines, expected one in each of 4 panels")
+    for ln in lines:
+        pts = ln.get("points").split()
+        check(len(pts) == s["steps"], f"chart.svg line of {len(pts)} points for {s['steps']} steps")
     prom = open(os.path.join(d, "metrics.prom")).read()
-    check("kvpager:num_preemptions" in prom or "kvpager:" in prom, "metrics.prom holds no kvpager metric")
+    check("kvpager:" in prom, "metrics.prom holds no kvpager metric")
     try:
         from prometheus_client.parser import text_string_to_metric_families
     except ImportError:

@@ -40,6 +40,7 @@
 #include "paged_attention.hpp"
 #include "reference.hpp"
 #include "requests.hpp"
+#include "step_chart.hpp"
 
 extern "C" void openblas_set_num_threads(int);  // OpenBLAS's own (cblas.h declares it; kept explicit here)
 
@@ -142,8 +143,12 @@ int serve(const settings& s, const kvgen::model_weights& w, const std::vector<kv
   }
   const bool tty = isatty(2) != 0 && !s.quiet;
   kvpager::metrics_snapshot last{};
+  kvtools::chart_series chart{"kvpager-generate", "#1f77b4", {}};
   eo.on_step = [&](std::int64_t step, const kvpager::metrics_snapshot& m, std::int64_t done, std::int64_t total) {
     last = m;
+    if (!s.report.empty())
+      chart.points.push_back({step, 1, m.kv_cache_usage, static_cast<double>(m.running), static_cast<double>(m.waiting),
+                              static_cast<double>(m.swap_events())});
     if (steps_csv)
       steps_csv << step << ',' << m.running << ',' << m.waiting << ',' << m.swapped << ',' << m.kv_cache_usage << ','
                 << m.preemptions() << ',' << m.swap_events() << ',' << m.prefix_hit_rate << '\n';
@@ -263,6 +268,14 @@ int serve(const settings& s, const kvgen::model_weights& w, const std::vector<kv
     std::string prom;
     kvpager::write_prometheus(prom, last);
     std::ofstream(s.report + "/metrics.prom") << prom;
+    const std::string title = "kvpager-generate: " + s.model_dir + ", " + c.model_type + " " + std::to_string(c.num_layers) +
+                              " layers, " + std::to_string(reqs.size()) + " requests, " + std::to_string(blocks) +
+                              " blocks x " + std::to_string(s.block_size) + " tokens, KV " + s.kv_dtype + ", " +
+                              s.composition;
+    if (!kvtools::write_step_chart(s.report + "/chart.svg", title, {chart})) {
+      std::fprintf(stderr, "kvpager-generate: --report %s: cannot write chart.svg\n", s.report.c_str());
+      return kvtools::exit_bad_input;
+    }
   }
   if (s.json) {
     std::printf("%s\n", j.dump(2).c_str());
@@ -344,7 +357,7 @@ int run_main(int argc, char** argv) {
   app.add_option("--threads", s.threads, "threads of the GEMMs and the kernels (0: every core)")->check(int_range(0, 1024));
   app.add_flag("--json", s.json, "print the summary as JSON");
   app.add_flag("--quiet", s.quiet, "no progress line");
-  app.add_option("--report", s.report, "write steps.csv, metrics.prom and summary.json into this directory");
+  app.add_option("--report", s.report, "write steps.csv, metrics.prom, chart.svg and summary.json into this directory");
   if (const int rc = kvtools::parse(app, argc, argv); rc >= 0) return rc;
 
   const auto bad = [](const std::string& m) {

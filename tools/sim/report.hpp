@@ -13,6 +13,7 @@
 #include <nlohmann/json.hpp>
 
 #include "metrics.hpp"
+#include "step_chart.hpp"
 
 namespace kvsim {
 
@@ -102,105 +103,20 @@ inline bool write_csv(const std::string& path, const std::vector<step_sample>& p
   return static_cast<bool>(f);
 }
 
-/// Four panels over the steps (KV usage, running, waiting, cumulative swaps), paged against contiguous, as
-/// hand-written SVG 1.1. At most ~800 points per line (evenly sampled steps).
+/// The chart (tools/common/step_chart.hpp): paged against contiguous.
 inline bool write_svg(const std::string& path, const std::string& title, const std::vector<step_sample>& paged,
                       const std::vector<step_sample>& contiguous) {
-  std::ofstream f(path);
-  if (!f) return false;
-  constexpr double width = 1100, panel_h = 150, left = 70, right = 20, top = 66, gap = 40;
-  struct panel {
-    const char* name;
-    double (*get)(const step_sample&);
+  const auto points = [](const std::vector<step_sample>& v) {
+    std::vector<kvtools::chart_point> p;
+    p.reserve(v.size());
+    for (const step_sample& x : v)
+      p.push_back({x.step, x.span, x.kv_usage, static_cast<double>(x.running), static_cast<double>(x.waiting),
+                   static_cast<double>(x.swaps)});
+    return p;
   };
-  const panel panels[] = {
-      {"KV usage (share of the pool allocated)", [](const step_sample& x) { return x.kv_usage; }},
-      {"running requests (batch)", [](const step_sample& x) { return static_cast<double>(x.running); }},
-      {"waiting requests", [](const step_sample& x) { return static_cast<double>(x.waiting); }},
-      {"swap events (cumulative)", [](const step_sample& x) { return static_cast<double>(x.swaps); }},
-  };
-  const double height = top + 4 * (panel_h + gap) + 20;
-  double steps = 1;  // the last step of either run (samples may span several steps, or be every k-th)
-  for (const auto* v : {&paged, &contiguous})
-    if (!v->empty()) steps = std::max(steps, static_cast<double>(v->back().step + v->back().span - 1));
-  auto esc = [](std::string s) {
-    std::string o;
-    for (const char ch : s) {
-      if (ch == '&') o += "&amp;";
-      else if (ch == '<') o += "&lt;";
-      else if (ch == '>') o += "&gt;";
-      else o += ch;
-    }
-    return o;
-  };
-  char buf[512];
-  std::snprintf(buf, sizeof buf,
-                "<svg xmlns=\"http://www.w3.org/2000/svg\" version=\"1.1\" width=\"%.0f\" height=\"%.0f\" "
-                "viewBox=\"0 0 %.0f %.0f\" font-family=\"sans-serif\" font-size=\"12\">\n",
-                width, height, width, height);
-  f << "<?xml version=\"1.0\" encoding=\"UTF-8\"?>\n" << buf;
-  f << "<rect width=\"100%\" height=\"100%\" fill=\"white\"/>\n";
-  // The title on two lines, broken at the last ", " that leaves the first line within the chart's width (a long
-  // trace path may still run past the edge of the second).
-  const std::size_t fit = static_cast<std::size_t>((width - left - 10) / 7.6);
-  std::string line1 = title, line2;
-  if (title.size() > fit) {
-    const std::size_t cut = title.rfind(", ", fit);
-    if (cut != std::string::npos) {
-      line1 = title.substr(0, cut + 1);
-      line2 = title.substr(cut + 2);
-    }
-  }
-  f << "<text x=\"" << left << "\" y=\"20\" font-size=\"14\">" << esc(line1) << "</text>\n";
-  if (!line2.empty()) f << "<text x=\"" << left << "\" y=\"38\" font-size=\"14\">" << esc(line2) << "</text>\n";
-  f << "<text x=\"" << left << "\" y=\"56\"><tspan fill=\"#1f77b4\">&#9632; paged (kvpager)</tspan>  "
-       "<tspan fill=\"#ff7f0e\">&#9632; contiguous (max_model_len reserved per request)</tspan></text>\n";
-  for (std::size_t k = 0; k < 4; ++k) {
-    const panel& pn = panels[k];
-    const double y0 = top + static_cast<double>(k) * (panel_h + gap) + 20;
-    double ymax = 0;
-    for (const auto* v : {&paged, &contiguous})
-      for (const step_sample& x : *v) ymax = std::max(ymax, pn.get(x));
-    if (k == 0) ymax = 1.0;
-    if (ymax <= 0) ymax = 1;
-    const double pw = width - left - right;
-    f << "<text x=\"" << left << "\" y=\"" << y0 - 6 << "\" font-weight=\"bold\">" << esc(pn.name) << "</text>\n";
-    std::snprintf(buf, sizeof buf,
-                  "<rect x=\"%.1f\" y=\"%.1f\" width=\"%.1f\" height=\"%.1f\" fill=\"none\" stroke=\"#999\"/>\n", left,
-                  y0, pw, panel_h);
-    f << buf;
-    std::snprintf(buf, sizeof buf, "<text x=\"%.1f\" y=\"%.1f\" text-anchor=\"end\">%g</text>\n", left - 6, y0 + 10,
-                  ymax);
-    f << buf;
-    std::snprintf(buf, sizeof buf, "<text x=\"%.1f\" y=\"%.1f\" text-anchor=\"end\">0</text>\n", left - 6,
-                  y0 + panel_h);
-    f << buf;
-    for (int q = 0; q <= 4; ++q) {  // step ticks
-      const double x = left + pw * q / 4.0;
-      std::snprintf(buf, sizeof buf,
-                    "<line x1=\"%.1f\" y1=\"%.1f\" x2=\"%.1f\" y2=\"%.1f\" stroke=\"#999\"/>"
-                    "<text x=\"%.1f\" y=\"%.1f\" text-anchor=\"middle\" font-size=\"10\">%.0f</text>\n",
-                    x, y0 + panel_h, x, y0 + panel_h + 4, x, y0 + panel_h + 14, steps * q / 4.0);
-      f << buf;
-    }
-    for (const auto* v : {&paged, &contiguous}) {
-      if (v->empty()) continue;
-      f << "<polyline fill=\"none\" stroke-width=\"1.5\" stroke=\"" << (v == &paged ? "#1f77b4" : "#ff7f0e")
-        << "\" points=\"";
-      const std::size_t stride = std::max<std::size_t>(1, v->size() / 800);
-      for (std::size_t i = 0; i < v->size(); i += stride) {
-        const step_sample& x = (*v)[i];
-        std::snprintf(buf, sizeof buf, "%.1f,%.1f ", left + pw * static_cast<double>(x.step) / steps,
-                      y0 + panel_h - panel_h * pn.get(x) / ymax);
-        f << buf;
-      }
-      f << "\"/>\n";
-    }
-  }
-  std::snprintf(buf, sizeof buf, "<text x=\"%.1f\" y=\"%.1f\" text-anchor=\"end\">scheduler steps</text>\n",
-                width - right, height - 6);
-  f << buf << "</svg>\n";
-  return static_cast<bool>(f);
+  return kvtools::write_step_chart(path, title,
+                                   {{"paged (kvpager)", "#1f77b4", points(paged)},
+                                    {"contiguous (max_model_len reserved per request)", "#ff7f0e", points(contiguous)}});
 }
 
 }  // namespace kvsim
