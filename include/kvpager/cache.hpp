@@ -23,6 +23,7 @@
 #include "kvpager/concepts/eviction_policy.hpp"
 #include "kvpager/concepts/sharing_policy.hpp"
 #include "kvpager/concepts/swap_policy.hpp"
+#include "kvpager/concepts/group_kind.hpp"
 
 #include "kvpager/allocator/free_list_allocator.hpp"
 #include "kvpager/allocator/lifo_allocator.hpp"
@@ -39,6 +40,8 @@
 #include "kvpager/swap/hybrid_swap.hpp"
 #include "kvpager/swap/no_swap.hpp"
 #include "kvpager/swap/recompute.hpp"
+#include "kvpager/groups/agreed_hit.hpp"
+#include "kvpager/groups/group_kinds.hpp"
 
 #include "kvpager/cache/cache_types.hpp"
 #include "kvpager/cache/paged_kv_cache.hpp"

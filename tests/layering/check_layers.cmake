@@ -4,8 +4,8 @@
 #
 #   cmake -DINCLUDE_DIR=<repo>/include -P check_layers.cmake
 #
-# Layers, lowest first: core < concepts < policies (allocator, eviction, sharing, swap) < cache < sched < monitor. The
-# tuning policies (tuning/) speak only core and are used by sched. The kernel API (kernels/) and the C ABI (c/) sit
+# Layers, lowest first: core < concepts < policies (allocator, eviction, sharing, swap, groups: KV cache group kinds)
+# < cache < sched < monitor. The tuning policies (tuning/) speak only core and are used by sched. The kernel API (kernels/) and the C ABI (c/) sit
 # beside them and speak only core; sizing/ (model sizing, tensor-parallel layout and executors, block size advice)
 # sits above the kernel API and below nothing else. The rules are the tables below; a folder missing from them is an
 # error, so a new folder is placed in a layer on purpose. Prints every violation, then fails.
@@ -16,7 +16,7 @@ if(NOT INCLUDE_DIR)
   message(FATAL_ERROR "check_layers.cmake: pass -DINCLUDE_DIR=<path to include/>")
 endif()
 
-set(policy_folders allocator eviction sharing swap)
+set(policy_folders allocator eviction sharing swap groups)
 
 # <folder>: the kvpager folders its headers may include (its own folder is always allowed).
 set(allowed_core "")
