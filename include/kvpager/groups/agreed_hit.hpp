@@ -14,7 +14,6 @@
 /// vLLM's HybridKVCacheCoordinator reaches the same length for its kinds except for a window of 1 token (vLLM still
 /// asks for the last cached block) and chunk sizes that are not a multiple of the block size.
 
-#include <algorithm>
 #include <cstdint>
 #include <vector>
 
