@@ -2,7 +2,7 @@
 #pragma once
 /// \file
 /// The cache layer and everything below it: core (status, block_pool, geometry, the step plan), the policy
-/// concepts, every shipped policy, paged_kv_cache and the named compositions (cache/compositions.hpp). Header-only:
+/// concepts, every shipped policy, paged_kv_cache, hybrid_kv_cache (KV cache groups) and the named compositions (cache/compositions.hpp). Header-only:
 /// nothing to link. Prefix caching (and the compositions over it, such as vllm_v1_cache) is included with
 /// KVPAGER_HAS_XXHASH (core/config.hpp; CMake's KVPAGER_WITH_XXHASH, on by default). The cache's parts
 /// (cache/detail/) are implementation, not API. Layers: docs/architecture.md.
@@ -41,13 +41,16 @@
 #include "kvpager/swap/no_swap.hpp"
 #include "kvpager/swap/recompute.hpp"
 #include "kvpager/groups/agreed_hit.hpp"
+#include "kvpager/groups/group_kind_variant.hpp"
 #include "kvpager/groups/group_kinds.hpp"
+#include "kvpager/groups/vllm_hit.hpp"
 
 #include "kvpager/cache/cache_types.hpp"
 #include "kvpager/cache/paged_kv_cache.hpp"
 
 #if KVPAGER_HAS_XXHASH
 #include "kvpager/cache/compositions.hpp"
+#include "kvpager/cache/hybrid_kv_cache.hpp"
 #include "kvpager/sharing/prefix_caching.hpp"
 #include "kvpager/sharing/xxh3_hasher.hpp"
 #endif

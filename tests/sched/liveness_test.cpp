@@ -40,11 +40,23 @@ constexpr int runs_per_composition = 500;
 /// What became of a submitted request.
 enum class fate { pending, finished, finished_with_reason, rejected, dropped_fork };
 
+/// A cache with KV cache groups (hybrid_kv_cache).
 template <class Cache>
-Cache make_cache(cache_config c, std::int32_t host_blocks) {
+concept grouped = requires(const Cache& c) { c.num_groups(); };
+
+template <class Cache>
+Cache make_cache(cache_config c, std::int32_t host_blocks, const std::vector<any_group_kind>& kinds) {
   using W = typename Cache::swap_policy_type;
-  if constexpr (std::is_same_v<W, host_swap> || std::is_same_v<W, hybrid_swap>) c.num_host_blocks = host_blocks;
-  return std::move(*Cache::create(c));
+  if constexpr (grouped<Cache>) {
+    (void)host_blocks;
+    // vLLM's conventions over vLLM's policies, native ones over the others.
+    const bool vllm = std::is_same_v<typename Cache::sharing_policy_type, prefix_caching>;
+    return std::move(*Cache::create(c, kinds, {vllm ? hybrid_conventions::vllm : hybrid_conventions::native}));
+  } else {
+    (void)kinds;
+    if constexpr (std::is_same_v<W, host_swap> || std::is_same_v<W, hybrid_swap>) c.num_host_blocks = host_blocks;
+    return std::move(*Cache::create(c));
+  }
 }
 
 template <class Cache>
@@ -90,10 +102,28 @@ class liveness_run {
     }
     // Priority preemption (issue 21, point 10): a third of the runs, over priorities from INT32_MIN to INT32_MAX.
     if (draw(3) == 0) cfg_.priority_preemption = true;
+    // A hybrid cache's groups: 1 to 3 of full, sliding-window and chunked-local kinds (sizes below and above the
+    // block size), in a layout vLLM's grouping produces; the null block is reserved.
+    if constexpr (grouped<Cache>) {
+      std::mt19937 groups(seed ^ 0x85ebca6bU);
+      const auto gdraw = [&](std::uint32_t n) { return static_cast<std::int32_t>(groups() % n); };
+      ccfg_.reserved_blocks = 1;
+      for (std::vector<vllm_kind> vk; vk.empty() || !check_vllm_layout(vk);) {
+        kinds_.clear();
+        vk.clear();
+        for (std::int32_t g = 0, n = 1 + gdraw(3); g < n; ++g) {
+          const std::int32_t k = gdraw(3);
+          if (k == 0) kinds_.emplace_back(full_attention{});
+          if (k == 1) kinds_.emplace_back(sliding_window{1 + gdraw(20)});
+          if (k == 2) kinds_.emplace_back(chunked_local{1 + gdraw(20)});
+          vk.push_back(vllm_kind_of(kinds_.back()));
+        }
+      }
+    }
   }
 
   void run() {
-    Cache cache = make_cache<Cache>(ccfg_, host_blocks_);
+    Cache cache = make_cache<Cache>(ccfg_, host_blocks_, kinds_);
     ASSERT_TRUE(cfg_.validate()) << describe();
     scheduler<Cache> s(cache, cfg_);
     const std::int64_t usable_tokens = std::int64_t{cache.stats().total} * ccfg_.block_size;
@@ -283,13 +313,32 @@ class liveness_run {
       ASSERT_EQ(x.last_chunk, static_cast<std::size_t>(x.start + x.num_tokens) == s.tokens(x.id).size());
       ASSERT_TRUE(cfg_.chunked_prefill || x.last_chunk) << "without chunked prefill a prompt is computed whole";
       budget -= x.num_tokens;
-      const auto table = *cache.block_table(x.id);
-      for (std::int64_t p = x.start; p < x.start + x.num_tokens; ++p, ++slot) {
-        ASSERT_LT(slot, out.slot_mapping.size());
-        ASSERT_EQ(out.slot_mapping[slot], std::int64_t{table[static_cast<std::size_t>(p / bs)]} * bs + p % bs);
+      if constexpr (grouped<Cache>) {  // group-major: group g's slots follow groups 0 .. g-1's
+        const auto n = static_cast<std::size_t>(cache.plan().num_append_tokens());
+        for (std::int32_t g = 0; g < cache.num_groups(); ++g) {
+          const auto table = *cache.block_table(g, x.id);
+          std::size_t at = slot + static_cast<std::size_t>(g) * n;
+          for (std::int64_t p = x.start; p < x.start + x.num_tokens; ++p, ++at) {
+            ASSERT_LT(at, out.slot_mapping.size());
+            const block_id b = table[static_cast<std::size_t>(p / bs)];
+            ASSERT_NE(b, Cache::null_block) << "a token's slot in a block its window released";
+            ASSERT_EQ(out.slot_mapping[at], std::int64_t{b} * bs + p % bs);
+          }
+        }
+        slot += static_cast<std::size_t>(x.num_tokens);
+      } else {
+        const auto table = *cache.block_table(x.id);
+        for (std::int64_t p = x.start; p < x.start + x.num_tokens; ++p, ++slot) {
+          ASSERT_LT(slot, out.slot_mapping.size());
+          ASSERT_EQ(out.slot_mapping[slot], std::int64_t{table[static_cast<std::size_t>(p / bs)]} * bs + p % bs);
+        }
       }
     }
-    ASSERT_EQ(slot, out.slot_mapping.size());
+    if constexpr (grouped<Cache>) {
+      ASSERT_EQ(slot * static_cast<std::size_t>(cache.num_groups()), out.slot_mapping.size());
+    } else {
+      ASSERT_EQ(slot, out.slot_mapping.size());
+    }
     ASSERT_GE(budget, 0) << "the token budget was exceeded";
 
     for (const finished_request& f : out.finished) {
@@ -369,6 +418,7 @@ class liveness_run {
 
   std::mt19937 rng_;
   cache_config ccfg_;
+  std::vector<any_group_kind> kinds_;  ///< the groups of a hybrid cache (a layout vLLM's grouping can produce)
   scheduler_config cfg_;
   std::int32_t host_blocks_ = 0;
   std::int32_t num_requests_ = 0;
@@ -386,7 +436,8 @@ class liveness_run {
 template <class Cache>
 class Liveness : public ::testing::Test {};
 
-// Every allocator, eviction, sharing and swap policy, crossed in pairs (lru_eviction needs free_list_allocator).
+// Every allocator, eviction, sharing and swap policy, crossed in pairs (lru_eviction needs free_list_allocator), and
+// hybrid caches (KV cache groups) in both conventions, under every preemption mode (they preempt by recompute).
 // The sanitizer and no-exception presets (KVPAGER_TEST_REDUCED) compile four of them, which still cover every
 // allocator, every swap policy and every sharing policy: each composition is a whole cache and scheduler to build.
 #if defined(KVPAGER_TEST_REDUCED)
@@ -394,7 +445,8 @@ using compositions = ::testing::Types<
     vllm_v1_cache,                                                                    // free_list lru prefix no_swap
     paged_kv_cache<free_list_allocator, priority_lru, refcount_sharing, host_swap>,
     paged_kv_cache<lifo_allocator, lfu_eviction, no_sharing, recompute>,
-    paged_kv_cache<lowest_id_allocator, priority_lru, prefix_caching, hybrid_swap>>;
+    paged_kv_cache<lowest_id_allocator, priority_lru, prefix_caching, hybrid_swap>,
+    hybrid_kv_cache<any_group_kind>>;  // KV cache groups, vLLM's conventions
 #else
 using compositions = ::testing::Types<
     vllm_v1_cache,                                                                    // free_list lru prefix no_swap
@@ -409,7 +461,9 @@ using compositions = ::testing::Types<
     paged_kv_cache<lowest_id_allocator, lfu_eviction, prefix_caching, recompute>,
     paged_kv_cache<lowest_id_allocator, priority_lru, prefix_caching, hybrid_swap>,
     paged_kv_cache<lowest_id_allocator, no_eviction, no_sharing, host_swap>,
-    paged_kv_cache<lowest_id_allocator, lru_index_eviction, refcount_sharing, no_swap>>;
+    paged_kv_cache<lowest_id_allocator, lru_index_eviction, refcount_sharing, no_swap>,
+    hybrid_kv_cache<any_group_kind>,                                                  // KV cache groups, vLLM's
+    hybrid_kv_cache<any_group_kind, lifo_allocator, lru_index_eviction, refcount_sharing>>;  // and native
 #endif
 
 class composition_names {

@@ -54,6 +54,15 @@ void expect_matches_vllm(const std::string& trace_name, const std::vector<std::s
       EXPECT_EQ(got[k].get<std::int64_t>(), w.get<std::int64_t>()) << trace_name << " " << k;
     }
   }
+  // Traces with `group` records: the workload's groups and the per-group lists, one integer per group.
+  if (!expected["workloads"][0].contains("groups")) return;
+  const auto parsed = kvreplay::parse_kvtrace(read_file(data_dir + "/traces/" + trace_name + ".kvtrace"), trace_name);
+  ASSERT_TRUE(parsed.value.has_value());
+  EXPECT_EQ(kvreplay::workload_entry(*parsed.value, got)["groups"], expected["workloads"][0]["groups"]);
+  for (const char* k : {"group_peak_blocks", "group_final_blocks", "group_hit_blocks", "group_skipped_blocks"}) {
+    ASSERT_TRUE(got.contains(k)) << k;
+    EXPECT_EQ(got[k], want[k]) << trace_name << " " << k;
+  }
 }
 
 std::string manager_head_for_fork() { return "kvtrace 1\nworkload f\nlevel manager\nparam num_blocks 64\n"; }
@@ -72,6 +81,36 @@ TEST(ReplayVllm, A_AllocFreeChurn) {
 TEST(ReplayVllm, B_PrefixCaching) { expect_matches_vllm("B_prefix_caching", manager_keys); }
 TEST(ReplayVllm, C_DecodeGrowth) { expect_matches_vllm("C_decode_growth", manager_keys); }
 TEST(ReplayVllm, D_PreemptionPressure) { expect_matches_vllm("D_preemption_pressure", manager_keys); }
+
+// Hybrid KV cache groups (KVTRACE.md, "Hybrid KV cache groups"; issue 24): full + sliding_window 128 by explicit ops
+// under eviction pressure, one sliding_window 256 group under preemption, full + chunked_local 512 under preemption:
+// every deterministic count equals vLLM's HybridKVCacheCoordinator / UnitaryKVCacheCoordinator, per group too.
+TEST(ReplayVllmHybrid, P1_FullAndSlidingWindow) { expect_matches_vllm("hybrid/P1_full_swa128_prefix", manager_keys); }
+TEST(ReplayVllmHybrid, P2_SlidingWindowUnderPreemption) {
+  expect_matches_vllm("hybrid/P2_swa256_preempt", manager_keys);
+}
+TEST(ReplayVllmHybrid, P3_FullAndChunkedLocal) { expect_matches_vllm("hybrid/P3_full_chunked512", manager_keys); }
+
+// A trace without `group` records keeps its output (no group keys); with caching off a group trace hits nothing,
+// evicts nothing, and its window groups still give blocks back.
+TEST(ReplayVllmHybrid, GroupKeysOnlyForGroupTracesAndCachingOff) {
+  EXPECT_FALSE(replay_file("C_decode_growth").contains("group_peak_blocks"));
+  const std::string text = read_file(data_dir + "/traces/hybrid/P3_full_chunked512.kvtrace");
+  auto parsed = kvreplay::parse_kvtrace(text, "P3");
+  ASSERT_TRUE(parsed.value.has_value()) << parsed.error;
+  kvreplay::trace t = *parsed.value;
+  for (auto& [k, v] : t.params)
+    if (k == "enable_caching") v = 0;
+  const auto off = kvreplay::replay(t, "P3");
+  ASSERT_TRUE(off.error.empty()) << off.error;
+  EXPECT_EQ(off.result["hit_tokens"], 0);
+  EXPECT_EQ(off.result["prefix_cache_evictions"], 0);
+  EXPECT_EQ(off.result["group_hit_blocks"], kvreplay::json::parse("[0, 0]"));
+  EXPECT_EQ(off.result["group_skipped_blocks"][0], 0);
+  EXPECT_GT(off.result["group_skipped_blocks"][1].get<std::int64_t>(), 0);
+  EXPECT_EQ(off.result["finished"], 200);
+  EXPECT_EQ(off.result["group_final_blocks"], kvreplay::json::parse("[0, 0]"));
+}
 
 // With prefix caching off (vLLM's enable_caching=False) nothing is hit and nothing is evicted; trace C's schedule
 // does not depend on caching, so its steps and peak usage stay the same.
@@ -190,6 +229,26 @@ TEST(ReplayErrors, EachNamesTheLine) {
       {manager_head + "req 1 5 4 9:10\nfork 1 2 7\n", "t.kvtrace:6: fork: request 1 is not live"},
       {std::string("kvtrace 1\nlevel pool\nparam num_blocks 8\nalloc 1") + std::string(1, '\0') + " 1\n",
        "t.kvtrace:4: NUL byte"},
+      // Hybrid KV cache groups: the records, their place, their sizes and the layouts vLLM can produce.
+      {"kvtrace 1\ngroup full\n", "t.kvtrace:2: 'group' record before 'level'"},
+      {pool_head + "group full\n", "t.kvtrace:4: 'group' record in a level pool trace"},
+      {manager_head + "group mamba\n", "t.kvtrace:5: unknown group kind 'mamba'"},
+      {manager_head + "group\n", "t.kvtrace:5: 'group' takes a kind"},
+      {manager_head + "group full 4\n", "t.kvtrace:5: 'group full' takes no size"},
+      {manager_head + "group sliding_window\n", "t.kvtrace:5: 'group sliding_window' takes one size"},
+      {manager_head + "group sliding_window 0\n", "t.kvtrace:5: the window of 'group sliding_window' must be at least 1"},
+      {manager_head + "group chunked_local x\n", "t.kvtrace:5: bad number 'x' for the chunk"},
+      {manager_head + "group chunked_local 0\n", "t.kvtrace:5: the chunk of 'group chunked_local' must be at least 1"},
+      {manager_head + "req 1 5 4 9:10\ngroup full\n", "t.kvtrace:6: header record 'group' after the first op"},
+      {manager_head + "group full\nlevel manager\n", "t.kvtrace:6: 'level' record after a 'group' record"},
+      {manager_head + "group full\ngroup sliding_window 8\ngroup full\nreq 1 5 4 9:10\n",
+       "t.kvtrace:7: invalid group layout: vLLM layout: groups of one kind and size must be adjacent"},
+      {manager_head + "group sliding_window 8\ngroup sliding_window 8\nreq 1 5 4 9:10\n",
+       "t.kvtrace:5: invalid group layout: vLLM layout: identical groups form one group in vLLM"},
+      {manager_head + "group full\ngroup full\ngroup sliding_window 8\ngroup sliding_window 8\n",
+       "t.kvtrace:5: invalid group layout: vLLM layout: no kind occurs exactly once"},
+      {manager_head + "param num_host_blocks 8\nparam preemption swap\ngroup full\ngroup sliding_window 4\nreq 1 5 4 9:10\n",
+       "t.kvtrace:6: 'param preemption swap|hybrid' with 'group' records"},
   };
   for (const auto& [text, want] : cases) {
     const std::string err = replay_error(text);

@@ -4,6 +4,7 @@
 // problem as "FILE:LINE: message". Never throws on bad input, never loops on it. Every record it accepts is valid
 // UTF-8 and every param is in range at its own line, so what it returns can be echoed as JSON and replayed.
 
+#include <algorithm>
 #include <cerrno>
 #include <charconv>
 #include <cstdint>
@@ -17,6 +18,8 @@
 #include <unordered_set>
 #include <utility>
 #include <vector>
+
+#include <kvpager/groups/vllm_hit.hpp>
 
 namespace kvreplay {
 
@@ -44,6 +47,14 @@ struct op {
   std::uint64_t child = 0;
 };
 
+/// A `group` header record (KVTRACE.md, "Hybrid KV cache groups"): a KV cache group, in vLLM's group order.
+struct group_record {
+  std::string kind;       // "full", "sliding_window" or "chunked_local"
+  std::int64_t size = 0;  // the window or chunk in tokens (0 for full)
+  std::string text;       // as written without the word `group`, fields joined by one space ("sliding_window 128")
+  std::int64_t line = 0;
+};
+
 struct trace {
   std::string workload;
   std::string level;  // "pool" or "manager"
@@ -51,6 +62,7 @@ struct trace {
   std::vector<std::pair<std::string, std::string>> raw_params;  // every param as written, in order (for echoing)
   std::vector<std::int64_t> raw_param_lines;  // the line of each raw_params entry
   preemption_mode preemption = preemption_mode::recompute;
+  std::vector<group_record> groups;  // none: one full-attention group, today's semantics
   std::vector<op> ops;
 
   /// The value of param `key`, or `fallback`.
@@ -210,6 +222,19 @@ inline parse_result parse_kvtrace(std::string_view text, const std::string& name
       fail(std::string("missing 'param num_blocks'") + where);
       return false;
     }
+    if (!t.groups.empty()) {
+      std::vector<kvpager::vllm_kind> kinds;
+      for (const group_record& g : t.groups)
+        kinds.push_back(g.kind == "full"             ? kvpager::vllm_kind{kvpager::vllm_kind_tag::full, 0}
+                        : g.kind == "sliding_window" ? kvpager::vllm_kind{kvpager::vllm_kind_tag::sliding_window, g.size}
+                                                     : kvpager::vllm_kind{kvpager::vllm_kind_tag::chunked_local, g.size});
+      if (const kvpager::status st = kvpager::check_vllm_layout(kinds); !st) {
+        const auto at = static_cast<std::size_t>(std::max<std::int64_t>(st.detail(), 0));
+        line_no = t.groups[std::min(at, t.groups.size() - 1)].line;
+        fail(std::string("invalid group layout: ") + st.message() + " (KVTRACE.md: only layouts vLLM's layer grouping can produce)");
+        return false;
+      }
+    }
     if (t.preemption != preemption_mode::recompute && t.param("num_host_blocks", 0) < 1) {
       line_no = t.param_line("preemption");
       fail("'param preemption swap|hybrid' needs 'param num_host_blocks' > 0");
@@ -243,6 +268,30 @@ inline parse_result parse_kvtrace(std::string_view text, const std::string& name
       continue;
     }
     if (kw == "kvtrace") return fail("duplicate 'kvtrace' record");
+    if (kw == "group") {
+      if (seen_op) return fail("header record 'group' after the first op");
+      if (t.level.empty()) return fail("'group' record before 'level' (groups are for level manager traces)");
+      if (t.level == "pool") return fail("'group' record in a level pool trace (groups are for level manager traces)");
+      if (t.groups.size() >= 64) return fail("more than 64 'group' records");
+      group_record g;
+      g.line = line_no;
+      if (f.size() < 2) return fail("'group' takes a kind: full, sliding_window W or chunked_local C");
+      g.kind = std::string(f[1]);
+      if (g.kind == "full") {
+        if (!need(2)) return fail("'group full' takes no size");
+      } else if (g.kind == "sliding_window" || g.kind == "chunked_local") {
+        const char* what = g.kind == "sliding_window" ? "window" : "chunk";
+        if (!need(3)) return fail("'group " + g.kind + "' takes one size (the " + what + " in tokens)");
+        if (!detail::parse_uint(f[2], g.size)) return fail("bad number '" + std::string(f[2]) + "' for the " + what);
+        if (g.size < 1) return fail(std::string("the ") + what + " of 'group " + g.kind + "' must be at least 1");
+        if (g.size > (std::int64_t{1} << 30)) return fail(std::string("the ") + what + " is out of range (at most 2^30)");
+      } else {
+        return fail("unknown group kind '" + g.kind + "' (full, sliding_window W or chunked_local C)");
+      }
+      g.text = g.kind + (g.kind == "full" ? "" : " " + std::to_string(g.size));
+      t.groups.push_back(std::move(g));
+      continue;
+    }
     if (kw == "workload" || kw == "level" || kw == "param") {
       if (seen_op) return fail("header record '" + std::string(kw) + "' after the first op");
       if (kw == "workload") {
@@ -250,6 +299,7 @@ inline parse_result parse_kvtrace(std::string_view text, const std::string& name
         t.workload = std::string(f[1]);
       } else if (kw == "level") {
         if (!need(2) || (f[1] != "pool" && f[1] != "manager")) return fail("'level' must be 'pool' or 'manager'");
+        if (!t.groups.empty()) return fail("'level' record after a 'group' record");
         t.level = std::string(f[1]);
       } else if (need(3) && f[1] == "preemption") {
         if (f[2] == "recompute") {

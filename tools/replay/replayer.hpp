@@ -158,6 +158,8 @@ inline replay_result replay_pool(const trace& t, const std::string& name, std::i
 /// scheduler_config_for the trace.
 template <class Cache>
 class manager_replay {
+  static constexpr bool is_hybrid = requires(const Cache& c) { c.num_groups(); };
+
  public:
   /// `at_line`, when given, follows the op being replayed (for a report of memory exhaustion).
   manager_replay(const trace& t, const std::string& name, Cache cache, replay_limits limits,
@@ -195,7 +197,12 @@ class manager_replay {
     r["decode_alloc_fail"] = decode_alloc_fail_;
     r["steps"] = steps_;
     r["finished"] = finished_;
-    r["peak_usage"] = round6(double(std::max(peak_used_, ss.peak_used_blocks)) / double(num_blocks_ - 1));
+    if constexpr (is_hybrid) {
+      // Group traces: the maximum right after every successful allocate_slots (KVTRACE.md), which the cache keeps.
+      r["peak_usage"] = round6(double(cache_.peak_used_blocks()) / double(num_blocks_ - 1));
+    } else {
+      r["peak_usage"] = round6(double(std::max(peak_used_, ss.peak_used_blocks)) / double(num_blocks_ - 1));
+    }
     r["final_usage"] = round6(double(used_blocks()) / double(num_blocks_ - 1));
     const std::int64_t q = explicit_.query_tokens + ss.prefix.query_tokens + ss.resumed_prefix.query_tokens;
     const std::int64_t h = explicit_.hit_tokens + ss.prefix.hit_tokens + ss.resumed_prefix.hit_tokens;
@@ -212,6 +219,20 @@ class manager_replay {
       r["swapped_in_blocks"] = cs.swapped_in_blocks;
       r["preempted_recompute"] = ss.preempted_recompute;
       r["swap_fallback_recompute"] = ss.swap_fallback_recompute;
+    }
+    if constexpr (is_hybrid) {
+      json peak = json::array(), fin = json::array(), hit = json::array(), skipped = json::array();
+      for (std::int32_t g = 0; g < cache_.num_groups(); ++g) {
+        const kvpager::group_stats& gs = cache_.stats(g);
+        peak.push_back(gs.peak_blocks);
+        fin.push_back(gs.blocks);
+        hit.push_back(gs.hit_blocks);
+        skipped.push_back(gs.skipped_blocks);
+      }
+      r["group_peak_blocks"] = std::move(peak);
+      r["group_final_blocks"] = std::move(fin);
+      r["group_hit_blocks"] = std::move(hit);
+      r["group_skipped_blocks"] = std::move(skipped);
     }
     r["elapsed_s"] = elapsed;
     if (!step_ms_.empty()) {
@@ -335,6 +356,11 @@ class manager_replay {
           return decode_running(o, r);
         if (r.st != state::live) return true;
         for (std::int64_t i = 0; i < o.n; ++i) {
+          // Each token is its own engine step (its own allocate_slots in vLLM): a window group's release follows
+          // the computed tokens.
+          if constexpr (is_hybrid) {
+            if (i > 0) cache_.begin_step();
+          }
           if (!extend(r)) {
             ++decode_alloc_fail_;
             break;
@@ -383,6 +409,9 @@ class manager_replay {
   /// 'decode' on a request the scheduler runs: its pending token is computed now, and it samples the next one.
   bool decode_running(const op& o, request& r) {
     for (std::int64_t i = 0; i < o.n; ++i) {
+      if constexpr (is_hybrid) {
+        if (i > 0) cache_.begin_step();  // each token its own step, as in 'decode' on a live request
+      }
       if (!sched_.compute_pending(r.seq)) {
         ++decode_alloc_fail_;
         break;
@@ -488,6 +517,43 @@ replay_result replay_manager(const trace& t, const std::string& name, replay_lim
   return manager_replay<Cache>(t, name, std::move(*created), limits, at_line).run();
 }
 
+/// The hybrid compositions kvpager-replay uses for traces with `group` records: vLLM's conventions over vLLM v1's
+/// free queue, with prefix caching (enable_caching 1) or without.
+using hybrid_vllm_cache = kvpager::hybrid_kv_cache<kvpager::any_group_kind>;
+using hybrid_vllm_no_caching_cache =
+    kvpager::hybrid_kv_cache<kvpager::any_group_kind, kvpager::free_list_allocator, kvpager::no_eviction,
+                             kvpager::refcount_sharing>;
+
+/// The group kinds of a trace's `group` records, in group order.
+[[nodiscard]] inline std::vector<kvpager::any_group_kind> group_kinds(const trace& t) {
+  std::vector<kvpager::any_group_kind> kinds;
+  for (const group_record& g : t.groups) {
+    if (g.kind == "sliding_window") {
+      kinds.emplace_back(kvpager::sliding_window{g.size});
+    } else if (g.kind == "chunked_local") {
+      kinds.emplace_back(kvpager::chunked_local{g.size});
+    } else {
+      kinds.emplace_back(kvpager::full_attention{});
+    }
+  }
+  return kinds;
+}
+
+/// Replays a trace with `group` records over hybrid cache `Cache` in vLLM's conventions.
+template <class Cache>
+replay_result replay_hybrid(const trace& t, const std::string& name, replay_limits limits, std::int64_t* at_line) {
+  if (t.preemption != preemption_mode::recompute)
+    return replay_result{json::object(), name + ":" + std::to_string(t.param_line("preemption")) +
+                                             ": 'param preemption swap|hybrid' with 'group' records: hybrid caches "
+                                             "preempt by recompute (vLLM's only mode)"};
+  const std::vector<kvpager::any_group_kind> kinds = group_kinds(t);
+  auto created = Cache::create({static_cast<std::int32_t>(t.param("block_size", 16)),
+                                static_cast<std::int32_t>(t.param("num_blocks", 0)), /*reserved (null block)=*/1},
+                               kinds, {kvpager::hybrid_conventions::vllm});
+  if (!created) return replay_result{json::object(), create_error(t, name, created.error().message())};
+  return manager_replay<Cache>(t, name, std::move(*created), limits, at_line).run();
+}
+
 }  // namespace detail
 
 /// The composition kvpager-replay uses for `enable_caching 0`: vLLM's free queue without prefix caching.
@@ -504,6 +570,10 @@ replay_result replay_with_swap(const trace& t, const std::string& name, replay_l
 /// Replays `t` over the composition its params name (no catch; see replay_guarded).
 inline replay_result replay_any(const trace& t, const std::string& name, replay_limits limits, std::int64_t* at_line) {
   if (t.level == "pool") return replay_pool(t, name, at_line);
+  if (!t.groups.empty()) {
+    if (t.param("enable_caching", 1) != 0) return replay_hybrid<hybrid_vllm_cache>(t, name, limits, at_line);
+    return replay_hybrid<hybrid_vllm_no_caching_cache>(t, name, limits, at_line);
+  }
   switch (t.preemption) {
     case preemption_mode::swap: return replay_with_swap<kvpager::host_swap>(t, name, limits, at_line);
     case preemption_mode::hybrid: return replay_with_swap<kvpager::hybrid_swap>(t, name, limits, at_line);
@@ -563,6 +633,10 @@ inline replay_result replay(const trace& t, const std::string& name, replay_limi
     }
   }
   w["ops"] = t.ops.size();
+  if (!t.groups.empty()) {
+    w["groups"] = json::array();
+    for (const group_record& g : t.groups) w["groups"].push_back(g.text);
+  }
   w["result"] = std::move(result);
   return w;
 }

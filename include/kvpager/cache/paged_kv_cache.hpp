@@ -55,14 +55,7 @@ template <block_allocator A = free_list_allocator, eviction_policy E = no_evicti
           sharing_policy S = refcount_sharing, swap_policy W = no_swap>
 class paged_kv_cache : public detail::cache_exports<paged_kv_cache<A, E, S, W>> {
   friend class detail::cache_exports<paged_kv_cache>;
-  static constexpr bool free_order_fits = [] {
-    if constexpr (requires { E::required_free_order; }) {
-      return allocator_traits<A>::order == static_cast<free_order>(E::required_free_order);
-    } else {
-      return true;
-    }
-  }();
-  static_assert(free_order_fits,
+  static_assert(detail::free_order_fits<A, E>,
                 "this eviction policy evicts in the allocator's free order: pair it with the allocator it names "
                 "(lru_eviction needs free_list_allocator)");
 
@@ -472,13 +465,9 @@ class paged_kv_cache : public detail::cache_exports<paged_kv_cache<A, E, S, W>> 
   /// nothing, and their range in the plan.
   status grow(std::int32_t h, std::int32_t n) {
     seq_state& s = seqs_[h];
-    const std::int64_t new_total = std::int64_t{s.num_tokens} + n;
-    if (new_total > INT32_MAX)
-      return status{errc::invalid_argument, "append_tokens: sequence would exceed 2^31-1 tokens", new_total};
-    const std::int64_t total_blocks = blocks_for_tokens(new_total, cfg_.block_size);
-    if (exceeds_table_limit(total_blocks))
-      return status{errc::invalid_argument, "append_tokens: sequence would need more than max_blocks_per_seq blocks",
-                    total_blocks};
+    const auto blocks = detail::blocks_after_growth(s.num_tokens, n, cfg_.block_size, cfg_.max_blocks_per_seq);
+    if (!blocks) return blocks.error();
+    const std::int64_t new_total = std::int64_t{s.num_tokens} + n, total_blocks = *blocks;
     const retention_hint hint{s.priority};
     detail::write_growth g;
     if (status st = grow_for_write(blocks_, ledger_, s.blocks, s.num_tokens, cfg_.block_size, total_blocks,

@@ -22,6 +22,7 @@ KVPAGER_NAMESPACE_BEGIN
 struct block_copy {
   block_id src = no_block;
   block_id dst = no_block;
+  std::int32_t group = 0;  ///< the KV cache group whose layers are copied (hybrid_kv_cache; 0 for one group)
   friend bool operator==(const block_copy&, const block_copy&) = default;
 };
 
@@ -29,6 +30,7 @@ struct block_copy {
 struct block_swap {
   block_id device = no_block;
   block_id host = no_block;
+  std::int32_t group = 0;  ///< the KV cache group whose layers move (0 for one group)
   friend bool operator==(const block_swap&, const block_swap&) = default;
 };
 

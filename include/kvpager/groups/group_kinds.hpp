@@ -26,6 +26,7 @@ struct full_attention {
   static constexpr const char* kind_name = "full";
   [[nodiscard]] constexpr std::int64_t skipped_tokens(std::int64_t) const noexcept { return 0; }
   [[nodiscard]] constexpr status validate() const noexcept { return ok_status(); }
+  friend constexpr bool operator==(const full_attention&, const full_attention&) = default;
 };
 
 /// A sliding window of `window` tokens, the token itself included.
@@ -38,6 +39,7 @@ struct sliding_window {
   [[nodiscard]] constexpr status validate() const noexcept {
     return window >= 1 ? ok_status() : status{errc::invalid_argument, "sliding_window: the window must be at least 1", window};
   }
+  friend constexpr bool operator==(const sliding_window&, const sliding_window&) = default;
 };
 
 /// Chunked local attention: the sequence is cut into chunks of `chunk` tokens, and a token reads only its own chunk.
@@ -50,6 +52,7 @@ struct chunked_local {
   [[nodiscard]] constexpr status validate() const noexcept {
     return chunk >= 1 ? ok_status() : status{errc::invalid_argument, "chunked_local: the chunk must be at least 1", chunk};
   }
+  friend constexpr bool operator==(const chunked_local&, const chunked_local&) = default;
 };
 
 static_assert(group_kind<full_attention> && group_kind<sliding_window> && group_kind<chunked_local>);

@@ -22,11 +22,13 @@ KVPAGER_NAMESPACE_BEGIN
 struct admission_limits {
   std::int64_t usable_blocks = 0;        ///< the cache's usable blocks (cache_stats::total)
   std::int32_t block_size = default_block_size;  ///< tokens per block
-  std::int32_t max_blocks_per_seq = 0;   ///< the cache's length cap in blocks (0: none)
+  std::int32_t max_blocks_per_seq = 0;   ///< the cache's length cap in blocks per block table (0: none)
+  std::int32_t num_groups = 1;           ///< block tables per sequence (the KV cache groups of a hybrid cache)
 
-  /// Blocks `num_tokens` tokens occupy (without prefix hits).
+  /// Blocks `num_tokens` tokens occupy (without prefix hits): a table's worth in every group (an admission takes
+  /// the whole prompt in every group).
   [[nodiscard]] std::int64_t blocks_needed(std::int64_t num_tokens) const noexcept {
-    return blocks_for_tokens(num_tokens, block_size);
+    return blocks_for_tokens(num_tokens, block_size) * num_groups;
   }
 
   /// Blocks the watermark keeps free: watermark_permille of the usable blocks (clamped to 0-1000 permille).
@@ -63,7 +65,8 @@ struct admission_limits {
                                                            bool whole) const noexcept {
     if (n > INT32_MAX) return finish_reason::too_long;
     const std::int64_t need = blocks_needed(n);
-    if (max_blocks_per_seq > 0 && need > max_blocks_per_seq) return finish_reason::length_cap;
+    if (max_blocks_per_seq > 0 && blocks_for_tokens(n, block_size) > max_blocks_per_seq)
+      return finish_reason::length_cap;
     if (!cfg.reject_impossible) return std::nullopt;
     if (need > usable_blocks) return finish_reason::too_long;
     if (whole && !cfg.chunked_prefill && n > cfg.max_num_batched_tokens) return finish_reason::too_long;

@@ -47,9 +47,20 @@ class scheduler : public scheduler_queues {
         cfg_(cfg),
         limits_{.usable_blocks = std::int64_t{cache.config().num_blocks} - cache.config().reserved_blocks,
                 .block_size = cache.config().block_size,
-                .max_blocks_per_seq = cache.config().max_blocks_per_seq},
+                .max_blocks_per_seq = cache.config().max_blocks_per_seq,
+                .num_groups = groups_of(cache)},
         may_hit_limit_(cfg.reject_impossible || cache.config().max_blocks_per_seq > 0),
         tuners_(cfg) {}
+
+  /// Block tables per sequence of `cache`: its KV cache groups (1 without groups).
+  [[nodiscard]] static std::int32_t groups_of(const Cache& cache) noexcept {
+    if constexpr (requires { cache.num_groups(); }) {
+      return cache.num_groups();
+    } else {
+      (void)cache;
+      return 1;
+    }
+  }
 
   /// A scheduler over `cache` once `cfg` passes scheduler_config::validate (its error otherwise). The constructor
   /// takes any config: a bad batch_tuning is off there, a bad swap_cost makes preemption_mode::adaptive recompute.
@@ -365,6 +376,26 @@ class scheduler : public scheduler_queues {
       out_.query_start_loc.push_back(out_.query_start_loc.back() + e.num_tokens);
       (e.num_tokens == 1 ? out_.decode : out_.prefill).entries.push_back(static_cast<std::int32_t>(i));
     }
+    if constexpr (requires { cache_.num_groups(); }) {  // KV cache groups: the tables of each group
+      const auto n = static_cast<std::size_t>(cache_.num_groups());
+      out_.group_decode.resize(n);
+      out_.group_prefill.resize(n);
+      for (std::size_t k = 0; k < n; ++k) {
+        out_.group_decode[k].entries = out_.decode.entries;
+        out_.group_prefill[k].entries = out_.prefill.entries;
+        for (step_tables* g : {&out_.group_decode[k], &out_.group_prefill[k]}) {
+          if (const status st = export_group(*g, static_cast<std::int32_t>(k)); !st) {
+            if (out_.error.ok()) out_.error = st;
+            for (step_tables& t : out_.group_decode) t.clear();
+            for (step_tables& t : out_.group_prefill) t.clear();
+            break;
+          }
+        }
+      }
+      out_.decode.clear();
+      out_.prefill.clear();
+      return;
+    }
     for (step_tables* g : {&out_.decode, &out_.prefill}) {
       if (const status st = export_group(*g); !st) {
         if (out_.error.ok()) out_.error = st;
@@ -375,8 +406,9 @@ class scheduler : public scheduler_queues {
     }
   }
 
-  /// The page tables of group `g` (its entries are set): CSR from the cache, the dense table from the CSR.
-  status export_group(step_tables& g) {
+  /// The page tables of group `g` (its entries are set): CSR from the cache, the dense table from the CSR; from
+  /// KV cache group `kv_group` of a cache with groups.
+  status export_group(step_tables& g, std::int32_t kv_group = 0) {
     group_ids_.clear();
     g.qo_indptr.push_back(0);
     for (const std::int32_t i : g.entries) {
@@ -384,13 +416,26 @@ class scheduler : public scheduler_queues {
       group_ids_.push_back(e.id);
       g.qo_indptr.push_back(g.qo_indptr.back() + e.num_tokens);
     }
-    const result<std::int64_t> n = cache_.csr_size(group_ids_);
+    const auto csr_size = [&] {
+      if constexpr (requires { cache_.num_groups(); }) {
+        return cache_.csr_size(kv_group, group_ids_);
+      } else {
+        (void)kv_group;
+        return cache_.csr_size(group_ids_);
+      }
+    };
+    const result<std::int64_t> n = csr_size();
     if (!n) return n.error();
     g.kv_indptr.resize(g.entries.size() + 1);
     g.kv_indices.resize(static_cast<std::size_t>(*n));
     g.kv_last_page_len.resize(g.entries.size());
-    if (const status st = cache_.export_csr(group_ids_, g.kv_indptr, g.kv_indices, g.kv_last_page_len); !st)
-      return st;
+    status exported;
+    if constexpr (requires { cache_.num_groups(); }) {
+      exported = cache_.export_csr(kv_group, group_ids_, g.kv_indptr, g.kv_indices, g.kv_last_page_len);
+    } else {
+      exported = cache_.export_csr(group_ids_, g.kv_indptr, g.kv_indices, g.kv_last_page_len);
+    }
+    if (!exported) return exported;
     std::int32_t stride = 1;
     const std::int32_t bs = cache_.config().block_size;
     for (std::size_t i = 0; i < g.entries.size(); ++i) {

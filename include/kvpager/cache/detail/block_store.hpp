@@ -24,6 +24,17 @@
 KVPAGER_NAMESPACE_BEGIN
 namespace detail {
 
+/// Whether eviction policy E can run over allocator A: a policy that evicts in the allocator's free order names
+/// the order it needs (lru_eviction: free_list_allocator's FIFO). The caches static_assert it.
+template <block_allocator A, eviction_policy E>
+inline constexpr bool free_order_fits = [] {
+  if constexpr (requires { E::required_free_order; }) {
+    return allocator_traits<A>::order == static_cast<free_order>(E::required_free_order);
+  } else {
+    return true;
+  }
+}();
+
 template <block_allocator A, eviction_policy E, sharing_policy S>
 class block_store {
  public:

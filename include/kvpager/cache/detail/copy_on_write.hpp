@@ -20,6 +20,21 @@
 KVPAGER_NAMESPACE_BEGIN
 namespace detail {
 
+/// The blocks a table of `num_tokens` tokens needs after `n` more: errc::invalid_argument past 2^31-1 tokens or
+/// past `max_blocks_per_seq` (> 0) blocks. Both caches' appends check it first.
+[[nodiscard]] inline result<std::int64_t> blocks_after_growth(std::int32_t num_tokens, std::int32_t n,
+                                                              std::int32_t block_size,
+                                                              std::int32_t max_blocks_per_seq) noexcept {
+  const std::int64_t new_total = std::int64_t{num_tokens} + n;
+  if (new_total > INT32_MAX)
+    return status{errc::invalid_argument, "append_tokens: sequence would exceed 2^31-1 tokens", new_total};
+  const std::int64_t total_blocks = blocks_for_tokens(new_total, block_size);
+  if (max_blocks_per_seq > 0 && total_blocks > max_blocks_per_seq)
+    return status{errc::invalid_argument, "append_tokens: sequence would need more than max_blocks_per_seq blocks",
+                  total_blocks};
+  return total_blocks;
+}
+
 /// What grow_for_write did.
 struct write_growth {
   std::int64_t new_blocks = 0;  ///< blocks appended to the table

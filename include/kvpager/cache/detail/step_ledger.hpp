@@ -46,9 +46,9 @@ class basic_step_ledger {
   /// Whether a planned copy or swap-in of this step reads or writes `b`.
   [[nodiscard]] bool busy(block_id b) const noexcept { return busy_[static_cast<std::size_t>(b)] != 0; }
 
-  /// Plans a whole-block copy; both blocks stay busy for the step.
-  void plan_copy(block_id src, block_id dst) {
-    plan_.add_copy(block_copy{src, dst});
+  /// Plans a whole-block copy (of group `group`'s layers); both blocks stay busy for the step.
+  void plan_copy(block_id src, block_id dst, std::int32_t group = 0) {
+    plan_.add_copy(block_copy{src, dst, group});
     mark_busy(src);
     mark_busy(dst);
   }

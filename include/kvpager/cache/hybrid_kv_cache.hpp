@@ -1,0 +1,957 @@
+// SPDX-License-Identifier: Apache-2.0
+#pragma once
+/// \file
+/// hybrid_kv_cache: block tables per sequence and KV cache group over one shared block pool, for models whose
+/// layers mix attention kinds (full attention, sliding windows, chunked local attention: concepts/group_kind.hpp).
+/// Every group of a sequence has its own table; all groups draw from the one pool with no per-group quota. A group
+/// whose kind skips leading tokens gives back the blocks wholly before its window as soon as no later token can read
+/// them (they keep their hashes and stay hit-able); their table entries become the null block (block 0, reserved,
+/// never read by the kernels). A prefix-cache hit is agreed across groups: the longest prefix every group can
+/// resume from (full attention needs every block, a window only its last ones), and blocks are cached per group
+/// (the same tokens cached in group 0 do not hit group 1).
+///
+/// Conventions (hybrid_options::conventions):
+///   - hybrid_conventions::vllm: every decision equals vLLM v1's HybridKVCacheCoordinator (KVTRACE.md, "Hybrid KV
+///     cache groups"): its group order for allocation and free, its lookups and hit agreement
+///     (groups/vllm_hit.hpp), its layouts only (check_vllm_layout), and its window release inside allocate_slots,
+///     which is kept even when the allocation then fails (the one documented exception to "a failed call changes
+///     nothing").
+///   - hybrid_conventions::native: any group kinds and layout, the native agreed hit (groups/agreed_hit.hpp), and
+///     the strong guarantee everywhere: the window release counts toward the capacity check but happens only when
+///     the call succeeds.
+/// A cache of one full-attention group decides exactly as paged_kv_cache over the same policies; use
+/// paged_kv_cache then (it is the faster for it).
+///
+/// The operations are paged_kv_cache's (the same errors; kvpager::scheduler drives either), with group-indexed
+/// exports: export_block_table(g, ...), export_csr(g, ...), export_slot_mapping(g, ...), block_table(g, id). Swap
+/// to host memory is not supported yet (num_host_blocks must be 0; preempt answers errc::unsupported, so the
+/// scheduler preempts by recompute). Prefix caching needs a prehashed_content_cache sharing policy
+/// (prefix_caching): the cache chains the block hashes itself (xxh3 over each block's tokens, seeded by the
+/// previous block's hash and, at the root, the sequence's extra key) and indexes each group's blocks under the
+/// hash mixed with the group. Lookups verify the block's own token ids when the policy verifies.
+
+#include <algorithm>
+#include <cstdint>
+#include <new>
+#include <span>
+#include <utility>
+#include <vector>
+
+#include "kvpager/allocator/free_list_allocator.hpp"
+#include "kvpager/cache/cache_types.hpp"
+#include "kvpager/cache/detail/block_store.hpp"
+#include "kvpager/cache/detail/copy_on_write.hpp"
+#include "kvpager/cache/detail/exports.hpp"
+#include "kvpager/cache/detail/sequence_table.hpp"
+#include "kvpager/cache/detail/step_ledger.hpp"
+#include "kvpager/concepts/block_allocator.hpp"
+#include "kvpager/concepts/eviction_policy.hpp"
+#include "kvpager/concepts/group_kind.hpp"
+#include "kvpager/concepts/sharing_policy.hpp"
+#include "kvpager/core/block_pool.hpp"
+#include "kvpager/core/config.hpp"
+#include "kvpager/core/status.hpp"
+#include "kvpager/core/types.hpp"
+#include "kvpager/eviction/lru_eviction.hpp"
+#include "kvpager/groups/agreed_hit.hpp"
+#include "kvpager/groups/group_kind_variant.hpp"
+#include "kvpager/groups/group_kinds.hpp"
+#include "kvpager/groups/vllm_hit.hpp"
+#include "kvpager/sharing/prefix_caching.hpp"
+#include "kvpager/sharing/xxh3_hasher.hpp"
+#include "kvpager/swap/no_swap.hpp"
+
+KVPAGER_NAMESPACE_BEGIN
+
+/// Whose rules a hybrid_kv_cache follows (see the file comment).
+enum class hybrid_conventions : std::uint8_t {
+  vllm,    ///< vLLM v1's decisions exactly, its window-release timing included
+  native,  ///< any kinds and layouts, the native agreed hit, the strong guarantee on every call
+};
+
+/// Options of hybrid_kv_cache::create beyond the cache_config.
+struct hybrid_options {
+  hybrid_conventions conventions = hybrid_conventions::vllm;
+};
+
+/// The counts of one KV cache group.
+struct group_stats {
+  std::int32_t blocks = 0;           ///< blocks with reference count > 0 that belong to the group now
+  std::int32_t peak_blocks = 0;      ///< the most `blocks` after any successful allocating call
+  std::int64_t hit_blocks = 0;       ///< cached blocks admissions took into the group's tables (prefix hits)
+  std::int64_t skipped_blocks = 0;   ///< table entries the window release replaced by the null block
+  std::int64_t table_entries = 0;    ///< entries of the group's live tables, null ones included
+  friend bool operator==(const group_stats&, const group_stats&) = default;
+};
+
+namespace detail {
+/// The (empty) hash-chain position of a hybrid cache's per-group tables: the cache keeps the chain itself.
+struct no_group_cursor {
+  friend bool operator==(const no_group_cursor&, const no_group_cursor&) = default;
+};
+}  // namespace detail
+
+template <group_kind K = any_group_kind, block_allocator A = free_list_allocator, eviction_policy E = lru_eviction,
+          sharing_policy S = prefix_caching>
+class hybrid_kv_cache {
+  static_assert(detail::free_order_fits<A, E>,
+                "this eviction policy evicts in the allocator's free order: pair it with the allocator it names "
+                "(lru_eviction needs free_list_allocator)");
+  static constexpr bool caching = prehashed_content_cache<S>;
+  using table_type = detail::sequence_table<detail::no_group_cursor>;
+
+ public:
+  using kind_type = K;
+  using allocator_policy = A;
+  using eviction_policy_type = E;
+  using sharing_policy_type = S;
+  using swap_policy_type = no_swap;
+  using policies = cache_policies<A, E, S, no_swap>;
+
+  /// The null block: the entry of a table position a group no longer reads (block 0, reserved).
+  static constexpr block_id null_block = 0;
+  /// The most groups a cache can have.
+  static constexpr std::int32_t max_groups = 64;
+
+  /// Validates and builds an empty cache with one group per entry of `groups` (in group order: the order in which
+  /// groups allocate and free). Errors: those of paged_kv_cache::create; errc::invalid_argument for no group, more
+  /// than max_groups, a kind whose validate() fails (W or C below 1), reserved_blocks 0 (block 0 is the null
+  /// block), and, with hybrid_conventions::vllm, a kind vLLM does not have or a layout its grouping cannot produce
+  /// (check_vllm_layout); errc::unsupported for num_host_blocks > 0; errc::out_of_memory (std::bad_alloc).
+  [[nodiscard]] static result<hybrid_kv_cache> create(cache_config cfg, std::span<const K> groups,
+                                                      hybrid_options options = {}, policies p = {}) {
+    if (status st = validate(cfg); !st) return st;
+    if (groups.empty()) return status{errc::invalid_argument, "hybrid_kv_cache::create: no KV cache group"};
+    if (groups.size() > static_cast<std::size_t>(max_groups))
+      return status{errc::invalid_argument, "hybrid_kv_cache::create: more than max_groups groups",
+                    static_cast<std::int64_t>(groups.size())};
+    for (std::size_t g = 0; g < groups.size(); ++g)
+      if (status st = groups[g].validate(); !st) return st;
+    if (cfg.reserved_blocks < 1)
+      return status{errc::invalid_argument,
+                    "hybrid_kv_cache::create: block 0 is the null block: reserved_blocks must be at least 1",
+                    cfg.reserved_blocks};
+    if (cfg.num_host_blocks > 0)
+      return status{errc::unsupported, "hybrid_kv_cache::create: no host pool yet (num_host_blocks must be 0)",
+                    cfg.num_host_blocks};
+    std::vector<vllm_kind> vk;
+    if (options.conventions == hybrid_conventions::vllm) {
+      for (const K& k : groups) vk.push_back(vllm_kind_of(k));
+      if (status st = check_vllm_layout(vk); !st) return st;
+    }
+#if KVPAGER_HAS_EXCEPTIONS
+    try {
+#endif
+      auto pool = block_pool<A>::create({cfg.num_blocks, cfg.reserved_blocks}, std::move(p.allocator));
+      if (!pool) return pool.error();
+      return hybrid_kv_cache(cfg, groups, std::move(vk), options, std::move(*pool), std::move(p.eviction),
+                             std::move(p.sharing));
+#if KVPAGER_HAS_EXCEPTIONS
+    } catch (const std::bad_alloc&) {
+      return status{errc::out_of_memory, "hybrid_kv_cache::create: not enough host memory for the bookkeeping",
+                    cfg.num_blocks};
+    }
+#endif
+  }
+
+  // ------------------------------------------------------------------------------------------------ sequences
+
+  /// Prefill by count: ceil(num_tokens / block_size) blocks in every group, all or nothing; not content-cached.
+  /// Errors as paged_kv_cache::add_sequence.
+  status add_sequence(seq_id id, std::int32_t num_tokens) {
+    if (num_tokens <= 0) return status{errc::invalid_argument, "add_sequence: num_tokens must be positive", num_tokens};
+    return add_impl(id, num_tokens, {}, sequence_options{}, nullptr, nullptr, {});
+  }
+
+  /// Prefill with token ids: the agreed prefix hit (capped so the last token is computed), then blocks for the
+  /// whole prompt in every group (hits first in every group, then new blocks group by group), and every full block
+  /// committed to each group's cache. `known`: chained hashes from block_hashes() of an earlier admission.
+  status add_sequence(seq_id id, std::span<const token_id> tokens, sequence_options options = {},
+                      prefix_match* hit = nullptr, std::span<const std::uint64_t> known = {}) {
+    if (status st = check_prompt("add_sequence", tokens); !st) return st;
+    return add_impl(id, static_cast<std::int32_t>(tokens.size()), tokens, options, hit, nullptr, known);
+  }
+
+  /// The lookup add_sequence(id, tokens, options) would do, changing nothing.
+  [[nodiscard]] result<prefix_match> match_prefix(std::span<const token_id> tokens, sequence_options options = {}) {
+    prefix_hit h;
+    if (status st = match_prefix(tokens, options, h); !st) return st;
+    return h.match;
+  }
+
+  /// match_prefix keeping the hit for add_sequence(id, tokens, options, hit): `hit.blocks` holds num_groups()
+  /// lists of match.blocks entries each (group-major, the null block where a group needs nothing), and
+  /// `hit.known_hashes` the block hashes of the tokens' full blocks.
+  status match_prefix(std::span<const token_id> tokens, sequence_options options, prefix_hit& hit,
+                      std::span<const std::uint64_t> known = {}) {
+    hit.blocks.clear();
+    hit.known_hashes.assign(known.begin(), known.end());
+    hit.num_tokens = 0;
+    hit.match = prefix_match{};
+    if (status st = check_prompt("match_prefix", tokens); !st) return st;
+    const auto n = static_cast<std::int32_t>(tokens.size());
+    hash_blocks(tokens, options.extra_key, hit.known_hashes);
+    std::int64_t need = 0;
+    const std::int32_t len = find_hit(tokens, options.extra_key, hit.known_hashes, hit.blocks, need, n);
+    hit.match = prefix_match{len, len * cfg_.block_size, need};
+    hit.generation = generation();
+    hit.extra_key = options.extra_key;
+    hit.num_tokens = n;
+    return ok_status();
+  }
+
+  /// Prefill consuming `hit` (a match_prefix of at least these tokens with these options); errc::stale_prefix_hit
+  /// when the cache changed since or the hit was made for other tokens or options (nothing changed).
+  status add_sequence(seq_id id, std::span<const token_id> tokens, sequence_options options, const prefix_hit& hit,
+                      prefix_match* out = nullptr) {
+    if (hit.generation != generation() || hit.extra_key != options.extra_key ||
+        tokens.size() > static_cast<std::size_t>(hit.num_tokens) || hit.num_tokens == 0)
+      return status{errc::stale_prefix_hit, "add_sequence: the prefix hit is stale (the cache changed since "
+                                            "match_prefix) or was made for other tokens or options"};
+    if (status st = check_prompt("add_sequence", tokens); !st) return st;
+    return add_impl(id, static_cast<std::int32_t>(tokens.size()), tokens, options, out, &hit, hit.known_hashes);
+  }
+
+  /// Decode by count: `n` more tokens in every group (window release first, then copy-on-write of a shared last
+  /// block and new blocks, group by group). The sequence's later blocks are no longer content-cached.
+  status append_tokens(seq_id id, token_count n = token_count{1}) {
+    if (n.value <= 0) return status{errc::invalid_argument, "append_tokens: token count must be positive", n.value};
+    const auto h = primary().template checked<"append_tokens">(id);
+    if (!h) return h.error();
+    return grow(*h, n.value, {});
+  }
+
+  status append_token(seq_id id, token_id token) { return append_tokens(id, std::span<const token_id>(&token, 1)); }
+
+  /// Decode with token ids: as the count overload, and every block the tokens fill is committed in every group.
+  status append_tokens(seq_id id, std::span<const token_id> tokens) {
+    if (tokens.empty() || tokens.size() > static_cast<std::size_t>(INT32_MAX))
+      return status{errc::invalid_argument, "append_tokens: token count must be positive",
+                    static_cast<std::int64_t>(tokens.size())};
+    const auto h = primary().template checked<"append_tokens">(id);
+    if (!h) return h.error();
+    return grow(*h, static_cast<std::int32_t>(tokens.size()), tokens);
+  }
+
+  /// Forks `child` from `parent`'s first `num_tokens` tokens (all when 0) in every group: shared blocks (copies
+  /// with a fork_mode::copy sharing policy). Errors as paged_kv_cache::fork, and errc::invalid_argument when a
+  /// group already released blocks the child still reads (num_tokens before the parent's window).
+  status fork(seq_id parent, seq_id child, std::int32_t num_tokens = 0) {
+    const auto ph = primary().template checked<"fork">(parent);
+    if (!ph) return ph.error();
+    if (child == parent || primary().contains(child))
+      return status{errc::duplicate_sequence, "fork: child sequence id is already live"};
+    const auto& parent_state = primary()[*ph];
+    if (num_tokens < 0 || num_tokens > parent_state.num_tokens)
+      return status{errc::invalid_argument, "fork: num_tokens must be in [0, parent length]", num_tokens};
+    if (parent_state.append_step == ledger_.step())
+      return status{errc::pending_append, "fork: the parent has tokens appended in this step; fork after begin_step"};
+    const std::int32_t tokens = num_tokens == 0 ? parent_state.num_tokens : num_tokens;
+    const auto k = static_cast<std::size_t>(blocks_for_tokens(tokens, cfg_.block_size));
+    std::int64_t copies = 0;
+    for (std::int32_t g = 0; g < num_groups(); ++g) {
+      const auto& t = tables_[ix(g)][*ph].blocks;
+      const auto first = static_cast<std::size_t>(kinds_[ix(g)].skipped_tokens(tokens) / cfg_.block_size);
+      for (std::size_t i = first; i < k; ++i)
+        if (t[i] == null_block)
+          return status{errc::invalid_argument, "fork: a window group no longer holds blocks the child reads", g};
+      for (std::size_t i = 0; i < k; ++i) copies += t[i] != null_block ? 1 : 0;
+    }
+    if constexpr (S::fork == fork_mode::copy) {
+      if (copies > available_blocks())
+        return status{errc::out_of_blocks, "fork: not enough free blocks to copy the parent", copies};
+    }
+    const std::int32_t h = insert(child);  // may reallocate the states: index by handle from here on
+    const auto& p = primary()[*ph];
+    const extra_state& pe = extra_[static_cast<std::size_t>(*ph)];
+    extra_state& ce = extra_[static_cast<std::size_t>(h)];
+    for (std::int32_t g = 0; g < num_groups(); ++g) {
+      const auto& pt = tables_[ix(g)][*ph].blocks;
+      auto& ct = tables_[ix(g)][h].blocks;
+      ct.assign(pt.begin(), pt.begin() + static_cast<std::ptrdiff_t>(k));
+      for (block_id& b : ct) {
+        if (b == null_block) continue;
+        if constexpr (S::fork == fork_mode::copy) {
+          const block_id src = b;
+          take(g, std::span<block_id>(&b, 1));
+          ledger_.plan_copy(src, b, g);
+          ++counts_.fork_copies;
+        } else {
+          blocks_.add_ref(b);
+        }
+      }
+      tables_[ix(g)][h].num_tokens = tokens;
+      gstats_[ix(g)].table_entries += static_cast<std::int64_t>(k);
+    }
+    auto& c = primary()[h];
+    c.priority = p.priority;
+    c.extra_key = p.extra_key;
+    if constexpr (S::fork == fork_mode::copy) c.append_step = ledger_.step();
+    const auto full = static_cast<std::size_t>(tokens / cfg_.block_size);
+    ce.hashes.assign(pe.hashes.begin(), pe.hashes.begin() + static_cast<std::ptrdiff_t>(std::min(full, pe.hashes.size())));
+    ce.committed.resize(static_cast<std::size_t>(num_groups()));
+    for (std::int32_t g = 0; g < num_groups(); ++g)
+      ce.committed[ix(g)] = std::min(pe.committed[ix(g)], static_cast<std::int32_t>(full));
+    // The child keeps caching where it knows its last block's tokens: a fork at the parent's end.
+    ce.content = pe.content && (tokens == p.num_tokens || tokens % cfg_.block_size == 0);
+    if (ce.content && tokens == p.num_tokens) c.partial = p.partial;
+    ce.step_base = tokens;
+    counts_.tokens += tokens;
+    if constexpr (S::fork == fork_mode::copy) note_allocation();
+    return ok_status();
+  }
+
+  /// Frees sequence `id`: groups in group order, each table from its last entry to its first (null entries
+  /// skipped). Tokens it appended in this step are not computed: their slots export as -1 in every group and the
+  /// blocks they would have filled lose their cached content, except where another sequence already shares one of
+  /// their blocks (a prefix hit in this step): those slots are kept. errc::unknown_sequence.
+  status free_sequence(seq_id id) {
+    const auto hh = primary().template checked<"free_sequence">(id, detail::residency::any);
+    if (!hh) return hh.error();
+    const std::int32_t h = *hh;
+    if (primary()[h].append_step == ledger_.step()) cancel_appends(h);
+    const retention_hint hint{primary()[h].priority};
+    for (std::int32_t g = 0; g < num_groups(); ++g) {
+      const auto& t = tables_[ix(g)][h].blocks;
+      for (auto it = t.rbegin(); it != t.rend(); ++it)
+        if (*it != null_block) release(*it, hint);
+      gstats_[ix(g)].table_entries -= static_cast<std::int64_t>(t.size());
+    }
+    counts_.tokens -= primary()[h].num_tokens;
+    for (table_type& t : tables_) t.erase(h);
+    extra_state& e = extra_[static_cast<std::size_t>(h)];
+    e.hashes.clear();
+    e.content = false;
+    return ok_status();
+  }
+
+  // ------------------------------------------------------------------------------------------------ preemption
+
+  /// errc::unsupported: a hybrid cache has no host pool yet (the scheduler then preempts by recompute).
+  [[nodiscard]] result<preempt_action> preempt_decision(seq_id id) const {
+    const auto h = primary().template checked<"preempt">(id);
+    if (!h) return h.error();
+    return status{errc::unsupported, "preempt: hybrid_kv_cache has no host pool (preempt by recompute)"};
+  }
+  result<preempt_action> preempt(seq_id id) { return preempt_decision(id); }
+  status swap_out(std::span<const seq_id>) { return no_host_pool("swap_out"); }
+  status swap_out(seq_id) { return no_host_pool("swap_out"); }
+  status swap_in(std::span<const seq_id>) { return no_host_pool("swap_in"); }
+  status swap_in(seq_id) { return no_host_pool("swap_in"); }
+  [[nodiscard]] result<std::span<const block_id>> host_block_table(seq_id) const noexcept {
+    return no_host_pool("host_block_table");
+  }
+
+  /// Starts a new step: the previous plan is taken as executed and cleared; blocks planned copies kept busy become
+  /// reusable.
+  void begin_step() {
+    ledger_.begin_step([this](block_id b, retention_hint hint) {
+      if (blocks_.refcount(b) == 0) blocks_.settle(b, hint);
+    });
+    owners_.clear();
+    frozen_offset_.clear();
+    frozen_slots_.clear();
+  }
+
+  /// The byte movement planned since the last begin_step(): copies (copy-on-write, copying forks) are whole blocks
+  /// of the group each names (block_copy::group: only that group's layers move); appends are token ranges, whose
+  /// slots differ per group (export_slot_mapping(g, ...)).
+  [[nodiscard]] const step_plan& plan() const noexcept { return ledger_.plan(); }
+
+  // ------------------------------------------------------------------------------------------------ queries
+
+  [[nodiscard]] std::int32_t num_groups() const noexcept { return static_cast<std::int32_t>(kinds_.size()); }
+  [[nodiscard]] const K& kind(std::int32_t g) const noexcept { return kinds_[static_cast<std::size_t>(g)]; }
+  [[nodiscard]] hybrid_conventions conventions() const noexcept { return options_.conventions; }
+  [[nodiscard]] bool contains(seq_id id) const noexcept { return primary().contains(id); }
+  /// Always false: a hybrid cache does not swap (yet).
+  [[nodiscard]] bool is_swapped(seq_id) const noexcept { return false; }
+  [[nodiscard]] std::int32_t num_sequences() const noexcept { return primary().size(); }
+  [[nodiscard]] std::int32_t block_size() const noexcept { return cfg_.block_size; }
+  [[nodiscard]] const cache_config& config() const noexcept { return cfg_; }
+  [[nodiscard]] constexpr kv_geometry geometry() const noexcept { return cfg_.geometry(); }
+  [[nodiscard]] std::int32_t refcount(block_id b) const noexcept { return blocks_.refcount(b); }
+  [[nodiscard]] bool is_free(block_id b) const noexcept { return blocks_.pool().is_free(b); }
+  /// The group block `b` was last handed to (meaningful while it is referenced).
+  [[nodiscard]] std::int32_t owner_group(block_id b) const noexcept {
+    return b >= 0 && b < cfg_.num_blocks ? owner_[static_cast<std::size_t>(b)] : -1;
+  }
+  /// Blocks an allocation can use now (free + evictable), for all groups together.
+  [[nodiscard]] std::int64_t available_blocks() const noexcept { return blocks_.available(); }
+  /// Blocks a prompt of `num_tokens` tokens takes without prefix hits: its blocks in every group.
+  [[nodiscard]] std::int64_t blocks_needed(std::int64_t num_tokens) const noexcept {
+    return blocks_for_tokens(num_tokens, cfg_.block_size) * num_groups();
+  }
+  /// Blocks in use now: usable minus available.
+  [[nodiscard]] std::int64_t used_blocks() const noexcept {
+    return std::int64_t{cfg_.num_blocks - cfg_.reserved_blocks} - available_blocks();
+  }
+  /// The most used_blocks() after any successful allocating call.
+  [[nodiscard]] std::int64_t peak_used_blocks() const noexcept { return peak_used_; }
+  [[nodiscard]] const group_stats& stats(std::int32_t g) const noexcept { return gstats_[static_cast<std::size_t>(g)]; }
+
+  [[nodiscard]] cache_stats stats() const noexcept {
+    cache_stats s = counts_;
+    s.block_size = cfg_.block_size;
+    s.pending_free = ledger_.pending_free();
+    s.sequences = primary().size();
+    blocks_.report(s);
+    return s;
+  }
+
+  [[nodiscard]] result<std::int32_t> num_tokens(seq_id id) const noexcept {
+    const auto h = primary().template checked<"num_tokens">(id, detail::residency::any);
+    if (!h) return h.error();
+    return primary()[*h].num_tokens;
+  }
+  /// Group g's block table of sequence `id` (null_block where the group no longer reads).
+  [[nodiscard]] result<std::span<const block_id>> block_table(std::int32_t g, seq_id id) const noexcept {
+    if (status st = check_group("block_table", g); !st) return st;
+    const auto h = primary().template checked<"block_table">(id);
+    if (!h) return h.error();
+    return std::span<const block_id>(tables_[ix(g)][*h].blocks);
+  }
+  /// The chained hashes of sequence `id`'s full blocks (empty without content caching), for re-admission.
+  status block_hashes(seq_id id, std::vector<std::uint64_t>& out) const {
+    const auto h = primary().template checked<"block_hashes">(id);
+    if (!h) return h.error();
+    const extra_state& e = extra_[static_cast<std::size_t>(*h)];
+    out.assign(e.hashes.begin(), e.hashes.end());
+    return ok_status();
+  }
+
+  // ------------------------------------------------------------------------------------------------ exports
+
+  /// Group g's dense page table (paged_kv_cache::export_block_table's format; null entries are null_block).
+  status export_block_table(std::int32_t g, std::span<const seq_id> seqs, std::span<std::int32_t> table,
+                            std::int32_t row_stride, std::span<std::int32_t> seq_lens) const noexcept {
+    if (status st = check_group("export_block_table", g); !st) return st;
+    return detail::export_block_table(tables_[ix(g)], seqs, table, row_stride, seq_lens);
+  }
+  [[nodiscard]] result<std::int64_t> csr_size(std::int32_t g, std::span<const seq_id> seqs) const noexcept {
+    if (status st = check_group("csr_size", g); !st) return st;
+    return detail::csr_size(tables_[ix(g)], seqs);
+  }
+  status export_csr(std::int32_t g, std::span<const seq_id> seqs, std::span<std::int32_t> indptr,
+                    std::span<std::int32_t> indices, std::span<std::int32_t> last_page_len) const noexcept {
+    if (status st = check_group("export_csr", g); !st) return st;
+    return detail::export_csr(tables_[ix(g)], cfg_.block_size, seqs, indptr, indices, last_page_len);
+  }
+  /// The one-table exports have no meaning with several groups: errc::unsupported (export per group).
+  [[nodiscard]] result<std::int64_t> csr_size(std::span<const seq_id>) const noexcept { return per_group("csr_size"); }
+  status export_csr(std::span<const seq_id>, std::span<std::int32_t>, std::span<std::int32_t>,
+                    std::span<std::int32_t>) const noexcept {
+    return per_group("export_csr");
+  }
+  /// Slots of this step's appends in all groups: num_groups() x plan().num_append_tokens().
+  [[nodiscard]] std::int64_t slot_mapping_size() const noexcept {
+    return ledger_.plan().num_append_tokens() * num_groups();
+  }
+  /// Group g's slot mapping of this step's appends (plan().num_append_tokens() slots), in plan().appends() order:
+  /// slot = block * block_size + offset in that group's table; -1 for tokens of sequences freed since, except
+  /// slots kept for sharers. errc::buffer_too_small (detail = plan().num_append_tokens()), nothing written.
+  status export_slot_mapping(std::int32_t g, std::span<std::int64_t> out) const noexcept {
+    if (status st = check_group("export_slot_mapping", g); !st) return st;
+    const std::int64_t n = ledger_.plan().num_append_tokens();
+    if (static_cast<std::int64_t>(out.size()) < n)
+      return status{errc::buffer_too_small, "export_slot_mapping: buffer is shorter than the step's appended tokens", n};
+    write_slots(g, out.data());
+    return ok_status();
+  }
+  /// Every group's slot mapping, group-major: group g's at [g x n, (g + 1) x n), n = plan().num_append_tokens()
+  /// (what kvpager::scheduler exports as step_output::slot_mapping). errc::buffer_too_small (detail =
+  /// slot_mapping_size()).
+  status export_slot_mapping(std::span<std::int64_t> out) const noexcept {
+    if (static_cast<std::int64_t>(out.size()) < slot_mapping_size())
+      return status{errc::buffer_too_small, "export_slot_mapping: buffer is shorter than slot_mapping_size()",
+                    slot_mapping_size()};
+    const std::int64_t n = ledger_.plan().num_append_tokens();
+    for (std::int32_t g = 0; g < num_groups(); ++g) write_slots(g, out.data() + g * n);
+    return ok_status();
+  }
+
+  [[nodiscard]] const block_pool<A>& pool() const noexcept { return blocks_.pool(); }
+  [[nodiscard]] const E& eviction() const noexcept { return blocks_.eviction(); }
+  [[nodiscard]] const S& sharing() const noexcept { return blocks_.sharing(); }
+
+ private:
+  /// What a sequence keeps beside its per-group tables (indexed by handle, as the tables).
+  struct extra_state {
+    std::vector<std::uint64_t> hashes;     ///< chained hashes of its full blocks (content known)
+    std::vector<std::int32_t> committed;   ///< per group: table entries committed to the cache
+    std::int32_t step_base = 0;            ///< tokens before its first append of the current step
+    bool content = false;                  ///< token ids known: full blocks are hashed and cached
+  };
+
+  hybrid_kv_cache(cache_config cfg, std::span<const K> groups, std::vector<vllm_kind> vk, hybrid_options options,
+                  block_pool<A> pool, E e, S s)
+      : cfg_(cfg),
+        options_(options),
+        kinds_(groups.begin(), groups.end()),
+        vkinds_(std::move(vk)),
+        tables_(groups.size()),
+        gstats_(groups.size()),
+        blocks_(std::move(pool), std::move(e), std::move(s)) {
+    const pool_geometry g{cfg.num_blocks, cfg.block_size, cfg.reserved_blocks};
+    blocks_.reset(g);
+    ledger_.reset(cfg.num_blocks);
+    owner_.assign(static_cast<std::size_t>(cfg.num_blocks), 0);
+    nulls_.resize(groups.size());
+  }
+
+  void write_slots(std::int32_t g, std::int64_t* o) const noexcept {
+    const std::span<const token_range> ranges = ledger_.plan().appends();
+    const std::int64_t bs = cfg_.block_size;
+    for (std::size_t r = 0; r < ranges.size(); ++r) {
+      const token_range& tr = ranges[r];
+      const std::int32_t owner = owners_[r];
+      if (owner < 0) {
+        if (r >= frozen_offset_.size() || frozen_offset_[r] < 0) {
+          o = std::fill_n(o, tr.count, std::int64_t{-1});
+        } else {
+          const auto first = frozen_slots_.begin() + frozen_offset_[r] + std::int64_t{g} * tr.count;
+          o = std::copy(first, first + tr.count, o);
+        }
+        continue;
+      }
+      const block_id* blocks = tables_[ix(g)][owner].blocks.data();
+      for (std::int64_t p = tr.first_pos; p < std::int64_t{tr.first_pos} + tr.count; ++p)
+        *o++ = std::int64_t{blocks[p / bs]} * bs + p % bs;
+    }
+  }
+
+  [[nodiscard]] static constexpr std::size_t ix(std::int64_t i) noexcept { return static_cast<std::size_t>(i); }
+  [[nodiscard]] const table_type& primary() const noexcept { return tables_[0]; }
+  [[nodiscard]] table_type& primary() noexcept { return tables_[0]; }
+
+  [[nodiscard]] static status no_host_pool(const char* call) noexcept {
+    (void)call;
+    return status{errc::unsupported, "hybrid_kv_cache has no host pool (swap is not supported yet)"};
+  }
+  [[nodiscard]] static status per_group(const char* call) noexcept {
+    (void)call;
+    return status{errc::unsupported, "hybrid_kv_cache: export tables and slot mappings per group (pass the group)"};
+  }
+  [[nodiscard]] status check_group(const char* call, std::int32_t g) const noexcept {
+    (void)call;
+    if (g < 0 || g >= num_groups()) return status{errc::invalid_argument, "hybrid_kv_cache: no such group", g};
+    return ok_status();
+  }
+  [[nodiscard]] static status check_prompt(const char* call, std::span<const token_id> tokens) noexcept {
+    (void)call;
+    if (tokens.empty() || tokens.size() > static_cast<std::size_t>(INT32_MAX))
+      return status{errc::invalid_argument, "add_sequence: the prompt must have 1 to 2^31-1 tokens",
+                    static_cast<std::int64_t>(tokens.size())};
+    return ok_status();
+  }
+
+  [[nodiscard]] bool exceeds_table_limit(std::int64_t blocks) const noexcept {
+    return cfg_.max_blocks_per_seq > 0 && blocks > cfg_.max_blocks_per_seq;
+  }
+  [[nodiscard]] std::uint64_t generation() const noexcept {
+    if constexpr (caching) {
+      return blocks_.sharing().generation();
+    } else {
+      return 0;
+    }
+  }
+
+  /// A new handle in every group's table (they stay in step: same inserts and erases in the same order).
+  std::int32_t insert(seq_id id) {
+    std::int32_t h = -1;
+    for (table_type& t : tables_) h = t.insert(id);
+    if (extra_.size() <= static_cast<std::size_t>(h)) extra_.resize(static_cast<std::size_t>(h) + 1);
+    extra_state& e = extra_[static_cast<std::size_t>(h)];
+    e.committed.assign(static_cast<std::size_t>(num_groups()), 0);
+    e.hashes.clear();
+    e.content = false;
+    e.step_base = 0;
+    return h;
+  }
+
+  // ---------------------------------------------------------------- block life cycle, counted per group
+
+  void count_up(std::int32_t g, block_id b) noexcept {
+    owner_[static_cast<std::size_t>(b)] = static_cast<std::uint8_t>(g);
+    ++gstats_[static_cast<std::size_t>(g)].blocks;
+  }
+  void take(std::int32_t g, std::span<block_id> out) noexcept {
+    blocks_.take(out);
+    for (const block_id b : out) count_up(g, b);
+  }
+  void touch(std::int32_t g, block_id b) noexcept {
+    if (blocks_.refcount(b) == 0) count_up(g, b);
+    if (blocks_.touch(b)) ledger_.unpark();
+  }
+  void release(block_id b, retention_hint hint) {
+    if (blocks_.refcount(b) == 1) --gstats_[owner_[static_cast<std::size_t>(b)]].blocks;
+    blocks_.release(b, hint, [this](block_id x, retention_hint xh) { return ledger_.park(x, xh); });
+  }
+  void note_allocation() noexcept {
+    peak_used_ = std::max(peak_used_, used_blocks());
+    for (group_stats& s : gstats_) s.peak_blocks = std::max(s.peak_blocks, s.blocks);
+  }
+
+  // ---------------------------------------------------------------- hashing and lookup
+
+  /// Group g's index key for a block of chained hash `h`, and its cursor's extra key (so that verification tells
+  /// groups apart as well).
+  [[nodiscard]] static std::uint64_t mix(std::uint64_t x) noexcept {
+    x += 0x9E3779B97F4A7C15ULL;
+    x = (x ^ (x >> 30)) * 0xBF58476D1CE4E5B9ULL;
+    x = (x ^ (x >> 27)) * 0x94D049BB133111EBULL;
+    return x ^ (x >> 31);
+  }
+  [[nodiscard]] static std::uint64_t group_key(std::uint64_t h, std::int32_t g) noexcept {
+    return mix(h ^ (std::uint64_t{0xD6E8FEB86659FD93ULL} * static_cast<std::uint64_t>(g + 1)));
+  }
+  [[nodiscard]] static std::uint64_t group_extra(std::uint64_t extra, std::int32_t g) noexcept {
+    return g == 0 ? extra : mix(extra + std::uint64_t{0xA0761D6478BD642FULL} * static_cast<std::uint64_t>(g));
+  }
+
+  /// Extends `hashes` (a prefix may be known) to every full block of `tokens`.
+  void hash_blocks(std::span<const token_id> tokens, std::uint64_t extra, std::vector<std::uint64_t>& hashes) const {
+    if constexpr (caching) {
+      const std::size_t bs = static_cast<std::size_t>(cfg_.block_size);
+      const std::size_t full = tokens.size() / bs;
+      if (hashes.size() > full) hashes.resize(full);
+      for (std::size_t i = hashes.size(); i < full; ++i) {
+        const std::uint64_t prev = i == 0 ? mix(extra) : hashes[i - 1];
+        hashes.push_back(xxh3_hasher{}(prev, tokens.subspan(i * bs, bs)));
+      }
+    } else {
+      (void)tokens;
+      (void)extra;
+      hashes.clear();
+    }
+  }
+
+  /// The agreed hit for `tokens` (capped at n - 1 tokens, n <= tokens.size()): its length in blocks, the
+  /// num_groups() hit lists in `lists` (group-major, that many entries each), and in `need` the blocks adding
+  /// n tokens takes from available_blocks(). Changes nothing.
+  std::int32_t find_hit(std::span<const token_id> tokens, std::uint64_t extra, std::span<const std::uint64_t> hashes,
+                        std::vector<block_id>& lists, std::int64_t& need, std::int32_t n) {
+    const std::int32_t bs = cfg_.block_size;
+    const std::int64_t total = blocks_for_tokens(n, bs);
+    lists.clear();
+    std::int32_t len = 0;
+    if constexpr (caching) {
+      const std::int64_t max_tokens = std::min<std::int64_t>(n - 1, static_cast<std::int64_t>(hashes.size()) * bs);
+      const auto m = static_cast<std::size_t>(max_tokens / bs);
+      const auto G = static_cast<std::size_t>(num_groups());
+      memo_.assign(G * m, lookup_pending);
+      const S& share = blocks_.sharing();
+      const auto cached_block = [&](std::int32_t g, std::int64_t i) -> block_id {
+        block_id& slot = memo_[static_cast<std::size_t>(g) * m + static_cast<std::size_t>(i)];
+        if (slot == lookup_pending) {
+          auto c = share.first_cursor(group_extra(extra, g));
+          slot = share.lookup(c, group_key(hashes[static_cast<std::size_t>(i)], g),
+                              tokens.subspan(static_cast<std::size_t>(i) * static_cast<std::size_t>(bs),
+                                             static_cast<std::size_t>(bs)));
+        }
+        return slot;
+      };
+      const auto cached = [&](std::int32_t g, std::int64_t i) { return cached_block(g, i) != no_block; };
+      std::int64_t hit = 0;
+      if (options_.conventions == hybrid_conventions::vllm) {
+        hit = vllm_agreed_hit(vkinds_, bs, max_tokens, cached, nulls_, vscratch_);
+      } else {
+        hit = agreed_hit_tokens(
+            num_groups(), bs, max_tokens,
+            [this](std::int32_t g, std::int64_t t) noexcept { return kinds_[static_cast<std::size_t>(g)].skipped_tokens(t); },
+            cached, hscratch_);
+        for (std::int32_t g = 0; g < num_groups(); ++g)
+          nulls_[ix(g)] = static_cast<std::int32_t>(kinds_[static_cast<std::size_t>(g)].skipped_tokens(hit) / bs);
+      }
+      len = static_cast<std::int32_t>(hit / bs);
+      lists.resize(G * static_cast<std::size_t>(len));
+      for (std::int32_t g = 0; g < num_groups(); ++g)
+        for (std::int32_t i = 0; i < len; ++i) {
+          const block_id b = i < nulls_[ix(g)] ? null_block : cached_block(g, i);
+          lists[static_cast<std::size_t>(g) * static_cast<std::size_t>(len) + static_cast<std::size_t>(i)] = b;
+        }
+    } else {
+      (void)tokens;
+      (void)extra;
+      (void)hashes;
+    }
+    need = (total - len) * num_groups();
+    for (const block_id b : lists)
+      if (b != null_block && blocks_.consumes_capacity(b)) ++need;
+    return len;
+  }
+
+  // ---------------------------------------------------------------- operations
+
+  status add_impl(seq_id id, std::int32_t n, std::span<const token_id> tokens, sequence_options options,
+                  prefix_match* out, const prefix_hit* given, std::span<const std::uint64_t> known) {
+    if (primary().contains(id)) return status{errc::duplicate_sequence, "add_sequence: sequence id is already live"};
+    const std::int64_t total = blocks_for_tokens(n, cfg_.block_size);
+    if (exceeds_table_limit(total))
+      return status{errc::invalid_argument, "add_sequence: prompt needs more than max_blocks_per_seq blocks", total};
+    const bool content = caching && !tokens.empty();
+    std::int64_t need = 0;
+    std::int32_t len = 0;
+    hashes_.assign(known.begin(), known.end());
+    if (content) hash_blocks(tokens, options.extra_key, hashes_);
+    if (given != nullptr && given->match.tokens <= n - 1 &&
+        given->blocks.size() == static_cast<std::size_t>(given->match.blocks) * kinds_.size()) {
+      len = given->match.blocks;  // the lookup is done: its lists, its need for n tokens
+      lists_.assign(given->blocks.begin(), given->blocks.end());
+      need = (total - len) * num_groups();
+      for (const block_id b : lists_)
+        if (b != null_block && blocks_.consumes_capacity(b)) ++need;
+    } else if (content) {
+      len = find_hit(tokens, options.extra_key, hashes_, lists_, need, n);
+    } else {
+      lists_.clear();
+      need = total * num_groups();
+    }
+    if (need > available_blocks())
+      return status{errc::out_of_blocks, "add_sequence: not enough free blocks for the prompt", need};
+
+    const std::int32_t h = insert(id);
+    // Hits first in every group (they leave the free queue before anything is popped), then new blocks group by
+    // group (vLLM's order: an earlier group's allocation cannot evict a later group's hits).
+    for (std::int32_t g = 0; g < num_groups(); ++g) {
+      auto& t = tables_[ix(g)][h].blocks;
+      t.resize(static_cast<std::size_t>(total));
+      for (std::int32_t i = 0; i < len; ++i) {
+        const block_id b = lists_[static_cast<std::size_t>(g) * static_cast<std::size_t>(len) + static_cast<std::size_t>(i)];
+        t[static_cast<std::size_t>(i)] = b;
+        if (b == null_block) continue;
+        touch(g, b);
+        ++gstats_[ix(g)].hit_blocks;
+      }
+    }
+    for (std::int32_t g = 0; g < num_groups(); ++g) {
+      take(g, std::span<block_id>(tables_[ix(g)][h].blocks).subspan(static_cast<std::size_t>(len)));
+      tables_[ix(g)][h].num_tokens = n;
+      gstats_[ix(g)].table_entries += total;
+    }
+    auto& s = primary()[h];
+    s.priority = options.priority;
+    s.extra_key = options.extra_key;
+    extra_state& e = extra_[static_cast<std::size_t>(h)];
+    e.content = content;
+    const std::int32_t hit_tokens = len * cfg_.block_size;
+    if (content) {
+      e.hashes.swap(hashes_);
+      commit_full(h, 0, tokens);
+      const std::size_t tail = tokens.size() % static_cast<std::size_t>(cfg_.block_size);
+      s.partial.assign(tokens.end() - static_cast<std::ptrdiff_t>(tail), tokens.end());
+      counts_.prefix_query_tokens += n;
+      counts_.prefix_hit_tokens += hit_tokens;
+    }
+    counts_.tokens += n;
+    e.step_base = hit_tokens;
+    s.append_step = record_append(h, id, hit_tokens, n - hit_tokens);
+    note_allocation();
+    if (out != nullptr) *out = prefix_match{len, hit_tokens, need};
+    return ok_status();
+  }
+
+  /// Commits sequence h's full blocks from block `from` on in every group (entries not yet committed, not null,
+  /// not cached); `tokens` holds the tokens of blocks [from, ...) from its start.
+  void commit_full(std::int32_t h, std::size_t from, std::span<const token_id> tokens) {
+    if constexpr (caching) {
+      extra_state& e = extra_[static_cast<std::size_t>(h)];
+      const auto bs = static_cast<std::size_t>(cfg_.block_size);
+      const std::size_t full = e.hashes.size();
+      S& share = blocks_.sharing();
+      const std::uint64_t extra = primary()[h].extra_key;
+      for (std::int32_t g = 0; g < num_groups(); ++g) {
+        auto& t = tables_[ix(g)][h].blocks;
+        const std::size_t start = std::max<std::size_t>(from, static_cast<std::size_t>(e.committed[ix(g)]));
+        for (std::size_t i = start; i < full; ++i) {
+          const block_id b = t[i];
+          if (b == null_block || share.is_cached(b)) continue;
+          auto c = share.first_cursor(group_extra(extra, g));
+          share.commit(b, c, group_key(e.hashes[i], g), tokens.subspan((i - from) * bs, bs));
+        }
+        e.committed[ix(g)] = static_cast<std::int32_t>(std::max<std::size_t>(full, static_cast<std::size_t>(e.committed[ix(g)])));
+      }
+    } else {
+      (void)h;
+      (void)from;
+      (void)tokens;
+    }
+  }
+
+  std::uint64_t record_append(std::int32_t h, seq_id id, std::int32_t first, std::int32_t count) {
+    owners_.push_back(h);
+    return ledger_.record_append(h, id, first, count);
+  }
+
+  /// Slots for `n` more tokens of sequence h in every group: window release, capacity, copy-on-write, new blocks.
+  status grow(std::int32_t h, std::int32_t n, std::span<const token_id> tokens) {
+    auto& s = primary()[h];
+    const auto blocks = detail::blocks_after_growth(s.num_tokens, n, cfg_.block_size, cfg_.max_blocks_per_seq);
+    if (!blocks) return blocks.error();
+    const std::int64_t new_total = std::int64_t{s.num_tokens} + n, total_blocks = *blocks;
+    extra_state& e = extra_[static_cast<std::size_t>(h)];
+    const std::int32_t first = s.num_tokens;  // tokens before this append
+    const bool pending = s.append_step == ledger_.step();
+    // The window is that of the first token this step computes: tokens appended earlier in this step are not
+    // computed yet and still read their own windows.
+    const std::int64_t from = pending ? e.step_base : s.num_tokens;
+    const retention_hint hint{s.priority};
+    // What the window release would free, and what the tokens take.
+    std::int64_t gain = 0, need = 0;
+    const bool writes_last = s.num_tokens % cfg_.block_size != 0;
+    for (std::int32_t g = 0; g < num_groups(); ++g) {
+      auto& t = tables_[ix(g)][h].blocks;
+      const std::size_t k = release_end(g, from, t.size());
+      for (std::size_t i = k; i-- > 0 && t[i] != null_block;)
+        gain += blocks_.refcount(t[i]) == 1 && !ledger_.busy(t[i]) ? 1 : 0;
+      need += std::max<std::int64_t>(total_blocks - static_cast<std::int64_t>(t.size()), 0);
+      need += writes_last && t.back() != null_block && blocks_.refcount(t.back()) > 1 ? 1 : 0;
+    }
+    if (options_.conventions == hybrid_conventions::vllm) {
+      release_window(h, from, hint);  // kept even if the allocation fails (vLLM's allocate_slots)
+      gain = 0;
+    }
+    if (need > available_blocks() + gain)
+      return status{errc::out_of_blocks, "append_tokens: not enough free blocks", need};
+    if (options_.conventions != hybrid_conventions::vllm) release_window(h, from, hint);
+    for (std::int32_t g = 0; g < num_groups(); ++g) {
+      auto& t = tables_[ix(g)][h].blocks;
+      if (writes_last) {
+        const block_id last = t.back();
+        if (blocks_.refcount(last) > 1) {  // copy-on-write of a shared, partly filled last block
+          block_id dst = no_block;
+          take(g, std::span<block_id>(&dst, 1));
+          ledger_.plan_copy(last, dst, g);
+          t.back() = dst;
+          release(last, hint);
+          ++counts_.cow_copies;
+        } else if (blocks_.is_cached(last)) {  // ours alone but cached (a fork ended in it): it is about to change
+          blocks_.evict(last);
+        }
+      }
+      const std::size_t old = t.size();
+      if (static_cast<std::int64_t>(old) < total_blocks) {
+        t.resize(static_cast<std::size_t>(total_blocks));
+        take(g, std::span<block_id>(t).subspan(old));
+        gstats_[ix(g)].table_entries += total_blocks - static_cast<std::int64_t>(old);
+      }
+      tables_[ix(g)][h].num_tokens = static_cast<std::int32_t>(new_total);
+    }
+    if (!pending) e.step_base = first;
+    s.append_step = record_append(h, s.id, first, n);
+    counts_.tokens += n;
+    if (e.content && !tokens.empty()) {
+      extend_content(h, first, tokens);
+    } else {
+      e.content = false;  // token ids unknown from here: the later blocks are not cached
+      s.partial.clear();
+    }
+    note_allocation();
+    return ok_status();
+  }
+
+  /// Table entries [0, k) wholly before group g's window for a next token at position `from`.
+  [[nodiscard]] std::size_t release_end(std::int32_t g, std::int64_t from, std::size_t len) const noexcept {
+    const std::int64_t sk = kinds_[static_cast<std::size_t>(g)].skipped_tokens(from) / cfg_.block_size;
+    return std::min(static_cast<std::size_t>(sk), len);
+  }
+
+  /// The window release: in group order, entries k-1 down to the first null entry are released and nulled.
+  void release_window(std::int32_t h, std::int64_t from, retention_hint hint) {
+    for (std::int32_t g = 0; g < num_groups(); ++g) {
+      auto& t = tables_[ix(g)][h].blocks;
+      for (std::size_t i = release_end(g, from, t.size()); i-- > 0 && t[i] != null_block;) {
+        release(t[i], hint);
+        t[i] = null_block;
+        ++gstats_[ix(g)].skipped_blocks;
+      }
+    }
+  }
+
+  /// Hashes and commits the blocks that tokens appended at position `first` fill.
+  void extend_content(std::int32_t h, std::int32_t first, std::span<const token_id> tokens) {
+    auto& s = primary()[h];
+    extra_state& e = extra_[static_cast<std::size_t>(h)];
+    const auto bs = static_cast<std::size_t>(cfg_.block_size);
+    buffer_.assign(s.partial.begin(), s.partial.end());
+    buffer_.insert(buffer_.end(), tokens.begin(), tokens.end());
+    const std::size_t base = static_cast<std::size_t>(first) - s.partial.size();  // position of buffer_[0]
+    const std::size_t from_block = base / bs;
+    const std::size_t full = (static_cast<std::size_t>(first) + tokens.size()) / bs;
+    const std::span<const token_id> buf(buffer_);
+    for (std::size_t i = e.hashes.size(); i < full; ++i) {
+      const std::uint64_t prev = i == 0 ? mix(s.extra_key) : e.hashes[i - 1];
+      e.hashes.push_back(xxh3_hasher{}(prev, buf.subspan((i - from_block) * bs, bs)));
+    }
+    if (full > from_block) commit_full(h, from_block, buf);
+    const std::size_t tail = (static_cast<std::size_t>(first) + tokens.size()) % bs;
+    s.partial.assign(buffer_.end() - static_cast<std::ptrdiff_t>(tail), buffer_.end());
+  }
+
+  /// Before sequence h is freed: its appends of this step are cancelled (slots -1 in every group) and the blocks
+  /// they touch lose their cached content, unless another sequence shares one of them: then the range's slots are
+  /// kept as they are (frozen) for every group.
+  void cancel_appends(std::int32_t h) {
+    const std::span<const token_range> ranges = ledger_.plan().appends();
+    const std::int64_t bs = cfg_.block_size;
+    frozen_offset_.resize(ranges.size(), -1);
+    for (std::size_t r = 0; r < ranges.size(); ++r) {
+      if (owners_[r] != h) continue;
+      const token_range& tr = ranges[r];
+      if (tr.count <= 0) {
+        owners_[r] = -1;
+        continue;
+      }
+      const std::int64_t b0 = tr.first_pos / bs, b1 = (std::int64_t{tr.first_pos} + tr.count - 1) / bs;
+      bool shared = false;
+      for (std::int32_t g = 0; g < num_groups() && !shared; ++g)
+        for (std::int64_t i = b0; i <= b1; ++i) {
+          const block_id b = tables_[ix(g)][h].blocks[static_cast<std::size_t>(i)];
+          if (b != null_block && blocks_.refcount(b) > 1) shared = true;
+        }
+      if (shared) {
+        frozen_offset_[r] = static_cast<std::int64_t>(frozen_slots_.size());
+        for (std::int32_t g = 0; g < num_groups(); ++g) {
+          const block_id* blocks = tables_[ix(g)][h].blocks.data();
+          for (std::int64_t p = tr.first_pos; p < std::int64_t{tr.first_pos} + tr.count; ++p)
+            frozen_slots_.push_back(std::int64_t{blocks[p / bs]} * bs + p % bs);
+        }
+      } else {
+        for (std::int32_t g = 0; g < num_groups(); ++g)
+          for (std::int64_t i = b0; i <= b1; ++i) {
+            const block_id b = tables_[ix(g)][h].blocks[static_cast<std::size_t>(i)];
+            if (b != null_block && blocks_.is_cached(b)) blocks_.drop_content(b);
+          }
+      }
+      owners_[r] = -1;
+    }
+  }
+
+  static constexpr block_id lookup_pending = -2;
+
+  cache_config cfg_;
+  hybrid_options options_;
+  std::vector<K> kinds_;
+  std::vector<vllm_kind> vkinds_;   ///< vLLM's view of the kinds (vllm conventions only)
+  std::vector<table_type> tables_;  ///< per group; table 0 also holds the per-sequence fields (id, priority, ...)
+  std::vector<extra_state> extra_;  ///< per handle
+  std::vector<group_stats> gstats_;
+  detail::block_store<A, E, S> blocks_;
+  detail::step_ledger ledger_;
+  std::vector<std::uint8_t> owner_;          ///< per block: the group it was last handed to
+  std::vector<std::int32_t> owners_;         ///< per plan().appends() entry: its handle, -1 once freed
+  std::vector<std::int64_t> frozen_offset_;  ///< per cancelled entry: its frozen slots (all groups), -1 = none
+  std::vector<std::int64_t> frozen_slots_;
+  std::int64_t peak_used_ = 0;
+  cache_stats counts_;
+  // Scratch, kept between calls so that warm calls allocate nothing.
+  std::vector<std::uint64_t> hashes_;
+  std::vector<block_id> lists_;
+  std::vector<block_id> memo_;
+  std::vector<std::int32_t> nulls_;
+  std::vector<token_id> buffer_;
+  vllm_hit_scratch vscratch_;
+  hit_scratch hscratch_;
+};
+
+KVPAGER_NAMESPACE_END

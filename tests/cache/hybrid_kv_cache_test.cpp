@@ -1,0 +1,448 @@
+// SPDX-License-Identifier: Apache-2.0
+// hybrid_kv_cache (issue 24, point 1): per-group block tables over one pool. One full group decides as
+// paged_kv_cache; a window group gives back the blocks before its window (kept hit-able); vLLM's conventions keep the
+// release when the allocation fails, native ones change nothing; forks and copy-on-write work per group and the plan
+// names the group; slot mappings and exports per group; bad input is refused with nothing changed; and, over random
+// operations in both conventions, the per-group counts always add up to the pool's.
+
+#include <kvpager/kvpager.hpp>
+
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <cstdint>
+#include <random>
+#include <span>
+#include <vector>
+
+using namespace kvpager;
+
+namespace {
+
+using hybrid = hybrid_kv_cache<any_group_kind>;
+using hybrid_no_caching = hybrid_kv_cache<any_group_kind, free_list_allocator, no_eviction, refcount_sharing>;
+
+cache_config config(std::int32_t num_blocks, std::int32_t block_size = 4) {
+  cache_config c;
+  c.block_size = block_size;
+  c.num_blocks = num_blocks;
+  c.reserved_blocks = 1;
+  return c;
+}
+
+template <class C = hybrid>
+C make(std::vector<any_group_kind> kinds, std::int32_t num_blocks, hybrid_conventions conv = hybrid_conventions::vllm,
+       std::int32_t block_size = 4) {
+  auto r = C::create(config(num_blocks, block_size), kinds, {conv});
+  EXPECT_TRUE(r) << r.error().message();
+  return std::move(*r);
+}
+
+std::vector<token_id> tokens(std::int32_t n, token_id base = 0) {
+  std::vector<token_id> t(static_cast<std::size_t>(n));
+  for (std::int32_t i = 0; i < n; ++i) t[static_cast<std::size_t>(i)] = base + i;
+  return t;
+}
+
+std::vector<block_id> table(const hybrid& c, std::int32_t g, seq_id id) {
+  const auto t = c.block_table(g, id);
+  EXPECT_TRUE(t);
+  return std::vector<block_id>(t->begin(), t->end());
+}
+
+/// Everything observable about a cache, to check that a failed call changed nothing.
+template <class C>
+struct snapshot {
+  std::vector<std::vector<block_id>> tables;
+  std::vector<group_stats> groups;
+  cache_stats stats;
+  std::int64_t available = 0;
+  friend bool operator==(const snapshot&, const snapshot&) = default;
+  snapshot(const C& c, std::span<const seq_id> ids) : stats(c.stats()), available(c.available_blocks()) {
+    for (std::int32_t g = 0; g < c.num_groups(); ++g) {
+      groups.push_back(c.stats(g));
+      for (const seq_id id : ids) {
+        const auto t = c.block_table(g, id);
+        tables.emplace_back(t ? std::vector<block_id>(t->begin(), t->end()) : std::vector<block_id>{});
+      }
+    }
+  }
+};
+
+/// The pool's counts are the groups' counts: blocks with refcount > 0 by owner, table entries by group.
+template <class C>
+void expect_counts_add_up(const C& c, std::span<const seq_id> live) {
+  std::int64_t blocks = 0;
+  for (std::int32_t g = 0; g < c.num_groups(); ++g) {
+    blocks += c.stats(g).blocks;
+    std::int64_t entries = 0;
+    std::vector<std::int32_t> owned(static_cast<std::size_t>(c.config().num_blocks), 0);
+    for (const seq_id id : live) {
+      const auto t = c.block_table(g, id);
+      ASSERT_TRUE(t);
+      entries += static_cast<std::int64_t>(t->size());
+      // Null entries only before the window of the next token: a prefix of the table.
+      bool seen_block = false;
+      for (const block_id b : *t) {
+        if (b == C::null_block) {
+          ASSERT_FALSE(seen_block) << "a null entry after a block in group " << g;
+        } else {
+          seen_block = true;
+          ASSERT_GT(c.refcount(b), 0);
+          ASSERT_EQ(c.owner_group(b), g);
+        }
+      }
+    }
+    EXPECT_EQ(entries, c.stats(g).table_entries) << "group " << g;
+  }
+  EXPECT_EQ(blocks, c.stats().used);
+  EXPECT_EQ(c.used_blocks(), c.stats().total - c.available_blocks());
+}
+
+TEST(HybridCache, OneFullGroupDecidesAsPagedKvCache) {
+  // Random admissions (shared prefixes, so hits and evictions), decodes with token ids, forks and frees, on both.
+  std::mt19937 rng(7);
+  auto pick = [&](int n) { return static_cast<int>(rng() % static_cast<unsigned>(n)); };
+  auto ref = std::move(*vllm_v1_cache::create(config(48)));
+  hybrid h = make({full_attention{}}, 48);
+  std::vector<seq_id> live;
+  std::vector<std::vector<token_id>> toks(4000);
+  seq_id next = 0;
+  std::int64_t hits = 0, evictions_seen = 0, copies = 0;
+  for (int op = 0; op < 20000; ++op) {
+    ref.begin_step();
+    h.begin_step();
+    const int what = pick(10);
+    if (what < 3 || live.empty()) {
+      const seq_id id = next++;
+      if (id >= 4000) break;
+      std::vector<token_id> t = tokens(4 * pick(4), 1000 * pick(3));  // one of three prefixes, 0..3 blocks
+      const std::vector<token_id> tail = tokens(1 + pick(14), 100000 + 100 * static_cast<token_id>(id));
+      t.insert(t.end(), tail.begin(), tail.end());
+      prefix_match a, b;
+      const status sa = ref.add_sequence(id, t, {}, &a), sb = h.add_sequence(id, t, {}, &b);
+      ASSERT_EQ(sa.code(), sb.code()) << op;
+      ASSERT_EQ(a, b) << op;
+      if (sa) {
+        live.push_back(id);
+        toks[static_cast<std::size_t>(id)] = t;
+        hits += a.blocks;
+      }
+    } else if (what < 7) {
+      const seq_id id = live[static_cast<std::size_t>(pick(static_cast<int>(live.size())))];
+      const token_id x = static_cast<token_id>(rng() % 7);
+      ASSERT_EQ(ref.append_token(id, x).code(), h.append_token(id, x).code()) << op;
+    } else if (what < 8) {
+      const seq_id parent = live[static_cast<std::size_t>(pick(static_cast<int>(live.size())))];
+      const seq_id id = next++;
+      if (id >= 4000) break;
+      const status sa = ref.fork(parent, id), sb = h.fork(parent, id);
+      ASSERT_EQ(sa.code(), sb.code()) << op;
+      if (sa) live.push_back(id);
+    } else {
+      const std::size_t i = static_cast<std::size_t>(pick(static_cast<int>(live.size())));
+      ASSERT_TRUE(ref.free_sequence(live[i]));
+      ASSERT_TRUE(h.free_sequence(live[i]));
+      live.erase(live.begin() + static_cast<std::ptrdiff_t>(i));
+    }
+    for (const seq_id id : live) {
+      const auto t = ref.block_table(id);
+      ASSERT_EQ(std::vector<block_id>(t->begin(), t->end()), table(h, 0, id)) << op;
+    }
+    ASSERT_EQ(ref.available_blocks(), h.available_blocks()) << op;
+    ASSERT_EQ(ref.stats().evictions, h.stats().evictions) << op;
+    ASSERT_EQ(ref.stats().cow_copies, h.stats().cow_copies) << op;
+    ASSERT_EQ(ref.plan().copies().size(), h.plan().copies().size()) << op;
+    evictions_seen = ref.stats().evictions;
+    copies = ref.stats().cow_copies;
+  }
+  EXPECT_GT(hits, 100);
+  EXPECT_GT(evictions_seen, 100);
+  EXPECT_GT(copies, 10);
+}
+
+TEST(HybridCache, WindowGroupKeepsOnlyItsWindowAndItsBlocksStayHitable) {
+  // [full, sliding_window 9], bs 4: a decoding sequence reads 9 tokens, so it holds at most cdiv(8, 4) + 1 = 3
+  // blocks in the window group.
+  hybrid c = make({full_attention{}, sliding_window{9}}, 200);
+  const std::vector<token_id> prompt = tokens(40);
+  prefix_match m;
+  ASSERT_TRUE(c.add_sequence(1, prompt, {}, &m));
+  EXPECT_EQ(m.blocks_to_allocate, 20);  // 10 blocks in each group: the whole prompt in every group at admission
+  EXPECT_EQ(c.stats(1).blocks, 10);
+  std::vector<token_id> seq = prompt;
+  for (token_id x = 0; x < 30; ++x) {
+    c.begin_step();
+    ASSERT_TRUE(c.append_token(1, 500 + x));
+    seq.push_back(500 + x);
+    const std::vector<block_id> w = table(c, 1, 1);
+    const auto held = std::count_if(w.begin(), w.end(), [](block_id b) { return b != hybrid::null_block; });
+    EXPECT_LE(held, 3);
+    // The next token is at position seq.size() - 1 + 1; the last token appended (at n - 1) read [n - 9, n - 1]:
+    // every block with one of those tokens is still there.
+    const auto n = static_cast<std::int64_t>(seq.size());
+    for (std::int64_t b = (n - 1 - 8) / 4; b < static_cast<std::int64_t>(w.size()); ++b)
+      EXPECT_NE(w[static_cast<std::size_t>(b)], hybrid::null_block) << "token " << n;
+    std::vector<seq_id> live{1};
+    expect_counts_add_up(c, live);
+  }
+  EXPECT_EQ(c.stats(0).blocks, 18);  // 70 tokens
+  EXPECT_EQ(c.stats(1).skipped_blocks, 15);
+  EXPECT_EQ(c.stats(1).peak_blocks, 10);  // at admission: the whole prompt
+  // Freed and asked again: every released window block kept its hash. Both groups hit 17 of the 18 blocks
+  // (capped below the last token), the window group only its last 2 (cdiv(8, 4)) and nulls before them.
+  ASSERT_TRUE(c.free_sequence(1));
+  EXPECT_EQ(c.stats(0).blocks + c.stats(1).blocks, 0);
+  c.begin_step();
+  ASSERT_TRUE(c.add_sequence(2, seq, {}, &m));
+  EXPECT_EQ(m.blocks, 17);
+  const std::vector<block_id> w = table(c, 1, 2);
+  EXPECT_EQ(std::count(w.begin(), w.begin() + 15, hybrid::null_block), 15);
+  EXPECT_EQ(c.stats(1).hit_blocks, 2);
+  EXPECT_EQ(c.stats(0).hit_blocks, 17);
+  EXPECT_EQ(m.blocks_to_allocate, 1 + 17 + 1 + 2);  // the 18th block in each group, plus every hit that was free
+  // A prompt cached whole in both groups hits in both.
+  hybrid d = make({full_attention{}, sliding_window{9}}, 200);
+  ASSERT_TRUE(d.add_sequence(1, prompt));
+  ASSERT_TRUE(d.free_sequence(1));  // in the step that appended the prompt: never computed, nothing stays cached
+  ASSERT_TRUE(d.add_sequence(2, prompt, {}, &m));
+  EXPECT_EQ(m.blocks, 0);
+  d.begin_step();
+  ASSERT_TRUE(d.free_sequence(2));
+  ASSERT_TRUE(d.add_sequence(3, prompt, {}, &m));
+  EXPECT_EQ(m.blocks, 9);  // both groups cached every block: 9 of 10 (capped below the last token)
+}
+
+TEST(HybridCache, VllmKeepsTheReleaseWhenTheAllocationFailsNativeChangesNothing) {
+  // bs 4, sliding_window 5 (= 1 mod 4): every block boundary releases one window block in the call that needs one
+  // new block per group. With the pool exhausted the release alone cannot pay for two blocks.
+  for (const hybrid_conventions conv : {hybrid_conventions::vllm, hybrid_conventions::native}) {
+    SCOPED_TRACE(conv == hybrid_conventions::vllm ? "vllm" : "native");
+    hybrid c = make({full_attention{}, sliding_window{5}}, 1 + 8, conv);  // 8 usable blocks
+    ASSERT_TRUE(c.add_sequence(1, tokens(8)));  // 2 + 2 blocks
+    ASSERT_TRUE(c.add_sequence(2, tokens(8, 50)));  // 2 + 2: the pool is full
+    c.begin_step();
+    // Sequence 1 at 8 tokens: its next token reads [4, 8], so block 0 of the window group goes; it needs block 2 in
+    // both groups: 2 blocks, 1 available after the release.
+    const std::vector<seq_id> ids{1, 2};
+    const snapshot<hybrid> before(c, ids);
+    const status st = c.append_token(1, 9);
+    EXPECT_EQ(st.code(), errc::out_of_blocks);
+    if (conv == hybrid_conventions::vllm) {
+      EXPECT_EQ(table(c, 1, 1)[0], hybrid::null_block);  // released anyway, as vLLM's allocate_slots does
+      EXPECT_EQ(c.available_blocks(), 1);
+      EXPECT_EQ(c.stats(1).skipped_blocks, 1);
+    } else {
+      EXPECT_TRUE(snapshot<hybrid>(c, ids) == before);  // the strong guarantee
+    }
+    // Freeing sequence 2 makes room; now the release and the allocation happen in one call in both conventions.
+    ASSERT_TRUE(c.free_sequence(2));
+    c.begin_step();
+    ASSERT_TRUE(c.append_token(1, 9));
+    EXPECT_EQ(table(c, 1, 1)[0], hybrid::null_block);
+    EXPECT_EQ(c.stats(1).skipped_blocks, 1);
+    // Native: the release counts toward the capacity check. One block free, the window release frees one more.
+    hybrid d = make({full_attention{}, sliding_window{5}}, 1 + 9, conv);
+    ASSERT_TRUE(d.add_sequence(1, tokens(8)));
+    ASSERT_TRUE(d.add_sequence(2, tokens(8, 50)));
+    d.begin_step();
+    EXPECT_TRUE(d.append_token(1, 9));
+    EXPECT_EQ(d.available_blocks(), 0);
+  }
+}
+
+TEST(HybridCache, ForkAndCopyOnWriteWorkPerGroupAndThePlanNamesTheGroup) {
+  hybrid c = make({full_attention{}, sliding_window{6}}, 64);
+  ASSERT_TRUE(c.add_sequence(1, tokens(10)));  // 3 blocks per group, the last one half full
+  c.begin_step();
+  ASSERT_TRUE(c.fork(1, 2));
+  EXPECT_EQ(table(c, 0, 2), table(c, 0, 1));
+  EXPECT_EQ(table(c, 1, 2), table(c, 1, 1));
+  const block_id last0 = table(c, 0, 1)[2], last1 = table(c, 1, 1)[2];
+  EXPECT_EQ(c.refcount(last0), 2);
+  c.begin_step();
+  ASSERT_TRUE(c.append_token(2, 77));  // writes into the shared partial last block of both groups
+  ASSERT_EQ(c.plan().copies().size(), 2U);
+  EXPECT_EQ(c.plan().copies()[0], (block_copy{last0, table(c, 0, 2)[2], 0}));
+  EXPECT_EQ(c.plan().copies()[1], (block_copy{last1, table(c, 1, 2)[2], 1}));
+  EXPECT_EQ(c.owner_group(table(c, 1, 2)[2]), 1);
+  EXPECT_EQ(table(c, 0, 1)[2], last0);  // the parent keeps its blocks
+  EXPECT_EQ(c.stats().cow_copies, 2);
+  // Slot mappings differ per group; the group-major export holds both.
+  std::vector<std::int64_t> g0(1), g1(1), all(2);
+  ASSERT_TRUE(c.export_slot_mapping(0, g0));
+  ASSERT_TRUE(c.export_slot_mapping(1, g1));
+  ASSERT_TRUE(c.export_slot_mapping(all));
+  EXPECT_EQ(g0[0], std::int64_t{table(c, 0, 2)[2]} * 4 + 2);
+  EXPECT_EQ(g1[0], std::int64_t{table(c, 1, 2)[2]} * 4 + 2);
+  EXPECT_EQ(all, (std::vector<std::int64_t>{g0[0], g1[0]}));
+  EXPECT_EQ(c.slot_mapping_size(), 2);
+  std::vector<std::int64_t> short_buffer(1);
+  EXPECT_EQ(c.export_slot_mapping(short_buffer).code(), errc::buffer_too_small);
+  EXPECT_EQ(c.export_slot_mapping(2, g0).code(), errc::invalid_argument);
+  // Dense and CSR exports per group; the one-table exports ask for a group.
+  const std::vector<seq_id> ids{1, 2};
+  std::vector<std::int32_t> dense(8), lens(2), indptr(3), indices(6), last(2);
+  ASSERT_TRUE(c.export_block_table(1, ids, dense, 4, lens));
+  EXPECT_EQ(dense[4 + 2], table(c, 1, 2)[2]);
+  EXPECT_EQ(lens[1], 11);
+  ASSERT_EQ(*c.csr_size(1, ids), 6);
+  ASSERT_TRUE(c.export_csr(1, ids, indptr, indices, last));
+  EXPECT_EQ(last[1], 3);
+  EXPECT_EQ(c.csr_size(ids).error().code(), errc::unsupported);
+  // Decoding on past the window: the child's window group gives back what the parent still holds, by reference.
+  for (token_id x = 0; x < 8; ++x) {
+    c.begin_step();
+    ASSERT_TRUE(c.append_token(2, x));
+  }
+  EXPECT_EQ(table(c, 1, 2)[0], hybrid::null_block);
+  EXPECT_NE(table(c, 1, 1)[0], hybrid::null_block);  // the parent's table is its own
+  EXPECT_EQ(c.refcount(table(c, 1, 1)[0]), 1);
+  // A fork before the parent's window: the blocks the child would read are gone.
+  c.begin_step();
+  const std::vector<seq_id> live{1, 2};
+  const snapshot<hybrid> before(c, live);
+  EXPECT_EQ(c.fork(2, 3, 2).code(), errc::invalid_argument);
+  EXPECT_TRUE(snapshot<hybrid>(c, live) == before);
+  EXPECT_EQ(c.fork(2, 3, 16).code(), errc::invalid_argument);  // token 16 reads from 11 (block 2): released
+  EXPECT_TRUE(c.fork(2, 3, 18));  // token 18 reads from 13 (block 3): still there
+  const std::vector<seq_id> all_live{1, 2, 3};
+  expect_counts_add_up(c, all_live);
+}
+
+TEST(HybridCache, FreedInTheStepItAppendedItsSlotsExportAsMinusOne) {
+  hybrid c = make({full_attention{}, chunked_local{8}}, 64);
+  ASSERT_TRUE(c.add_sequence(1, tokens(6)));
+  ASSERT_TRUE(c.add_sequence(2, tokens(3, 90)));
+  ASSERT_TRUE(c.free_sequence(1));
+  std::vector<std::int64_t> all(static_cast<std::size_t>(c.slot_mapping_size()));
+  ASSERT_EQ(all.size(), 18U);
+  ASSERT_TRUE(c.export_slot_mapping(all));
+  for (std::size_t i = 0; i < 6; ++i) EXPECT_EQ(all[i], -1);
+  for (std::size_t i = 9; i < 15; ++i) EXPECT_EQ(all[i], -1);
+  EXPECT_EQ(all[6], std::int64_t{table(c, 0, 2)[0]} * 4);
+  EXPECT_EQ(all[15], std::int64_t{table(c, 1, 2)[0]} * 4);
+}
+
+TEST(HybridCache, BadInputIsRefusedAndChangesNothing) {
+  const std::vector<any_group_kind> ok{full_attention{}, sliding_window{8}};
+  EXPECT_EQ(hybrid::create(config(16), std::vector<any_group_kind>{}).error().code(), errc::invalid_argument);
+  EXPECT_EQ(hybrid::create(config(16), std::vector<any_group_kind>{sliding_window{0}}).error().code(),
+            errc::invalid_argument);
+  EXPECT_EQ(hybrid::create(config(16), std::vector<any_group_kind>{chunked_local{-1}}).error().code(),
+            errc::invalid_argument);
+  cache_config no_null = config(16);
+  no_null.reserved_blocks = 0;
+  EXPECT_EQ(hybrid::create(no_null, ok).error().code(), errc::invalid_argument);
+  cache_config host = config(16);
+  host.num_host_blocks = 4;
+  EXPECT_EQ(hybrid::create(host, ok).error().code(), errc::unsupported);
+  cache_config bad_bs = config(16);
+  bad_bs.block_size = 12;
+  EXPECT_EQ(hybrid::create(bad_bs, ok).error().code(), errc::invalid_block_size);
+  // vLLM conventions take only layouts vLLM's grouping produces; native ones take any.
+  const std::vector<any_group_kind> odd{full_attention{}, sliding_window{8}, full_attention{}};
+  EXPECT_EQ(hybrid::create(config(16), odd).error().code(), errc::invalid_argument);
+  EXPECT_TRUE(hybrid::create(config(16), odd, {hybrid_conventions::native}));
+  EXPECT_EQ(hybrid::create(config(16), std::vector<any_group_kind>(65, full_attention{}), {hybrid_conventions::native})
+                .error()
+                .code(),
+            errc::invalid_argument);
+  // Calls that fail leave the cache as it was.
+  hybrid c = make(ok, 12);
+  ASSERT_TRUE(c.add_sequence(1, tokens(9)));
+  const std::vector<seq_id> ids{1};
+  const snapshot<hybrid> before(c, ids);
+  EXPECT_EQ(c.add_sequence(1, tokens(3)).code(), errc::duplicate_sequence);
+  EXPECT_EQ(c.add_sequence(2, tokens(40)).code(), errc::out_of_blocks);
+  EXPECT_EQ(c.add_sequence(2, std::vector<token_id>{}).code(), errc::invalid_argument);
+  EXPECT_EQ(c.add_sequence(2, 0).code(), errc::invalid_argument);
+  EXPECT_EQ(c.append_token(7, 1).code(), errc::unknown_sequence);
+  EXPECT_EQ(c.append_tokens(1, token_count{0}).code(), errc::invalid_argument);
+  EXPECT_EQ(c.fork(1, 1).code(), errc::duplicate_sequence);
+  EXPECT_EQ(c.fork(1, 2).code(), errc::pending_append);
+  EXPECT_EQ(c.free_sequence(9).code(), errc::unknown_sequence);
+  EXPECT_EQ(c.preempt(1).error().code(), errc::unsupported);
+  EXPECT_EQ(c.swap_out(1).code(), errc::unsupported);
+  EXPECT_EQ(c.block_table(2, 1).error().code(), errc::invalid_argument);
+  EXPECT_TRUE(snapshot<hybrid>(c, ids) == before);
+  // A stale hit is refused.
+  prefix_hit hit;
+  ASSERT_TRUE(c.match_prefix(tokens(9), {}, hit));
+  ASSERT_TRUE(c.free_sequence(1));
+  EXPECT_TRUE(c.add_sequence(3, tokens(12, 300)));  // evicts nothing yet, but commits: the generation moved
+  EXPECT_EQ(c.add_sequence(4, tokens(9), {}, hit).code(), errc::stale_prefix_hit);
+}
+
+template <class C>
+void random_operations(hybrid_conventions conv, std::uint32_t seed) {
+  std::mt19937 rng(seed);
+  auto pick = [&](int n) { return static_cast<int>(rng() % static_cast<unsigned>(n)); };
+  std::vector<any_group_kind> kinds;
+  std::vector<vllm_kind> vk;
+  do {
+    kinds.clear();
+    vk.clear();
+    const int n = 1 + pick(4);
+    for (int g = 0; g < n; ++g) {
+      const int k = pick(3);
+      if (k == 0) kinds.emplace_back(full_attention{});
+      if (k == 1) kinds.emplace_back(sliding_window{1 + pick(20)});
+      if (k == 2) kinds.emplace_back(chunked_local{1 + pick(20)});
+      vk.push_back(vllm_kind_of(kinds.back()));
+    }
+  } while (conv == hybrid_conventions::vllm && !check_vllm_layout(vk));
+  const std::int32_t bs = std::int32_t{1} << pick(3);
+  C c = make<C>(kinds, 16 + pick(80), conv, bs);
+  std::vector<seq_id> live;
+  seq_id next = 0;
+  std::int64_t failures = 0;
+  for (int op = 0; op < 600; ++op) {
+    if (pick(3) == 0) c.begin_step();
+    const snapshot<C> before(c, live);
+    status st;
+    const int what = pick(12);
+    if (what < 3 || live.empty()) {
+      std::vector<token_id> t = tokens(bs * pick(4), 7 * pick(2));
+      const std::vector<token_id> tail = tokens(1 + pick(3 * bs), 1000 * static_cast<token_id>(next));
+      t.insert(t.end(), tail.begin(), tail.end());
+      st = pick(4) == 0 ? c.add_sequence(next, static_cast<std::int32_t>(t.size())) : c.add_sequence(next, t);
+      if (st) live.push_back(next);
+      ++next;
+    } else if (what < 9) {
+      const seq_id id = live[static_cast<std::size_t>(pick(static_cast<int>(live.size())))];
+      const std::vector<token_id> t = tokens(1 + pick(2 * bs), 50);
+      st = pick(4) == 0 ? c.append_tokens(id, token_count{static_cast<std::int32_t>(t.size())}) : c.append_tokens(id, t);
+    } else if (what < 10) {
+      const seq_id parent = live[static_cast<std::size_t>(pick(static_cast<int>(live.size())))];
+      st = c.fork(parent, next, pick(2) == 0 ? 0 : 1 + pick(4 * bs));
+      if (st) live.push_back(next);
+      ++next;
+    } else {
+      const std::size_t i = static_cast<std::size_t>(pick(static_cast<int>(live.size())));
+      ASSERT_TRUE(c.free_sequence(live[i]));
+      live.erase(live.begin() + static_cast<std::ptrdiff_t>(i));
+    }
+    if (!st) {
+      ++failures;
+      // Native: a failed call changed nothing. vLLM: only an append may have released window blocks.
+      if (conv == hybrid_conventions::native || st.code() != errc::out_of_blocks || what < 3 || what >= 9) {
+        ASSERT_TRUE(snapshot<C>(c, live) == before) << "op " << op << ": " << st.message();
+      }
+    }
+    expect_counts_add_up(c, live);
+    if (::testing::Test::HasFailure()) return;
+  }
+  EXPECT_GT(failures, 0);
+}
+
+TEST(HybridCache, RandomOperationsKeepEveryCountInBothConventions) {
+  for (std::uint32_t seed = 0; seed < 60; ++seed) {
+    random_operations<hybrid>(hybrid_conventions::vllm, seed);
+    random_operations<hybrid>(hybrid_conventions::native, 1000 + seed);
+    random_operations<hybrid_no_caching>(hybrid_conventions::native, 2000 + seed);
+    if (::testing::Test::HasFailure()) return;
+  }
+}
+
+}  // namespace
