@@ -579,9 +579,12 @@ class scheduler : public scheduler_queues {
     // Two-phase where the lookup decides the budget or watermark test: match_prefix's hit is consumed by
     // add_sequence without a second lookup. Where neither test can fail (the whole request fits the budget, no
     // blocks to keep), add_sequence's own lookup is the only one.
-    const bool must_match = n > budget_ || limits_.keeps_blocks(cfg_, running_.empty());
+    // A cache with KV cache groups always looks up first: its lookup hashes every full block (a window group's
+    // lookup starts from the last one), and the request keeps the hashes for its next attempts.
+    constexpr bool grouped = requires { cache_.num_groups(); };
+    const bool must_match = grouped || n > budget_ || limits_.keeps_blocks(cfg_, running_.empty());
     if (must_match) {
-      if (const status st = cache_.match_prefix(r.tokens, r.options, hit_, r.block_hashes); !st) {
+      if (const status st = match_head(r); !st) {
         fail(id, st);
         return admit_outcome::removed;
       }
@@ -653,13 +656,23 @@ class scheduler : public scheduler_queues {
     }
   }
 
+  /// The prefix lookup of waiting request `r` into hit_; with KV cache groups, the block hashes it computed are
+  /// kept with the request (none is hashed twice while it waits).
+  status match_head(sched_request& r) {
+    const status st = cache_.match_prefix(r.tokens, r.options, hit_, r.block_hashes);
+    if constexpr (requires { cache_.num_groups(); }) {
+      if (st && hit_.known_hashes.size() > r.block_hashes.size()) r.block_hashes = hit_.known_hashes;
+    }
+    return st;
+  }
+
   /// Whether the head of the waiting queue would be admitted now (its blocks and the watermark; a head that a limit
   /// or the token budget stops counts as fitting: preempting cannot help it).
   [[nodiscard]] bool head_fits() {
     sched_request& r = reqs_.at_id(waiting_.front());
     const std::int64_t n = r.num_tokens();
     if (limit_reached(n, true)) return true;
-    if (!cache_.match_prefix(r.tokens, r.options, hit_, r.block_hashes)) return true;  // admit() reports it
+    if (!match_head(r)) return true;  // admit() reports it
     const first_chunk fc = plan_first_chunk(n, hit_.match);
     return fc.budget_stop || cache_.available_blocks() - fc.need >= blocks_to_keep(fc.need);
   }
