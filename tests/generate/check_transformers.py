@@ -50,8 +50,13 @@ CASES = [
     ("qwen2_window_v5", ["--family", "qwen2", "--hidden", "192", "--heads", "2", "--kv-heads", "1", "--head-dim", "96",
                          "--window", "17", "--config-format", "5"],
      ["--block-size", "8", "--max-num-batched-tokens", "40"]),
+    # Hybrid layers (layer_types): served on KV cache groups (a sliding-window group releases its blocks while the
+    # requests decode), under preemption.
+    ("qwen2_layer_types_groups", ["--family", "qwen2", "--layers", "4", "--hidden", "256", "--heads", "4", "--kv-heads",
+                                  "2", "--window", "20", "--layer-types", "sliding,full,sliding,full"],
+     ["--num-blocks", "40", "--block-size", "8"]),
 ]
-QUICK = {"llama_gqa", "qwen2_bias", "mistral_window"}
+QUICK = {"llama_gqa", "qwen2_bias", "mistral_window", "qwen2_layer_types_groups"}
 
 # Checkpoints written by transformers itself (its config classes and save_pretrained), weights drawn as
 # kvpager-make-checkpoint draws them: name, config class, config arguments, save dtype, kvpager-generate options.
@@ -65,6 +70,12 @@ HF_WRITTEN = [
     ("hf_mistral_window", "MistralConfig", dict(num_hidden_layers=2, hidden_size=256, num_attention_heads=4,
                                                 num_key_value_heads=2, intermediate_size=512, sliding_window=12),
      torch.float32, ["--num-blocks", "20", "--preemption", "recompute"]),
+    ("hf_qwen2_layer_types", "Qwen2Config", dict(num_hidden_layers=3, hidden_size=256, num_attention_heads=4,
+                                                 num_key_value_heads=2, intermediate_size=384, use_sliding_window=True,
+                                                 sliding_window=13, max_window_layers=0,
+                                                 layer_types=["full_attention", "sliding_attention",
+                                                              "full_attention"]),
+     torch.float32, ["--num-blocks", "36", "--block-size", "8"]),
 ]
 
 
@@ -178,11 +189,19 @@ def main():
                     else:
                         bad = bad or f"{r['id']}: token {i} is {mine[i]}, transformers {want[i]}"
                     break
+        # A checkpoint with sliding-window layers is served on KV cache groups whose window groups give blocks back.
+        groups = summary.get("kv_groups", [])
+        if "sliding_attention" in cfg.get("layer_types", []) or cfg.get("sliding_window"):
+            released = sum(g["released_blocks"] for g in groups if g["kind"].startswith("sliding_window"))
+            if summary["kv"]["composition"] == "kv_groups" and released == 0:
+                bad = bad or f"kv_groups: no window group released a block ({groups})"
         ok = bad is None and worst <= TOL
         pre = summary["preemptions_swap"] + summary["preemptions_recompute"]
         print(f"{'ok  ' if ok else 'FAIL'} {name}: {len(reqs)} requests, {compared} positions, max logit diff "
               f"{worst:.2e} (tol {TOL}), near ties {ties}, preemptions {pre}, prefix hit "
-              f"{100 * summary['prefix_hit_rate']:.0f}%, steps {summary['steps']}" + (f"  [{bad}]" if bad else ""))
+              f"{100 * summary['prefix_hit_rate']:.0f}%, steps {summary['steps']}" +
+              (f", groups {[(g['kind'], g['peak_blocks'], g['released_blocks']) for g in groups]}" if groups else "") +
+              (f"  [{bad}]" if bad else ""))
         failures += not ok
     sys.exit(1 if failures else 0)
 

@@ -29,6 +29,7 @@
 #include <nlohmann/json.hpp>
 
 #include <kvpager/cache/compositions.hpp>
+#include <kvpager/cache/hybrid_kv_cache.hpp>
 #include <kvpager/kernels/can_implement.hpp>
 #include <kvpager/kernels/step_executor.hpp>
 #include <kvpager/monitor/prometheus.hpp>
@@ -49,7 +50,7 @@ namespace {
 using ordered_json = nlohmann::ordered_json;
 
 struct settings {
-  std::string model_dir, requests, output, report, composition = "hybrid_swap", kv_dtype = "fp32",
+  std::string model_dir, requests, output, report, composition = "auto", kv_dtype = "fp32",
                                                   preemption = "hybrid";
   std::int32_t logprobs = 0, top_logits = 0, block_size = 16, max_num_seqs = 64, threads = 0, max_model_len = 0;
   std::int64_t num_blocks = 0, kv_bytes = 0, num_host_blocks = -1, max_num_batched_tokens = 512;
@@ -74,10 +75,47 @@ double default_tolerance(kvpager::kv_dtype d) {
   }
 }
 
+/// The KV cache groups of a checkpoint's layers: one per distinct attention kind (full, or a sliding window of W
+/// tokens), in order of first appearance (vLLM's order), and each layer's group.
+struct layer_groups {
+  std::vector<kvpager::any_group_kind> kinds;
+  std::vector<std::string> names;            ///< "full", "sliding_window W"
+  std::vector<std::int32_t> layers;          ///< layers per group
+  std::vector<std::int32_t> layer_group;     ///< per layer
+};
+
+layer_groups groups_of(const kvgen::model_config& c) {
+  layer_groups lg;
+  std::vector<std::int32_t> windows;  // window_left per group
+  for (const std::int32_t wl : c.window_left) {
+    auto at = std::find(windows.begin(), windows.end(), wl);
+    if (at == windows.end()) {
+      windows.push_back(wl);
+      if (wl < 0) {
+        lg.kinds.emplace_back(kvpager::full_attention{});
+        lg.names.emplace_back("full");
+      } else {
+        lg.kinds.emplace_back(kvpager::sliding_window{std::int64_t{wl} + 1});
+        lg.names.push_back("sliding_window " + std::to_string(wl + 1));
+      }
+      lg.layers.push_back(0);
+      at = windows.end() - 1;
+    }
+    const auto g = static_cast<std::int32_t>(at - windows.begin());
+    lg.layer_group.push_back(g);
+    ++lg.layers[static_cast<std::size_t>(g)];
+  }
+  return lg;
+}
+
+template <class Cache>
+constexpr bool grouped_cache = requires(const Cache& k) { k.num_groups(); };
+
 template <class Cache>
 int serve(const settings& s, const kvgen::model_weights& w, const std::vector<kvgen::gen_request>& reqs,
           kvpager::kv_dtype dtype, std::int32_t max_model_len, std::int32_t threads) {
   const kvgen::model_config& c = w.config;
+  const layer_groups lg = groups_of(c);
   // The pool: one geometry for every layer, the block count from --num-blocks or --kv-bytes.
   kvpager::kv_geometry g{1, s.block_size, c.num_kv_heads, c.head_dim, dtype};
   const std::int64_t per_block = kvpager::block_bytes(g) * c.num_layers;
@@ -88,10 +126,11 @@ int serve(const settings& s, const kvgen::model_weights& w, const std::vector<kv
                  static_cast<long long>(blocks), static_cast<long long>(per_block), c.num_layers);
     return kvtools::exit_bad_input;
   }
-  const bool has_host = s.composition != "vllm_v1";
+  const bool has_host = s.composition == "hybrid_swap";
   const std::int64_t host = !has_host ? 0 : s.num_host_blocks >= 0 ? s.num_host_blocks : blocks / 4;
   if (!has_host && s.num_host_blocks > 0)
-    std::fprintf(stderr, "kvpager-generate: --composition vllm_v1 has no host pool; --num-host-blocks ignored\n");
+    std::fprintf(stderr, "kvpager-generate: --composition %s has no host pool; --num-host-blocks ignored\n",
+                 s.composition.c_str());
   const kvpager::cache_config cc{.block_size = s.block_size,
                                  .num_blocks = static_cast<std::int32_t>(blocks + 1),
                                  .reserved_blocks = 1,
@@ -100,7 +139,14 @@ int serve(const settings& s, const kvgen::model_weights& w, const std::vector<kv
                                  .num_kv_heads = c.num_kv_heads,
                                  .head_dim = c.head_dim,
                                  .dtype = dtype};
-  auto cache = Cache::create(cc, kvpager::can_implement);
+  auto cache = [&] {
+    if constexpr (grouped_cache<Cache>) {  // the checkpoint's groups, vLLM's decisions
+      if (const kvpager::status st = kvpager::can_implement(cc.geometry()); !st) return kvpager::result<Cache>(st);
+      return Cache::create(cc, lg.kinds, {kvpager::hybrid_conventions::vllm});
+    } else {
+      return Cache::create(cc, kvpager::can_implement);
+    }
+  }();
   if (!cache) {
     std::fprintf(stderr, "kvpager-generate: the KV cache (block size %d, head_dim %d, %d KV heads, %s): %s\n",
                  s.block_size, c.head_dim, c.num_kv_heads, s.kv_dtype.c_str(), cache.error().message());
@@ -123,7 +169,24 @@ int serve(const settings& s, const kvgen::model_weights& w, const std::vector<kv
   }
 
   kvgen::transformer model(w);
-  kvgen::paged_attention attn(pools->executor(), c, threads, static_cast<float>(s.k_scale), static_cast<float>(s.v_scale));
+  kvgen::paged_attention attn(pools->executor(), c, threads, static_cast<float>(s.k_scale), static_cast<float>(s.v_scale),
+                              grouped_cache<Cache> ? lg.layer_group : std::vector<std::int32_t>{});
+  // KV held per step: by every group (blocks x the group's layers) against one full-attention group (every layer
+  // keeps every block of every table: the full group's blocks, or a table's entries where there is none).
+  const std::int64_t layer_block_bytes = kvpager::block_bytes(g);
+  std::int64_t peak_group_bytes = 0, peak_one_group_bytes = 0;
+  const auto note_groups = [&] {
+    if constexpr (grouped_cache<Cache>) {
+      std::int64_t held = 0, one = 0;
+      for (std::int32_t k = 0; k < cache->num_groups(); ++k) {
+        held += std::int64_t{cache->stats(k).blocks} * lg.layers[static_cast<std::size_t>(k)] * layer_block_bytes;
+        one = std::max(one, lg.names[static_cast<std::size_t>(k)] == "full" ? std::int64_t{cache->stats(k).blocks}
+                                                                            : cache->stats(k).table_entries);
+      }
+      peak_group_bytes = std::max(peak_group_bytes, held);
+      peak_one_group_bytes = std::max(peak_one_group_bytes, one * c.num_layers * layer_block_bytes);
+    }
+  };
   const std::int32_t keep = std::max({s.logprobs, s.top_logits, s.reference ? 8 : 0, 2});
   kvgen::engine_options eo;
   eo.max_model_len = max_model_len;
@@ -146,6 +209,7 @@ int serve(const settings& s, const kvgen::model_weights& w, const std::vector<kv
   kvtools::chart_series chart{"kvpager-generate", "#1f77b4", {}};
   eo.on_step = [&](std::int64_t step, const kvpager::metrics_snapshot& m, std::int64_t done, std::int64_t total) {
     last = m;
+    note_groups();
     if (!s.report.empty())
       chart.points.push_back({step, 1, m.kv_cache_usage, static_cast<double>(m.running), static_cast<double>(m.waiting),
                               static_cast<double>(m.swap_events())});
@@ -257,6 +321,20 @@ int serve(const settings& s, const kvgen::model_weights& w, const std::vector<kv
   j["time_share"] = {{"scheduler_cache_exports", st.schedule_s / wall}, {"plan", st.plan_s / wall},
                      {"gemm", ft.gemm_s / wall}, {"attention", ft.attention_s / wall},
                      {"other_forward", ft.other_s / wall}, {"sampling", st.sample_s / wall}};
+  if constexpr (grouped_cache<Cache>) {
+    ordered_json groups = ordered_json::array();
+    for (std::int32_t k = 0; k < cache->num_groups(); ++k) {
+      const kvpager::group_stats& gs = cache->stats(k);
+      const std::int32_t layers = lg.layers[static_cast<std::size_t>(k)];
+      groups.push_back({{"kind", lg.names[static_cast<std::size_t>(k)]}, {"layers", layers},
+                        {"peak_blocks", gs.peak_blocks}, {"final_blocks", gs.blocks},
+                        {"released_blocks", gs.skipped_blocks}, {"hit_blocks", gs.hit_blocks},
+                        {"peak_kv_bytes", std::int64_t{gs.peak_blocks} * layers * layer_block_bytes}});
+    }
+    j["kv_groups"] = std::move(groups);
+    j["kv_held_peak_bytes"] = peak_group_bytes;
+    j["kv_one_full_group_peak_bytes"] = peak_one_group_bytes;
+  }
   j["threads"] = threads;
   if (s.reference)
     j["reference"] = {{"samples", chk.samples}, {"identical", chk.identical}, {"near_tie", chk.near_tie},
@@ -302,6 +380,18 @@ int serve(const settings& s, const kvgen::model_weights& w, const std::vector<kv
     row("blocks swapped out / in", std::to_string(st.swap_outs) + " / " + std::to_string(st.swap_ins));
     row("forks (copy-on-write block copies)", std::to_string(st.forks) + " (" + std::to_string(st.block_copies) + ")");
     row("peak KV usage", f("%.1f%%", 100.0 * st.peak_kv_usage));
+    if constexpr (grouped_cache<Cache>) {
+      for (std::int32_t k = 0; k < cache->num_groups(); ++k) {
+        const kvpager::group_stats& gs = cache->stats(k);
+        const std::string name = "KV group " + std::to_string(k) + " (" + lg.names[static_cast<std::size_t>(k)] + ", " +
+                                 std::to_string(lg.layers[static_cast<std::size_t>(k)]) + " layers)";
+        row(name.c_str(), "peak " + std::to_string(gs.peak_blocks) + " blocks, " + std::to_string(gs.skipped_blocks) +
+                              " released by its window");
+      }
+      row("peak KV held: groups / one full group",
+          f("%.2f MiB", static_cast<double>(peak_group_bytes) / 1048576.0) + " / " +
+              f("%.2f MiB", static_cast<double>(peak_one_group_bytes) / 1048576.0));
+    }
     row("time: scheduler+cache / GEMM / attention",
         f("%.2f%%", 100.0 * st.schedule_s / wall) + " / " + f("%.1f%%", 100.0 * ft.gemm_s / wall) + " / " +
             f("%.1f%%", 100.0 * ft.attention_s / wall));
@@ -353,7 +443,9 @@ int run_main(int argc, char** argv) {
   app.add_option("--preemption", s.preemption, "swap, recompute or hybrid (the cache decides: swap while the host pool has room)");
   app.add_option("--num-host-blocks", s.num_host_blocks, "host (swap) pool blocks (default a quarter of the device pool)")
       ->check(int_range(0, INT32_MAX));
-  app.add_option("--composition", s.composition, "cache composition: hybrid_swap or vllm_v1");
+  app.add_option("--composition", s.composition,
+                 "cache composition: auto (kv_groups for checkpoints with sliding-window layers, else hybrid_swap), "
+                 "hybrid_swap, vllm_v1, or kv_groups (one KV cache group per attention kind, vLLM's hybrid manager)");
   app.add_option("--threads", s.threads, "threads of the GEMMs and the kernels (0: every core)")->check(int_range(0, 1024));
   app.add_flag("--json", s.json, "print the summary as JSON");
   app.add_flag("--quiet", s.quiet, "no progress line");
@@ -372,8 +464,9 @@ int run_main(int argc, char** argv) {
   else return bad("--kv-dtype: '" + s.kv_dtype + "' is not one of fp32, fp16, bf16, fp8");
   if (s.preemption != "swap" && s.preemption != "recompute" && s.preemption != "hybrid")
     return bad("--preemption: '" + s.preemption + "' is not one of swap, recompute, hybrid");
-  if (s.composition != "hybrid_swap" && s.composition != "vllm_v1")
-    return bad("--composition: '" + s.composition + "' is not one of hybrid_swap, vllm_v1");
+  if (s.composition != "auto" && s.composition != "hybrid_swap" && s.composition != "vllm_v1" &&
+      s.composition != "kv_groups")
+    return bad("--composition: '" + s.composition + "' is not one of auto, hybrid_swap, vllm_v1, kv_groups");
   if (s.num_blocks > 0 && s.kv_bytes > 0) return bad("--num-blocks and --kv-bytes: give one of them");
 
   kvgen::model_weights w;
@@ -386,6 +479,12 @@ int run_main(int argc, char** argv) {
   // One pool of threads at a time: OpenBLAS's for the GEMMs, the kernels' for attention, never both at once (the
   // forward pass runs them one after the other), each sized to --threads.
   openblas_set_num_threads(threads);
+  if (s.composition == "auto") {
+    const auto& wl = w.config.window_left;
+    s.composition = std::any_of(wl.begin(), wl.end(), [](std::int32_t x) { return x >= 0; }) ? "kv_groups" : "hybrid_swap";
+  }
+  if (s.composition == "kv_groups")
+    return serve<kvpager::hybrid_kv_cache<kvpager::any_group_kind>>(s, w, reqs, dtype, max_model_len, threads);
   return s.composition == "vllm_v1" ? serve<kvpager::vllm_v1_cache>(s, w, reqs, dtype, max_model_len, threads)
                                     : serve<kvpager::hybrid_swap_cache>(s, w, reqs, dtype, max_model_len, threads);
 }

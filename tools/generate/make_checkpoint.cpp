@@ -11,6 +11,7 @@
 //       f32|bf16|f16] [--tie] [--rope-theta T] [--rope-scaling none|linear|llama3] [--rope-factor F] [--seed S]
 //       [--shards N] [--config-format 4|5] [--eos ID]
 
+#include <algorithm>
 #include <cmath>
 #include <cstdint>
 #include <cstdio>
@@ -99,6 +100,9 @@ int run(int argc, char** argv) {
   app.add_option("--max-position", max_pos)->check(int_range(1, 1 << 24));
   app.add_option("--window", window, "sliding_window (mistral; qwen2 with use_sliding_window); 0: none")
       ->check(int_range(0, 1 << 24));
+  std::string layer_types;
+  app.add_option("--layer-types", layer_types,
+                 "qwen2: comma-separated full/sliding per layer, written as config.json's layer_types (needs --window)");
   app.add_option("--dtype", dtype, "f32, bf16 or f16");
   app.add_flag("--tie", tie, "tie_word_embeddings (no lm_head.weight)");
   app.add_option("--rope-theta", theta)->check(kvtools::finite_range(1, 1e12));
@@ -183,6 +187,27 @@ int run(int argc, char** argv) {
     cfg["use_sliding_window"] = window > 0;
     cfg["sliding_window"] = window > 0 ? nlohmann::ordered_json(window) : nlohmann::ordered_json();
     cfg["max_window_layers"] = 0;
+    if (!layer_types.empty()) {  // hybrid layers: sliding_attention and full_attention as listed
+      nlohmann::ordered_json lt = nlohmann::ordered_json::array();
+      for (std::size_t at = 0; at <= layer_types.size();) {
+        const std::size_t comma = std::min(layer_types.find(',', at), layer_types.size());
+        const std::string t = layer_types.substr(at, comma - at);
+        if (t != "full" && t != "sliding") {
+          std::fprintf(stderr, "kvpager-make-checkpoint: --layer-types: '%s' is not full or sliding\n", t.c_str());
+          return kvtools::exit_bad_input;
+        }
+        lt.push_back(t == "full" ? "full_attention" : "sliding_attention");
+        at = comma + 1;
+      }
+      if (lt.size() != static_cast<std::size_t>(layers) || window <= 0) {
+        std::fprintf(stderr, "kvpager-make-checkpoint: --layer-types needs one entry per layer and --window\n");
+        return kvtools::exit_bad_input;
+      }
+      cfg["layer_types"] = std::move(lt);
+    }
+  } else if (!layer_types.empty()) {
+    std::fprintf(stderr, "kvpager-make-checkpoint: --layer-types is for --family qwen2\n");
+    return kvtools::exit_bad_input;
   }
   nlohmann::ordered_json scaling;
   if (rope_scaling == "linear") scaling = {{"rope_type", "linear"}, {"factor", factor}};

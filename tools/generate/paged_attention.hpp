@@ -4,14 +4,17 @@
 // kv_append through the step's slot mapping (step_executor::append), and attention runs only through kvpager's
 // kernels over the step's page tables: the decode group (out.decode: one query row per sequence) with
 // paged_attention_decode_cpu, the prefill group (out.prefill: prompt chunks over their cached prefix, CSR qo_indptr)
-// with paged_attention_prefill_cpu, both causal and with the layer's sliding window. fp16 and bf16 pools take their
+// with paged_attention_prefill_cpu, both causal and with the layer's sliding window. With KV cache groups
+// (hybrid_kv_cache) each layer uses its group's tables and its group's part of the slot mapping. fp16 and bf16 pools take their
 // queries and give their outputs in the pool's dtype (converted here); fp32 and fp8 E4M3 pools take fp32 queries.
 
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
 #include <cstring>
+#include <span>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include <kvpager/c/kernels.h>
@@ -71,9 +74,12 @@ struct io_dtype {
 /// The attention of a step's layers over a step_executor's pools; reused every step.
 class paged_attention {
  public:
-  paged_attention(kvpager::step_executor& exec, const model_config& c, std::int32_t threads, float k_scale, float v_scale)
-      : exec_(exec), c_(c), threads_(threads), k_scale_(k_scale), v_scale_(v_scale) {
+  /// `layer_group`: with KV cache groups, each layer's group (its block tables and slot mapping); empty: one group.
+  paged_attention(kvpager::step_executor& exec, const model_config& c, std::int32_t threads, float k_scale, float v_scale,
+                  std::vector<std::int32_t> layer_group = {})
+      : exec_(exec), c_(c), threads_(threads), k_scale_(k_scale), v_scale_(v_scale), layer_group_(std::move(layer_group)) {
     dt_.pool = exec.geometry().dtype;
+    for (const std::int32_t g : layer_group_) num_groups_ = std::max(num_groups_, g + 1);
   }
 
   /// The step whose tables the next layers read.
@@ -95,11 +101,25 @@ class paged_attention {
       k = kb_.data();
       v = vb_.data();
     }
+    // With KV cache groups the layer reads and writes its group's tables: its slots are the group's part of the
+    // group-major slot mapping.
+    const std::int32_t group = layer_group_.empty() ? 0 : layer_group_[static_cast<std::size_t>(io.layer)];
+    std::span<const std::int64_t> slots = out.slot_mapping;
+    const kvpager::step_tables* dec = &out.decode;
+    const kvpager::step_tables* pre = &out.prefill;
+    if (!layer_group_.empty()) {
+      const std::size_t per_group = slots.size() / static_cast<std::size_t>(num_groups_);
+      slots = slots.subspan(static_cast<std::size_t>(group) * per_group, per_group);
+      if (!out.group_decode.empty()) {
+        dec = &out.group_decode[static_cast<std::size_t>(group)];
+        pre = &out.group_prefill[static_cast<std::size_t>(group)];
+      }
+    }
     const kvpager::fp8_append fp8{KVPAGER_DTYPE_FP32, k_scale_, v_scale_};
-    if (const kvpager::status st = exec_.append(io.layer, out.slot_mapping, k, v, fp8); !st)
+    if (const kvpager::status st = exec_.append(io.layer, slots, k, v, fp8); !st)
       return std::string("kv_append: ") + st.message();
     const float scale = 1.0F / std::sqrt(static_cast<float>(c_.head_dim));
-    for (const kvpager::step_tables* g : {&out.decode, &out.prefill}) {
+    for (const kvpager::step_tables* g : {dec, pre}) {
       if (g->empty()) continue;
       // The group's query rows, row after row as qo_indptr lays them out.
       const auto rows = static_cast<std::size_t>(g->num_query_rows());
@@ -116,7 +136,7 @@ class paged_attention {
       pages.row_stride = g->row_stride;
       pages.seq_lens = g->seq_lens.data();
       kvpager::status st;
-      if (g == &out.decode) {
+      if (g == dec) {
         kvpager::decode_params p;
         p.out = ob_.data();
         p.query = qb_.data();
@@ -154,7 +174,7 @@ class paged_attention {
         p.v_scale = v_scale_;
         st = kvpager::paged_attention_prefill_cpu(p);
       }
-      if (!st) return std::string(g == &out.decode ? "decode attention: " : "prefill attention: ") + st.message();
+      if (!st) return std::string(g == dec ? "decode attention: " : "prefill attention: ") + st.message();
       for (std::size_t i = 0; i < g->rows(); ++i) {
         const auto e = static_cast<std::size_t>(g->entries[i]);
         const auto first = static_cast<std::size_t>(out.query_start_loc[e]);
@@ -184,6 +204,8 @@ class paged_attention {
   float k_scale_, v_scale_;
   io_dtype dt_;
   const kvpager::step_output* out_ = nullptr;
+  std::vector<std::int32_t> layer_group_;
+  std::int32_t num_groups_ = 1;
   std::vector<std::byte> kb_, vb_, qb_, ob_;
   std::vector<float> workspace_;
 };
