@@ -795,25 +795,31 @@ class hybrid_kv_cache {
     // The window is that of the first token this step computes: tokens appended earlier in this step are not
     // computed yet and still read their own windows.
     const std::int64_t from = pending ? e.step_base : s.num_tokens;
+    // The common decode step: the tokens fit every group's last block, which is ours alone and not cached, and no
+    // window moves past a block. Nothing is taken or released (so no peak can rise).
+    if (total_blocks == static_cast<std::int64_t>(s.blocks.size()) && s.num_tokens % cfg_.block_size != 0 &&
+        in_place(h, from)) {
+      for (table_type& t : tables_) t[h].num_tokens = static_cast<std::int32_t>(new_total);
+      return finish_append(h, first, n, pending, tokens, false);
+    }
     const retention_hint hint{s.priority};
     // What the window release would free, and what the tokens take.
+    const bool vllm = options_.conventions == hybrid_conventions::vllm;
+    if (vllm) release_window(h, from, hint);  // kept even if the allocation fails (vLLM's allocate_slots)
     std::int64_t gain = 0, need = 0;
     const bool writes_last = s.num_tokens % cfg_.block_size != 0;
     for (std::int32_t g = 0; g < num_groups(); ++g) {
       auto& t = tables_[ix(g)][h].blocks;
-      const std::size_t k = release_end(g, from, t.size());
-      for (std::size_t i = k; i-- > 0 && t[i] != null_block;)
-        gain += blocks_.refcount(t[i]) == 1 && !ledger_.busy(t[i]) ? 1 : 0;
+      if (!vllm) {  // what the window release would free
+        for (std::size_t i = release_end(g, from, t.size()); i-- > 0 && t[i] != null_block;)
+          gain += blocks_.refcount(t[i]) == 1 && !ledger_.busy(t[i]) ? 1 : 0;
+      }
       need += std::max<std::int64_t>(total_blocks - static_cast<std::int64_t>(t.size()), 0);
-      need += writes_last && t.back() != null_block && blocks_.refcount(t.back()) > 1 ? 1 : 0;
-    }
-    if (options_.conventions == hybrid_conventions::vllm) {
-      release_window(h, from, hint);  // kept even if the allocation fails (vLLM's allocate_slots)
-      gain = 0;
+      need += writes_last && blocks_.refcount(t.back()) > 1 ? 1 : 0;
     }
     if (need > available_blocks() + gain)
       return status{errc::out_of_blocks, "append_tokens: not enough free blocks", need};
-    if (options_.conventions != hybrid_conventions::vllm) release_window(h, from, hint);
+    if (!vllm) release_window(h, from, hint);
     for (std::int32_t g = 0; g < num_groups(); ++g) {
       auto& t = tables_[ix(g)][h].blocks;
       if (writes_last) {
@@ -837,6 +843,28 @@ class hybrid_kv_cache {
       }
       tables_[ix(g)][h].num_tokens = static_cast<std::int32_t>(new_total);
     }
+    return finish_append(h, first, n, pending, tokens, true);
+  }
+
+  /// Whether every group can write tokens from position `from` on into its last block as it is: ours alone, not
+  /// cached, and no block wholly before the group's window still held.
+  [[nodiscard]] bool in_place(std::int32_t h, std::int64_t from) const noexcept {
+    for (std::int32_t g = 0; g < num_groups(); ++g) {
+      const auto& t = tables_[ix(g)][h].blocks;
+      const block_id last = t.back();
+      if (blocks_.refcount(last) != 1 || blocks_.is_cached(last)) return false;
+      const std::size_t k = release_end(g, from, t.size());
+      if (k > 0 && t[k - 1] != null_block) return false;
+    }
+    return true;
+  }
+
+  /// The end of a successful append of `n` tokens at position `first`: the plan's range, the counts, the content
+  /// (hashes and commits of the blocks the tokens fill), and the peaks when blocks were taken.
+  status finish_append(std::int32_t h, std::int32_t first, std::int32_t n, bool pending,
+                       std::span<const token_id> tokens, bool allocated) {
+    auto& s = primary()[h];
+    extra_state& e = extra_[static_cast<std::size_t>(h)];
     if (!pending) e.step_base = first;
     s.append_step = record_append(h, s.id, first, n);
     counts_.tokens += n;
@@ -846,7 +874,7 @@ class hybrid_kv_cache {
       e.content = false;  // token ids unknown from here: the later blocks are not cached
       s.partial.clear();
     }
-    note_allocation();
+    if (allocated) note_allocation();
     return ok_status();
   }
 
@@ -873,6 +901,14 @@ class hybrid_kv_cache {
     auto& s = primary()[h];
     extra_state& e = extra_[static_cast<std::size_t>(h)];
     const auto bs = static_cast<std::size_t>(cfg_.block_size);
+    if (s.partial.size() + tokens.size() < bs) {  // the common decode step: no block fills
+      if (tokens.size() == 1) {
+        s.partial.push_back(tokens[0]);
+      } else {
+        s.partial.insert(s.partial.end(), tokens.begin(), tokens.end());
+      }
+      return;
+    }
     buffer_.assign(s.partial.begin(), s.partial.end());
     buffer_.insert(buffer_.end(), tokens.begin(), tokens.end());
     const std::size_t base = static_cast<std::size_t>(first) - s.partial.size();  // position of buffer_[0]
