@@ -128,6 +128,35 @@ def main():
         if key not in seen:
             errors.append(f"missing sample {key}")
 
+    # The per-group families of a cache with KV cache groups (groups.prom against groups.json).
+    with open(os.path.join(work, "groups.prom"), encoding="utf-8") as f:
+        gtext = f.read()
+    with open(os.path.join(work, "groups.json"), encoding="utf-8") as f:
+        gdoc = json.load(f)
+    gexpected = {"kvpager:kv_cache_group_usage_perc": ("usage", "gauge"),
+                 "kvpager:kv_cache_group_blocks": ("blocks", "gauge"),
+                 "kvpager:kv_cache_group_peak_blocks": ("peak_blocks", "gauge"),
+                 "kvpager:kv_cache_group_table_entries": ("table_entries", "gauge"),
+                 "kvpager:kv_cache_group_released_blocks_total": ("released_blocks", "counter"),
+                 "kvpager:kv_cache_group_prefix_hit_blocks_total": ("hit_blocks", "counter")}
+    gseen = set()
+    for family in text_string_to_metric_families(gtext):
+        for sample in family.samples:
+            if sample.name not in gexpected:
+                errors.append(f"unexpected group sample {sample.name}")
+                continue
+            field, typ = gexpected[sample.name]
+            if family.type != typ or not family.documentation:
+                errors.append(f"{sample.name}: type {family.type} (expected {typ}) or empty HELP")
+            g = int(sample.labels["group"])
+            want = gdoc[g]
+            if sample.labels["kind"] != want["kind"] or sample.value != float(want[field]):
+                errors.append(f"{sample.name}{dict(sample.labels)} = {sample.value!r}, JSON {want}")
+            gseen.add((sample.name, g))
+            checked += 1
+    if len(gseen) != len(gexpected) * len(gdoc):
+        errors.append(f"group samples: {len(gseen)} of {len(gexpected) * len(gdoc)}")
+
     # The snapshot is consistent with itself (the JSON alone): the figures that are derived from others.
     usage = lookup(doc, "kv_cache.usage")
     if usage != lookup(doc, "kv_cache.used_blocks") / lookup(doc, "kv_cache.usable_blocks"):

@@ -30,6 +30,7 @@
 
 #include <kvpager/cache/compositions.hpp>
 #include <kvpager/cache/hybrid_kv_cache.hpp>
+#include <kvpager/monitor/group_metrics.hpp>
 #include <kvpager/kernels/can_implement.hpp>
 #include <kvpager/kernels/step_executor.hpp>
 #include <kvpager/monitor/prometheus.hpp>
@@ -345,6 +346,11 @@ int serve(const settings& s, const kvgen::model_weights& w, const std::vector<kv
     std::ofstream(s.report + "/summary.json") << j.dump(2) << '\n';
     std::string prom;
     kvpager::write_prometheus(prom, last);
+    if constexpr (grouped_cache<Cache>) {  // and each KV cache group's figures
+      std::vector<kvpager::group_metrics> gm(static_cast<std::size_t>(cache->num_groups()));
+      gm.resize(kvpager::take_group_snapshots(*cache, gm));
+      kvpager::append_group_prometheus(prom, gm);
+    }
     std::ofstream(s.report + "/metrics.prom") << prom;
     const std::string title = "kvpager-generate: " + s.model_dir + ", " + c.model_type + " " + std::to_string(c.num_layers) +
                               " layers, " + std::to_string(reqs.size()) + " requests, " + std::to_string(blocks) +
