@@ -41,6 +41,8 @@
 #include <kvpager/eviction/lru_eviction.hpp>
 #include <kvpager/kernels/can_implement.hpp>
 #include <kvpager/monitor/json.hpp>
+#include <kvpager/cache/hybrid_kv_cache.hpp>
+#include <kvpager/monitor/group_metrics.hpp>
 #include <kvpager/monitor/prometheus.hpp>
 #include <kvpager/sharing/prefix_caching.hpp>
 #include <kvpager/swap/hybrid_swap.hpp>
@@ -51,6 +53,7 @@
 #include "kvtrace.hpp"
 #include "paged.hpp"
 #include "report.hpp"
+#include "layers.hpp"
 #include "workload.hpp"
 
 namespace {
@@ -84,6 +87,7 @@ struct settings {
   std::string report;
   bool quiet = false;
   std::int64_t corrupt_step = -1;  // hidden test hook
+  std::string layers;  // --layers: a layer pattern or a built-in model ("": one full-attention group)
 };
 
 /// KV bytes of one token over all layers for the byte figures: Llama-2-7B in fp16 (32 layers x 2 x 4096 x 2 bytes
@@ -131,6 +135,21 @@ struct outcome {
 /// Creates the cache of `cc` (with --compute cpu, one the kernels run: create(cc, can_implement)) and runs the
 /// workload over it; --compute cpu's layer gets a pool of the cache's geometry() and swap pool. 0, 1 (the cache
 /// cannot be created) or 2 (a geometry the kernels refuse, a compute error).
+/// The paged run over KV cache groups (--layers): hybrid_kv_cache in vLLM's conventions over the plan's groups.
+int run_groups(const kvpager::cache_config& cc, const kvsim::layer_plan& plan, const kvsim::workload& w,
+               const kvsim::paged_options& po, outcome& out, std::vector<kvpager::group_metrics>& groups) {
+  using cache_type = kvpager::hybrid_kv_cache<kvpager::any_group_kind>;
+  auto cache = cache_type::create(cc, plan.groups, {kvpager::hybrid_conventions::vllm});
+  if (!cache) {
+    std::fprintf(stderr, "kvpager-sim: cannot create the cache of KV cache groups: %s\n", cache.error().message());
+    return 1;
+  }
+  out.summary = kvsim::run_paged(w, *cache, po, out.samples, out.extras);
+  groups.resize(static_cast<std::size_t>(cache->num_groups()));
+  groups.resize(kvpager::take_group_snapshots(*cache, groups));
+  return 0;
+}
+
 template <class Cache>
 int run_composition(const kvpager::cache_config& cc, const settings& s, const kvsim::workload& w,
                     kvsim::paged_options po, outcome& out, std::unique_ptr<kvsim::attention_compute>& attn) {
@@ -211,6 +230,10 @@ int run_main(int argc, char** argv) {
   app.add_flag("--json", s.json, "print one JSON document instead of the table");
   app.add_option("--report", s.report, "write steps.csv, chart.svg and metrics.prom into this directory");
   app.add_flag("--quiet", s.quiet, "no progress on stderr");
+  app.add_option("--layers", s.layers,
+                 "the model's attention per layer, kind:count,... (full, swa<W>, chunk<C>) or a model (gpt-oss-20b, "
+                 "gpt-oss-120b, gemma-2-9b, gemma-2-27b, gemma-3-12b, gemma-3-27b, mistral-7b-v0.1, llama-4-scout): "
+                 "also run the paged cache with KV cache groups at the same KV bytes");
   app.add_option("--inject-corruption", s.corrupt_step, "")->group("");  // test hook: corrupt KV at this step
   if (const int rc = kvtools::parse(app, argc, argv); rc >= 0) return rc;
   if (s.rate > 0 && s.rate < min_rate) {
@@ -221,6 +244,19 @@ int run_main(int argc, char** argv) {
     std::fprintf(stderr, "kvpager-sim: unknown composition '%s'; choose one of: %s\n", s.composition.c_str(),
                  compositions);
     return kvtools::exit_bad_input;
+  }
+
+  kvsim::layer_plan plan;
+  if (!s.layers.empty()) {
+    if (const std::string e = kvsim::parse_layers(s.layers, plan); !e.empty()) {
+      std::fprintf(stderr, "kvpager-sim: %s\n", e.c_str());
+      return kvtools::exit_bad_input;
+    }
+    if (s.compute == "cpu") {
+      std::fprintf(stderr, "kvpager-sim: --layers with --compute cpu is not supported (the computed layer is one full "
+                           "layer)\n");
+      return kvtools::exit_bad_input;
+    }
   }
 
   // The workload.
@@ -320,6 +356,31 @@ int run_main(int argc, char** argv) {
     std::fprintf(stderr, "kvpager-sim: --compute cpu: %s\n", paged.extras.error.c_str());
   if (rc != 0) return rc;
 
+  // --layers: the same workload over KV cache groups, at the same KV bytes: a block holds group_size layers, so the
+  // pool has num_layers / group_size times the blocks; no host pool (preemption by recompute).
+  outcome grouped;
+  std::vector<kvpager::group_metrics> group_figures;
+  std::int64_t group_blocks = 0;
+  if (!s.layers.empty()) {
+    group_blocks = std::int64_t{w.num_blocks} * plan.num_layers / plan.group_size;
+    if (group_blocks > INT32_MAX - 1) {
+      std::fprintf(stderr, "kvpager-sim: --layers: %lld blocks of KV cache groups is too many\n",
+                   static_cast<long long>(group_blocks));
+      return kvtools::exit_bad_input;
+    }
+    kvpager::cache_config gc = cc;
+    gc.num_blocks = static_cast<std::int32_t>(group_blocks + 1);
+    gc.num_host_blocks = 0;
+    kvsim::paged_options gpo = po;
+    gpo.bytes_per_block = bytes_per_block * plan.group_size / plan.num_layers;
+    gpo.sched.swap_cost.block_bytes = gpo.bytes_per_block;
+    gpo.progress = [&](std::int64_t step, std::int64_t done, std::int64_t total) {
+      progress("groups", step, done, total);
+    };
+    if (const int grc = run_groups(gc, plan, w, gpo, grouped, group_figures); grc != 0) return grc;
+    progress.end();
+  }
+
   // The contiguous baseline over a pool of the same bytes.
   kvsim::contiguous_options co;
   co.pool_tokens = std::int64_t{w.num_blocks} * w.block_size;
@@ -377,6 +438,19 @@ int run_main(int argc, char** argv) {
     kvpager::to_json(last, paged.extras.last);
     doc["paged"]["last_snapshot"] = last;
     doc["contiguous"] = kvsim::to_json(contiguous);
+    if (!s.layers.empty()) {
+      kvsim::ordered_json kinds = kvsim::ordered_json::array(), gl = kvsim::ordered_json::array();
+      for (const kvsim::layer_kind& k : plan.kinds) kinds.push_back({{"kind", k.name}, {"layers", k.layers}});
+      for (const kvpager::group_metrics& g : group_figures)
+        gl.push_back({{"group", g.group}, {"kind", g.kind}, {"peak_blocks", g.peak_blocks},
+                      {"released_blocks", g.released_blocks}, {"hit_blocks", g.hit_blocks}});
+      doc["layers"] = {{"source", plan.source},     {"num_layers", plan.num_layers},
+                       {"kinds", kinds},            {"group_size", plan.group_size},
+                       {"groups", plan.group_names}, {"padding_layers", plan.padding_layers},
+                       {"blocks", group_blocks}};
+      doc["paged_groups"] = kvsim::to_json(grouped.summary);
+      doc["paged_groups"]["groups"] = gl;
+    }
     if (attn) {
       const auto& c = attn->counters();
       doc["compute"] = {{"dtype", s.dtype},
@@ -397,7 +471,23 @@ int run_main(int argc, char** argv) {
   } else {
     std::printf("%s\npreemption %s, admission %s, tuning %s\n\n", title, s.preemption.c_str(), s.admission.c_str(),
                 s.tuning.c_str());
-    kvsim::print_table(paged.summary, contiguous);
+    if (s.layers.empty()) {
+      kvsim::print_table(paged.summary, contiguous);
+    } else {
+      std::printf("layers %s: %d layers (", plan.source.c_str(), plan.num_layers);
+      for (std::size_t k = 0; k < plan.kinds.size(); ++k)
+        std::printf("%s%s x %d", k > 0 ? ", " : "", plan.kinds[k].name.c_str(), plan.kinds[k].layers);
+      std::printf("); %zu KV cache groups of %d layers (vLLM's grouping, %d padding layers), %lld blocks at the same "
+                  "KV bytes\n\n",
+                  plan.groups.size(), plan.group_size, plan.padding_layers, static_cast<long long>(group_blocks));
+      kvsim::print_table({{"paged, KV groups", &grouped.summary}, {"paged, one group", &paged.summary},
+                          {"contiguous", &contiguous}});
+      std::printf("\n");
+      for (const kvpager::group_metrics& g : group_figures)
+        std::printf("  group %d (%s): peak %d blocks, %lld released by its window, %lld prefix-hit blocks\n", g.group,
+                    g.kind, g.peak_blocks, static_cast<long long>(g.released_blocks),
+                    static_cast<long long>(g.hit_blocks));
+    }
     if (paged.extras.advised_block_size)
       std::printf("\nblock size advice (tuning): %d tokens for these lengths\n", *paged.extras.advised_block_size);
     if (attn) {
@@ -421,7 +511,8 @@ int run_main(int argc, char** argv) {
     std::filesystem::create_directories(s.report, ec);
     const std::string dir = s.report + "/";
     std::string prom;
-    kvpager::write_prometheus(prom, paged.extras.last);
+    kvpager::write_prometheus(prom, s.layers.empty() ? paged.extras.last : grouped.extras.last);
+    kvpager::append_group_prometheus(prom, group_figures);
     std::ofstream pf(dir + "metrics.prom");
     pf << prom;
     const std::vector<kvsim::step_sample> ps = paged.samples.samples(), cs = contiguous_samples.samples();

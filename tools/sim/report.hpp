@@ -7,7 +7,9 @@
 #include <cstdint>
 #include <cstdio>
 #include <fstream>
+#include <initializer_list>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include <nlohmann/json.hpp>
@@ -49,6 +51,37 @@ using ordered_json = nlohmann::ordered_json;
 }
 
 /// The side-by-side table on stdout.
+/// The summaries side by side, one column each (name, summary), in the order given.
+inline void print_table(std::initializer_list<std::pair<const char*, const run_summary*>> columns) {
+  auto num = [](double v, const char* fmt) {
+    char buf[64];
+    std::snprintf(buf, sizeof buf, fmt, v);
+    return std::string(buf);
+  };
+  auto pct = [&](double v) { return num(100.0 * v, "%.1f%%"); };
+  auto i64 = [](std::int64_t v) { return std::to_string(v); };
+  auto row = [&](const char* name, auto value) {
+    std::printf("  %-36s", name);
+    for (const auto& [title, p] : columns) std::printf(" %20s", value(*p).c_str());
+    std::printf("\n");
+  };
+  std::printf("  %-36s", "");
+  for (const auto& [title, p] : columns) std::printf(" %20s", title);
+  std::printf("\n");
+  row("steps", [&](const run_summary& p) { return i64(p.steps); });
+  row("requests completed", [&](const run_summary& p) { return i64(p.completed); });
+  row("requests completed per step", [&](const run_summary& p) { return num(p.completed_per_step, "%.4f"); });
+  row("batch size, peak", [&](const run_summary& p) { return i64(p.peak_batch); });
+  row("batch size, mean", [&](const run_summary& p) { return num(p.mean_batch, "%.1f"); });
+  row("KV allocated, mean (share of pool)", [&](const run_summary& p) { return pct(p.mean_kv_usage); });
+  row("KV holding tokens, mean (share)", [&](const run_summary& p) { return pct(p.mean_token_share); });
+  row("preemptions (swap + recompute)",
+      [&](const run_summary& p) { return i64(p.preemptions_swap) + " + " + i64(p.preemptions_recompute); });
+  row("prefix hit rate (tokens)", [&](const run_summary& p) { return pct(p.prefix_hit_rate); });
+  row("aborted or rejected", [&](const run_summary& p) { return i64(p.aborted); });
+  row("wall time", [&](const run_summary& p) { return num(p.wall_s, "%.2f s"); });
+}
+
 inline void print_table(const run_summary& p, const run_summary& c) {
   auto row = [](const char* name, const std::string& a, const std::string& b) {
     std::printf("  %-36s %24s %24s\n", name, a.c_str(), b.c_str());
