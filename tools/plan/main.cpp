@@ -23,6 +23,7 @@
 #include <string>
 #include <vector>
 
+#include <kvpager/sizing/hybrid_sizing.hpp>
 #include <kvpager/sizing/kv_sizing.hpp>
 #include <kvpager/sizing/model_shape.hpp>
 #include <kvpager/sizing/tensor_parallel.hpp>
@@ -81,7 +82,69 @@ struct settings {
   std::int64_t seq_len = 2048;
   double reserve_gib = 1.0;
   bool json = false;
+  bool hybrid = false;     // --hybrid: the built-in hybrid models' KV per request by layer kind
+  double kv_gib = 40.0;    // --kv-gib: the KV budget the hybrid table counts concurrent requests in
 };
+
+/// --hybrid: per built-in hybrid model and context length (8k, 32k, 128k), one request's KV when window and chunked
+/// layers keep only what their next token reads (kvpager's groups, no padding), against vLLM's padded grouping and
+/// one full-attention group, and how many such requests fit in --kv-gib.
+nlohmann::json hybrid_table(const settings& s, bool print) {
+  nlohmann::json rows = nlohmann::json::array();
+  const auto budget = static_cast<std::int64_t>(s.kv_gib * GiB);
+  if (print) {
+    std::printf("kvpager-plan: KV of one request by layer kind (%d-token blocks, KV %d bytes/elem), requests in %g GiB "
+                "of KV\n\n",
+                s.block_size, s.kv_dtype_bytes, s.kv_gib);
+    std::printf("%-16s %7s %13s %13s %13s %9s %8s %8s %8s %9s %9s\n", "model", "context", "KV/tok groups",
+                "KV/tok vLLM", "KV/tok 1 grp", "alloc/need", "fit grp", "fit vLLM", "fit 1 grp", "x vs 1", "x vs vLLM");
+  }
+  for (const kvpager::hybrid_model& m : kvpager::builtin_hybrid_models) {
+    for (const std::int64_t ctx : {std::int64_t{8192}, std::int64_t{32768}, std::int64_t{131072}}) {
+      const auto r = kvpager::request_kv(m, ctx, s.block_size, s.kv_dtype_bytes);
+      if (!r.ok()) continue;
+      const kvpager::hybrid_request_kv& k = *r;
+      const std::int64_t fit_groups = budget / std::max<std::int64_t>(1, k.groups);
+      const std::int64_t fit_vllm = budget / std::max<std::int64_t>(1, k.vllm_padded);
+      const std::int64_t fit_one = budget / std::max<std::int64_t>(1, k.one_group);
+      nlohmann::json blocks = nlohmann::json::array();
+      for (std::int32_t i = 0; i < m.num_kinds; ++i) blocks.push_back(k.kind_blocks[static_cast<std::size_t>(i)]);
+      rows.push_back({{"model", m.name},
+                      {"source", m.source},
+                      {"context", ctx},
+                      {"kv_bytes_per_token_groups", static_cast<double>(k.groups) / static_cast<double>(ctx)},
+                      {"kv_bytes_per_token_vllm_padded", static_cast<double>(k.vllm_padded) / static_cast<double>(ctx)},
+                      {"kv_bytes_per_token_one_group", static_cast<double>(k.one_group) / static_cast<double>(ctx)},
+                      {"allocated_over_needed", k.allocated_over_needed()},
+                      {"blocks_per_layer_by_kind", blocks},
+                      {"vllm_groups", k.vllm_groups},
+                      {"vllm_group_size", k.vllm_group_size},
+                      {"vllm_padding_layers", k.vllm_padding_layers},
+                      {"requests_groups", fit_groups},
+                      {"requests_vllm_padded", fit_vllm},
+                      {"requests_one_group", fit_one}});
+      const auto times = [&](std::int64_t other) {
+        char buf[32];
+        if (other > 0)
+          std::snprintf(buf, sizeof buf, "%.2fx", static_cast<double>(fit_groups) / static_cast<double>(other));
+        else
+          std::snprintf(buf, sizeof buf, "%s", fit_groups > 0 ? "only" : "-");  // the other fits none
+        return std::string(buf);
+      };
+      if (print)
+        std::printf("%-16s %6lldk %13s %13s %13s %9.4f %8lld %8lld %9lld %9s %9s\n", std::string(m.name).c_str(),
+                    static_cast<long long>(ctx / 1024), human(k.groups / ctx).c_str(),
+                    human(k.vllm_padded / ctx).c_str(), human(k.one_group / ctx).c_str(),
+                    k.allocated_over_needed(), static_cast<long long>(fit_groups), static_cast<long long>(fit_vllm),
+                    static_cast<long long>(fit_one), times(fit_one).c_str(), times(fit_vllm).c_str());
+    }
+  }
+  if (print)
+    std::printf("\nKV/tok: one request's KV bytes at that context over its tokens; alloc/need: the groups' blocks over "
+                "the K/V their next token strictly reads (window layers keep whole blocks); fit: requests of that "
+                "context in the budget; x: how many more fit with kvpager's groups.\n");
+  return rows;
+}
 
 pool_request request(const settings& s, const model_shape& m, double card_gib, std::int32_t tp) {
   pool_request r;
@@ -204,7 +267,17 @@ int main(int argc, char** argv) {
   app.add_option("--reserve-gib", s.reserve_gib, "activation reserve per card in GiB (default 1)")
       ->check(finite_range(0, kvtools::max_gib));
   app.add_flag("--json", s.json, "print one JSON document instead of the table");
+  app.add_flag("--hybrid", s.hybrid,
+               "the built-in hybrid models (sliding-window and chunked layers): KV per request at 8k, 32k and 128k "
+               "by layer kind, against vLLM's padded grouping and one full group");
+  app.add_option("--kv-gib", s.kv_gib, "with --hybrid: the KV budget requests are counted in (default 40)")
+      ->check(finite_range(0, kvtools::max_gib, true));
   if (const int rc = kvtools::parse(app, argc, argv); rc >= 0) return rc;
+  if (s.hybrid) {
+    const nlohmann::json rows = hybrid_table(s, !s.json);
+    if (s.json) std::cout << nlohmann::json{{"hybrid", rows}}.dump(2) << '\n';
+    return 0;
+  }
 
   std::vector<model_shape> models;
   if (s.models.empty()) models.assign(kvpager::builtin_models.begin(), kvpager::builtin_models.end());
