@@ -7,6 +7,7 @@
 #include <cstdint>
 #include <cstdlib>
 #include <random>
+#include <span>
 #include <utility>
 #include <vector>
 
@@ -26,6 +27,41 @@ inline std::vector<kvpager::token_id> random_prompt(std::mt19937& rng, std::int3
   std::vector<kvpager::token_id> p(static_cast<std::size_t>(n));
   for (auto& t : p) t = static_cast<kvpager::token_id>(rng() % 50000);
   return p;
+}
+
+/// The timed loop of a decode-step benchmark: `tokens.size()` sequences admitted with their first `start` tokens,
+/// then one token each per iteration (by id, or by count when `by_id` is false), re-admitted (untimed) when they
+/// reach `limit`. Items: one per token.
+template <class Cache, class State>
+void decode_steps(State& state, Cache& cache, const std::vector<std::vector<kvpager::token_id>>& tokens,
+                  std::int32_t start, std::int32_t limit, bool by_id) {
+  const auto batch = static_cast<kvpager::seq_id>(tokens.size());
+  auto admit_all = [&] {
+    for (kvpager::seq_id id = 0; id < batch; ++id)
+      must(cache.add_sequence(id, std::span<const kvpager::token_id>(tokens[id]).first(static_cast<std::size_t>(start))));
+  };
+  admit_all();
+  std::int32_t pos = start;
+  for (auto _ : state) {
+    if (pos == limit) {
+      state.PauseTiming();
+      cache.begin_step();
+      for (kvpager::seq_id id = 0; id < batch; ++id) must(cache.free_sequence(id));
+      admit_all();
+      pos = start;
+      state.ResumeTiming();
+    }
+    cache.begin_step();
+    for (kvpager::seq_id id = 0; id < batch; ++id) {
+      if (by_id) {
+        must(cache.append_token(id, tokens[id][static_cast<std::size_t>(pos)]));
+      } else {
+        must(cache.append_tokens(id));
+      }
+    }
+    ++pos;
+  }
+  state.SetItemsProcessed(state.iterations() * static_cast<std::int64_t>(batch));
 }
 
 }  // namespace kvbench

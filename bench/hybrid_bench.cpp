@@ -46,26 +46,7 @@ void BM_DecodeStep(benchmark::State& state) {
   std::mt19937 rng(5);
   std::vector<std::vector<token_id>> tokens;
   for (int i = 0; i < batch; ++i) tokens.push_back(kvbench::random_prompt(rng, limit));
-  auto admit_all = [&] {
-    for (seq_id id = 0; id < batch; ++id)
-      must(cache.add_sequence(id, std::span<const token_id>(tokens[id]).first(start)));
-  };
-  admit_all();
-  std::int32_t pos = start;
-  for (auto _ : state) {
-    if (pos == limit) {
-      state.PauseTiming();
-      cache.begin_step();
-      for (seq_id id = 0; id < batch; ++id) must(cache.free_sequence(id));
-      admit_all();
-      pos = start;
-      state.ResumeTiming();
-    }
-    cache.begin_step();
-    for (seq_id id = 0; id < batch; ++id) must(cache.append_token(id, tokens[id][static_cast<std::size_t>(pos)]));
-    ++pos;
-  }
-  state.SetItemsProcessed(state.iterations() * batch);
+  kvbench::decode_steps(state, cache, tokens, start, limit, true);
 }
 BENCHMARK(BM_DecodeStep<vllm_v1_cache>)->Name("decode_step_256/paged_kv_cache_baseline");
 BENCHMARK(BM_DecodeStep<one_group>)->Name("decode_step_256/hybrid_one_full_group");

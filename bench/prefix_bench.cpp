@@ -75,32 +75,7 @@ void BM_DecodeStep(benchmark::State& state) {
   auto cache = must(cache_t::create({16, batch * (limit / 16 + 2) + 1, 1, 0}));
   std::vector<std::vector<token_id>> tokens;
   for (int i = 0; i < batch; ++i) tokens.push_back(prompt_tokens(limit, 1000 + i));
-  auto admit_all = [&] {
-    for (seq_id id = 0; id < batch; ++id)
-      must(cache.add_sequence(id, std::span<const token_id>(tokens[id]).first(start)));
-  };
-  admit_all();
-  std::int32_t pos = start;
-  for (auto _ : state) {
-    if (pos == limit) {
-      state.PauseTiming();
-      cache.begin_step();
-      for (seq_id id = 0; id < batch; ++id) must(cache.free_sequence(id));
-      admit_all();
-      pos = start;
-      state.ResumeTiming();
-    }
-    cache.begin_step();
-    for (seq_id id = 0; id < batch; ++id) {
-      if constexpr (Caching) {
-        must(cache.append_token(id, tokens[id][static_cast<std::size_t>(pos)]));
-      } else {
-        must(cache.append_tokens(id));
-      }
-    }
-    ++pos;
-  }
-  state.SetItemsProcessed(state.iterations() * batch);
+  kvbench::decode_steps(state, cache, tokens, start, limit, Caching);
 }
 BENCHMARK(BM_DecodeStep<true>)->Name("decode_step_256/prefix_caching");
 BENCHMARK(BM_DecodeStep<false>)->Name("decode_step_256/no_caching_baseline");

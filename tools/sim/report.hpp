@@ -50,9 +50,10 @@ using ordered_json = nlohmann::ordered_json;
   return j;
 }
 
-/// The side-by-side table on stdout.
-/// The summaries side by side, one column each (name, summary), in the order given.
+/// The side-by-side table on stdout: the summaries one column each (title, summary), in the order given (24
+/// characters a column for two, 20 for more).
 inline void print_table(std::initializer_list<std::pair<const char*, const run_summary*>> columns) {
+  const int width = columns.size() <= 2 ? 24 : 20;
   auto num = [](double v, const char* fmt) {
     char buf[64];
     std::snprintf(buf, sizeof buf, fmt, v);
@@ -62,56 +63,35 @@ inline void print_table(std::initializer_list<std::pair<const char*, const run_s
   auto i64 = [](std::int64_t v) { return std::to_string(v); };
   auto row = [&](const char* name, auto value) {
     std::printf("  %-36s", name);
-    for (const auto& [title, p] : columns) std::printf(" %20s", value(*p).c_str());
+    for (const auto& [title, p] : columns) std::printf(" %*s", width, value(*p).c_str());
     std::printf("\n");
   };
   std::printf("  %-36s", "");
-  for (const auto& [title, p] : columns) std::printf(" %20s", title);
+  for (const auto& [title, p] : columns) std::printf(" %*s", width, title);
   std::printf("\n");
-  row("steps", [&](const run_summary& p) { return i64(p.steps); });
-  row("requests completed", [&](const run_summary& p) { return i64(p.completed); });
-  row("requests completed per step", [&](const run_summary& p) { return num(p.completed_per_step, "%.4f"); });
-  row("batch size, peak", [&](const run_summary& p) { return i64(p.peak_batch); });
-  row("batch size, mean", [&](const run_summary& p) { return num(p.mean_batch, "%.1f"); });
-  row("KV allocated, mean (share of pool)", [&](const run_summary& p) { return pct(p.mean_kv_usage); });
-  row("KV holding tokens, mean (share)", [&](const run_summary& p) { return pct(p.mean_token_share); });
-  row("preemptions (swap + recompute)",
-      [&](const run_summary& p) { return i64(p.preemptions_swap) + " + " + i64(p.preemptions_recompute); });
-  row("prefix hit rate (tokens)", [&](const run_summary& p) { return pct(p.prefix_hit_rate); });
-  row("aborted or rejected", [&](const run_summary& p) { return i64(p.aborted); });
-  row("wall time", [&](const run_summary& p) { return num(p.wall_s, "%.2f s"); });
+  using S = const run_summary&;
+  row("steps", [&](S p) { return i64(p.steps); });
+  row("requests completed", [&](S p) { return i64(p.completed); });
+  row("requests completed per step", [&](S p) { return num(p.completed_per_step, "%.4f"); });
+  row("batch size, peak", [&](S p) { return i64(p.peak_batch); });
+  row("batch size, mean", [&](S p) { return num(p.mean_batch, "%.1f"); });
+  row("KV allocated, mean (share of pool)", [&](S p) { return pct(p.mean_kv_usage); });
+  row("KV holding tokens, mean (share)", [&](S p) { return pct(p.mean_token_share); });
+  row("internal waste (allocated, empty)", [&](S p) { return pct(p.internal_waste); });
+  row("external fragmentation, mean", [&](S p) { return pct(p.mean_external_fragmentation); });
+  row("external fragmentation, peak", [&](S p) { return pct(p.peak_external_fragmentation); });
+  row("preemptions (swap + recompute)", [&](S p) {
+    return p.system == "contiguous" ? i64(p.preemptions) : i64(p.preemptions_swap) + " + " + i64(p.preemptions_recompute);
+  });
+  row("swaps (out / in)", [&](S p) { return i64(p.swap_outs) + " / " + i64(p.swap_ins); });
+  row("prefix hit rate (tokens)", [&](S p) { return pct(p.prefix_hit_rate); });
+  row("health levels seen", [&](S p) { return levels_seen(p); });
+  row("aborted or rejected", [&](S p) { return i64(p.aborted); });
+  row("wall time", [&](S p) { return num(p.wall_s, "%.2f s"); });
 }
 
-inline void print_table(const run_summary& p, const run_summary& c) {
-  auto row = [](const char* name, const std::string& a, const std::string& b) {
-    std::printf("  %-36s %24s %24s\n", name, a.c_str(), b.c_str());
-  };
-  auto num = [](double v, const char* fmt) {
-    char buf[64];
-    std::snprintf(buf, sizeof buf, fmt, v);
-    return std::string(buf);
-  };
-  auto pct = [&](double v) { return num(100.0 * v, "%.1f%%"); };
-  auto i64 = [](std::int64_t v) { return std::to_string(v); };
-  row("", "paged", "contiguous");
-  row("steps", i64(p.steps), i64(c.steps));
-  row("requests completed", i64(p.completed), i64(c.completed));
-  row("requests completed per step", num(p.completed_per_step, "%.4f"), num(c.completed_per_step, "%.4f"));
-  row("batch size, peak", i64(p.peak_batch), i64(c.peak_batch));
-  row("batch size, mean", num(p.mean_batch, "%.1f"), num(c.mean_batch, "%.1f"));
-  row("KV allocated, mean (share of pool)", pct(p.mean_kv_usage), pct(c.mean_kv_usage));
-  row("KV holding tokens, mean (share)", pct(p.mean_token_share), pct(c.mean_token_share));
-  row("internal waste (allocated, empty)", pct(p.internal_waste), pct(c.internal_waste));
-  row("external fragmentation, mean", pct(p.mean_external_fragmentation), pct(c.mean_external_fragmentation));
-  row("external fragmentation, peak", pct(p.peak_external_fragmentation), pct(c.peak_external_fragmentation));
-  row("preemptions (swap + recompute)", i64(p.preemptions_swap) + " + " + i64(p.preemptions_recompute),
-      i64(c.preemptions));
-  row("swaps (out / in)", i64(p.swap_outs) + " / " + i64(p.swap_ins), i64(c.swap_outs) + " / " + i64(c.swap_ins));
-  row("prefix hit rate (tokens)", pct(p.prefix_hit_rate), pct(c.prefix_hit_rate));
-  row("health levels seen", levels_seen(p), levels_seen(c));
-  row("aborted or rejected", i64(p.aborted), i64(c.aborted));
-  row("wall time", num(p.wall_s, "%.2f s"), num(c.wall_s, "%.2f s"));
-}
+/// Paged against contiguous.
+inline void print_table(const run_summary& p, const run_summary& c) { print_table({{"paged", &p}, {"contiguous", &c}}); }
 
 /// One CSV row per sample and system: per step, except that a row of span k stands for k identical idle steps, and a
 /// run longer than the history keeps only every stride-th sample (step_history; --json says the stride).
