@@ -230,6 +230,7 @@ class hybrid_kv_cache {
                     static_cast<std::int64_t>(tokens.size())};
     const auto h = primary().template checked<"append_tokens">(id);
     if (!h) return h.error();
+    if (tokens.size() == 1 && append_one_in_place(*h, tokens[0])) return ok_status();
     return grow(*h, static_cast<std::int32_t>(tokens.size()), tokens);
   }
 
@@ -844,6 +845,28 @@ class hybrid_kv_cache {
       tables_[ix(g)][h].num_tokens = static_cast<std::int32_t>(new_total);
     }
     return finish_append(h, first, n, pending, tokens, true);
+  }
+
+  /// The decode step's path, inline: one token that fits every group's last block as it is (ours alone, not cached,
+  /// no window past a block) and no block to fill; false (nothing changed) otherwise.
+  bool append_one_in_place(std::int32_t h, token_id token) {
+    auto& s = primary()[h];
+    const std::int32_t bs = cfg_.block_size;
+    if (s.num_tokens % bs == 0 || s.num_tokens % bs == bs - 1 || s.num_tokens == INT32_MAX) return false;
+    extra_state& e = extra_[static_cast<std::size_t>(h)];
+    const bool pending = s.append_step == ledger_.step();
+    if (!in_place(h, pending ? e.step_base : s.num_tokens)) return false;
+    const std::int32_t first = s.num_tokens;
+    for (table_type& t : tables_) ++t[h].num_tokens;
+    if (!pending) e.step_base = first;
+    s.append_step = record_append(h, s.id, first, 1);
+    ++counts_.tokens;
+    if (e.content) {
+      s.partial.push_back(token);  // the block does not fill: nothing to hash or commit
+    } else {
+      s.partial.clear();
+    }
+    return true;
   }
 
   /// Whether every group can write tokens from position `from` on into its last block as it is: ours alone, not
