@@ -15,6 +15,7 @@
 #include "kvpager/core/id_map.hpp"
 #include "kvpager/core/index_list.hpp"
 #include "kvpager/core/indexed_heap.hpp"
+#include "kvpager/core/splitmix.hpp"
 #include "kvpager/core/status.hpp"
 #include "kvpager/core/step_plan.hpp"
 #include "kvpager/core/types.hpp"

@@ -50,6 +50,7 @@
 #include "kvpager/concepts/sharing_policy.hpp"
 #include "kvpager/core/block_pool.hpp"
 #include "kvpager/core/config.hpp"
+#include "kvpager/core/splitmix.hpp"
 #include "kvpager/core/status.hpp"
 #include "kvpager/core/types.hpp"
 #include "kvpager/eviction/lru_eviction.hpp"
@@ -597,17 +598,17 @@ class hybrid_kv_cache {
 
   /// Group g's index key for a block of chained hash `h`, and its cursor's extra key (so that verification tells
   /// groups apart as well).
-  [[nodiscard]] static std::uint64_t mix(std::uint64_t x) noexcept {
-    x += 0x9E3779B97F4A7C15ULL;
-    x = (x ^ (x >> 30)) * 0xBF58476D1CE4E5B9ULL;
-    x = (x ^ (x >> 27)) * 0x94D049BB133111EBULL;
-    return x ^ (x >> 31);
-  }
   [[nodiscard]] static std::uint64_t group_key(std::uint64_t h, std::int32_t g) noexcept {
-    return mix(h ^ (std::uint64_t{0xD6E8FEB86659FD93ULL} * static_cast<std::uint64_t>(g + 1)));
+    return splitmix64(h ^ (std::uint64_t{0xD6E8FEB86659FD93ULL} * static_cast<std::uint64_t>(g + 1)));
   }
   [[nodiscard]] static std::uint64_t group_extra(std::uint64_t extra, std::int32_t g) noexcept {
-    return g == 0 ? extra : mix(extra + std::uint64_t{0xA0761D6478BD642FULL} * static_cast<std::uint64_t>(g));
+    return g == 0 ? extra : splitmix64(extra + std::uint64_t{0xA0761D6478BD642FULL} * static_cast<std::uint64_t>(g));
+  }
+
+  /// The chained hash of block i (holding `block`) after the hashes of blocks 0 .. i-1, under root key `extra`.
+  [[nodiscard]] static std::uint64_t chain_hash(std::span<const std::uint64_t> hashes, std::size_t i,
+                                                std::uint64_t extra, std::span<const token_id> block) noexcept {
+    return xxh3_hasher{}(i == 0 ? splitmix64(extra) : hashes[i - 1], block);
   }
 
   /// Extends `hashes` (a prefix may be known) to every full block of `tokens`.
@@ -616,10 +617,8 @@ class hybrid_kv_cache {
       const std::size_t bs = static_cast<std::size_t>(cfg_.block_size);
       const std::size_t full = tokens.size() / bs;
       if (hashes.size() > full) hashes.resize(full);
-      for (std::size_t i = hashes.size(); i < full; ++i) {
-        const std::uint64_t prev = i == 0 ? mix(extra) : hashes[i - 1];
-        hashes.push_back(xxh3_hasher{}(prev, tokens.subspan(i * bs, bs)));
-      }
+      for (std::size_t i = hashes.size(); i < full; ++i)
+        hashes.push_back(chain_hash(hashes, i, extra, tokens.subspan(i * bs, bs)));
     } else {
       (void)tokens;
       (void)extra;
@@ -676,10 +675,18 @@ class hybrid_kv_cache {
       (void)extra;
       (void)hashes;
     }
-    need = (total - len) * num_groups();
+    need = admission_need(total, len, lists);
+    return len;
+  }
+
+  /// Blocks an admission of `total` blocks per group with hit lists `lists` (`len` entries each) takes from
+  /// available_blocks(): the new blocks of every group and the hits that are free or evictable.
+  [[nodiscard]] std::int64_t admission_need(std::int64_t total, std::int32_t len,
+                                            std::span<const block_id> lists) const noexcept {
+    std::int64_t need = (total - len) * num_groups();
     for (const block_id b : lists)
       if (b != null_block && blocks_.consumes_capacity(b)) ++need;
-    return len;
+    return need;
   }
 
   // ---------------------------------------------------------------- operations
@@ -699,9 +706,7 @@ class hybrid_kv_cache {
         given->blocks.size() == static_cast<std::size_t>(given->match.blocks) * kinds_.size()) {
       len = given->match.blocks;  // the lookup is done: its lists, its need for n tokens
       lists_.assign(given->blocks.begin(), given->blocks.end());
-      need = (total - len) * num_groups();
-      for (const block_id b : lists_)
-        if (b != null_block && blocks_.consumes_capacity(b)) ++need;
+      need = admission_need(total, len, lists_);
     } else if (content) {
       len = find_hit(tokens, options.extra_key, hashes_, lists_, need, n);
     } else {
@@ -938,10 +943,8 @@ class hybrid_kv_cache {
     const std::size_t from_block = base / bs;
     const std::size_t full = (static_cast<std::size_t>(first) + tokens.size()) / bs;
     const std::span<const token_id> buf(buffer_);
-    for (std::size_t i = e.hashes.size(); i < full; ++i) {
-      const std::uint64_t prev = i == 0 ? mix(s.extra_key) : e.hashes[i - 1];
-      e.hashes.push_back(xxh3_hasher{}(prev, buf.subspan((i - from_block) * bs, bs)));
-    }
+    for (std::size_t i = e.hashes.size(); i < full; ++i)
+      e.hashes.push_back(chain_hash(e.hashes, i, s.extra_key, buf.subspan((i - from_block) * bs, bs)));
     if (full > from_block) commit_full(h, from_block, buf);
     const std::size_t tail = (static_cast<std::size_t>(first) + tokens.size()) % bs;
     s.partial.assign(buffer_.end() - static_cast<std::ptrdiff_t>(tail), buffer_.end());

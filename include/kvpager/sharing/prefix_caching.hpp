@@ -53,6 +53,7 @@
 #include "kvpager/core/chunk_array.hpp"
 #include "kvpager/core/config.hpp"
 #include "kvpager/core/id_map.hpp"
+#include "kvpager/core/splitmix.hpp"
 #include "kvpager/core/types.hpp"
 #include "kvpager/sharing/xxh3_hasher.hpp"
 
@@ -275,11 +276,7 @@ class basic_prefix_caching {
   }
 
   [[nodiscard]] static std::uint64_t root_seed(std::uint64_t extra) noexcept {
-    // splitmix64 finalizer: distinct extra keys give unrelated root seeds.
-    std::uint64_t z = extra + 0x9E3779B97F4A7C15ULL;
-    z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ULL;
-    z = (z ^ (z >> 27)) * 0x94D049BB133111EBULL;
-    return z ^ (z >> 31);
+    return splitmix64(extra);  // distinct extra keys give unrelated root seeds
   }
 
   [[nodiscard]] entry& at(std::int32_t e) noexcept {
