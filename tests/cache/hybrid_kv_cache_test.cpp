@@ -2,8 +2,9 @@
 // hybrid_kv_cache (issue 24, point 1): per-group block tables over one pool. One full group decides as
 // paged_kv_cache; a window group gives back the blocks before its window (kept hit-able); vLLM's conventions keep the
 // release when the allocation fails, native ones change nothing; forks and copy-on-write work per group and the plan
-// names the group; slot mappings and exports per group; bad input is refused with nothing changed; and, over random
-// operations in both conventions, the per-group counts always add up to the pool's.
+// names the group; swap moves every group's table (one full group swaps as paged_kv_cache; null entries stay null;
+// the swaps name their group); slot mappings and exports per group; bad input is refused with nothing changed; and,
+// over random operations (swaps included) in both conventions, the per-group counts always add up to the pool's.
 
 #include <kvpager/kvpager.hpp>
 
@@ -21,19 +22,21 @@ namespace {
 
 using hybrid = hybrid_kv_cache<any_group_kind>;
 using hybrid_no_caching = hybrid_kv_cache<any_group_kind, free_list_allocator, no_eviction, refcount_sharing>;
+using hybrid_swapping = hybrid_kv_cache<any_group_kind, free_list_allocator, lru_eviction, prefix_caching, host_swap>;
 
-cache_config config(std::int32_t num_blocks, std::int32_t block_size = 4) {
+cache_config config(std::int32_t num_blocks, std::int32_t block_size = 4, std::int32_t host_blocks = 0) {
   cache_config c;
   c.block_size = block_size;
   c.num_blocks = num_blocks;
   c.reserved_blocks = 1;
+  c.num_host_blocks = host_blocks;
   return c;
 }
 
 template <class C = hybrid>
 C make(std::vector<any_group_kind> kinds, std::int32_t num_blocks, hybrid_conventions conv = hybrid_conventions::vllm,
-       std::int32_t block_size = 4) {
-  auto r = C::create(config(num_blocks, block_size), kinds, {conv});
+       std::int32_t block_size = 4, std::int32_t host_blocks = 0) {
+  auto r = C::create(config(num_blocks, block_size, host_blocks), kinds, {conv});
   EXPECT_TRUE(r) << r.error().message();
   return std::move(*r);
 }
@@ -62,8 +65,9 @@ struct snapshot {
     for (std::int32_t g = 0; g < c.num_groups(); ++g) {
       groups.push_back(c.stats(g));
       for (const seq_id id : ids) {
-        const auto t = c.block_table(g, id);
+        const auto t = c.is_swapped(id) ? c.host_block_table(g, id) : c.block_table(g, id);
         tables.emplace_back(t ? std::vector<block_id>(t->begin(), t->end()) : std::vector<block_id>{});
+        tables.back().push_back(c.is_swapped(id) ? 1 : 0);
       }
     }
   }
@@ -78,6 +82,17 @@ void expect_counts_add_up(const C& c, std::span<const seq_id> live) {
     std::int64_t entries = 0;
     std::vector<std::int32_t> owned(static_cast<std::size_t>(c.config().num_blocks), 0);
     for (const seq_id id : live) {
+      if (c.is_swapped(id)) {  // host blocks: counted as table entries, not as the group's device blocks
+        const auto ht = c.host_block_table(g, id);
+        ASSERT_TRUE(ht);
+        entries += static_cast<std::int64_t>(ht->size());
+        for (const block_id hb : *ht) {
+          if (hb != C::null_block) {
+            ASSERT_GT(c.host_pool()->refcount(hb), 0);
+          }
+        }
+        continue;
+      }
       const auto t = c.block_table(g, id);
       ASSERT_TRUE(t);
       entries += static_cast<std::int64_t>(t->size());
@@ -108,10 +123,14 @@ TEST(HybridCache, OneFullGroupDecidesAsPagedKvCache) {
   std::vector<seq_id> live;
   std::vector<std::vector<token_id>> toks(4000);
   seq_id next = 0;
-  std::int64_t hits = 0, evictions_seen = 0, copies = 0;
+  std::int64_t hits = 0, evictions_seen = 0, copies = 0, frozen = 0;  // frozen: steps with cancelled slots
+  std::mt19937 steps(3);  // several operations per step: frees of sequences that appended in it, frozen slots
+  std::vector<std::int64_t> ref_slots, h_slots;
   for (int op = 0; op < 20000; ++op) {
-    ref.begin_step();
-    h.begin_step();
+    if (steps() % 3 == 0) {
+      ref.begin_step();
+      h.begin_step();
+    }
     const int what = pick(10);
     if (what < 3 || live.empty()) {
       const seq_id id = next++;
@@ -153,12 +172,20 @@ TEST(HybridCache, OneFullGroupDecidesAsPagedKvCache) {
     ASSERT_EQ(ref.stats().evictions, h.stats().evictions) << op;
     ASSERT_EQ(ref.stats().cow_copies, h.stats().cow_copies) << op;
     ASSERT_EQ(ref.plan().copies().size(), h.plan().copies().size()) << op;
+    ASSERT_EQ(ref.stats().pending_free, h.stats().pending_free) << op;
+    ref_slots.resize(static_cast<std::size_t>(ref.slot_mapping_size()));
+    h_slots.resize(static_cast<std::size_t>(h.slot_mapping_size()));
+    ASSERT_TRUE(ref.export_slot_mapping(ref_slots));
+    ASSERT_TRUE(h.export_slot_mapping(h_slots));
+    ASSERT_EQ(ref_slots, h_slots) << op;
+    frozen += std::count(ref_slots.begin(), ref_slots.end(), std::int64_t{-1}) > 0 ? 1 : 0;
     evictions_seen = ref.stats().evictions;
     copies = ref.stats().cow_copies;
   }
   EXPECT_GT(hits, 100);
   EXPECT_GT(evictions_seen, 100);
   EXPECT_GT(copies, 10);
+  EXPECT_GT(frozen, 0);
 }
 
 TEST(HybridCache, WindowGroupKeepsOnlyItsWindowAndItsBlocksStayHitable) {
@@ -310,6 +337,192 @@ TEST(HybridCache, ForkAndCopyOnWriteWorkPerGroupAndThePlanNamesTheGroup) {
   expect_counts_add_up(c, all_live);
 }
 
+TEST(HybridCache, OneFullGroupSwapsAsPagedKvCache) {
+  // Random admissions, decodes, swaps out and in, and frees (swapped ones too) on a paged_kv_cache and a hybrid
+  // cache of one full group, each with a host pool: the same tables on both sides, the same plans, the same counts.
+  // The hybrid cache reserves host block 0 (its null entry): its host pool has one block more, and its host block
+  // ids are paged_kv_cache's + 1.
+  std::mt19937 rng(11);
+  auto pick = [&](int n) { return static_cast<int>(rng() % static_cast<unsigned>(n)); };
+  auto ref = std::move(*vllm_v1_cache::create(config(40, 4, 23)));
+  hybrid h = make({full_attention{}}, 40, hybrid_conventions::vllm, 4, 24);
+  std::vector<seq_id> live;
+  seq_id next = 0;
+  std::int64_t swaps = 0, refused = 0;
+  for (int op = 0; op < 8000; ++op) {
+    ref.begin_step();
+    h.begin_step();
+    const int what = pick(10);
+    status sa, sb;
+    if (what < 3 || live.empty()) {
+      std::vector<token_id> t = tokens(4 * pick(3), 1000 * pick(2));
+      const std::vector<token_id> tail = tokens(1 + pick(10), 100000 + 100 * static_cast<token_id>(next));
+      t.insert(t.end(), tail.begin(), tail.end());
+      sa = ref.add_sequence(next, t);
+      sb = h.add_sequence(next, t);
+      if (sa) live.push_back(next);
+      ++next;
+    } else if (what < 6) {
+      const seq_id id = live[static_cast<std::size_t>(pick(static_cast<int>(live.size())))];
+      sa = ref.append_token(id, 3);
+      sb = h.append_token(id, 3);
+    } else if (what < 9) {
+      const seq_id id = live[static_cast<std::size_t>(pick(static_cast<int>(live.size())))];
+      ASSERT_EQ(ref.is_swapped(id), h.is_swapped(id)) << op;
+      if (ref.is_swapped(id)) {
+        ASSERT_EQ(*ref.swap_in_blocks(id), *h.swap_in_blocks(id)) << op;
+        sa = ref.swap_in(id);
+        sb = h.swap_in(id);
+      } else {
+        sa = ref.swap_out(id);
+        sb = h.swap_out(id);
+      }
+      swaps += sa ? 1 : 0;
+      refused += sa ? 0 : 1;
+    } else {
+      const std::size_t i = static_cast<std::size_t>(pick(static_cast<int>(live.size())));
+      sa = ref.free_sequence(live[i]);
+      sb = h.free_sequence(live[i]);
+      live.erase(live.begin() + static_cast<std::ptrdiff_t>(i));
+    }
+    ASSERT_EQ(sa.code(), sb.code()) << op << ": " << sa.message() << " / " << sb.message();
+    for (const seq_id id : live) {
+      const bool out = ref.is_swapped(id);
+      ASSERT_EQ(out, h.is_swapped(id)) << op;
+      const auto a = out ? ref.host_block_table(id) : ref.block_table(id);
+      const auto b = out ? h.host_block_table(0, id) : h.block_table(0, id);
+      std::vector<block_id> expect(a->begin(), a->end());
+      if (out)
+        for (block_id& x : expect) ++x;
+      ASSERT_EQ(expect, std::vector<block_id>(b->begin(), b->end())) << op;
+    }
+    const auto shifted = [](std::span<const block_swap> ws) {
+      std::vector<block_swap> v(ws.begin(), ws.end());
+      for (block_swap& w : v) ++w.host;
+      return v;
+    };
+    const auto hs = h.plan().swap_outs(), hi = h.plan().swap_ins();
+    ASSERT_EQ(shifted(ref.plan().swap_outs()), std::vector<block_swap>(hs.begin(), hs.end())) << op;
+    ASSERT_EQ(shifted(ref.plan().swap_ins()), std::vector<block_swap>(hi.begin(), hi.end())) << op;
+    ASSERT_EQ(ref.available_blocks(), h.available_blocks()) << op;
+    const cache_stats x = ref.stats(), y = h.stats();
+    ASSERT_EQ(x.swapped, y.swapped) << op;
+    ASSERT_EQ(x.host_free, y.host_free) << op;
+    ASSERT_EQ(x.swapped_out_blocks, y.swapped_out_blocks) << op;
+    ASSERT_EQ(x.swapped_in_blocks, y.swapped_in_blocks) << op;
+    ASSERT_EQ(x.swapped_logical, y.swapped_logical) << op;
+    ASSERT_EQ(x.evictions, y.evictions) << op;
+  }
+  EXPECT_GT(swaps, 500);
+  EXPECT_GT(refused, 10);  // host pool full or device pool short, on both sides alike
+}
+
+TEST(HybridCache, SwapMovesEveryGroupKeepsNullEntriesAndNamesTheGroup) {
+  // [full, sliding_window 5], bs 4: after 14 tokens the window group holds only its last 2 blocks.
+  hybrid c = make({full_attention{}, sliding_window{5}}, 30, hybrid_conventions::vllm, 4, 10);
+  const std::vector<token_id> prompt = tokens(13);
+  ASSERT_TRUE(c.add_sequence(1, prompt));
+  c.begin_step();
+  ASSERT_TRUE(c.append_token(1, 99));  // 14 tokens: the window (tokens 9..13) leaves blocks 0 and 1 behind
+  c.begin_step();
+  const std::vector<block_id> full = table(c, 0, 1), win = table(c, 1, 1);
+  ASSERT_EQ(win[0], hybrid::null_block);
+  ASSERT_EQ(win[1], hybrid::null_block);
+  const std::int64_t avail = c.available_blocks();
+  const group_stats g0 = c.stats(0), g1 = c.stats(1);
+  EXPECT_EQ(*c.preempt_decision(1), preempt_action::unsupported);  // no_swap: explicit swaps only
+  ASSERT_TRUE(c.swap_out(1));
+  EXPECT_TRUE(c.is_swapped(1));
+  EXPECT_EQ(c.stats().swapped, 1);
+  EXPECT_EQ(c.stats(0).blocks, 0);
+  EXPECT_EQ(c.stats(1).blocks, 0);
+  EXPECT_EQ(c.stats(1).table_entries, g1.table_entries);  // the tables stay, on the host
+  EXPECT_GE(c.available_blocks(), avail + 6);             // 4 + 2 blocks, kept hit-able as cached content
+  // One swap per non-null block, naming the group whose layers move; null entries stay null on the host.
+  ASSERT_EQ(c.plan().swap_outs().size(), 6U);
+  for (const block_swap& w : c.plan().swap_outs()) {
+    const bool in_full = std::find(full.begin(), full.end(), w.device) != full.end();
+    const bool in_win = std::find(win.begin(), win.end(), w.device) != win.end();
+    ASSERT_TRUE(in_full != in_win);
+    EXPECT_EQ(w.group, in_full ? 0 : 1);
+  }
+  const auto host_win = c.host_block_table(1, 1);
+  ASSERT_TRUE(host_win);
+  EXPECT_EQ((*host_win)[0], hybrid::null_block);
+  EXPECT_EQ((*host_win)[1], hybrid::null_block);
+  EXPECT_EQ(*c.swap_in_blocks(1), 6);
+  // While out: no decode, no fork, no export, no second swap-out; all refused with nothing changed.
+  EXPECT_EQ(c.append_token(1, 5).code(), errc::sequence_swapped);
+  EXPECT_EQ(c.fork(1, 2).code(), errc::sequence_swapped);
+  EXPECT_EQ(c.block_table(0, 1).error().code(), errc::sequence_swapped);
+  EXPECT_EQ(c.swap_out(1).code(), errc::sequence_swapped);
+  EXPECT_EQ(c.preempt(1).error().code(), errc::sequence_swapped);
+  // The prompt's blocks are still found by another request (they kept their hashes on device).
+  prefix_match m;
+  ASSERT_TRUE(c.add_sequence(2, prompt, {}, &m));
+  EXPECT_EQ(m.blocks, 3);
+  ASSERT_TRUE(c.free_sequence(2));
+  c.begin_step();
+  // Back in: same shape, nulls where they were, one swap-in per host block with its group, counts restored.
+  ASSERT_TRUE(c.swap_in(1));
+  EXPECT_FALSE(c.is_swapped(1));
+  const std::vector<block_id> full2 = table(c, 0, 1), win2 = table(c, 1, 1);
+  ASSERT_EQ(full2.size(), full.size());
+  ASSERT_EQ(win2.size(), win.size());
+  EXPECT_EQ(win2[0], hybrid::null_block);
+  EXPECT_EQ(win2[1], hybrid::null_block);
+  EXPECT_NE(win2[2], hybrid::null_block);
+  ASSERT_EQ(c.plan().swap_ins().size(), 6U);
+  for (const block_swap& w : c.plan().swap_ins()) {
+    EXPECT_EQ(c.owner_group(w.device), w.group);
+    EXPECT_TRUE(w.group == 0 ? std::find(full2.begin(), full2.end(), w.device) != full2.end()
+                             : std::find(win2.begin(), win2.end(), w.device) != win2.end());
+  }
+  EXPECT_EQ(c.stats(0).blocks, g0.blocks);
+  EXPECT_EQ(c.stats(1).blocks, g1.blocks);
+  EXPECT_EQ(c.fork(1, 3).code(), errc::pending_append);  // its bytes arrive with this step's swap-ins
+  c.begin_step();
+  ASSERT_TRUE(c.append_token(1, 7));  // and it decodes on
+  // A swap-out that finds the host pool short, and a swap-in that finds the device pool short: nothing changed.
+  c.begin_step();
+  ASSERT_TRUE(c.add_sequence(4, tokens(30, 500)));  // 8 + 8 blocks: the host pool (10) cannot take them
+  c.begin_step();
+  const std::vector<seq_id> both{1, 4};
+  const snapshot<hybrid> before(c, both);
+  EXPECT_EQ(c.swap_out(std::vector<seq_id>{1, 4}).code(), errc::host_pool_full);
+  EXPECT_EQ(c.swap_out(std::vector<seq_id>{1, 1}).code(), errc::invalid_argument);
+  EXPECT_TRUE(snapshot<hybrid>(c, both) == before);
+  ASSERT_TRUE(c.swap_out(1));
+  ASSERT_TRUE(c.add_sequence(5, tokens(16, 900)));  // 4 + 4 blocks: 5 left, swap_in needs 6
+  c.begin_step();
+  const std::vector<seq_id> three{1, 4, 5};
+  const snapshot<hybrid> before_in(c, three);
+  EXPECT_EQ(c.swap_in(1).code(), errc::out_of_blocks);
+  EXPECT_TRUE(snapshot<hybrid>(c, three) == before_in);
+  // Freeing a swapped sequence gives its host blocks back (at the next step).
+  const std::int32_t host_free = c.stats().host_free;
+  ASSERT_TRUE(c.free_sequence(1));
+  c.begin_step();
+  EXPECT_EQ(c.stats().host_free, host_free + 6);
+  EXPECT_EQ(c.stats().swapped, 0);
+}
+
+TEST(HybridCache, PreemptSwapsEveryGroupWithASwapPolicy) {
+  hybrid_swapping c = make<hybrid_swapping>({full_attention{}, sliding_window{5}}, 20, hybrid_conventions::native, 4, 8);
+  ASSERT_TRUE(c.add_sequence(1, tokens(9)));
+  c.begin_step();
+  EXPECT_EQ(*c.preempt_decision(1), preempt_action::swap);
+  const auto a = c.preempt(1);
+  ASSERT_TRUE(a);
+  EXPECT_EQ(*a, preempt_action::swap);
+  EXPECT_TRUE(c.is_swapped(1));
+  EXPECT_EQ(c.stats().preempted_swap, 1);
+  ASSERT_TRUE(c.add_sequence(2, tokens(9, 50)));  // as many blocks again: the host pool (8) cannot take both
+  c.begin_step();
+  EXPECT_EQ(c.preempt(2).error().code(), errc::host_pool_full);
+  EXPECT_FALSE(c.is_swapped(2));
+}
+
 TEST(HybridCache, FreedInTheStepItAppendedItsSlotsExportAsMinusOne) {
   hybrid c = make({full_attention{}, chunked_local{8}}, 64);
   ASSERT_TRUE(c.add_sequence(1, tokens(6)));
@@ -324,6 +537,35 @@ TEST(HybridCache, FreedInTheStepItAppendedItsSlotsExportAsMinusOne) {
   EXPECT_EQ(all[15], std::int64_t{table(c, 1, 2)[0]} * 4);
 }
 
+TEST(HybridCache, AFreedSequencesSlotsInBlocksASharerHitAreKeptPerGroup) {
+  // [full, sliding_window 16], bs 4: sequence 1 appends 10 tokens, sequence 2 hits its first two blocks in the
+  // same step, then 1 is freed: in every group the slots in the shared blocks are kept, those in its own last block
+  // are -1; the shared blocks stay busy, so freeing 2 in the same step parks them (not reused before the step ran).
+  hybrid c = make({full_attention{}, sliding_window{16}}, 40);
+  ASSERT_TRUE(c.add_sequence(1, tokens(10)));
+  prefix_match m;
+  ASSERT_TRUE(c.add_sequence(2, tokens(10), {}, &m));
+  ASSERT_EQ(m.blocks, 2);
+  const std::vector<block_id> t0 = table(c, 0, 1), t1 = table(c, 1, 1);
+  ASSERT_TRUE(c.free_sequence(1));
+  std::vector<std::int64_t> all(static_cast<std::size_t>(c.slot_mapping_size()));
+  ASSERT_EQ(all.size(), 24U);  // 10 + 2 tokens, two groups
+  ASSERT_TRUE(c.export_slot_mapping(all));
+  for (std::int32_t g = 0; g < 2; ++g) {
+    const std::vector<block_id>& t = g == 0 ? t0 : t1;
+    const std::size_t base = static_cast<std::size_t>(g) * 12;
+    for (std::size_t p = 0; p < 8; ++p)
+      EXPECT_EQ(all[base + p], std::int64_t{t[p / 4]} * 4 + static_cast<std::int64_t>(p % 4)) << g << " " << p;
+    EXPECT_EQ(all[base + 8], -1);
+    EXPECT_EQ(all[base + 9], -1);
+  }
+  ASSERT_TRUE(c.free_sequence(2));
+  EXPECT_EQ(c.stats().pending_free, 4);  // the 2 shared blocks of each group
+  for (const block_id b : {t0[0], t0[1], t1[0], t1[1]}) EXPECT_FALSE(c.is_free(b));
+  c.begin_step();
+  EXPECT_EQ(c.stats().pending_free, 0);
+}
+
 TEST(HybridCache, BadInputIsRefusedAndChangesNothing) {
   const std::vector<any_group_kind> ok{full_attention{}, sliding_window{8}};
   EXPECT_EQ(hybrid::create(config(16), std::vector<any_group_kind>{}).error().code(), errc::invalid_argument);
@@ -335,8 +577,10 @@ TEST(HybridCache, BadInputIsRefusedAndChangesNothing) {
   no_null.reserved_blocks = 0;
   EXPECT_EQ(hybrid::create(no_null, ok).error().code(), errc::invalid_argument);
   cache_config host = config(16);
-  host.num_host_blocks = 4;
-  EXPECT_EQ(hybrid::create(host, ok).error().code(), errc::unsupported);
+  host.num_host_blocks = -1;
+  EXPECT_EQ(hybrid::create(host, ok).error().code(), errc::invalid_pool_size);
+  host.num_host_blocks = 1;  // host block 0 is reserved: no usable host block
+  EXPECT_EQ(hybrid::create(host, ok).error().code(), errc::invalid_pool_size);
   cache_config bad_bs = config(16);
   bad_bs.block_size = 12;
   EXPECT_EQ(hybrid::create(bad_bs, ok).error().code(), errc::invalid_block_size);
@@ -362,8 +606,11 @@ TEST(HybridCache, BadInputIsRefusedAndChangesNothing) {
   EXPECT_EQ(c.fork(1, 1).code(), errc::duplicate_sequence);
   EXPECT_EQ(c.fork(1, 2).code(), errc::pending_append);
   EXPECT_EQ(c.free_sequence(9).code(), errc::unknown_sequence);
-  EXPECT_EQ(c.preempt(1).error().code(), errc::unsupported);
-  EXPECT_EQ(c.swap_out(1).code(), errc::unsupported);
+  EXPECT_EQ(c.preempt(1).error().code(), errc::unsupported);  // no_swap: the scheduler recomputes
+  EXPECT_EQ(c.swap_out(1).code(), errc::unsupported);          // no host pool
+  EXPECT_EQ(c.host_block_table(0, 1).error().code(), errc::sequence_swapped);
+  EXPECT_EQ(c.host_block_table(1).error().code(), errc::unsupported);  // per group
+  EXPECT_EQ(c.swap_in_blocks(1).error().code(), errc::sequence_swapped);
   EXPECT_EQ(c.block_table(2, 1).error().code(), errc::invalid_argument);
   EXPECT_TRUE(snapshot<hybrid>(c, ids) == before);
   // A stale hit is refused.
@@ -393,7 +640,7 @@ void random_operations(hybrid_conventions conv, std::uint32_t seed) {
     }
   } while (conv == hybrid_conventions::vllm && !check_vllm_layout(vk));
   const std::int32_t bs = std::int32_t{1} << pick(3);
-  C c = make<C>(kinds, 16 + pick(80), conv, bs);
+  C c = make<C>(kinds, 16 + pick(80), conv, bs, pick(3) == 0 ? 0 : 2 + pick(60));
   std::vector<seq_id> live;
   seq_id next = 0;
   std::int64_t failures = 0;
@@ -401,6 +648,7 @@ void random_operations(hybrid_conventions conv, std::uint32_t seed) {
     if (pick(3) == 0) c.begin_step();
     const snapshot<C> before(c, live);
     status st;
+    bool appended = false;
     const int what = pick(12);
     if (what < 3 || live.empty()) {
       std::vector<token_id> t = tokens(bs * pick(4), 7 * pick(2));
@@ -409,9 +657,21 @@ void random_operations(hybrid_conventions conv, std::uint32_t seed) {
       st = pick(4) == 0 ? c.add_sequence(next, static_cast<std::int32_t>(t.size())) : c.add_sequence(next, t);
       if (st) live.push_back(next);
       ++next;
+    } else if (what < 9 && pick(5) == 0) {  // swap out or in, or preempt (the policy decides)
+      const seq_id id = live[static_cast<std::size_t>(pick(static_cast<int>(live.size())))];
+      if (c.is_swapped(id)) {
+        st = c.swap_in(id);
+      } else if (pick(2) == 0) {
+        st = c.swap_out(id);
+      } else {
+        const auto a = c.preempt(id);
+        st = a ? ok_status() : a.error();
+        if (a && *a == preempt_action::recompute) live.erase(std::find(live.begin(), live.end(), id));
+      }
     } else if (what < 9) {
       const seq_id id = live[static_cast<std::size_t>(pick(static_cast<int>(live.size())))];
       const std::vector<token_id> t = tokens(1 + pick(2 * bs), 50);
+      appended = true;
       st = pick(4) == 0 ? c.append_tokens(id, token_count{static_cast<std::int32_t>(t.size())}) : c.append_tokens(id, t);
     } else if (what < 10) {
       const seq_id parent = live[static_cast<std::size_t>(pick(static_cast<int>(live.size())))];
@@ -425,8 +685,9 @@ void random_operations(hybrid_conventions conv, std::uint32_t seed) {
     }
     if (!st) {
       ++failures;
-      // Native: a failed call changed nothing. vLLM: only an append may have released window blocks.
-      if (conv == hybrid_conventions::native || st.code() != errc::out_of_blocks || what < 3 || what >= 9) {
+      // Native: a failed call changed nothing. vLLM: only an append may have released window blocks (a swap-in
+      // that finds no room releases nothing either).
+      if (conv == hybrid_conventions::native || st.code() != errc::out_of_blocks || !appended) {
         ASSERT_TRUE(snapshot<C>(c, live) == before) << "op " << op << ": " << st.message();
       }
     }
@@ -441,6 +702,8 @@ TEST(HybridCache, RandomOperationsKeepEveryCountInBothConventions) {
     random_operations<hybrid>(hybrid_conventions::vllm, seed);
     random_operations<hybrid>(hybrid_conventions::native, 1000 + seed);
     random_operations<hybrid_no_caching>(hybrid_conventions::native, 2000 + seed);
+    random_operations<hybrid_swapping>(hybrid_conventions::vllm, 3000 + seed);
+    random_operations<hybrid_swapping>(hybrid_conventions::native, 4000 + seed);
     if (::testing::Test::HasFailure()) return;
   }
 }

@@ -88,6 +88,60 @@ TEST(StepExecutor, PlanOnEveryLayerEqualsTheMemcpyModel) {
   }
 }
 
+TEST(StepExecutor, WithLayerGroupsEachEntryMovesOnlyItsGroupsLayers) {
+  // Layers 0, 2 in group 0, layers 1, 3 in group 1, layer 4 in group 3 (group 2 has no layer): each layer's bytes
+  // equal the memcpy model run on the plan's entries of the layer's group alone.
+  constexpr std::int32_t layers = 5;
+  const std::vector<std::int32_t> groups{0, 1, 0, 1, 3};
+  auto pools = host_kv_pools::create(geom, 6, layers, groups);
+  ASSERT_TRUE(pools.ok()) << pools.error().message();
+  fill(*pools, layers, 17);
+  step_plan plan;
+  plan.add_swap_out({3, 0, 0});
+  plan.add_swap_out({4, 1, 1});
+  plan.add_swap_out({9, 5, 3});
+  plan.add_swap_in({6, 2, 1});
+  plan.add_swap_in({7, 3, 0});
+  plan.add_copy({1, 10, 0});
+  plan.add_copy({2, 11, 1});
+  plan.add_copy({5, 8, 3});
+  std::vector<kvpager_testing::memcpy_executor> model;
+  for (std::int32_t l = 0; l < layers; ++l) {
+    model.emplace_back(geom, 6);
+    std::memcpy(model.back().device_bytes().data(), pools->device_bytes(l).data(), pools->device_bytes(l).size());
+    std::memcpy(model.back().host_bytes().data(), pools->host_bytes(l).data(), pools->host_bytes(l).size());
+  }
+  ASSERT_TRUE(pools->executor().run_plan(plan));
+  for (std::int32_t l = 0; l < layers; ++l) {
+    const std::int32_t g = groups[static_cast<std::size_t>(l)];
+    step_plan mine;
+    for (const block_swap& w : plan.swap_outs())
+      if (w.group == g) mine.add_swap_out(w);
+    for (const block_swap& w : plan.swap_ins())
+      if (w.group == g) mine.add_swap_in(w);
+    for (const block_copy& c : plan.copies())
+      if (c.group == g) mine.add_copy(c);
+    ASSERT_TRUE(model[static_cast<std::size_t>(l)].execute(mine, {}, {}, {}));
+    const auto want_d = model[static_cast<std::size_t>(l)].device_bytes();
+    const auto want_h = model[static_cast<std::size_t>(l)].host_bytes();
+    EXPECT_TRUE(std::equal(want_d.begin(), want_d.end(), pools->device_bytes(l).begin())) << "layer " << l;
+    EXPECT_TRUE(std::equal(want_h.begin(), want_h.end(), pools->host_bytes(l).begin())) << "layer " << l;
+  }
+  // An entry naming a group no layer has, or a bad layer_groups: refused, nothing moved.
+  const bytes_of before = snapshot(*pools, layers);
+  step_plan stray = plan;
+  stray.add_copy({0, 9, 2});
+  EXPECT_EQ(pools->executor().run_plan(stray).code(), errc::invalid_block);
+  step_plan stray_swap = plan;
+  stray_swap.add_swap_in({0, 4, 7});
+  EXPECT_EQ(pools->executor().run_plan(stray_swap).code(), errc::invalid_block);
+  EXPECT_TRUE(snapshot(*pools, layers) == before);
+  const std::vector<std::int32_t> short_groups{0, 1};
+  const std::vector<std::int32_t> bad_group{0, 64, 0, 0, 0};
+  EXPECT_EQ(host_kv_pools::create(geom, 6, layers, short_groups).code(), errc::invalid_argument);
+  EXPECT_EQ(host_kv_pools::create(geom, 6, layers, bad_group).code(), errc::invalid_argument);
+}
+
 TEST(StepExecutor, BadPlansAndAppendsMoveNothing) {
   constexpr std::int32_t layers = 2;
   auto pools = host_kv_pools::create(geom, 6, layers);

@@ -48,7 +48,9 @@ template <class Cache>
 Cache make_cache(cache_config c, std::int32_t host_blocks, const std::vector<any_group_kind>& kinds) {
   using W = typename Cache::swap_policy_type;
   if constexpr (grouped<Cache>) {
-    (void)host_blocks;
+    // A host pool (host block 0 is reserved: at least 2 blocks), which preemption_mode::swap swaps to whatever the
+    // swap policy, and cache_policy where the policy swaps.
+    c.num_host_blocks = host_blocks >= 2 ? host_blocks : 0;
     // vLLM's conventions over vLLM's policies, native ones over the others.
     const bool vllm = std::is_same_v<typename Cache::sharing_policy_type, prefix_caching>;
     return std::move(*Cache::create(c, kinds, {vllm ? hybrid_conventions::vllm : hybrid_conventions::native}));
@@ -437,7 +439,7 @@ template <class Cache>
 class Liveness : public ::testing::Test {};
 
 // Every allocator, eviction, sharing and swap policy, crossed in pairs (lru_eviction needs free_list_allocator), and
-// hybrid caches (KV cache groups) in both conventions, under every preemption mode (they preempt by recompute).
+// hybrid caches (KV cache groups) in both conventions, under every preemption mode (swapping every group's table).
 // The sanitizer and no-exception presets (KVPAGER_TEST_REDUCED) compile four of them, which still cover every
 // allocator, every swap policy and every sharing policy: each composition is a whole cache and scheduler to build.
 #if defined(KVPAGER_TEST_REDUCED)
@@ -463,7 +465,8 @@ using compositions = ::testing::Types<
     paged_kv_cache<lowest_id_allocator, no_eviction, no_sharing, host_swap>,
     paged_kv_cache<lowest_id_allocator, lru_index_eviction, refcount_sharing, no_swap>,
     hybrid_kv_cache<any_group_kind>,                                                  // KV cache groups, vLLM's
-    hybrid_kv_cache<any_group_kind, lifo_allocator, lru_index_eviction, refcount_sharing>>;  // and native
+    hybrid_kv_cache<any_group_kind, lifo_allocator, lru_index_eviction, refcount_sharing>,  // and native
+    hybrid_kv_cache<any_group_kind, free_list_allocator, priority_lru, prefix_caching, hybrid_swap>>;
 #endif
 
 class composition_names {
@@ -495,5 +498,8 @@ TYPED_TEST(Liveness, EveryRequestIsFinishedOrRejectedWithAReason) {
     EXPECT_GT(c.finished_with_reason, 0);
     EXPECT_GT(c.rejected, 0);
     EXPECT_GT(c.preempted_for_priority, 0) << "priority preemption never happened";
+    if constexpr (grouped<TypeParam>) {
+      EXPECT_GT(c.preempted_swap, 0) << "a hybrid cache never swapped";
+    }
   }
 }

@@ -24,7 +24,10 @@
 ///
 /// The operations are paged_kv_cache's (the same errors; kvpager::scheduler drives either), with group-indexed
 /// exports: export_block_table(g, ...), export_csr(g, ...), export_slot_mapping(g, ...), block_table(g, id). Swap
-/// to host memory is not supported yet (num_host_blocks must be 0; preempt answers errc::unsupported, so the
+/// moves every group's table of a sequence to the host pool (num_host_blocks > 0) together: each non-null block
+/// gets one host block and the plan's swaps name the group whose layers move (block_swap::group); null entries
+/// stay null on both sides (host block 0 is reserved as device block 0 is: num_host_blocks - 1 are usable);
+/// preempt asks the swap policy W as paged_kv_cache does (with no_swap it answers errc::unsupported, so the
 /// scheduler preempts by recompute). Prefix caching needs a prehashed_content_cache sharing policy
 /// (prefix_caching): the cache chains the block hashes itself (xxh3 over each block's tokens, seeded by the
 /// previous block's hash and, at the root, the sequence's extra key) and indexes each group's blocks under the
@@ -44,10 +47,12 @@
 #include "kvpager/cache/detail/exports.hpp"
 #include "kvpager/cache/detail/sequence_table.hpp"
 #include "kvpager/cache/detail/step_ledger.hpp"
+#include "kvpager/cache/detail/swap_book.hpp"
 #include "kvpager/concepts/block_allocator.hpp"
 #include "kvpager/concepts/eviction_policy.hpp"
 #include "kvpager/concepts/group_kind.hpp"
 #include "kvpager/concepts/sharing_policy.hpp"
+#include "kvpager/concepts/swap_policy.hpp"
 #include "kvpager/core/block_pool.hpp"
 #include "kvpager/core/config.hpp"
 #include "kvpager/core/splitmix.hpp"
@@ -93,7 +98,7 @@ struct no_group_cursor {
 }  // namespace detail
 
 template <group_kind K = any_group_kind, block_allocator A = free_list_allocator, eviction_policy E = lru_eviction,
-          sharing_policy S = prefix_caching>
+          sharing_policy S = prefix_caching, swap_policy W = no_swap>
 class hybrid_kv_cache {
   static_assert(detail::free_order_fits<A, E>,
                 "this eviction policy evicts in the allocator's free order: pair it with the allocator it names "
@@ -106,8 +111,8 @@ class hybrid_kv_cache {
   using allocator_policy = A;
   using eviction_policy_type = E;
   using sharing_policy_type = S;
-  using swap_policy_type = no_swap;
-  using policies = cache_policies<A, E, S, no_swap>;
+  using swap_policy_type = W;
+  using policies = cache_policies<A, E, S, W>;
 
   /// The null block: the entry of a table position a group no longer reads (block 0, reserved).
   static constexpr block_id null_block = 0;
@@ -118,7 +123,7 @@ class hybrid_kv_cache {
   /// groups allocate and free). Errors: those of paged_kv_cache::create; errc::invalid_argument for no group, more
   /// than max_groups, a kind whose validate() fails (W or C below 1), reserved_blocks 0 (block 0 is the null
   /// block), and, with hybrid_conventions::vllm, a kind vLLM does not have or a layout its grouping cannot produce
-  /// (check_vllm_layout); errc::unsupported for num_host_blocks > 0; errc::out_of_memory (std::bad_alloc).
+  /// (check_vllm_layout); errc::out_of_memory (std::bad_alloc).
   [[nodiscard]] static result<hybrid_kv_cache> create(cache_config cfg, std::span<const K> groups,
                                                       hybrid_options options = {}, policies p = {}) {
     if (status st = validate(cfg); !st) return st;
@@ -132,8 +137,10 @@ class hybrid_kv_cache {
       return status{errc::invalid_argument,
                     "hybrid_kv_cache::create: block 0 is the null block: reserved_blocks must be at least 1",
                     cfg.reserved_blocks};
-    if (cfg.num_host_blocks > 0)
-      return status{errc::unsupported, "hybrid_kv_cache::create: no host pool yet (num_host_blocks must be 0)",
+    if (cfg.num_host_blocks == 1)
+      return status{errc::invalid_pool_size,
+                    "hybrid_kv_cache::create: host block 0 is reserved (a table's null entry on the host side): "
+                    "num_host_blocks must be 0 or at least 2",
                     cfg.num_host_blocks};
     std::vector<vllm_kind> vk;
     if (options.conventions == hybrid_conventions::vllm) {
@@ -146,7 +153,7 @@ class hybrid_kv_cache {
       auto pool = block_pool<A>::create({cfg.num_blocks, cfg.reserved_blocks}, std::move(p.allocator));
       if (!pool) return pool.error();
       return hybrid_kv_cache(cfg, groups, std::move(vk), options, std::move(*pool), std::move(p.eviction),
-                             std::move(p.sharing));
+                             std::move(p.sharing), std::move(p.swap));
 #if KVPAGER_HAS_EXCEPTIONS
     } catch (const std::bad_alloc&) {
       return status{errc::out_of_memory, "hybrid_kv_cache::create: not enough host memory for the bookkeeping",
@@ -304,21 +311,28 @@ class hybrid_kv_cache {
   }
 
   /// Frees sequence `id`: groups in group order, each table from its last entry to its first (null entries
-  /// skipped). Tokens it appended in this step are not computed: their slots export as -1 in every group and the
-  /// blocks they would have filled lose their cached content, except where another sequence already shares one of
-  /// their blocks (a prefix hit in this step): those slots are kept. errc::unknown_sequence.
+  /// skipped); a swapped-out sequence drops its host blocks. Tokens it appended in this step are not computed:
+  /// their slots export as -1 in every group and the blocks they would have filled lose their cached content,
+  /// except where another sequence already shares one of their blocks (a prefix hit in this step): those slots
+  /// are kept. errc::unknown_sequence.
   status free_sequence(seq_id id) {
     const auto hh = primary().template checked<"free_sequence">(id, detail::residency::any);
     if (!hh) return hh.error();
     const std::int32_t h = *hh;
-    if (primary()[h].append_step == ledger_.step()) cancel_appends(h);
+    const bool swapped = primary()[h].swapped;
+    if (!swapped && primary()[h].append_step == ledger_.step()) cancel_appends(h);
     const retention_hint hint{primary()[h].priority};
     for (std::int32_t g = 0; g < num_groups(); ++g) {
       const auto& t = tables_[ix(g)][h].blocks;
-      for (auto it = t.rbegin(); it != t.rend(); ++it)
-        if (*it != null_block) release(*it, hint);
+      if (swapped) {
+        book_.drop_refs(t, null_block);
+      } else {
+        for (auto it = t.rbegin(); it != t.rend(); ++it)
+          if (*it != null_block) release(*it, hint);
+      }
       gstats_[ix(g)].table_entries -= static_cast<std::int64_t>(t.size());
     }
+    if (swapped) book_.dropped_sequence();
     counts_.tokens -= primary()[h].num_tokens;
     for (table_type& t : tables_) t.erase(h);
     extra_state& e = extra_[static_cast<std::size_t>(h)];
@@ -329,20 +343,97 @@ class hybrid_kv_cache {
 
   // ------------------------------------------------------------------------------------------------ preemption
 
-  /// errc::unsupported: a hybrid cache has no host pool yet (the scheduler then preempts by recompute).
+  /// Swaps the sequences in `group` out to host memory together, every group's table: each distinct non-null
+  /// device block gets one host block (a block shared within the group is swapped once, and shared again on
+  /// swap-in), the plan lists the (device, host) copies naming their group, and the device references are dropped
+  /// (group by group, each table tail first; blocks keep their hashes and stay hit-able). Null entries stay null.
+  /// All or nothing. Errors as paged_kv_cache::swap_out: errc::unsupported (no host pool), errc::unknown_sequence,
+  /// errc::invalid_argument (an id listed twice), errc::sequence_swapped, errc::pending_append,
+  /// errc::host_pool_full (detail = host blocks needed). A swapped sequence stops prefix-caching its later blocks.
+  status swap_out(std::span<const seq_id> group) {
+    if (!book_.has_host_pool())
+      return status{errc::unsupported, "swap_out: the cache has no host pool (num_host_blocks 0)"};
+    if (status st = primary().template checked_group<"swap_out">(group, detail::residency::device, ledger_.step());
+        !st)
+      return st;
+    const auto release_ref = [this](block_id b, retention_hint hint) { release(b, hint); };
+    if (status st = book_.swap_out(group, std::span<table_type>(tables_), ledger_, release_ref, null_block); !st)
+      return st;
+    for (const seq_id id : group) {
+      const std::int32_t h = *primary().template checked<"swap_out">(id, detail::residency::any);
+      extra_[static_cast<std::size_t>(h)].content = false;
+      primary()[h].partial.clear();
+    }
+    return ok_status();
+  }
+  status swap_out(seq_id id) { return swap_out(std::span<const seq_id>(&id, 1)); }
+
+  /// Swaps the sequences in `group` back in, every group's table, all or nothing: each distinct host block gets one
+  /// device block of its group, and the plan lists the (host, device) copies naming their group. Errors as
+  /// paged_kv_cache::swap_in: errc::unknown_sequence, errc::invalid_argument, errc::sequence_swapped (not swapped
+  /// out), errc::out_of_blocks (detail = device blocks needed).
+  status swap_in(std::span<const seq_id> group) {
+    if (status st = primary().template checked_group<"swap_in">(group, detail::residency::swapped, ledger_.step());
+        !st)
+      return st;
+    const auto taken = [this](std::int32_t g, block_id b) { count_up(g, b); };
+    if (status st = book_.swap_in(group, std::span<table_type>(tables_), blocks_, ledger_, taken, null_block); !st)
+      return st;
+    note_allocation();
+    return ok_status();
+  }
+  status swap_in(seq_id id) { return swap_in(std::span<const seq_id>(&id, 1)); }
+
+  /// What preempt(id) would do now, changing nothing: the swap policy's decision for the device blocks the
+  /// sequence holds in all groups (preempt_action::unsupported with no_swap). Errors: errc::unknown_sequence,
+  /// errc::sequence_swapped.
   [[nodiscard]] result<preempt_action> preempt_decision(seq_id id) const {
     const auto h = primary().template checked<"preempt">(id);
     if (!h) return h.error();
-    return status{errc::unsupported, "preempt: hybrid_kv_cache has no host pool (preempt by recompute)"};
+    return book_.decide(static_cast<std::int32_t>(held_blocks(*h)));
   }
-  result<preempt_action> preempt(seq_id id) { return preempt_decision(id); }
-  status swap_out(std::span<const seq_id>) { return no_host_pool("swap_out"); }
-  status swap_out(seq_id) { return no_host_pool("swap_out"); }
-  status swap_in(std::span<const seq_id>) { return no_host_pool("swap_in"); }
-  status swap_in(seq_id) { return no_host_pool("swap_in"); }
+  /// Preempts sequence `id` as the swap policy decides: swap out (it stays live, swapped) or free it (recompute).
+  /// Errors: errc::unsupported (the policy does not preempt), those of preempt_decision and swap_out.
+  result<preempt_action> preempt(seq_id id) {
+    const auto d = preempt_decision(id);
+    if (!d) return d;
+    switch (*d) {
+      case preempt_action::swap:
+        if (status st = swap_out(id); !st) return st;
+        ++counts_.preempted_swap;
+        return *d;
+      case preempt_action::recompute:
+        (void)free_sequence(id);
+        ++counts_.preempted_recompute;
+        return *d;
+      default:
+        return status{errc::unsupported, "preempt: the swap policy does not preempt (no_swap)"};
+    }
+  }
+  /// Group g's host block table of swapped-out sequence `id` (null_block entries stay null); errc::unknown_sequence,
+  /// errc::sequence_swapped (it is on device), errc::invalid_argument (no such group).
+  [[nodiscard]] result<std::span<const block_id>> host_block_table(std::int32_t g, seq_id id) const noexcept {
+    if (status st = check_group("host_block_table", g); !st) return st;
+    const auto h = primary().template checked<"host_block_table">(id, detail::residency::swapped);
+    if (!h) return h.error();
+    return std::span<const block_id>(tables_[ix(g)][*h].blocks);
+  }
+  /// The one-table form has no meaning with several groups: errc::unsupported (pass the group).
   [[nodiscard]] result<std::span<const block_id>> host_block_table(seq_id) const noexcept {
-    return no_host_pool("host_block_table");
+    return per_group("host_block_table");
   }
+  /// Device blocks swap_in(id) takes at most: the non-null host entries of every group's table.
+  /// errc::unknown_sequence, errc::sequence_swapped (it is on device).
+  [[nodiscard]] result<std::int64_t> swap_in_blocks(seq_id id) const noexcept {
+    const auto h = primary().template checked<"swap_in_blocks">(id, detail::residency::swapped);
+    if (!h) return h.error();
+    return held_blocks(*h);
+  }
+  /// The host (swap) pool, whose refcounts are the references of swapped-out tables; nullptr without one.
+  [[nodiscard]] const typename detail::swap_book<W>::host_pool_type* host_pool() const noexcept {
+    return book_.host_pool();
+  }
+  [[nodiscard]] const W& swap() const noexcept { return book_.policy(); }
 
   /// Starts a new step: the previous plan is taken as executed and cleared; blocks planned copies kept busy become
   /// reusable.
@@ -350,9 +441,7 @@ class hybrid_kv_cache {
     ledger_.begin_step([this](block_id b, retention_hint hint) {
       if (blocks_.refcount(b) == 0) blocks_.settle(b, hint);
     });
-    owners_.clear();
-    frozen_offset_.clear();
-    frozen_slots_.clear();
+    book_.begin_step();
   }
 
   /// The byte movement planned since the last begin_step(): copies (copy-on-write, copying forks) are whole blocks
@@ -366,8 +455,11 @@ class hybrid_kv_cache {
   [[nodiscard]] const K& kind(std::int32_t g) const noexcept { return kinds_[static_cast<std::size_t>(g)]; }
   [[nodiscard]] hybrid_conventions conventions() const noexcept { return options_.conventions; }
   [[nodiscard]] bool contains(seq_id id) const noexcept { return primary().contains(id); }
-  /// Always false: a hybrid cache does not swap (yet).
-  [[nodiscard]] bool is_swapped(seq_id) const noexcept { return false; }
+  /// Whether sequence `id` is live and swapped out.
+  [[nodiscard]] bool is_swapped(seq_id id) const noexcept {
+    const auto h = primary().template checked<"is_swapped">(id, detail::residency::any);
+    return h && primary()[*h].swapped;
+  }
   [[nodiscard]] std::int32_t num_sequences() const noexcept { return primary().size(); }
   [[nodiscard]] std::int32_t block_size() const noexcept { return cfg_.block_size; }
   [[nodiscard]] const cache_config& config() const noexcept { return cfg_; }
@@ -398,6 +490,7 @@ class hybrid_kv_cache {
     s.pending_free = ledger_.pending_free();
     s.sequences = primary().size();
     blocks_.report(s);
+    book_.report(s);
     return s;
   }
 
@@ -457,7 +550,7 @@ class hybrid_kv_cache {
     const std::int64_t n = ledger_.plan().num_append_tokens();
     if (static_cast<std::int64_t>(out.size()) < n)
       return status{errc::buffer_too_small, "export_slot_mapping: buffer is shorter than the step's appended tokens", n};
-    write_slots(g, out.data());
+    write_slots(g, out.first(static_cast<std::size_t>(n)));
     return ok_status();
   }
   /// Every group's slot mapping, group-major: group g's at [g x n, (g + 1) x n), n = plan().num_append_tokens()
@@ -468,7 +561,8 @@ class hybrid_kv_cache {
       return status{errc::buffer_too_small, "export_slot_mapping: buffer is shorter than slot_mapping_size()",
                     slot_mapping_size()};
     const std::int64_t n = ledger_.plan().num_append_tokens();
-    for (std::int32_t g = 0; g < num_groups(); ++g) write_slots(g, out.data() + g * n);
+    for (std::int32_t g = 0; g < num_groups(); ++g)
+      write_slots(g, out.subspan(static_cast<std::size_t>(g * n), static_cast<std::size_t>(n)));
     return ok_status();
   }
 
@@ -486,49 +580,39 @@ class hybrid_kv_cache {
   };
 
   hybrid_kv_cache(cache_config cfg, std::span<const K> groups, std::vector<vllm_kind> vk, hybrid_options options,
-                  block_pool<A> pool, E e, S s)
+                  block_pool<A> pool, E e, S s, W w)
       : cfg_(cfg),
         options_(options),
         kinds_(groups.begin(), groups.end()),
         vkinds_(std::move(vk)),
         tables_(groups.size()),
         gstats_(groups.size()),
-        blocks_(std::move(pool), std::move(e), std::move(s)) {
+        blocks_(std::move(pool), std::move(e), std::move(s)),
+        book_(std::move(w)) {
     const pool_geometry g{cfg.num_blocks, cfg.block_size, cfg.reserved_blocks};
     blocks_.reset(g);
+    book_.reset(g, cfg.num_host_blocks, /*host_reserved=*/1);  // host block 0 is never used: null stays null
     ledger_.reset(cfg.num_blocks);
     owner_.assign(static_cast<std::size_t>(cfg.num_blocks), 0);
     nulls_.resize(groups.size());
   }
 
-  void write_slots(std::int32_t g, std::int64_t* o) const noexcept {
-    const std::span<const token_range> ranges = ledger_.plan().appends();
-    const std::int64_t bs = cfg_.block_size;
-    for (std::size_t r = 0; r < ranges.size(); ++r) {
-      const token_range& tr = ranges[r];
-      const std::int32_t owner = owners_[r];
-      if (owner < 0) {
-        if (r >= frozen_offset_.size() || frozen_offset_[r] < 0) {
-          o = std::fill_n(o, tr.count, std::int64_t{-1});
-        } else {
-          const auto first = frozen_slots_.begin() + frozen_offset_[r] + std::int64_t{g} * tr.count;
-          o = std::copy(first, first + tr.count, o);
-        }
-        continue;
-      }
-      const block_id* blocks = tables_[ix(g)][owner].blocks.data();
-      for (std::int64_t p = tr.first_pos; p < std::int64_t{tr.first_pos} + tr.count; ++p)
-        *o++ = std::int64_t{blocks[p / bs]} * bs + p % bs;
-    }
+  /// Group g's slots of this step's appends into `out` (exactly plan().num_append_tokens() long).
+  void write_slots(std::int32_t g, std::span<std::int64_t> out) const noexcept {
+    (void)ledger_.export_slot_mapping(
+        out, cfg_.block_size, [this, g](std::int32_t h) { return tables_[ix(g)][h].blocks.data(); }, g);
   }
 
   [[nodiscard]] static constexpr std::size_t ix(std::int64_t i) noexcept { return static_cast<std::size_t>(i); }
   [[nodiscard]] const table_type& primary() const noexcept { return tables_[0]; }
   [[nodiscard]] table_type& primary() noexcept { return tables_[0]; }
 
-  [[nodiscard]] static status no_host_pool(const char* call) noexcept {
-    (void)call;
-    return status{errc::unsupported, "hybrid_kv_cache has no host pool (swap is not supported yet)"};
+  /// The non-null entries of sequence h's tables (its device blocks, or host blocks while swapped out).
+  [[nodiscard]] std::int64_t held_blocks(std::int32_t h) const noexcept {
+    std::int64_t n = 0;
+    for (const table_type& t : tables_)
+      for (const block_id b : t[h].blocks) n += b != null_block ? 1 : 0;
+    return n;
   }
   [[nodiscard]] static status per_group(const char* call) noexcept {
     (void)call;
@@ -785,7 +869,6 @@ class hybrid_kv_cache {
   }
 
   std::uint64_t record_append(std::int32_t h, seq_id id, std::int32_t first, std::int32_t count) {
-    owners_.push_back(h);
     return ledger_.record_append(h, id, first, count);
   }
 
@@ -951,42 +1034,15 @@ class hybrid_kv_cache {
   }
 
   /// Before sequence h is freed: its appends of this step are cancelled (slots -1 in every group) and the blocks
-  /// they touch lose their cached content, unless another sequence shares one of them: then the range's slots are
-  /// kept as they are (frozen) for every group.
+  /// they touch lose their cached content, except blocks another sequence shares (a prefix hit in this step): their
+  /// slots are kept (frozen), in every group, and they stay busy for the step (the step_ledger's rule, per group).
   void cancel_appends(std::int32_t h) {
-    const std::span<const token_range> ranges = ledger_.plan().appends();
-    const std::int64_t bs = cfg_.block_size;
-    frozen_offset_.resize(ranges.size(), -1);
-    for (std::size_t r = 0; r < ranges.size(); ++r) {
-      if (owners_[r] != h) continue;
-      const token_range& tr = ranges[r];
-      if (tr.count <= 0) {
-        owners_[r] = -1;
-        continue;
-      }
-      const std::int64_t b0 = tr.first_pos / bs, b1 = (std::int64_t{tr.first_pos} + tr.count - 1) / bs;
-      bool shared = false;
-      for (std::int32_t g = 0; g < num_groups() && !shared; ++g)
-        for (std::int64_t i = b0; i <= b1; ++i) {
-          const block_id b = tables_[ix(g)][h].blocks[static_cast<std::size_t>(i)];
-          if (b != null_block && blocks_.refcount(b) > 1) shared = true;
-        }
-      if (shared) {
-        frozen_offset_[r] = static_cast<std::int64_t>(frozen_slots_.size());
-        for (std::int32_t g = 0; g < num_groups(); ++g) {
-          const block_id* blocks = tables_[ix(g)][h].blocks.data();
-          for (std::int64_t p = tr.first_pos; p < std::int64_t{tr.first_pos} + tr.count; ++p)
-            frozen_slots_.push_back(std::int64_t{blocks[p / bs]} * bs + p % bs);
-        }
-      } else {
-        for (std::int32_t g = 0; g < num_groups(); ++g)
-          for (std::int64_t i = b0; i <= b1; ++i) {
-            const block_id b = tables_[ix(g)][h].blocks[static_cast<std::size_t>(i)];
-            if (b != null_block && blocks_.is_cached(b)) blocks_.drop_content(b);
-          }
-      }
-      owners_[r] = -1;
-    }
+    ledger_.cancel_appends(
+        h, num_groups(), [this, h](std::int32_t g) { return std::span<const block_id>(tables_[ix(g)][h].blocks); },
+        cfg_.block_size, [this](block_id b) { return b != null_block && blocks_.refcount(b) > 1; },
+        [this](block_id b) {
+          if (b != null_block && blocks_.is_cached(b)) blocks_.drop_content(b);  // its content will never be written
+        });
   }
 
   static constexpr block_id lookup_pending = -2;
@@ -1000,10 +1056,8 @@ class hybrid_kv_cache {
   std::vector<group_stats> gstats_;
   detail::block_store<A, E, S> blocks_;
   detail::step_ledger ledger_;
-  std::vector<std::uint8_t> owner_;          ///< per block: the group it was last handed to
-  std::vector<std::int32_t> owners_;         ///< per plan().appends() entry: its handle, -1 once freed
-  std::vector<std::int64_t> frozen_offset_;  ///< per cancelled entry: its frozen slots (all groups), -1 = none
-  std::vector<std::int64_t> frozen_slots_;
+  detail::swap_book<W> book_;
+  std::vector<std::uint8_t> owner_;  ///< per block: the group it was last handed to
   std::int64_t peak_used_ = 0;
   cache_stats counts_;
   // Scratch, kept between calls so that warm calls allocate nothing.

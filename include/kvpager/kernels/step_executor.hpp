@@ -46,6 +46,11 @@ struct kv_pools {
   std::int32_t num_host_blocks = 0;
   std::span<void* const> device{};  ///< one pool per layer (at least one layer)
   std::span<void* const> host{};    ///< one pool per layer, or empty when num_host_blocks is 0
+  /// Each layer's KV cache group (a hybrid_kv_cache's group index, in [0, 64)), or empty: a copy or swap of the
+  /// plan then moves only the layers of the group it names (block_copy::group, block_swap::group; a block id
+  /// belongs to one group at a time, so the other groups' layers hold nothing there). Empty: every entry moves
+  /// every layer (one group, or an engine that keeps its groups' layers apart itself).
+  std::span<const std::int32_t> layer_groups{};
 };
 
 /// How an fp8 E4M3 pool stores appended K/V (ignored for the other dtypes): the dtype of the K/V given to append
@@ -58,7 +63,8 @@ struct fp8_append {
 class step_executor {
  public:
   /// An executor over `pools`. Errors: can_implement(pools.geometry)'s; errc::invalid_argument for no layer, a null
-  /// pool, a negative num_host_blocks, or host pools that are not one per layer (none with num_host_blocks 0).
+  /// pool, a negative num_host_blocks, host pools that are not one per layer (none with num_host_blocks 0), or
+  /// layer_groups neither empty nor one group in [0, 64) per layer.
   [[nodiscard]] static result<step_executor> create(const kv_pools& pools) {
     if (const status st = can_implement(pools.geometry); !st) return st;
     if (pools.device.empty()) return status{errc::invalid_argument, "step_executor::create: no layer"};
@@ -74,12 +80,24 @@ class step_executor {
       if (p == nullptr) return status{errc::invalid_argument, "step_executor::create: a device pool is null"};
     for (void* const p : pools.host)
       if (p == nullptr) return status{errc::invalid_argument, "step_executor::create: a host pool is null"};
+    if (!pools.layer_groups.empty() && pools.layer_groups.size() != pools.device.size())
+      return status{errc::invalid_argument, "step_executor::create: layer_groups must be empty or one per layer",
+                    static_cast<std::int64_t>(pools.layer_groups.size())};
+    for (const std::int32_t g : pools.layer_groups)
+      if (g < 0 || g >= max_groups)
+        return status{errc::invalid_argument, "step_executor::create: a layer's group is outside [0, 64)", g};
     step_executor e;
     e.geometry_ = pools.geometry;
     e.num_host_blocks_ = pools.num_host_blocks;
     e.block_bytes_ = block_bytes(pools.geometry);
     e.device_.assign(pools.device.begin(), pools.device.end());
     e.host_.assign(pools.host.begin(), pools.host.end());
+    for (std::size_t l = 0; l < pools.layer_groups.size(); ++l) {
+      const auto g = static_cast<std::size_t>(pools.layer_groups[l]);
+      if (e.groups_.size() <= g) e.groups_.resize(g + 1);
+      e.groups_[g].layers.push_back(l);
+      e.groups_[g].device.push_back(e.device_[l]);
+    }
     return e;
   }
 
@@ -91,9 +109,10 @@ class step_executor {
     return paged_kv_view::hnd(device_[static_cast<std::size_t>(layer)], geometry_);
   }
 
-  /// Swap-outs (device to host), swap-ins (host to device), then copies of `plan`, on every layer. Every block id is
-  /// checked first: errc::invalid_block (outside its pool; a swap with no host pool) and nothing moved. Allocates
-  /// nothing once the scratch lists have grown to the largest plan.
+  /// Swap-outs (device to host), swap-ins (host to device), then copies of `plan`, on every layer (with
+  /// layer_groups: on the layers of the group each entry names). Every block id is checked first:
+  /// errc::invalid_block (outside its pool; a swap with no host pool; with layer_groups, an entry naming a group no
+  /// layer has) and nothing moved. Allocates nothing once the scratch lists have grown to the largest plan.
   status run_plan(const step_plan& plan) {
     const auto dev_ok = [this](block_id b) { return b >= 0 && b < geometry_.num_blocks; };
     const auto host_ok = [this](block_id b) { return b >= 0 && b < num_host_blocks_; };
@@ -106,6 +125,7 @@ class step_executor {
     for (const block_copy& c : plan.copies())
       if (!dev_ok(c.src) || !dev_ok(c.dst))
         return status{errc::invalid_block, "step_executor::run_plan: a copied block is outside the pool"};
+    if (!groups_.empty()) return run_grouped(plan);
     if (!plan.swap_outs().empty()) {
       fill_pairs(plan.swap_outs(), /*to_host=*/true);
       for (std::size_t l = 0; l < device_.size(); ++l)
@@ -154,15 +174,67 @@ class step_executor {
   }
 
  private:
+  static constexpr std::int32_t max_groups = 64;
+  /// The layers of one KV cache group, and their device pools (for one copy_blocks_cpu call).
+  struct group_layers {
+    std::vector<std::size_t> layers;
+    std::vector<void*> device;
+  };
+
   step_executor() = default;
 
-  void fill_pairs(std::span<const block_swap> swaps, bool to_host) {
+  /// run_plan with layer_groups: each group's entries over that group's layers (ids checked by the caller).
+  status run_grouped(const step_plan& plan) {
+    const auto known = [this](std::int32_t g) {
+      return g >= 0 && static_cast<std::size_t>(g) < groups_.size() && !groups_[static_cast<std::size_t>(g)].layers.empty();
+    };
+    for (const block_swap& w : plan.swap_outs())
+      if (!known(w.group)) return status{errc::invalid_block, "step_executor::run_plan: a swap names no layer's group", w.group};
+    for (const block_swap& w : plan.swap_ins())
+      if (!known(w.group)) return status{errc::invalid_block, "step_executor::run_plan: a swap names no layer's group", w.group};
+    for (const block_copy& c : plan.copies())
+      if (!known(c.group)) return status{errc::invalid_block, "step_executor::run_plan: a copy names no layer's group", c.group};
+    for (std::size_t g = 0; g < groups_.size(); ++g) {
+      const group_layers& gl = groups_[g];
+      if (fill_pairs(plan.swap_outs(), /*to_host=*/true, static_cast<std::int32_t>(g)))
+        for (const std::size_t l : gl.layers)
+          if (const status st = swap(host_[l], num_host_blocks_, device_[l], geometry_.num_blocks); !st) return st;
+    }
+    for (std::size_t g = 0; g < groups_.size(); ++g) {
+      const group_layers& gl = groups_[g];
+      if (fill_pairs(plan.swap_ins(), /*to_host=*/false, static_cast<std::int32_t>(g)))
+        for (const std::size_t l : gl.layers)
+          if (const status st = swap(device_[l], geometry_.num_blocks, host_[l], num_host_blocks_); !st) return st;
+    }
+    for (std::size_t g = 0; g < groups_.size(); ++g) {
+      const group_layers& gl = groups_[g];
+      pairs_.clear();
+      for (const block_copy& c : plan.copies())
+        if (c.group == static_cast<std::int32_t>(g)) {
+          pairs_.push_back(c.src);
+          pairs_.push_back(c.dst);
+        }
+      if (pairs_.empty()) continue;
+      if (const status st = copy_blocks_cpu({gl.device.data(), static_cast<std::int32_t>(gl.device.size()),
+                                             pairs_.data(), static_cast<std::int32_t>(pairs_.size() / 2),
+                                             geometry_.num_blocks, block_bytes_});
+          !st)
+        return st;
+    }
+    return ok_status();
+  }
+
+  /// The (source, destination) pairs of `swaps` (of group `group` only, when not -1) into pairs_; whether any.
+  bool fill_pairs(std::span<const block_swap> swaps, bool to_host, std::int32_t group = -1) {
     pairs_.clear();
     for (const block_swap& w : swaps) {
+      if (group >= 0 && w.group != group) continue;
       pairs_.push_back(to_host ? w.device : w.host);
       pairs_.push_back(to_host ? w.host : w.device);
     }
+    return !pairs_.empty();
   }
+
   [[nodiscard]] status swap(void* dst, std::int32_t dst_blocks, const void* src, std::int32_t src_blocks) const {
     return swap_blocks_cpu({dst, dst_blocks, src, src_blocks, block_bytes_, pairs_.data(),
                             static_cast<std::int32_t>(pairs_.size() / 2)});
@@ -172,20 +244,22 @@ class step_executor {
   std::int32_t num_host_blocks_ = 0;
   std::int64_t block_bytes_ = 0;
   std::vector<void*> device_, host_;
-  std::vector<std::int64_t> pairs_;  ///< scratch: [n, 2] (source, destination) of one kind of move
+  std::vector<group_layers> groups_;  ///< per group index (layer_groups given), else empty
+  std::vector<std::int64_t> pairs_;   ///< scratch: [n, 2] (source, destination) of one kind of move
 };
 
 /// KV pools in host memory with their step_executor: the CPU backend's pools for an engine or a test that has none
 /// of its own (the tools, tp_cpu_executors). `num_layers` device pools of `geometry` and as many host pools of
-/// `num_host_blocks` blocks, zero-filled, in the kernels' default layout (kv_layout). Move-only (the executor holds
-/// the pools' addresses, which a move keeps).
+/// `num_host_blocks` blocks, zero-filled, in the kernels' default layout (kv_layout); `layer_groups` as
+/// kv_pools::layer_groups. Move-only (the executor holds the pools' addresses, which a move keeps).
 class host_kv_pools {
  public:
   /// Errors: step_executor::create's (can_implement(geometry), num_host_blocks < 0), errc::invalid_argument
   /// (num_layers < 1, a host pool whose size overflows int64), errc::out_of_memory (the pools could not be allocated; built without exceptions, a failed
   /// allocation ends the program instead).
   [[nodiscard]] static result<host_kv_pools> create(const kv_geometry& geometry, std::int32_t num_host_blocks,
-                                                    std::int32_t num_layers = 1) {
+                                                    std::int32_t num_layers = 1,
+                                                    std::span<const std::int32_t> layer_groups = {}) {
     if (num_layers < 1)
       return status{errc::invalid_argument, "host_kv_pools::create: num_layers must be positive", num_layers};
     if (const status st = can_implement(geometry); !st) return st;
@@ -209,7 +283,7 @@ class host_kv_pools {
       std::vector<void*> dev, host;
       for (auto& d : out.device_) dev.push_back(d.data());
       for (auto& h : out.host_) host.push_back(h.data());
-      result<step_executor> e = step_executor::create({geometry, num_host_blocks, dev, host});
+      result<step_executor> e = step_executor::create({geometry, num_host_blocks, dev, host, layer_groups});
       if (!e) return e.error();
       out.exec_.emplace(std::move(*e));
       return out;

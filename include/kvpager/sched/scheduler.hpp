@@ -512,12 +512,12 @@ class scheduler : public scheduler_queues {
         finish_with(id, *why);
         continue;
       }
-      const auto host = cache_.host_block_table(id);
-      if (!host) {
-        fail(id, host.error());
+      const auto need = cache_.swap_in_blocks(id);
+      if (!need) {
+        fail(id, need.error());
         continue;
       }
-      const auto blocks = static_cast<std::int64_t>(host->size());
+      const std::int64_t blocks = *need;
       if (cache_.available_blocks() - blocks < blocks_to_keep(blocks)) break;
       if (const status st = cache_.swap_in(id); !st) {
         if (st.code() == errc::out_of_blocks) break;

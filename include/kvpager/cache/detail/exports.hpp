@@ -125,6 +125,15 @@ class cache_exports {
     return std::span<const block_id>(c.seqs_[*h].blocks);
   }
 
+  /// Device blocks swap_in(id) takes at most: the entries of its host block table (a block shared within the
+  /// swapped group counts once per entry). errc::unknown_sequence, errc::sequence_swapped (it is on device).
+  [[nodiscard]] result<std::int64_t> swap_in_blocks(seq_id id) const noexcept {
+    const Cache& c = self();
+    const auto h = c.seqs_.template checked<"swap_in_blocks">(id, residency::swapped);
+    if (!h) return h.error();
+    return static_cast<std::int64_t>(c.seqs_[*h].blocks.size());
+  }
+
   /// Whether sequence `id` is live and swapped out.
   [[nodiscard]] bool is_swapped(seq_id id) const noexcept {
     const Cache& c = self();

@@ -114,6 +114,16 @@ class basic_step_ledger {
   template <class Shared, class Unshared>
   void cancel_appends(std::int32_t h, std::span<const block_id> blocks, std::int32_t block_size, Shared&& shared,
                       Unshared&& unshared) {
+    cancel_appends(
+        h, 1, [blocks](std::int32_t) { return blocks; }, block_size, std::forward<Shared>(shared),
+        std::forward<Unshared>(unshared));
+  }
+  /// cancel_appends for a sequence with `num_tables` block tables (a hybrid cache's KV cache groups; their slots
+  /// differ per table), `table(t)` giving table t: a range is frozen where any table's block is shared, and its
+  /// frozen slots are kept per table (-1 in that table's unshared blocks). O(appended ranges x tables).
+  template <class TableOf, class Shared, class Unshared>
+  void cancel_appends(std::int32_t h, std::int32_t num_tables, TableOf&& table, std::int32_t block_size,
+                      Shared&& shared, Unshared&& unshared) {
     const std::span<const token_range> ranges = plan_.appends();
     const std::int64_t bs = block_size;
     frozen_offset_.resize(ranges.size(), -1);  // sized lazily: only steps that free an appending sequence pay
@@ -123,29 +133,36 @@ class basic_step_ledger {
       const token_range& tr = ranges[r];
       const std::int64_t end = std::int64_t{tr.first_pos} + tr.count;
       bool any_shared = false;
-      for (std::int64_t i = tr.first_pos / bs; i * bs < end; ++i) {  // per block the range touches
-        const block_id b = blocks[static_cast<std::size_t>(i)];
-        if (shared(b)) {
-          any_shared = true;
-          mark_busy(b);  // its kept writes are pending: if the sharers let go too, park it until the step ran
-        } else {
-          unshared(b);
+      for (std::int32_t t = 0; t < num_tables; ++t) {
+        const std::span<const block_id> blocks = table(t);
+        for (std::int64_t i = tr.first_pos / bs; i * bs < end; ++i) {  // per block the range touches
+          const block_id b = blocks[static_cast<std::size_t>(i)];
+          if (shared(b)) {
+            any_shared = true;
+            mark_busy(b);  // its kept writes are pending: if the sharers let go too, park it until the step ran
+          } else {
+            unshared(b);
+          }
         }
       }
       if (!any_shared) continue;  // frozen_offset_ stays -1: every slot exports as -1
       frozen_offset_[r] = static_cast<std::int64_t>(frozen_slots_.size());
-      for (std::int64_t p = tr.first_pos; p < end; ++p) {
-        const block_id b = blocks[static_cast<std::size_t>(p / bs)];
-        frozen_slots_.push_back(shared(b) ? std::int64_t{b} * bs + p % bs : -1);
+      for (std::int32_t t = 0; t < num_tables; ++t) {
+        const std::span<const block_id> blocks = table(t);
+        for (std::int64_t p = tr.first_pos; p < end; ++p) {
+          const block_id b = blocks[static_cast<std::size_t>(p / bs)];
+          frozen_slots_.push_back(shared(b) ? std::int64_t{b} * bs + p % bs : -1);
+        }
       }
     }
   }
 
-  /// Slot mapping of this step's appends, in plan order (see paged_kv_cache::export_slot_mapping).
-  /// `blocks_of(h)` gives the block-table data of live handle `h`. errc::buffer_too_small, nothing written.
+  /// Slot mapping of this step's appends, in plan order (see paged_kv_cache::export_slot_mapping), of table
+  /// `table` (a hybrid cache's group; 0 for one table). `blocks_of(h)` gives that block-table data of live handle
+  /// `h`. errc::buffer_too_small, nothing written.
   template <class BlocksOf>
-  status export_slot_mapping(std::span<std::int64_t> out, std::int32_t block_size, BlocksOf&& blocks_of) const
-      noexcept {
+  status export_slot_mapping(std::span<std::int64_t> out, std::int32_t block_size, BlocksOf&& blocks_of,
+                             std::int32_t table = 0) const noexcept {
     if (static_cast<std::int64_t>(out.size()) < plan_.num_append_tokens())
       return status{errc::buffer_too_small, "export_slot_mapping: buffer is shorter than slot_mapping_size()",
                     plan_.num_append_tokens()};
@@ -159,7 +176,7 @@ class basic_step_ledger {
         if (r >= frozen_offset_.size() || frozen_offset_[r] < 0) {
           o = std::fill_n(o, tr.count, std::int64_t{-1});
         } else {
-          const auto first = frozen_slots_.begin() + frozen_offset_[r];
+          const auto first = frozen_slots_.begin() + frozen_offset_[r] + std::int64_t{table} * tr.count;
           o = std::copy(first, first + tr.count, o);
         }
         continue;
