@@ -76,6 +76,13 @@ HF_WRITTEN = [
                                                  layer_types=["full_attention", "sliding_attention",
                                                               "full_attention"]),
      torch.float32, ["--num-blocks", "36", "--block-size", "8"]),
+    # Gemma 2: alternating sliding-window (even layers) and full layers on KV cache groups, the attention's logit soft
+    # cap in the kernels (small enough to bite on these scores), query_pre_attn_scalar, the final logit soft cap.
+    ("hf_gemma2_softcap", "Gemma2Config", dict(num_hidden_layers=4, hidden_size=256, num_attention_heads=4,
+                                              num_key_value_heads=2, head_dim=64, intermediate_size=384,
+                                              sliding_window=12, query_pre_attn_scalar=48,
+                                              attn_logit_softcapping=4.0, final_logit_softcapping=8.0),
+     torch.float32, ["--num-blocks", "40", "--block-size", "8", "--num-host-blocks", "48"]),
 ]
 
 
@@ -141,6 +148,7 @@ def main():
     torch.set_num_threads(max(1, min(4, os.cpu_count() or 1)))
     print(f"transformers {transformers.__version__}, torch {torch.__version__}")
     failures = 0
+    group_swaps = 0
     cases = [(n, mk, None, gen) for n, mk, gen in CASES]
     cases += [(n, None, (cls, kw, dt), gen) for n, cls, kw, dt, gen in HF_WRITTEN]
     for name, mk, hf, gen in cases:
@@ -195,14 +203,23 @@ def main():
             released = sum(g["released_blocks"] for g in groups if g["kind"].startswith("sliding_window"))
             if summary["kv"]["composition"] == "kv_groups" and released == 0:
                 bad = bad or f"kv_groups: no window group released a block ({groups})"
+        # Under memory pressure with a host pool big enough for a victim (--num-host-blocks given), the cache swaps
+        # (with KV cache groups, every group's table of the victim moves); the groups' swaps are counted below.
+        if "--num-host-blocks" in gen and summary["preemptions_recompute"] > 0 and summary["preemptions_swap"] == 0:
+            bad = bad or "preempted only by recompute although the host pool has room"
+        if summary["kv"]["composition"] == "kv_groups":
+            group_swaps += summary["preemptions_swap"]
         ok = bad is None and worst <= TOL
-        pre = summary["preemptions_swap"] + summary["preemptions_recompute"]
+        pre = f"{summary['preemptions_swap']} swap + {summary['preemptions_recompute']} recompute"
         print(f"{'ok  ' if ok else 'FAIL'} {name}: {len(reqs)} requests, {compared} positions, max logit diff "
               f"{worst:.2e} (tol {TOL}), near ties {ties}, preemptions {pre}, prefix hit "
               f"{100 * summary['prefix_hit_rate']:.0f}%, steps {summary['steps']}" +
               (f", groups {[(g['kind'], g['peak_blocks'], g['released_blocks']) for g in groups]}" if groups else "") +
               (f"  [{bad}]" if bad else ""))
         failures += not ok
+    if group_swaps == 0:
+        print("FAIL: no checkpoint served on KV cache groups was preempted by swap")
+        failures += 1
     sys.exit(1 if failures else 0)
 
 

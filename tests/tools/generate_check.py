@@ -291,6 +291,12 @@ def bad_input(c):
         ("config_missing_field", variant("cm", config=lambda cc: cc.pop("hidden_size")), "'hidden_size' is missing"),
         ("config_nonpositive", variant("cn", config=lambda cc: cc.update(num_hidden_layers=0)), "num_hidden_layers"),
         ("unknown_model_type", variant("mt", config=lambda cc: cc.update(model_type="gpt2")), "model_type 'gpt2'"),
+        # A Gemma 2 config whose activation kvpager does not compute, and one whose tensors lack Gemma's extra norms.
+        ("gemma2_activation", variant("ga", config=lambda cc: cc.update(model_type="gemma2", hidden_activation="relu")),
+         "hidden_activation \"relu\" is not supported (gelu_pytorch_tanh)"),
+        ("gemma2_norms", variant("gn", config=lambda cc: cc.update(model_type="gemma2",
+                                                               hidden_activation="gelu_pytorch_tanh")),
+         "missing tensor 'model.layers.0.pre_feedforward_layernorm.weight'"),
         ("rope_scaling", variant("rs", config=lambda cc: cc.update(rope_scaling={"rope_type": "yarn", "factor": 2})),
          "rope_type 'yarn'"),
         ("config_not_json", variant("cj", files=lambda d: open(os.path.join(d, "config.json"), "w").write("{")),

@@ -38,7 +38,7 @@ struct rope_config {
 
 /// The model's shape, from config.json.
 struct model_config {
-  std::string model_type;  ///< llama, qwen2, mistral
+  std::string model_type;  ///< llama, qwen2, mistral, gemma2
   std::int32_t vocab_size = 0, hidden_size = 0, intermediate_size = 0, num_layers = 0;
   std::int32_t num_heads = 0, num_kv_heads = 0, head_dim = 0;
   std::int32_t max_position_embeddings = 0;
@@ -48,6 +48,13 @@ struct model_config {
   bool attention_bias = false;  ///< q, k, v biases (qwen2 always); llama's attention_bias adds o_proj's too
   bool o_bias = false;
   bool mlp_bias = false;
+  /// Gemma 2: the MLP's gelu (tanh approximation) instead of SiLU, norms of (1 + weight) around attention and MLP,
+  /// the embedding scaled by sqrt(hidden_size), and the soft caps.
+  bool gemma = false;
+  bool gelu_tanh = false;           ///< hidden_activation gelu_pytorch_tanh (else silu)
+  double attn_scale = 0;            ///< the attention's score scale: 1/sqrt(head_dim), or query_pre_attn_scalar^-1/2
+  double attn_softcap = 0;          ///< attn_logit_softcapping (0: off): score = cap * tanh(score / cap)
+  double final_softcap = 0;         ///< final_logit_softcapping (0: off), on the LM head's logits
   /// Per layer: -1 full attention, w >= 0 the kernels' window_left (the query sees its last w + 1 positions: a
   /// transformers sliding window of w + 1 tokens).
   std::vector<std::int32_t> window_left;
@@ -57,7 +64,8 @@ struct model_config {
 
 /// One decoder layer's weights, fp32, row-major [out, in] as Hugging Face stores nn.Linear.
 struct layer_weights {
-  const float *input_norm = nullptr, *post_norm = nullptr;
+  const float *input_norm = nullptr, *post_norm = nullptr;  ///< before attention, before the MLP
+  const float *attn_out_norm = nullptr, *mlp_out_norm = nullptr;  ///< Gemma 2: on the attention's and MLP's outputs
   const float *wq = nullptr, *wk = nullptr, *wv = nullptr, *wo = nullptr;
   const float *bq = nullptr, *bk = nullptr, *bv = nullptr, *bo = nullptr;
   const float *w_gate = nullptr, *w_up = nullptr, *w_down = nullptr;
@@ -162,8 +170,9 @@ inline std::string parse_config(const std::string& dir, model_config& c) {
   if (!j.contains("model_type") || !j.at("model_type").is_string())
     return path + ": required field 'model_type' is missing or not a string";
   c.model_type = j.at("model_type").get<std::string>();
-  if (c.model_type != "llama" && c.model_type != "qwen2" && c.model_type != "mistral")
-    return path + ": model_type '" + c.model_type + "' is not supported (llama, qwen2, mistral)";
+  if (c.model_type != "llama" && c.model_type != "qwen2" && c.model_type != "mistral" && c.model_type != "gemma2")
+    return path + ": model_type '" + c.model_type + "' is not supported (llama, qwen2, mistral, gemma2)";
+  c.gemma = c.model_type == "gemma2";
   for (const auto& [k, out] : {std::pair<const char*, std::int32_t*>{"vocab_size", &c.vocab_size},
                                {"hidden_size", &c.hidden_size},
                                {"intermediate_size", &c.intermediate_size},
@@ -183,7 +192,10 @@ inline std::string parse_config(const std::string& dir, model_config& c) {
     c.head_dim = c.hidden_size / c.num_heads;
   }
   if (c.head_dim % 2 != 0) return path + ": head_dim " + std::to_string(c.head_dim) + " is odd (RoPE needs pairs)";
-  c.max_position_embeddings = c.model_type == "llama" ? 2048 : c.model_type == "qwen2" ? 32768 : 131072;
+  c.max_position_embeddings = c.model_type == "llama"   ? 2048
+                              : c.model_type == "qwen2" ? 32768
+                              : c.gemma                 ? 8192
+                                                        : 131072;
   if (std::string e = f.positive("max_position_embeddings", c.max_position_embeddings, false); !e.empty()) return e;
   if (f.has("rms_norm_eps")) {
     const auto& v = j.at("rms_norm_eps");
@@ -191,16 +203,40 @@ inline std::string parse_config(const std::string& dir, model_config& c) {
       return path + ": field 'rms_norm_eps' must be a positive number";
     c.rms_norm_eps = v.get<double>();
   }
-  if (f.has("hidden_act")) {
-    if (!j.at("hidden_act").is_string() || j.at("hidden_act").get<std::string>() != "silu")
-      return path + ": hidden_act " + j.at("hidden_act").dump() + " is not supported (silu)";
+  // The MLP's activation: silu (Llama, Qwen2, Mistral), gelu_pytorch_tanh (Gemma 2's hidden_activation, its
+  // default; a hidden_act beside it is what older configs carry and transformers ignores for Gemma 2).
+  c.gelu_tanh = c.gemma;
+  for (const char* k : {"hidden_act", "hidden_activation"}) {
+    if (!f.has(k) || (c.gemma && std::string(k) == "hidden_act" && f.has("hidden_activation"))) continue;
+    const std::string act = j.at(k).is_string() ? j.at(k).get<std::string>() : "";
+    if (act != (c.gemma ? "gelu_pytorch_tanh" : "silu"))
+      return path + ": " + k + " " + j.at(k).dump() + " is not supported (" +
+             (c.gemma ? "gelu_pytorch_tanh" : "silu") + ")";
   }
   if (f.has("pretraining_tp") && !(j.at("pretraining_tp").is_number_integer() && j.at("pretraining_tp").get<int>() == 1))
     return path + ": pretraining_tp " + j.at("pretraining_tp").dump() + " is not supported (1)";
+  c.tie_word_embeddings = c.gemma;  // Gemma2Config's default
   if (std::string e = f.boolean("tie_word_embeddings", c.tie_word_embeddings); !e.empty()) return e;
+  c.attn_scale = 1.0 / std::sqrt(static_cast<double>(c.head_dim));
+  if (c.gemma) {
+    double qpas = 256;  // Gemma2Config's default query_pre_attn_scalar
+    if (std::string e = f.number(j, "query_pre_attn_scalar", qpas, false, ""); !e.empty()) return e;
+    c.attn_scale = 1.0 / std::sqrt(qpas);
+    c.attn_softcap = 50.0;  // the defaults; null turns a cap off
+    c.final_softcap = 30.0;
+    for (const auto& [k, out] : {std::pair<const char*, double*>{"attn_logit_softcapping", &c.attn_softcap},
+                                 {"final_logit_softcapping", &c.final_softcap}}) {
+      if (!j.contains(k)) continue;
+      if (j.at(k).is_null()) {
+        *out = 0;
+      } else if (std::string e = f.number(j, k, *out, true, ""); !e.empty()) {
+        return e;
+      }
+    }
+  }
   if (c.model_type == "qwen2") {
     c.attention_bias = true;
-  } else if (c.model_type == "llama") {
+  } else if (c.model_type == "llama" || c.gemma) {
     if (std::string e = f.boolean("attention_bias", c.attention_bias); !e.empty()) return e;
     c.o_bias = c.attention_bias;
     if (std::string e = f.boolean("mlp_bias", c.mlp_bias); !e.empty()) return e;
@@ -255,12 +291,12 @@ inline std::string parse_config(const std::string& dir, model_config& c) {
     return path + ": partial_rotary_factor other than 1 is not supported";
 
   // Sliding windows: mistral's sliding_window applies to every layer; qwen2's to layers >= max_window_layers when
-  // use_sliding_window; an explicit layer_types list decides where it is given.
+  // use_sliding_window; gemma2's to the even layers (0, 2, ...); an explicit layer_types list decides where given.
   std::int32_t window = 0;
   bool windowed = false;
   if (f.has("sliding_window")) {
     if (std::string e = f.positive("sliding_window", window); !e.empty()) return e;
-    windowed = c.model_type == "mistral";
+    windowed = c.model_type == "mistral" || c.gemma;
     if (c.model_type == "qwen2") {
       bool use = false;
       if (std::string e = f.boolean("use_sliding_window", use); !e.empty()) return e;
@@ -291,7 +327,8 @@ inline std::string parse_config(const std::string& dir, model_config& c) {
     }
   } else if (windowed) {
     for (std::int32_t i = 0; i < c.num_layers; ++i)
-      if (c.model_type == "mistral" || i >= max_window_layers) c.window_left[static_cast<std::size_t>(i)] = window - 1;
+      if (c.model_type == "mistral" || (c.gemma ? i % 2 == 0 : i >= max_window_layers))
+        c.window_left[static_cast<std::size_t>(i)] = window - 1;
   }
 
   if (j.contains("eos_token_id"))
@@ -419,7 +456,9 @@ inline std::string load_checkpoint(const std::string& dir, model_weights& m) {
     };
     const want ws[] = {
         {"input_layernorm.weight", {h}, &L.input_norm, true},
-        {"post_attention_layernorm.weight", {h}, &L.post_norm, true},
+        {"post_attention_layernorm.weight", {h}, c.gemma ? &L.attn_out_norm : &L.post_norm, true},
+        {"pre_feedforward_layernorm.weight", {h}, &L.post_norm, c.gemma},
+        {"post_feedforward_layernorm.weight", {h}, &L.mlp_out_norm, c.gemma},
         {"self_attn.q_proj.weight", {q, h}, &L.wq, true},
         {"self_attn.k_proj.weight", {kv, h}, &L.wk, true},
         {"self_attn.v_proj.weight", {kv, h}, &L.wv, true},
@@ -438,6 +477,18 @@ inline std::string load_checkpoint(const std::string& dir, model_weights& m) {
     for (const want& w : ws)
       if (w.needed)
         if (std::string e = take(p + w.name, w.shape, *w.out); !e.empty()) return e;
+  }
+  if (c.gemma) {  // Gemma's RMSNorm scales by (1 + weight): the norms become fp32 copies of 1 + weight, once
+    const auto one_plus = [&](const float*& w) {
+      std::unique_ptr<float[]> buf(new float[static_cast<std::size_t>(h)]);
+      for (std::int64_t i = 0; i < h; ++i) buf[static_cast<std::size_t>(i)] = 1.0F + w[i];
+      m.converted_bytes += h * static_cast<std::int64_t>(sizeof(float));
+      w = buf.get();
+      m.owned.push_back(std::move(buf));
+    };
+    one_plus(m.norm);
+    for (layer_weights& L : m.layers)
+      for (const float** w : {&L.input_norm, &L.post_norm, &L.attn_out_norm, &L.mlp_out_norm}) one_plus(*w);
   }
   return "";
 }

@@ -1,5 +1,5 @@
 // SPDX-License-Identifier: Apache-2.0
-// kvpager-generate: offline batch generation for Hugging Face decoder-only checkpoints (llama, qwen2, mistral) served
+// kvpager-generate: offline batch generation for Hugging Face decoder-only checkpoints (llama, qwen2, mistral, gemma2) served
 // on kvpager: its scheduler over a shipped cache composition, K/V in paged pools written by kv_append, attention by
 // kvpager's prefill and decode kernels, the step's swaps and copies by the step executor. docs/generate.md.
 //
@@ -127,8 +127,10 @@ int serve(const settings& s, const kvgen::model_weights& w, const std::vector<kv
                  static_cast<long long>(blocks), static_cast<long long>(per_block), c.num_layers);
     return kvtools::exit_bad_input;
   }
-  const bool has_host = s.composition == "hybrid_swap";
-  const std::int64_t host = !has_host ? 0 : s.num_host_blocks >= 0 ? s.num_host_blocks : blocks / 4;
+  const bool has_host = s.composition == "hybrid_swap" || s.composition == "kv_groups";
+  // kv_groups: host block 0 is reserved (a table's null entry), so its host pool has at least 2 blocks.
+  std::int64_t host = !has_host ? 0 : s.num_host_blocks >= 0 ? s.num_host_blocks : blocks / 4;
+  if (grouped_cache<Cache> && host == 1) host = 2;
   if (!has_host && s.num_host_blocks > 0)
     std::fprintf(stderr, "kvpager-generate: --composition %s has no host pool; --num-host-blocks ignored\n",
                  s.composition.c_str());
@@ -153,7 +155,9 @@ int serve(const settings& s, const kvgen::model_weights& w, const std::vector<kv
                  s.block_size, c.head_dim, c.num_kv_heads, s.kv_dtype.c_str(), cache.error().message());
     return kvtools::exit_bad_input;
   }
-  auto pools = kvpager::host_kv_pools::create(cache->geometry(), cc.num_host_blocks, c.num_layers);
+  // Each layer's group, so that a swap or copy moves only the layers of the group it names.
+  const std::vector<std::int32_t> layer_groups = grouped_cache<Cache> ? lg.layer_group : std::vector<std::int32_t>{};
+  auto pools = kvpager::host_kv_pools::create(cache->geometry(), cc.num_host_blocks, c.num_layers, layer_groups);
   if (!pools) {
     std::fprintf(stderr, "kvpager-generate: cannot create the KV pools: %s\n", pools.error().message());
     return 1;
@@ -418,7 +422,7 @@ int serve(const settings& s, const kvgen::model_weights& w, const std::vector<kv
 }
 
 int run_main(int argc, char** argv) {
-  CLI::App app{"kvpager-generate: offline batch generation for Hugging Face checkpoints (llama, qwen2, mistral) served "
+  CLI::App app{"kvpager-generate: offline batch generation for Hugging Face checkpoints (llama, qwen2, mistral, gemma2) served "
                "on kvpager's scheduler, paged KV cache and kernels"};
   settings s;
   using kvtools::finite_range;
@@ -490,7 +494,9 @@ int run_main(int argc, char** argv) {
     s.composition = std::any_of(wl.begin(), wl.end(), [](std::int32_t x) { return x >= 0; }) ? "kv_groups" : "hybrid_swap";
   }
   if (s.composition == "kv_groups")
-    return serve<kvpager::hybrid_kv_cache<kvpager::any_group_kind>>(s, w, reqs, dtype, max_model_len, threads);
+    return serve<kvpager::hybrid_kv_cache<kvpager::any_group_kind, kvpager::free_list_allocator, kvpager::lru_eviction,
+                                          kvpager::prefix_caching, kvpager::hybrid_swap>>(s, w, reqs, dtype,
+                                                                                          max_model_len, threads);
   return s.composition == "vllm_v1" ? serve<kvpager::vllm_v1_cache>(s, w, reqs, dtype, max_model_len, threads)
                                     : serve<kvpager::hybrid_swap_cache>(s, w, reqs, dtype, max_model_len, threads);
 }

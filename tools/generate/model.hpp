@@ -1,9 +1,11 @@
 // SPDX-License-Identifier: Apache-2.0
 #pragma once
 // The decoder's forward pass on the CPU, fp32 activations, for the tokens of one step (prompt chunks and decode rows
-// together), as transformers computes Llama, Qwen2 and Mistral: embedding, then per layer RMSNorm, the q/k/v
-// projections (with Qwen2's biases), RoPE at each token's absolute position, attention, o_proj and the residual,
-// RMSNorm, the SwiGLU MLP and the residual; the final RMSNorm and the LM head only for the rows that need logits.
+// together), as transformers computes Llama, Qwen2, Mistral and Gemma 2: embedding (Gemma: times sqrt(hidden)), then
+// per layer RMSNorm, the q/k/v projections (with Qwen2's biases), RoPE at each token's absolute position, attention
+// (Gemma: its scale and soft cap, in the kernels), o_proj (Gemma: RMSNorm of it) and the residual, RMSNorm, the
+// SwiGLU MLP (Gemma: gelu-tanh gated, then RMSNorm) and the residual; the final RMSNorm and the LM head only for the
+// rows that need logits (Gemma: the final soft cap).
 // Every linear layer is one GEMM over all the step's tokens (cblas_sgemm, OpenBLAS). Attention is the caller's: the
 // engine's writes K/V through kv_append into the paged pools and runs kvpager's prefill and decode kernels over the
 // step's tables; the reference's keeps contiguous K/V per request (engine.hpp, reference.hpp).
@@ -113,6 +115,10 @@ class transformer {
     u_.resize(N * I);
     for (std::size_t t = 0; t < N; ++t)
       std::copy_n(w_.embed + static_cast<std::size_t>(ids[t]) * H, H, x_.data() + t * H);
+    if (c_.gemma) {  // transformers: hidden * torch.tensor(hidden_size ** 0.5, dtype=hidden.dtype)
+      const auto normalizer = static_cast<float>(std::sqrt(static_cast<double>(H)));
+      for (float& e : x_) e *= normalizer;
+    }
     rope_tables(positions);
     lap(times_.other_s);
     for (std::int32_t l = 0; l < c_.num_layers; ++l) {
@@ -131,19 +137,29 @@ class transformer {
       lap(times_.attention_s);
       linear(a_.data(), n, nq, L.wo, L.bo, H, h_.data());
       lap(times_.gemm_s);
+      if (L.attn_out_norm != nullptr) rms_norm_in_place(h_.data(), n, L.attn_out_norm);
       for (std::size_t i = 0; i < N * H; ++i) x_[i] += h_[i];
       rms_norm(x_.data(), n, L.post_norm, h_.data());
       lap(times_.other_s);
       linear(h_.data(), n, H, L.w_gate, L.b_gate, I, g_.data());
       linear(h_.data(), n, H, L.w_up, L.b_up, I, u_.data());
       lap(times_.gemm_s);
-      for (std::size_t i = 0; i < N * I; ++i) {
-        const float gv = g_[i];
-        g_[i] = gv / (1.0F + std::exp(-gv)) * u_[i];
+      if (c_.gelu_tanh) {  // gelu_pytorch_tanh: 0.5 x (1 + tanh(sqrt(2 / pi) (x + 0.044715 x^3)))
+        const float k0 = std::sqrt(2.0F / std::numbers::pi_v<float>);
+        for (std::size_t i = 0; i < N * I; ++i) {
+          const float gv = g_[i];
+          g_[i] = 0.5F * gv * (1.0F + std::tanh(k0 * (gv + 0.044715F * gv * gv * gv))) * u_[i];
+        }
+      } else {
+        for (std::size_t i = 0; i < N * I; ++i) {
+          const float gv = g_[i];
+          g_[i] = gv / (1.0F + std::exp(-gv)) * u_[i];
+        }
       }
       lap(times_.other_s);
       linear(g_.data(), n, I, L.w_down, L.b_down, H, h_.data());
       lap(times_.gemm_s);
+      if (L.mlp_out_norm != nullptr) rms_norm_in_place(h_.data(), n, L.mlp_out_norm);
       for (std::size_t i = 0; i < N * H; ++i) x_[i] += h_[i];
     }
     const auto R = static_cast<std::int32_t>(logit_rows.size());
@@ -156,6 +172,10 @@ class transformer {
     lap(times_.other_s);
     logits.resize(static_cast<std::size_t>(R) * c_.vocab_size);
     if (R > 0) linear(h_.data(), R, H, w_.lm_head, nullptr, c_.vocab_size, logits.data());
+    if (c_.final_softcap > 0) {  // transformers: logits / cap, tanh, * cap (in fp32)
+      const auto cap = static_cast<float>(c_.final_softcap);
+      for (float& e : logits) e = std::tanh(e / cap) * cap;
+    }
     lap(times_.gemm_s);
     return "";
   }
@@ -171,6 +191,16 @@ class transformer {
       const float inv = 1.0F / std::sqrt(var + static_cast<float>(c_.rms_norm_eps));
       float* o = y + static_cast<std::size_t>(t) * H;
       for (std::int32_t i = 0; i < H; ++i) o[i] = weight[i] * (r[i] * inv);
+    }
+  }
+
+  /// rms_norm of n rows of x into themselves (a row is read whole before it is written).
+  void rms_norm_in_place(float* x, std::int32_t n, const float* weight) {
+    tmp_.resize(static_cast<std::size_t>(c_.hidden_size));
+    for (std::int32_t t = 0; t < n; ++t) {
+      float* r = x + static_cast<std::size_t>(t) * c_.hidden_size;
+      rms_norm(r, 1, weight, tmp_.data());
+      std::copy(tmp_.begin(), tmp_.end(), r);
     }
   }
 
@@ -207,7 +237,7 @@ class transformer {
   const model_config& c_;
   std::vector<float> inv_freq_;
   forward_times times_;
-  std::vector<float> x_, h_, q_, k_, v_, a_, g_, u_, sel_, cos_, sin_;
+  std::vector<float> x_, h_, q_, k_, v_, a_, g_, u_, sel_, cos_, sin_, tmp_;
 };
 
 }  // namespace kvgen

@@ -118,7 +118,8 @@ class paged_attention {
     const kvpager::fp8_append fp8{KVPAGER_DTYPE_FP32, k_scale_, v_scale_};
     if (const kvpager::status st = exec_.append(io.layer, slots, k, v, fp8); !st)
       return std::string("kv_append: ") + st.message();
-    const float scale = 1.0F / std::sqrt(static_cast<float>(c_.head_dim));
+    const auto scale = static_cast<float>(c_.attn_scale);  // 1/sqrt(head_dim), or Gemma's query_pre_attn_scalar
+    const auto soft_cap = static_cast<float>(c_.attn_softcap);
     for (const kvpager::step_tables* g : {dec, pre}) {
       if (g->empty()) continue;
       // The group's query rows, row after row as qo_indptr lays them out.
@@ -147,6 +148,7 @@ class paged_attention {
         p.scale = scale;
         p.num_threads = decode_threads(*g, io.window_left);
         p.window_left = io.window_left;
+        p.logits_soft_cap = soft_cap;
         p.q_dtype = dt_.code();
         p.k_scale = k_scale_;
         p.v_scale = v_scale_;
@@ -169,6 +171,7 @@ class paged_attention {
         p.scale = scale;
         p.num_threads = threads_;
         p.window_left = io.window_left;
+        p.logits_soft_cap = soft_cap;
         p.q_dtype = dt_.code();
         p.k_scale = k_scale_;
         p.v_scale = v_scale_;

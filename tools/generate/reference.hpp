@@ -41,7 +41,7 @@ class contiguous_attention {
       K.push_back(dt_.round(io.k[i], k_scale_));
       V.push_back(dt_.round(io.v[i], v_scale_));
     }
-    const double scale = 1.0 / std::sqrt(static_cast<double>(c_.head_dim));
+    const double scale = c_.attn_scale, cap = c_.attn_softcap;
     std::vector<double> s, o(hd);
     std::vector<float> q(hd);
     for (std::size_t t = 0; t < n; ++t) {
@@ -58,7 +58,7 @@ class contiguous_attention {
           double acc = 0;
           const float* kr = K.data() + j * nkv + kh * hd;
           for (std::size_t d = 0; d < hd; ++d) acc += static_cast<double>(q[d]) * kr[d];
-          s[j - lo] = acc * scale;
+          s[j - lo] = cap > 0 ? cap * std::tanh(acc * scale / cap) : acc * scale;
           mx = std::max(mx, s[j - lo]);
         }
         double z = 0;

@@ -135,10 +135,12 @@ struct outcome {
 /// Creates the cache of `cc` (with --compute cpu, one the kernels run: create(cc, can_implement)) and runs the
 /// workload over it; --compute cpu's layer gets a pool of the cache's geometry() and swap pool. 0, 1 (the cache
 /// cannot be created) or 2 (a geometry the kernels refuse, a compute error).
-/// The paged run over KV cache groups (--layers): hybrid_kv_cache in vLLM's conventions over the plan's groups.
+/// The paged run over KV cache groups (--layers): hybrid_kv_cache in vLLM's conventions over the plan's groups,
+/// swapping as hybrid_swap_cache does (every group's table of a victim, while the host pool has room).
 int run_groups(const kvpager::cache_config& cc, const kvsim::layer_plan& plan, const kvsim::workload& w,
                const kvsim::paged_options& po, outcome& out, std::vector<kvpager::group_metrics>& groups) {
-  using cache_type = kvpager::hybrid_kv_cache<kvpager::any_group_kind>;
+  using cache_type = kvpager::hybrid_kv_cache<kvpager::any_group_kind, kvpager::free_list_allocator,
+                                              kvpager::lru_eviction, kvpager::prefix_caching, kvpager::hybrid_swap>;
   auto cache = cache_type::create(cc, plan.groups, {kvpager::hybrid_conventions::vllm});
   if (!cache) {
     std::fprintf(stderr, "kvpager-sim: cannot create the cache of KV cache groups: %s\n", cache.error().message());
@@ -357,7 +359,7 @@ int run_main(int argc, char** argv) {
   if (rc != 0) return rc;
 
   // --layers: the same workload over KV cache groups, at the same KV bytes: a block holds group_size layers, so the
-  // pool has num_layers / group_size times the blocks; no host pool (preemption by recompute).
+  // pool has num_layers / group_size times the blocks, and so has the host pool (plus its reserved block 0).
   outcome grouped;
   std::vector<kvpager::group_metrics> group_figures;
   std::int64_t group_blocks = 0;
@@ -370,7 +372,13 @@ int run_main(int argc, char** argv) {
     }
     kvpager::cache_config gc = cc;
     gc.num_blocks = static_cast<std::int32_t>(group_blocks + 1);
-    gc.num_host_blocks = 0;
+    const std::int64_t group_host = std::int64_t{host_blocks} * plan.num_layers / plan.group_size;
+    if (group_host > INT32_MAX - 1) {
+      std::fprintf(stderr, "kvpager-sim: --layers: %lld host blocks of KV cache groups is too many\n",
+                   static_cast<long long>(group_host));
+      return kvtools::exit_bad_input;
+    }
+    gc.num_host_blocks = group_host > 0 ? static_cast<std::int32_t>(group_host + 1) : 0;
     kvsim::paged_options gpo = po;
     gpo.bytes_per_block = bytes_per_block * plan.group_size / plan.num_layers;
     gpo.sched.swap_cost.block_bytes = gpo.bytes_per_block;
