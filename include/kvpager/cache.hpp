@@ -44,6 +44,7 @@
 #include "kvpager/groups/agreed_hit.hpp"
 #include "kvpager/groups/group_kind_variant.hpp"
 #include "kvpager/groups/group_kinds.hpp"
+#include "kvpager/groups/layer_grouping.hpp"
 #include "kvpager/groups/vllm_hit.hpp"
 
 #include "kvpager/cache/cache_types.hpp"

@@ -14,6 +14,7 @@
 #include <vector>
 
 #include <kvpager/groups/group_kind_variant.hpp>
+#include <kvpager/groups/layer_grouping.hpp>
 #include <kvpager/groups/vllm_hit.hpp>
 
 namespace kvsim {
@@ -97,22 +98,16 @@ inline std::string parse_layers(const std::string& spec, layer_plan& plan) {
       plan.kinds.push_back(std::move(k));
     }
   }
-  // vLLM's grouping: the rarest kind's count, or the largest when every count is within 1.5x of it.
-  std::int32_t lo = plan.kinds[0].layers, hi = lo;
-  for (const layer_kind& k : plan.kinds) {
-    lo = std::min(lo, k.layers);
-    hi = std::max(hi, k.layers);
-  }
-  plan.group_size = 2 * hi < 3 * lo ? hi : lo;
-  for (const layer_kind& k : plan.kinds) {
-    const std::int32_t n = (k.layers + plan.group_size - 1) / plan.group_size;
-    for (std::int32_t g = 0; g < n; ++g) {
-      plan.groups.push_back(k.kind);
-      plan.group_names.push_back(k.name);
-    }
-    plan.padding_layers += n * plan.group_size - k.layers;
-  }
-  if (plan.groups.size() > 64) return "--layers: more than 64 KV cache groups";
+  // vLLM's grouping (groups/layer_grouping.hpp): the rarest kind's count, or the largest when every count is
+  // within 1.5x of it.
+  std::vector<kvpager::kind_layers<kvpager::any_group_kind>> counts;
+  for (const layer_kind& k : plan.kinds) counts.push_back({k.kind, k.layers});
+  const auto groups = kvpager::plan_groups<kvpager::any_group_kind>(counts, kvpager::grouping::vllm);
+  if (!groups) return "--layers: more than 64 KV cache groups";
+  plan.group_size = groups->group_size;
+  plan.groups = groups->groups;
+  for (const std::int32_t k : groups->kind_of_group) plan.group_names.push_back(plan.kinds[static_cast<std::size_t>(k)].name);
+  plan.padding_layers = groups->padding_layers;
   return "";
 }
 
