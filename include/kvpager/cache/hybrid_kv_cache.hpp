@@ -725,10 +725,17 @@ class hybrid_kv_cache {
       const auto G = static_cast<std::size_t>(num_groups());
       memo_.assign(G * m, lookup_pending);
       const S& share = blocks_.sharing();
+      // Group g's root cursor, made once per run of lookups in one group (the searches ask group by group).
+      std::int32_t root_group = 0;
+      auto root = share.first_cursor(group_extra(extra, 0));
       const auto cached_block = [&](std::int32_t g, std::int64_t i) -> block_id {
         block_id& slot = memo_[static_cast<std::size_t>(g) * m + static_cast<std::size_t>(i)];
         if (slot == lookup_pending) {
-          auto c = share.first_cursor(group_extra(extra, g));
+          if (g != root_group) {
+            root = share.first_cursor(group_extra(extra, g));
+            root_group = g;
+          }
+          auto c = root;
           slot = share.lookup(c, group_key(hashes[static_cast<std::size_t>(i)], g),
                               tokens.subspan(static_cast<std::size_t>(i) * static_cast<std::size_t>(bs),
                                              static_cast<std::size_t>(bs)));
@@ -751,7 +758,8 @@ class hybrid_kv_cache {
       lists.resize(G * static_cast<std::size_t>(len));
       for (std::int32_t g = 0; g < num_groups(); ++g)
         for (std::int32_t i = 0; i < len; ++i) {
-          const block_id b = i < nulls_[ix(g)] ? null_block : cached_block(g, i);
+          const block_id known = memo_[static_cast<std::size_t>(g) * m + static_cast<std::size_t>(i)];
+          const block_id b = i < nulls_[ix(g)] ? null_block : known != lookup_pending ? known : cached_block(g, i);
           lists[static_cast<std::size_t>(g) * static_cast<std::size_t>(len) + static_cast<std::size_t>(i)] = b;
         }
     } else {
@@ -827,6 +835,8 @@ class hybrid_kv_cache {
     const std::int32_t hit_tokens = len * cfg_.block_size;
     if (content) {
       e.hashes.swap(hashes_);
+      // The hit blocks are cached (or the null block): commit from the first new block on.
+      std::fill(e.committed.begin(), e.committed.end(), len);
       commit_full(h, 0, tokens);
       const std::size_t tail = tokens.size() % static_cast<std::size_t>(cfg_.block_size);
       s.partial.assign(tokens.end() - static_cast<std::ptrdiff_t>(tail), tokens.end());

@@ -10,7 +10,8 @@
 /// The search is a fixed point: start from the limit, and let each group in turn lower it to the longest length at or
 /// below it that the group can resume, until a whole pass lowers nothing. Every group can then resume there, and no
 /// longer length works for all (each step keeps every length that all groups can resume). Any number of groups and
-/// kinds; O(groups x blocks) lookups of `cached` and O(groups x blocks) steps in all. This is the native rule;
+/// kinds; O(groups x blocks) lookups of `cached` and O(groups x blocks) steps in all (a group that skips nothing,
+/// such as full attention, looks up only up to its first miss). This is the native rule;
 /// vLLM's HybridKVCacheCoordinator reaches the same length for its kinds except for a window of 1 token (vLLM still
 /// asks for the last cached block) and chunk sizes that are not a multiple of the block size.
 
@@ -23,7 +24,8 @@ KVPAGER_NAMESPACE_BEGIN
 
 /// Buffers of agreed_hit_tokens, kept between calls so that a warm call allocates nothing.
 struct hit_scratch {
-  std::vector<std::int32_t> next_miss;  ///< per group, the first block index >= i without a cached block
+  /// Per group, the first block index >= i without a cached block (for a group that skips nothing, index 0 only).
+  std::vector<std::int32_t> next_miss;
 };
 
 /// The agreed hit, in tokens (a multiple of `block_size`, at most `max_tokens`; vLLM passes the prompt length - 1 so
@@ -38,6 +40,14 @@ template <class Skipped, class Cached>
   scratch.next_miss.resize(row * static_cast<std::size_t>(num_groups));
   for (std::int32_t g = 0; g < num_groups; ++g) {
     std::int32_t* nm = scratch.next_miss.data() + row * static_cast<std::size_t>(g);
+    if (skipped(g, static_cast<std::int64_t>(m) * block_size) == 0) {
+      // skipped_tokens is non-decreasing: this group skips nothing at any candidate length, so only its first miss
+      // (next_miss[0]) is ever read. Scan forward to it: a full-attention group asks nothing past its first miss.
+      std::int32_t f = 0;
+      while (f < m && cached(g, f)) ++f;
+      nm[0] = f;
+      continue;
+    }
     nm[m] = m;
     for (std::int32_t i = m - 1; i >= 0; --i) nm[i] = cached(g, i) ? nm[i + 1] : i;
   }
