@@ -129,10 +129,7 @@ void BM_KvHeldOverNeeded(benchmark::State& state) {
   std::vector<kind_layers<any_group_kind>> kinds;
   for (std::int32_t i = 0; i < m.num_kinds; ++i) {
     const layer_kind_count& k = m.kinds[static_cast<std::size_t>(i)];
-    kinds.push_back({k.kind == layer_attention::full            ? any_group_kind{full_attention{}}
-                     : k.kind == layer_attention::sliding_window ? any_group_kind{sliding_window{k.size}}
-                                                                 : any_group_kind{chunked_local{k.size}},
-                     k.layers});
+    kinds.push_back({to_group_kind(k.kind, k.size), k.layers});
   }
   const auto native = must(plan_groups<any_group_kind>(kinds, grouping::native));
   const auto vllm = must(plan_groups<any_group_kind>(kinds, grouping::vllm));

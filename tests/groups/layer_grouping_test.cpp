@@ -17,18 +17,6 @@ namespace {
 
 using kl = kind_layers<any_group_kind>;
 
-any_group_kind group_kind_of(const layer_kind_count& k) {
-  switch (k.kind) {
-    case layer_attention::sliding_window:
-      return sliding_window{k.size};
-    case layer_attention::chunked_local:
-      return chunked_local{k.size};
-    case layer_attention::full:
-      break;
-  }
-  return full_attention{};
-}
-
 TEST(LayerGrouping, VllmGroupsAndPadsAsItsRuleSays) {
   // Gemma-3-27b: 52 sliding, 10 full: groups of 10 (the rarest count), 6 sliding (the last padded by 8), 1 full.
   const std::vector<kl> gemma3{{sliding_window{1024}, 52}, {full_attention{}, 10}};
@@ -56,7 +44,7 @@ TEST(LayerGrouping, VllmGroupsAndPadsAsItsRuleSays) {
     std::vector<kl> kinds;
     for (std::int32_t i = 0; i < m.num_kinds; ++i) {
       const layer_kind_count& k = m.kinds[static_cast<std::size_t>(i)];
-      kinds.push_back({group_kind_of(k), k.layers});
+      kinds.push_back({to_group_kind(k.kind, k.size), k.layers});
     }
     const auto a = plan_groups<any_group_kind>(kinds, grouping::vllm);
     const auto b = plan_groups<any_group_kind>(kinds, grouping::native);
@@ -110,6 +98,11 @@ TEST(LayerGrouping, BadInputIsRefused) {
   const std::vector<kl> coprime{{full_attention{}, 63}, {sliding_window{8}, 64}};
   EXPECT_EQ(plan_groups<any_group_kind>(coprime, grouping::native).error().code(), errc::invalid_argument);
   EXPECT_TRUE(plan_groups<any_group_kind>(coprime, grouping::vllm));
+  // A layer kind's window or chunk below 1 gives a kind that refuses itself, so plan_groups refuses it.
+  const std::vector<kl> zero_window{{to_group_kind(layer_attention::sliding_window, 0), 4}};
+  EXPECT_EQ(plan_groups<any_group_kind>(zero_window, grouping::native).error().code(), errc::invalid_argument);
+  EXPECT_EQ(to_group_kind(layer_attention::chunked_local, 512), any_group_kind{chunked_local{512}});
+  EXPECT_EQ(to_group_kind(layer_attention::full, 7), any_group_kind{full_attention{}});
 }
 
 }  // namespace

@@ -134,7 +134,8 @@ def layers(exe):
             check(g["steps"] < one["steps"], "%s: groups took %s steps, one group %s" % (spec, g["steps"], one["steps"]))
         print("ok %s: %d groups, %d steps (one group %d), %d blocks released" %
               (spec, groups, g["steps"], one["steps"], released))
-    for bad, what in [("full:0", "count"), ("swa:3", "unknown kind"), ("gpt-5", "kind:count"), ("full:2,mamba:1", "mamba")]:
+    for bad, what in [("full:0", "count"), ("swa:3", "unknown kind"), ("gpt-5", "kind:count"), ("full:2,mamba:1", "mamba"),
+                      ("full:1,swa8:64", "more KV cache groups than max_groups (65)")]:
         p = run([exe, "--quiet", "--layers", bad])
         check(p.returncode == 2 and "--layers" in p.stderr and what in p.stderr,
               "--layers %s: exit %d, %s" % (bad, p.returncode, p.stderr))

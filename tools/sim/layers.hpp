@@ -103,7 +103,7 @@ inline std::string parse_layers(const std::string& spec, layer_plan& plan) {
   std::vector<kvpager::kind_layers<kvpager::any_group_kind>> counts;
   for (const layer_kind& k : plan.kinds) counts.push_back({k.kind, k.layers});
   const auto groups = kvpager::plan_groups<kvpager::any_group_kind>(counts, kvpager::grouping::vllm);
-  if (!groups) return "--layers: more than 64 KV cache groups";
+  if (!groups) return std::string("--layers: ") + groups.error().message() + " (" + std::to_string(groups.error().detail()) + ")";
   plan.group_size = groups->group_size;
   plan.groups = groups->groups;
   for (const std::int32_t k : groups->kind_of_group) plan.group_names.push_back(plan.kinds[static_cast<std::size_t>(k)].name);

@@ -31,6 +31,10 @@ struct pool_geometry {
   std::int32_t reserved_blocks = 0;  ///< blocks [0, reserved) are never handed out
 };
 
+/// A layer's attention kind as a model's config names it (full attention, sliding window W, chunked local C): the
+/// vocabulary sizing (`sizing/hybrid_sizing.hpp`) and the group kinds (`groups/`: `to_group_kind`) share.
+enum class layer_attention : std::uint8_t { full, sliding_window, chunked_local };
+
 /// Marker for "no block" (empty list links, unused block-table entries).
 inline constexpr block_id no_block = -1;
 

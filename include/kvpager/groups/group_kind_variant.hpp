@@ -14,6 +14,7 @@
 #include "kvpager/concepts/group_kind.hpp"
 #include "kvpager/core/config.hpp"
 #include "kvpager/core/status.hpp"
+#include "kvpager/core/types.hpp"
 #include "kvpager/groups/group_kinds.hpp"
 
 KVPAGER_NAMESPACE_BEGIN
@@ -75,5 +76,19 @@ class group_kind_variant {
 using any_group_kind = group_kind_variant<full_attention, sliding_window, chunked_local>;
 
 static_assert(group_kind<any_group_kind>);
+
+/// The group kind of a layer kind (`size`: the window or chunk in tokens, unused for full attention), as sizing and
+/// a model's config describe layers. The kind validates `size` (below 1 is refused by validate()).
+[[nodiscard]] constexpr any_group_kind to_group_kind(layer_attention kind, std::int64_t size) noexcept {
+  switch (kind) {
+    case layer_attention::sliding_window:
+      return sliding_window{size};
+    case layer_attention::chunked_local:
+      return chunked_local{size};
+    case layer_attention::full:
+      break;
+  }
+  return full_attention{};
+}
 
 KVPAGER_NAMESPACE_END

@@ -48,7 +48,7 @@ struct group_plan {
 };
 
 /// The groups of `kinds` (distinct kinds, each with at least one layer) under `how`. Errors (errc::invalid_argument):
-/// no kind, a kind without layers, more than `max_groups` groups (native grouping of counts whose gcd is small).
+/// no kind, a kind without layers, a kind its own validate() refuses (a window or chunk below 1), more than `max_groups` groups (native grouping of counts whose gcd is small).
 template <group_kind K>
 [[nodiscard]] result<group_plan<K>> plan_groups(std::span<const kind_layers<K>> kinds, grouping how,
                                                 std::int32_t max_groups = 64) {
@@ -56,6 +56,7 @@ template <group_kind K>
   std::int32_t lo = 0, hi = 0, g = 0;
   for (const kind_layers<K>& k : kinds) {
     if (k.layers < 1) return status{errc::invalid_argument, "plan_groups: a kind without layers", k.layers};
+    if (const status st = k.kind.validate(); !st.ok()) return st;
     lo = lo == 0 ? k.layers : std::min(lo, k.layers);
     hi = std::max(hi, k.layers);
     g = std::gcd(g, k.layers);

@@ -30,9 +30,6 @@
 
 KVPAGER_NAMESPACE_BEGIN
 
-/// A layer's attention as sizing sees it.
-enum class layer_attention : std::uint8_t { full, sliding_window, chunked_local };
-
 /// `layers` layers of one attention kind (size: the window or chunk in tokens; 0 for full).
 struct layer_kind_count {
   layer_attention kind = layer_attention::full;
