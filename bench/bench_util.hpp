@@ -29,6 +29,22 @@ inline std::vector<kvpager::token_id> random_prompt(std::mt19937& rng, std::int3
   return p;
 }
 
+/// One decode step: every sequence of `tokens` gets its token at `pos`. Not inlined, so that callgrind can count it
+/// alone: `--toggle-collect='*kvbench::decode_step*'`, its instructions over (calls x sequences) are a token's.
+template <class Cache>
+KVPAGER_NOINLINE void decode_step(Cache& cache, const std::vector<std::vector<kvpager::token_id>>& tokens,
+                                  std::int32_t pos, bool by_id) {
+  cache.begin_step();
+  const auto batch = static_cast<kvpager::seq_id>(tokens.size());
+  for (kvpager::seq_id id = 0; id < batch; ++id) {
+    if (by_id) {
+      must(cache.append_token(id, tokens[id][static_cast<std::size_t>(pos)]));
+    } else {
+      must(cache.append_tokens(id));
+    }
+  }
+}
+
 /// The timed loop of a decode-step benchmark: `tokens.size()` sequences admitted with their first `start` tokens,
 /// then one token each per iteration (by id, or by count when `by_id` is false), re-admitted (untimed) when they
 /// reach `limit`. Items: one per token.
@@ -36,9 +52,10 @@ template <class Cache, class State>
 void decode_steps(State& state, Cache& cache, const std::vector<std::vector<kvpager::token_id>>& tokens,
                   std::int32_t start, std::int32_t limit, bool by_id) {
   const auto batch = static_cast<kvpager::seq_id>(tokens.size());
-  auto admit_all = [&] {
+  auto admit_all = [&] {  // and the admissions' step ended, so that no timed step ends it
     for (kvpager::seq_id id = 0; id < batch; ++id)
       must(cache.add_sequence(id, std::span<const kvpager::token_id>(tokens[id]).first(static_cast<std::size_t>(start))));
+    cache.begin_step();
   };
   admit_all();
   std::int32_t pos = start;
@@ -51,14 +68,7 @@ void decode_steps(State& state, Cache& cache, const std::vector<std::vector<kvpa
       pos = start;
       state.ResumeTiming();
     }
-    cache.begin_step();
-    for (kvpager::seq_id id = 0; id < batch; ++id) {
-      if (by_id) {
-        must(cache.append_token(id, tokens[id][static_cast<std::size_t>(pos)]));
-      } else {
-        must(cache.append_tokens(id));
-      }
-    }
+    decode_step(cache, tokens, pos, by_id);
     ++pos;
   }
   state.SetItemsProcessed(state.iterations() * static_cast<std::int64_t>(batch));

@@ -723,8 +723,28 @@ class hybrid_kv_cache {
       const std::int64_t max_tokens = std::min<std::int64_t>(n - 1, static_cast<std::int64_t>(hashes.size()) * bs);
       const auto m = static_cast<std::size_t>(max_tokens / bs);
       const auto G = static_cast<std::size_t>(num_groups());
-      memo_.assign(G * m, lookup_pending);
       const S& share = blocks_.sharing();
+      if (G == 1 && kinds_[0].skipped_tokens(max_tokens) == 0) {
+        // One group that skips nothing up to the cap (full attention, or a window or chunk longer than the
+        // prompt): under both conventions its hit is the run of cached blocks from block 0. One pass, as
+        // paged_kv_cache's walk: each block looked up once up to the first miss, its hit list and need at once.
+        const auto root = share.first_cursor(group_extra(extra, 0));
+        need = total;
+        lists.resize(m);  // written in place, cut to the hit after (no push_back call per block)
+        std::size_t i = 0;
+        for (; i < m; ++i) {
+          auto c = root;
+          const block_id b = share.lookup(c, group_key(hashes[i], 0),
+                                          tokens.subspan(i * static_cast<std::size_t>(bs), static_cast<std::size_t>(bs)));
+          if (b == no_block) break;
+          lists[i] = b;
+          need -= blocks_.consumes_capacity(b) ? 0 : 1;
+        }
+        lists.resize(i);
+        nulls_[0] = 0;
+        return static_cast<std::int32_t>(i);
+      }
+      memo_.assign(G * m, lookup_pending);
       // Group g's root cursor, made once per run of lookups in one group (the searches ask group by group).
       std::int32_t root_group = 0;
       auto root = share.first_cursor(group_extra(extra, 0));
@@ -947,11 +967,12 @@ class hybrid_kv_cache {
   }
 
   /// The decode step's path, inline: one token that fits every group's last block as it is (ours alone, not cached,
-  /// no window past a block) and no block to fill; false (nothing changed) otherwise.
+  /// no window past a block); a token that fills the block hashes and commits it here. False (nothing changed)
+  /// otherwise.
   bool append_one_in_place(std::int32_t h, token_id token) {
     auto& s = primary()[h];
     const std::int32_t bs = cfg_.block_size;
-    if (s.num_tokens % bs == 0 || s.num_tokens % bs == bs - 1 || s.num_tokens == INT32_MAX) return false;
+    if (s.num_tokens % bs == 0 || s.num_tokens == INT32_MAX) return false;
     extra_state& e = extra_[static_cast<std::size_t>(h)];
     const bool pending = s.append_step == ledger_.step();
     if (!in_place(h, pending ? e.step_base : s.num_tokens)) return false;
@@ -961,11 +982,27 @@ class hybrid_kv_cache {
     s.append_step = record_append(h, s.id, first, 1);
     ++counts_.tokens;
     if (e.content) {
-      s.partial.push_back(token);  // the block does not fill: nothing to hash or commit
+      s.partial.push_back(token);
+      if (s.partial.size() == static_cast<std::size_t>(bs)) fill_block(h, static_cast<std::size_t>(first / bs));
     } else {
       s.partial.clear();
     }
     return true;
+  }
+
+  /// Sequence h's partial block `i` just filled (its tokens in `partial`): its hash (unless known) and its commit in
+  /// every group, as extend_content does for a longer append.
+  void fill_block(std::int32_t h, std::size_t i) {
+    auto& s = primary()[h];
+    extra_state& e = extra_[static_cast<std::size_t>(h)];
+    if constexpr (caching) {
+      if (e.hashes.size() == i) e.hashes.push_back(chain_hash(e.hashes, i, s.extra_key, s.partial));
+      commit_full(h, i, s.partial);
+    } else {
+      (void)e;
+      (void)i;
+    }
+    s.partial.clear();
   }
 
   /// Whether every group can write tokens from position `from` on into its last block as it is: ours alone, not
