@@ -91,6 +91,17 @@ TEST(ReplayVllmHybrid, P2_SlidingWindowUnderPreemption) {
 }
 TEST(ReplayVllmHybrid, P3_FullAndChunkedLocal) { expect_matches_vllm("hybrid/P3_full_chunked512", manager_keys); }
 
+// A window of 1 token: vLLM's lookup still asks for one cached block and returns it as the hit's last entry, which
+// allocate_slots then skips (before the window of the first computed token): not touched, not counted in the need,
+// left in the free queue, the null block in the table. Held-out traces checked against vLLM 0.22.0's manager: the
+// smallest (an admission that fits only because the skipped hit is not taken), one group under a run, three groups
+// (full, chunked_local 64, sliding_window 1) under a run, explicit ops with block size 8.
+TEST(ReplayVllmHybrid, WindowOfOneSkipsTheHitBlock) {
+  for (const char* t : {"hybrid/W1_admit_minimal", "hybrid/W1_swa1_bs32_run", "hybrid/W1_full_chunk64_swa1_run",
+                        "hybrid/W1_swa1_bs8_explicit"})
+    expect_matches_vllm(t, manager_keys);
+}
+
 // A trace without `group` records keeps its output (no group keys); with caching off a group trace hits nothing,
 // evicts nothing, and its window groups still give blocks back.
 TEST(ReplayVllmHybrid, GroupKeysOnlyForGroupTracesAndCachingOff) {

@@ -771,9 +771,14 @@ class hybrid_kv_cache {
             num_groups(), bs, max_tokens,
             [this](std::int32_t g, std::int64_t t) noexcept { return kinds_[static_cast<std::size_t>(g)].skipped_tokens(t); },
             cached, hscratch_);
-        for (std::int32_t g = 0; g < num_groups(); ++g)
-          nulls_[ix(g)] = static_cast<std::int32_t>(kinds_[static_cast<std::size_t>(g)].skipped_tokens(hit) / bs);
+        std::fill(nulls_.begin(), nulls_.end(), 0);
       }
+      // The entries the admission skips (those wholly before the window of the hit's first computed token) are the
+      // null block whatever the lookup found there: vLLM's lookup for a window of 1 token returns the last cached
+      // block, which allocate_slots then skips (not touched, not counted, left in the free queue).
+      for (std::int32_t g = 0; g < num_groups(); ++g)
+        nulls_[ix(g)] = std::max(nulls_[ix(g)], static_cast<std::int32_t>(
+                                                    kinds_[static_cast<std::size_t>(g)].skipped_tokens(hit) / bs));
       len = static_cast<std::int32_t>(hit / bs);
       lists.resize(G * static_cast<std::size_t>(len));
       for (std::int32_t g = 0; g < num_groups(); ++g)
