@@ -48,7 +48,8 @@ struct group_plan {
 };
 
 /// The groups of `kinds` (distinct kinds, each with at least one layer) under `how`. Errors (errc::invalid_argument):
-/// no kind, a kind without layers, a kind its own validate() refuses (a window or chunk below 1), more than `max_groups` groups (native grouping of counts whose gcd is small).
+/// no kind, a kind without layers, a kind its own validate() refuses (a window or chunk below 1), more than
+/// `max_groups` groups (native grouping of counts whose gcd is small).
 template <group_kind K>
 [[nodiscard]] result<group_plan<K>> plan_groups(std::span<const kind_layers<K>> kinds, grouping how,
                                                 std::int32_t max_groups = 64) {
