@@ -30,7 +30,8 @@ inline std::vector<kvpager::token_id> random_prompt(std::mt19937& rng, std::int3
 }
 
 /// One decode step: every sequence of `tokens` gets its token at `pos`. Not inlined, so that callgrind can count it
-/// alone: `--toggle-collect='*kvbench::decode_step*'`, its instructions over (calls x sequences) are a token's.
+/// alone: `--toggle-collect='*kvbench::decode_step<*'` (not `decode_step*`, which also matches decode_steps and
+/// cancels), its instructions over (calls x sequences) are a token's (with 1/sequences of a begin_step).
 template <class Cache>
 KVPAGER_NOINLINE void decode_step(Cache& cache, const std::vector<std::vector<kvpager::token_id>>& tokens,
                                   std::int32_t pos, bool by_id) {

@@ -114,12 +114,14 @@ void expect_counts_add_up(const C& c, std::span<const seq_id> live) {
   EXPECT_EQ(c.used_blocks(), c.stats().total - c.available_blocks());
 }
 
-TEST(HybridCache, OneFullGroupDecidesAsPagedKvCache) {
-  // Random admissions (shared prefixes, so hits and evictions), decodes with token ids, forks and frees, on both.
+// One group whose kind skips nothing for these sequences decides as paged_kv_cache: random admissions (shared
+// prefixes, so hits and evictions), decodes with token ids, forks and frees, on both. The group's kind and the
+// conventions are the parameters (a window or chunk longer than any sequence takes the same one-pass lookup).
+static void decides_as_paged_kv_cache(any_group_kind kind, hybrid_conventions conv) {
   std::mt19937 rng(7);
   auto pick = [&](int n) { return static_cast<int>(rng() % static_cast<unsigned>(n)); };
   auto ref = std::move(*vllm_v1_cache::create(config(48)));
-  hybrid h = make({full_attention{}}, 48);
+  hybrid h = make({kind}, 48, conv);
   std::vector<seq_id> live;
   std::vector<std::vector<token_id>> toks(4000);
   seq_id next = 0;
@@ -186,6 +188,16 @@ TEST(HybridCache, OneFullGroupDecidesAsPagedKvCache) {
   EXPECT_GT(evictions_seen, 100);
   EXPECT_GT(copies, 10);
   EXPECT_GT(frozen, 0);
+}
+
+TEST(HybridCache, OneFullGroupDecidesAsPagedKvCache) {
+  decides_as_paged_kv_cache(full_attention{}, hybrid_conventions::vllm);
+  decides_as_paged_kv_cache(full_attention{}, hybrid_conventions::native);
+}
+
+TEST(HybridCache, OneGroupLongerThanItsSequencesDecidesAsPagedKvCache) {
+  decides_as_paged_kv_cache(sliding_window{1 << 20}, hybrid_conventions::vllm);
+  decides_as_paged_kv_cache(chunked_local{1 << 20}, hybrid_conventions::native);
 }
 
 TEST(HybridCache, WindowGroupKeepsOnlyItsWindowAndItsBlocksStayHitable) {

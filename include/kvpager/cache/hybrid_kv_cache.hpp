@@ -1001,6 +1001,9 @@ class hybrid_kv_cache {
     auto& s = primary()[h];
     extra_state& e = extra_[static_cast<std::size_t>(h)];
     if constexpr (caching) {
+      // The hashes cover the full blocks before this one (admission and fork trim them to the full blocks).
+      KVPAGER_ASSERT(e.hashes.size() == i || e.hashes.size() == i + 1,
+                     "hybrid_kv_cache: block hashes out of step with a filling block");
       if (e.hashes.size() == i) e.hashes.push_back(chain_hash(e.hashes, i, s.extra_key, s.partial));
       commit_full(h, i, s.partial);
     } else {

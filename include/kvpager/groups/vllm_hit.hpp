@@ -134,7 +134,9 @@ template <class Hit>
 /// vLLM's agreed prefix-cache hit over `groups` (in group order), in tokens, at most `max_tokens` (vLLM: the
 /// request's tokens - 1). `cached(g, i)`: group g has block i of the sequence cached (under its hash and g).
 /// `nulls[static_cast<std::size_t>(g)]` receives how many leading entries of group g's hit list are the null block; the others, up to
-/// hit / block_size, are cached blocks. One group: that group's lookup with `max_tokens`. Preconditions:
+/// hit / block_size, are cached blocks (an admission still skips the entries before the window of the hit's first
+/// computed token, which for a window of 1 token includes the last of them: hybrid_kv_cache and docs/KVTRACE.md).
+/// One group: that group's lookup with `max_tokens`. Preconditions:
 /// check_vllm_layout(groups) holds, block_size >= 1, max_tokens >= 0, nulls.size() == groups.size().
 template <class Cached>
 [[nodiscard]] std::int64_t vllm_agreed_hit(std::span<const vllm_kind> groups, std::int32_t block_size,
