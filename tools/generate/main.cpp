@@ -494,9 +494,7 @@ int run_main(int argc, char** argv) {
     s.composition = std::any_of(wl.begin(), wl.end(), [](std::int32_t x) { return x >= 0; }) ? "kv_groups" : "hybrid_swap";
   }
   if (s.composition == "kv_groups")
-    return serve<kvpager::hybrid_kv_cache<kvpager::any_group_kind, kvpager::free_list_allocator, kvpager::lru_eviction,
-                                          kvpager::prefix_caching, kvpager::hybrid_swap>>(s, w, reqs, dtype,
-                                                                                          max_model_len, threads);
+    return serve<kvpager::kv_groups_swap_cache>(s, w, reqs, dtype, max_model_len, threads);
   return s.composition == "vllm_v1" ? serve<kvpager::vllm_v1_cache>(s, w, reqs, dtype, max_model_len, threads)
                                     : serve<kvpager::hybrid_swap_cache>(s, w, reqs, dtype, max_model_len, threads);
 }

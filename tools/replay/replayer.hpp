@@ -517,13 +517,6 @@ replay_result replay_manager(const trace& t, const std::string& name, replay_lim
   return manager_replay<Cache>(t, name, std::move(*created), limits, at_line).run();
 }
 
-/// The hybrid compositions kvpager-replay uses for traces with `group` records: vLLM's conventions over vLLM v1's
-/// free queue, with prefix caching (enable_caching 1) or without.
-using hybrid_vllm_cache = kvpager::hybrid_kv_cache<kvpager::any_group_kind>;
-using hybrid_vllm_no_caching_cache =
-    kvpager::hybrid_kv_cache<kvpager::any_group_kind, kvpager::free_list_allocator, kvpager::no_eviction,
-                             kvpager::refcount_sharing>;
-
 /// The group kinds of a trace's `group` records, in group order.
 [[nodiscard]] inline std::vector<kvpager::any_group_kind> group_kinds(const trace& t) {
   std::vector<kvpager::any_group_kind> kinds;
@@ -571,8 +564,8 @@ replay_result replay_with_swap(const trace& t, const std::string& name, replay_l
 inline replay_result replay_any(const trace& t, const std::string& name, replay_limits limits, std::int64_t* at_line) {
   if (t.level == "pool") return replay_pool(t, name, at_line);
   if (!t.groups.empty()) {
-    if (t.param("enable_caching", 1) != 0) return replay_hybrid<hybrid_vllm_cache>(t, name, limits, at_line);
-    return replay_hybrid<hybrid_vllm_no_caching_cache>(t, name, limits, at_line);
+    if (t.param("enable_caching", 1) != 0) return replay_hybrid<kvpager::kv_groups_cache>(t, name, limits, at_line);
+    return replay_hybrid<kvpager::kv_groups_no_caching_cache>(t, name, limits, at_line);
   }
   switch (t.preemption) {
     case preemption_mode::swap: return replay_with_swap<kvpager::host_swap>(t, name, limits, at_line);

@@ -135,12 +135,11 @@ struct outcome {
 /// Creates the cache of `cc` (with --compute cpu, one the kernels run: create(cc, can_implement)) and runs the
 /// workload over it; --compute cpu's layer gets a pool of the cache's geometry() and swap pool. 0, 1 (the cache
 /// cannot be created) or 2 (a geometry the kernels refuse, a compute error).
-/// The paged run over KV cache groups (--layers): hybrid_kv_cache in vLLM's conventions over the plan's groups,
+/// The paged run over KV cache groups (--layers): kv_groups_swap_cache in vLLM's conventions over the plan's groups,
 /// swapping as hybrid_swap_cache does (every group's table of a victim, while the host pool has room).
 int run_groups(const kvpager::cache_config& cc, const kvsim::layer_plan& plan, const kvsim::workload& w,
                const kvsim::paged_options& po, outcome& out, std::vector<kvpager::group_metrics>& groups) {
-  using cache_type = kvpager::hybrid_kv_cache<kvpager::any_group_kind, kvpager::free_list_allocator,
-                                              kvpager::lru_eviction, kvpager::prefix_caching, kvpager::hybrid_swap>;
+  using cache_type = kvpager::kv_groups_swap_cache;
   auto cache = cache_type::create(cc, plan.groups, {kvpager::hybrid_conventions::vllm});
   if (!cache) {
     std::fprintf(stderr, "kvpager-sim: cannot create the cache of KV cache groups: %s\n", cache.error().message());

@@ -5,13 +5,17 @@
 /// Every composition the library's tools, benchmarks and examples run is named here (kvpager-sim, kvpager-replay):
 /// the two families are vLLM v1's manager with prefix caching and the same without it, each with a choice of what a
 /// preemption does with the victim's blocks (no_swap: recompute; host_swap: swap to the host pool; hybrid_swap: swap
-/// while the host pool has room, else recompute). docs/policies.md describes the policies.
+/// while the host pool has room, else recompute). docs/policies.md describes the policies. The kv_groups family is
+/// the same manager over KV cache groups (hybrid_kv_cache of any_group_kind: full attention, sliding window, chunked
+/// local, in the conventions chosen at create), vLLM's hybrid manager with hybrid_conventions::vllm.
 
 #include "kvpager/allocator/free_list_allocator.hpp"
+#include "kvpager/cache/hybrid_kv_cache.hpp"
 #include "kvpager/cache/paged_kv_cache.hpp"
 #include "kvpager/core/config.hpp"
 #include "kvpager/eviction/lru_eviction.hpp"
 #include "kvpager/eviction/no_eviction.hpp"
+#include "kvpager/groups/group_kind_variant.hpp"
 #include "kvpager/sharing/prefix_caching.hpp"
 #include "kvpager/sharing/refcount_sharing.hpp"
 #include "kvpager/swap/host_swap.hpp"
@@ -40,5 +44,29 @@ using hybrid_swap_cache = vllm_v1_cache_with<hybrid_swap>;
 using host_swap_cache = vllm_v1_cache_with<host_swap>;
 /// vLLM v1's manager without prefix caching (kvpager-replay's `enable_caching 0`).
 using vllm_v1_no_caching_cache = no_caching_cache_with<no_swap>;
+
+/// vLLM's hybrid KV-cache manager (HybridKVCacheCoordinator with hybrid_conventions::vllm): one block table per
+/// request and KV cache group, every group of any kind drawing from vLLM v1's free queue, prefix caching agreed
+/// across groups; preemption by recompute (kvpager-replay's traces with `group` records).
+using kv_groups_cache = hybrid_kv_cache<any_group_kind, free_list_allocator, lru_eviction, prefix_caching, no_swap>;
+/// kv_groups_cache with prefix caching off (`enable_caching 0`).
+using kv_groups_no_caching_cache =
+    hybrid_kv_cache<any_group_kind, free_list_allocator, no_eviction, refcount_sharing, no_swap>;
+/// kv_groups_cache with a host pool: a victim's tables (every group's) are swapped out while the host pool has room,
+/// else it is recomputed (kvpager-sim --layers, kvpager-generate --composition kv_groups).
+using kv_groups_swap_cache =
+    hybrid_kv_cache<any_group_kind, free_list_allocator, lru_eviction, prefix_caching, hybrid_swap>;
+
+#if KVPAGER_EXTERN_COMPOSITIONS
+// Compiled once in kvpager::compositions (instances/), which defines
+// KVPAGER_EXTERN_COMPOSITIONS for the programs that link it (core/config.hpp).
+extern template class paged_kv_cache<free_list_allocator, lru_eviction, prefix_caching, no_swap>;
+extern template class paged_kv_cache<free_list_allocator, lru_eviction, prefix_caching, hybrid_swap>;
+extern template class paged_kv_cache<free_list_allocator, lru_eviction, prefix_caching, host_swap>;
+extern template class paged_kv_cache<free_list_allocator, no_eviction, refcount_sharing, no_swap>;
+extern template class hybrid_kv_cache<any_group_kind, free_list_allocator, lru_eviction, prefix_caching, no_swap>;
+extern template class hybrid_kv_cache<any_group_kind, free_list_allocator, no_eviction, refcount_sharing, no_swap>;
+extern template class hybrid_kv_cache<any_group_kind, free_list_allocator, lru_eviction, prefix_caching, hybrid_swap>;
+#endif
 
 KVPAGER_NAMESPACE_END

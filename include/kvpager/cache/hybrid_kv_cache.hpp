@@ -119,227 +119,68 @@ class hybrid_kv_cache {
   /// The most groups a cache can have.
   static constexpr std::int32_t max_groups = 64;
 
+  // Copyable and movable (nothrow) as its members are; declared here so that they too are compiled once with the
+  // named compositions (KVPAGER_EXTERN_COMPOSITIONS, core/config.hpp).
+  hybrid_kv_cache(const hybrid_kv_cache&);
+  hybrid_kv_cache(hybrid_kv_cache&&) noexcept;
+  hybrid_kv_cache& operator=(const hybrid_kv_cache&);
+  hybrid_kv_cache& operator=(hybrid_kv_cache&&) noexcept;
+  ~hybrid_kv_cache();
+
   /// Validates and builds an empty cache with one group per entry of `groups` (in group order: the order in which
   /// groups allocate and free). Errors: those of paged_kv_cache::create; errc::invalid_argument for no group, more
   /// than max_groups, a kind whose validate() fails (W or C below 1), reserved_blocks 0 (block 0 is the null
   /// block), and, with hybrid_conventions::vllm, a kind vLLM does not have or a layout its grouping cannot produce
   /// (check_vllm_layout); errc::out_of_memory (std::bad_alloc).
   [[nodiscard]] static result<hybrid_kv_cache> create(cache_config cfg, std::span<const K> groups,
-                                                      hybrid_options options = {}, policies p = {}) {
-    if (status st = validate(cfg); !st) return st;
-    if (groups.empty()) return status{errc::invalid_argument, "hybrid_kv_cache::create: no KV cache group"};
-    if (groups.size() > static_cast<std::size_t>(max_groups))
-      return status{errc::invalid_argument, "hybrid_kv_cache::create: more than max_groups groups",
-                    static_cast<std::int64_t>(groups.size())};
-    for (std::size_t g = 0; g < groups.size(); ++g)
-      if (status st = groups[g].validate(); !st) return st;
-    if (cfg.reserved_blocks < 1)
-      return status{errc::invalid_argument,
-                    "hybrid_kv_cache::create: block 0 is the null block: reserved_blocks must be at least 1",
-                    cfg.reserved_blocks};
-    if (cfg.num_host_blocks == 1)
-      return status{errc::invalid_pool_size,
-                    "hybrid_kv_cache::create: host block 0 is reserved (a table's null entry on the host side): "
-                    "num_host_blocks must be 0 or at least 2",
-                    cfg.num_host_blocks};
-    std::vector<vllm_kind> vk;
-    if (options.conventions == hybrid_conventions::vllm) {
-      for (const K& k : groups) vk.push_back(vllm_kind_of(k));
-      if (status st = check_vllm_layout(vk); !st) return st;
-    }
-#if KVPAGER_HAS_EXCEPTIONS
-    try {
-#endif
-      auto pool = block_pool<A>::create({cfg.num_blocks, cfg.reserved_blocks}, std::move(p.allocator));
-      if (!pool) return pool.error();
-      return hybrid_kv_cache(cfg, groups, std::move(vk), options, std::move(*pool), std::move(p.eviction),
-                             std::move(p.sharing), std::move(p.swap));
-#if KVPAGER_HAS_EXCEPTIONS
-    } catch (const std::bad_alloc&) {
-      return status{errc::out_of_memory, "hybrid_kv_cache::create: not enough host memory for the bookkeeping",
-                    cfg.num_blocks};
-    }
-#endif
-  }
+                                                      hybrid_options options = {}, policies p = {});
 
   // ------------------------------------------------------------------------------------------------ sequences
 
   /// Prefill by count: ceil(num_tokens / block_size) blocks in every group, all or nothing; not content-cached.
   /// Errors as paged_kv_cache::add_sequence.
-  status add_sequence(seq_id id, std::int32_t num_tokens) {
-    if (num_tokens <= 0) return status{errc::invalid_argument, "add_sequence: num_tokens must be positive", num_tokens};
-    return add_impl(id, num_tokens, {}, sequence_options{}, nullptr, nullptr, {});
-  }
+  status add_sequence(seq_id id, std::int32_t num_tokens);
 
   /// Prefill with token ids: the agreed prefix hit (capped so the last token is computed), then blocks for the
   /// whole prompt in every group (hits first in every group, then new blocks group by group), and every full block
   /// committed to each group's cache. `known`: chained hashes from block_hashes() of an earlier admission.
   status add_sequence(seq_id id, std::span<const token_id> tokens, sequence_options options = {},
-                      prefix_match* hit = nullptr, std::span<const std::uint64_t> known = {}) {
-    if (status st = check_prompt("add_sequence", tokens); !st) return st;
-    return add_impl(id, static_cast<std::int32_t>(tokens.size()), tokens, options, hit, nullptr, known);
-  }
+                      prefix_match* hit = nullptr, std::span<const std::uint64_t> known = {});
 
   /// The lookup add_sequence(id, tokens, options) would do, changing nothing.
-  [[nodiscard]] result<prefix_match> match_prefix(std::span<const token_id> tokens, sequence_options options = {}) {
-    prefix_hit h;
-    if (status st = match_prefix(tokens, options, h); !st) return st;
-    return h.match;
-  }
+  [[nodiscard]] result<prefix_match> match_prefix(std::span<const token_id> tokens, sequence_options options = {});
 
   /// match_prefix keeping the hit for add_sequence(id, tokens, options, hit): `hit.blocks` holds num_groups()
   /// lists of match.blocks entries each (group-major, the null block where a group needs nothing), and
   /// `hit.known_hashes` the block hashes of the tokens' full blocks.
   status match_prefix(std::span<const token_id> tokens, sequence_options options, prefix_hit& hit,
-                      std::span<const std::uint64_t> known = {}) {
-    hit.blocks.clear();
-    hit.known_hashes.assign(known.begin(), known.end());
-    hit.num_tokens = 0;
-    hit.match = prefix_match{};
-    if (status st = check_prompt("match_prefix", tokens); !st) return st;
-    const auto n = static_cast<std::int32_t>(tokens.size());
-    hash_blocks(tokens, options.extra_key, hit.known_hashes);
-    std::int64_t need = 0;
-    const std::int32_t len = find_hit(tokens, options.extra_key, hit.known_hashes, hit.blocks, need, n);
-    hit.match = prefix_match{len, len * cfg_.block_size, need};
-    hit.generation = generation();
-    hit.extra_key = options.extra_key;
-    hit.num_tokens = n;
-    return ok_status();
-  }
+                      std::span<const std::uint64_t> known = {});
 
   /// Prefill consuming `hit` (a match_prefix of at least these tokens with these options); errc::stale_prefix_hit
   /// when the cache changed since or the hit was made for other tokens or options (nothing changed).
   status add_sequence(seq_id id, std::span<const token_id> tokens, sequence_options options, const prefix_hit& hit,
-                      prefix_match* out = nullptr) {
-    if (hit.generation != generation() || hit.extra_key != options.extra_key ||
-        tokens.size() > static_cast<std::size_t>(hit.num_tokens) || hit.num_tokens == 0)
-      return status{errc::stale_prefix_hit, "add_sequence: the prefix hit is stale (the cache changed since "
-                                            "match_prefix) or was made for other tokens or options"};
-    if (status st = check_prompt("add_sequence", tokens); !st) return st;
-    return add_impl(id, static_cast<std::int32_t>(tokens.size()), tokens, options, out, &hit, hit.known_hashes);
-  }
+                      prefix_match* out = nullptr);
 
   /// Decode by count: `n` more tokens in every group (window release first, then copy-on-write of a shared last
   /// block and new blocks, group by group). The sequence's later blocks are no longer content-cached.
-  status append_tokens(seq_id id, token_count n = token_count{1}) {
-    if (n.value <= 0) return status{errc::invalid_argument, "append_tokens: token count must be positive", n.value};
-    const auto h = primary().template checked<"append_tokens">(id);
-    if (!h) return h.error();
-    return grow(*h, n.value, {});
-  }
+  status append_tokens(seq_id id, token_count n = token_count{1});
 
   status append_token(seq_id id, token_id token) { return append_tokens(id, std::span<const token_id>(&token, 1)); }
 
   /// Decode with token ids: as the count overload, and every block the tokens fill is committed in every group.
-  status append_tokens(seq_id id, std::span<const token_id> tokens) {
-    if (tokens.empty() || tokens.size() > static_cast<std::size_t>(INT32_MAX))
-      return status{errc::invalid_argument, "append_tokens: token count must be positive",
-                    static_cast<std::int64_t>(tokens.size())};
-    const auto h = primary().template checked<"append_tokens">(id);
-    if (!h) return h.error();
-    if (tokens.size() == 1 && append_one_in_place(*h, tokens[0])) return ok_status();
-    return grow(*h, static_cast<std::int32_t>(tokens.size()), tokens);
-  }
+  status append_tokens(seq_id id, std::span<const token_id> tokens);
 
   /// Forks `child` from `parent`'s first `num_tokens` tokens (all when 0) in every group: shared blocks (copies
   /// with a fork_mode::copy sharing policy). Errors as paged_kv_cache::fork, and errc::invalid_argument when a
   /// group already released blocks the child still reads (num_tokens before the parent's window).
-  status fork(seq_id parent, seq_id child, std::int32_t num_tokens = 0) {
-    const auto ph = primary().template checked<"fork">(parent);
-    if (!ph) return ph.error();
-    if (child == parent || primary().contains(child))
-      return status{errc::duplicate_sequence, "fork: child sequence id is already live"};
-    const auto& parent_state = primary()[*ph];
-    if (num_tokens < 0 || num_tokens > parent_state.num_tokens)
-      return status{errc::invalid_argument, "fork: num_tokens must be in [0, parent length]", num_tokens};
-    if (parent_state.append_step == ledger_.step())
-      return status{errc::pending_append, "fork: the parent has tokens appended in this step; fork after begin_step"};
-    const std::int32_t tokens = num_tokens == 0 ? parent_state.num_tokens : num_tokens;
-    const auto k = static_cast<std::size_t>(blocks_for_tokens(tokens, cfg_.block_size));
-    std::int64_t copies = 0;
-    for (std::int32_t g = 0; g < num_groups(); ++g) {
-      const auto& t = tables_[ix(g)][*ph].blocks;
-      const auto first = static_cast<std::size_t>(kinds_[ix(g)].skipped_tokens(tokens) / cfg_.block_size);
-      for (std::size_t i = first; i < k; ++i)
-        if (t[i] == null_block)
-          return status{errc::invalid_argument, "fork: a window group no longer holds blocks the child reads", g};
-      for (std::size_t i = 0; i < k; ++i) copies += t[i] != null_block ? 1 : 0;
-    }
-    if constexpr (S::fork == fork_mode::copy) {
-      if (copies > available_blocks())
-        return status{errc::out_of_blocks, "fork: not enough free blocks to copy the parent", copies};
-    }
-    const std::int32_t h = insert(child);  // may reallocate the states: index by handle from here on
-    const auto& p = primary()[*ph];
-    const extra_state& pe = extra_[static_cast<std::size_t>(*ph)];
-    extra_state& ce = extra_[static_cast<std::size_t>(h)];
-    for (std::int32_t g = 0; g < num_groups(); ++g) {
-      const auto& pt = tables_[ix(g)][*ph].blocks;
-      auto& ct = tables_[ix(g)][h].blocks;
-      ct.assign(pt.begin(), pt.begin() + static_cast<std::ptrdiff_t>(k));
-      for (block_id& b : ct) {
-        if (b == null_block) continue;
-        if constexpr (S::fork == fork_mode::copy) {
-          const block_id src = b;
-          take(g, std::span<block_id>(&b, 1));
-          ledger_.plan_copy(src, b, g);
-          ++counts_.fork_copies;
-        } else {
-          blocks_.add_ref(b);
-        }
-      }
-      tables_[ix(g)][h].num_tokens = tokens;
-      gstats_[ix(g)].table_entries += static_cast<std::int64_t>(k);
-    }
-    auto& c = primary()[h];
-    c.priority = p.priority;
-    c.extra_key = p.extra_key;
-    if constexpr (S::fork == fork_mode::copy) c.append_step = ledger_.step();
-    const auto full = static_cast<std::size_t>(tokens / cfg_.block_size);
-    ce.hashes.assign(pe.hashes.begin(), pe.hashes.begin() + static_cast<std::ptrdiff_t>(std::min(full, pe.hashes.size())));
-    ce.committed.resize(static_cast<std::size_t>(num_groups()));
-    for (std::int32_t g = 0; g < num_groups(); ++g)
-      ce.committed[ix(g)] = std::min(pe.committed[ix(g)], static_cast<std::int32_t>(full));
-    // The child keeps caching where it knows its last block's tokens: a fork at the parent's end.
-    ce.content = pe.content && (tokens == p.num_tokens || tokens % cfg_.block_size == 0);
-    if (ce.content && tokens == p.num_tokens) c.partial = p.partial;
-    ce.step_base = tokens;
-    counts_.tokens += tokens;
-    if constexpr (S::fork == fork_mode::copy) note_allocation();
-    return ok_status();
-  }
+  status fork(seq_id parent, seq_id child, std::int32_t num_tokens = 0);
 
   /// Frees sequence `id`: groups in group order, each table from its last entry to its first (null entries
   /// skipped); a swapped-out sequence drops its host blocks. Tokens it appended in this step are not computed:
   /// their slots export as -1 in every group and the blocks they would have filled lose their cached content,
   /// except where another sequence already shares one of their blocks (a prefix hit in this step): those slots
   /// are kept. errc::unknown_sequence.
-  status free_sequence(seq_id id) {
-    const auto hh = primary().template checked<"free_sequence">(id, detail::residency::any);
-    if (!hh) return hh.error();
-    const std::int32_t h = *hh;
-    const bool swapped = primary()[h].swapped;
-    if (!swapped && primary()[h].append_step == ledger_.step()) cancel_appends(h);
-    const retention_hint hint{primary()[h].priority};
-    for (std::int32_t g = 0; g < num_groups(); ++g) {
-      const auto& t = tables_[ix(g)][h].blocks;
-      if (swapped) {
-        book_.drop_refs(t, null_block);
-      } else {
-        for (auto it = t.rbegin(); it != t.rend(); ++it)
-          if (*it != null_block) release(*it, hint);
-      }
-      gstats_[ix(g)].table_entries -= static_cast<std::int64_t>(t.size());
-    }
-    if (swapped) book_.dropped_sequence();
-    counts_.tokens -= primary()[h].num_tokens;
-    for (table_type& t : tables_) t.erase(h);
-    extra_state& e = extra_[static_cast<std::size_t>(h)];
-    e.hashes.clear();
-    e.content = false;
-    return ok_status();
-  }
+  status free_sequence(seq_id id);
 
   // ------------------------------------------------------------------------------------------------ preemption
 
@@ -350,99 +191,38 @@ class hybrid_kv_cache {
   /// All or nothing. Errors as paged_kv_cache::swap_out: errc::unsupported (no host pool), errc::unknown_sequence,
   /// errc::invalid_argument (an id listed twice), errc::sequence_swapped, errc::pending_append,
   /// errc::host_pool_full (detail = host blocks needed). A swapped sequence stops prefix-caching its later blocks.
-  status swap_out(std::span<const seq_id> group) {
-    if (!book_.has_host_pool())
-      return status{errc::unsupported, "swap_out: the cache has no host pool (num_host_blocks 0)"};
-    if (status st = primary().template checked_group<"swap_out">(group, detail::residency::device, ledger_.step());
-        !st)
-      return st;
-    const auto release_ref = [this](block_id b, retention_hint hint) { release(b, hint); };
-    if (status st = book_.swap_out(group, std::span<table_type>(tables_), ledger_, release_ref, null_block); !st)
-      return st;
-    for (const seq_id id : group) {
-      const std::int32_t h = *primary().template checked<"swap_out">(id, detail::residency::any);
-      extra_[static_cast<std::size_t>(h)].content = false;
-      primary()[h].partial.clear();
-    }
-    return ok_status();
-  }
+  status swap_out(std::span<const seq_id> group);
   status swap_out(seq_id id) { return swap_out(std::span<const seq_id>(&id, 1)); }
 
   /// Swaps the sequences in `group` back in, every group's table, all or nothing: each distinct host block gets one
   /// device block of its group, and the plan lists the (host, device) copies naming their group. Errors as
   /// paged_kv_cache::swap_in: errc::unknown_sequence, errc::invalid_argument, errc::sequence_swapped (not swapped
   /// out), errc::out_of_blocks (detail = device blocks needed).
-  status swap_in(std::span<const seq_id> group) {
-    if (status st = primary().template checked_group<"swap_in">(group, detail::residency::swapped, ledger_.step());
-        !st)
-      return st;
-    const auto taken = [this](std::int32_t g, block_id b) { count_up(g, b); };
-    if (status st = book_.swap_in(group, std::span<table_type>(tables_), blocks_, ledger_, taken, null_block); !st)
-      return st;
-    note_allocation();
-    return ok_status();
-  }
+  status swap_in(std::span<const seq_id> group);
   status swap_in(seq_id id) { return swap_in(std::span<const seq_id>(&id, 1)); }
 
   /// What preempt(id) would do now, changing nothing: the swap policy's decision for the device blocks the
   /// sequence holds in all groups (preempt_action::unsupported with no_swap). Errors: errc::unknown_sequence,
   /// errc::sequence_swapped.
-  [[nodiscard]] result<preempt_action> preempt_decision(seq_id id) const {
-    const auto h = primary().template checked<"preempt">(id);
-    if (!h) return h.error();
-    return book_.decide(static_cast<std::int32_t>(held_blocks(*h)));
-  }
+  [[nodiscard]] result<preempt_action> preempt_decision(seq_id id) const;
   /// Preempts sequence `id` as the swap policy decides: swap out (it stays live, swapped) or free it (recompute).
   /// Errors: errc::unsupported (the policy does not preempt), those of preempt_decision and swap_out.
-  result<preempt_action> preempt(seq_id id) {
-    const auto d = preempt_decision(id);
-    if (!d) return d;
-    switch (*d) {
-      case preempt_action::swap:
-        if (status st = swap_out(id); !st) return st;
-        ++counts_.preempted_swap;
-        return *d;
-      case preempt_action::recompute:
-        (void)free_sequence(id);
-        ++counts_.preempted_recompute;
-        return *d;
-      default:
-        return status{errc::unsupported, "preempt: the swap policy does not preempt (no_swap)"};
-    }
-  }
+  result<preempt_action> preempt(seq_id id);
   /// Group g's host block table of swapped-out sequence `id` (null_block entries stay null); errc::unknown_sequence,
   /// errc::sequence_swapped (it is on device), errc::invalid_argument (no such group).
-  [[nodiscard]] result<std::span<const block_id>> host_block_table(std::int32_t g, seq_id id) const noexcept {
-    if (status st = check_group("host_block_table", g); !st) return st;
-    const auto h = primary().template checked<"host_block_table">(id, detail::residency::swapped);
-    if (!h) return h.error();
-    return std::span<const block_id>(tables_[ix(g)][*h].blocks);
-  }
+  [[nodiscard]] result<std::span<const block_id>> host_block_table(std::int32_t g, seq_id id) const noexcept;
   /// The one-table form has no meaning with several groups: errc::unsupported (pass the group).
-  [[nodiscard]] result<std::span<const block_id>> host_block_table(seq_id) const noexcept {
-    return per_group("host_block_table");
-  }
+  [[nodiscard]] result<std::span<const block_id>> host_block_table(seq_id) const noexcept;
   /// Device blocks swap_in(id) takes at most: the non-null host entries of every group's table.
   /// errc::unknown_sequence, errc::sequence_swapped (it is on device).
-  [[nodiscard]] result<std::int64_t> swap_in_blocks(seq_id id) const noexcept {
-    const auto h = primary().template checked<"swap_in_blocks">(id, detail::residency::swapped);
-    if (!h) return h.error();
-    return held_blocks(*h);
-  }
+  [[nodiscard]] result<std::int64_t> swap_in_blocks(seq_id id) const noexcept;
   /// The host (swap) pool, whose refcounts are the references of swapped-out tables; nullptr without one.
-  [[nodiscard]] const typename detail::swap_book<W>::host_pool_type* host_pool() const noexcept {
-    return book_.host_pool();
-  }
+  [[nodiscard]] const typename detail::swap_book<W>::host_pool_type* host_pool() const noexcept;
   [[nodiscard]] const W& swap() const noexcept { return book_.policy(); }
 
   /// Starts a new step: the previous plan is taken as executed and cleared; blocks planned copies kept busy become
   /// reusable.
-  void begin_step() {
-    ledger_.begin_step([this](block_id b, retention_hint hint) {
-      if (blocks_.refcount(b) == 0) blocks_.settle(b, hint);
-    });
-    book_.begin_step();
-  }
+  void begin_step();
 
   /// The byte movement planned since the last begin_step(): copies (copy-on-write, copying forks) are whole blocks
   /// of the group each names (block_copy::group: only that group's layers move); appends are token ranges, whose
@@ -456,10 +236,7 @@ class hybrid_kv_cache {
   [[nodiscard]] hybrid_conventions conventions() const noexcept { return options_.conventions; }
   [[nodiscard]] bool contains(seq_id id) const noexcept { return primary().contains(id); }
   /// Whether sequence `id` is live and swapped out.
-  [[nodiscard]] bool is_swapped(seq_id id) const noexcept {
-    const auto h = primary().template checked<"is_swapped">(id, detail::residency::any);
-    return h && primary()[*h].swapped;
-  }
+  [[nodiscard]] bool is_swapped(seq_id id) const noexcept;
   [[nodiscard]] std::int32_t num_sequences() const noexcept { return primary().size(); }
   [[nodiscard]] std::int32_t block_size() const noexcept { return cfg_.block_size; }
   [[nodiscard]] const cache_config& config() const noexcept { return cfg_; }
@@ -467,104 +244,47 @@ class hybrid_kv_cache {
   [[nodiscard]] std::int32_t refcount(block_id b) const noexcept { return blocks_.refcount(b); }
   [[nodiscard]] bool is_free(block_id b) const noexcept { return blocks_.pool().is_free(b); }
   /// The group block `b` was last handed to (meaningful while it is referenced).
-  [[nodiscard]] std::int32_t owner_group(block_id b) const noexcept {
-    return b >= 0 && b < cfg_.num_blocks ? owner_[static_cast<std::size_t>(b)] : -1;
-  }
+  [[nodiscard]] std::int32_t owner_group(block_id b) const noexcept;
   /// Blocks an allocation can use now (free + evictable), for all groups together.
   [[nodiscard]] std::int64_t available_blocks() const noexcept { return blocks_.available(); }
   /// Blocks a prompt of `num_tokens` tokens takes without prefix hits: its blocks in every group.
-  [[nodiscard]] std::int64_t blocks_needed(std::int64_t num_tokens) const noexcept {
-    return blocks_for_tokens(num_tokens, cfg_.block_size) * num_groups();
-  }
+  [[nodiscard]] std::int64_t blocks_needed(std::int64_t num_tokens) const noexcept;
   /// Blocks in use now: usable minus available.
-  [[nodiscard]] std::int64_t used_blocks() const noexcept {
-    return std::int64_t{cfg_.num_blocks - cfg_.reserved_blocks} - available_blocks();
-  }
+  [[nodiscard]] std::int64_t used_blocks() const noexcept;
   /// The most used_blocks() after any successful allocating call.
   [[nodiscard]] std::int64_t peak_used_blocks() const noexcept { return peak_used_; }
   [[nodiscard]] const group_stats& stats(std::int32_t g) const noexcept { return gstats_[static_cast<std::size_t>(g)]; }
 
-  [[nodiscard]] cache_stats stats() const noexcept {
-    cache_stats s = counts_;
-    s.block_size = cfg_.block_size;
-    s.pending_free = ledger_.pending_free();
-    s.sequences = primary().size();
-    blocks_.report(s);
-    book_.report(s);
-    return s;
-  }
+  [[nodiscard]] cache_stats stats() const noexcept;
 
-  [[nodiscard]] result<std::int32_t> num_tokens(seq_id id) const noexcept {
-    const auto h = primary().template checked<"num_tokens">(id, detail::residency::any);
-    if (!h) return h.error();
-    return primary()[*h].num_tokens;
-  }
+  [[nodiscard]] result<std::int32_t> num_tokens(seq_id id) const noexcept;
   /// Group g's block table of sequence `id` (null_block where the group no longer reads).
-  [[nodiscard]] result<std::span<const block_id>> block_table(std::int32_t g, seq_id id) const noexcept {
-    if (status st = check_group("block_table", g); !st) return st;
-    const auto h = primary().template checked<"block_table">(id);
-    if (!h) return h.error();
-    return std::span<const block_id>(tables_[ix(g)][*h].blocks);
-  }
+  [[nodiscard]] result<std::span<const block_id>> block_table(std::int32_t g, seq_id id) const noexcept;
   /// The chained hashes of sequence `id`'s full blocks (empty without content caching), for re-admission.
-  status block_hashes(seq_id id, std::vector<std::uint64_t>& out) const {
-    const auto h = primary().template checked<"block_hashes">(id);
-    if (!h) return h.error();
-    const extra_state& e = extra_[static_cast<std::size_t>(*h)];
-    out.assign(e.hashes.begin(), e.hashes.end());
-    return ok_status();
-  }
+  status block_hashes(seq_id id, std::vector<std::uint64_t>& out) const;
 
   // ------------------------------------------------------------------------------------------------ exports
 
   /// Group g's dense page table (paged_kv_cache::export_block_table's format; null entries are null_block).
   status export_block_table(std::int32_t g, std::span<const seq_id> seqs, std::span<std::int32_t> table,
-                            std::int32_t row_stride, std::span<std::int32_t> seq_lens) const noexcept {
-    if (status st = check_group("export_block_table", g); !st) return st;
-    return detail::export_block_table(tables_[ix(g)], seqs, table, row_stride, seq_lens);
-  }
-  [[nodiscard]] result<std::int64_t> csr_size(std::int32_t g, std::span<const seq_id> seqs) const noexcept {
-    if (status st = check_group("csr_size", g); !st) return st;
-    return detail::csr_size(tables_[ix(g)], seqs);
-  }
+                            std::int32_t row_stride, std::span<std::int32_t> seq_lens) const noexcept;
+  [[nodiscard]] result<std::int64_t> csr_size(std::int32_t g, std::span<const seq_id> seqs) const noexcept;
   status export_csr(std::int32_t g, std::span<const seq_id> seqs, std::span<std::int32_t> indptr,
-                    std::span<std::int32_t> indices, std::span<std::int32_t> last_page_len) const noexcept {
-    if (status st = check_group("export_csr", g); !st) return st;
-    return detail::export_csr(tables_[ix(g)], cfg_.block_size, seqs, indptr, indices, last_page_len);
-  }
+                    std::span<std::int32_t> indices, std::span<std::int32_t> last_page_len) const noexcept;
   /// The one-table exports have no meaning with several groups: errc::unsupported (export per group).
   [[nodiscard]] result<std::int64_t> csr_size(std::span<const seq_id>) const noexcept { return per_group("csr_size"); }
   status export_csr(std::span<const seq_id>, std::span<std::int32_t>, std::span<std::int32_t>,
-                    std::span<std::int32_t>) const noexcept {
-    return per_group("export_csr");
-  }
+                    std::span<std::int32_t>) const noexcept;
   /// Slots of this step's appends in all groups: num_groups() x plan().num_append_tokens().
-  [[nodiscard]] std::int64_t slot_mapping_size() const noexcept {
-    return ledger_.plan().num_append_tokens() * num_groups();
-  }
+  [[nodiscard]] std::int64_t slot_mapping_size() const noexcept;
   /// Group g's slot mapping of this step's appends (plan().num_append_tokens() slots), in plan().appends() order:
   /// slot = block * block_size + offset in that group's table; -1 for tokens of sequences freed since, except
   /// slots kept for sharers. errc::buffer_too_small (detail = plan().num_append_tokens()), nothing written.
-  status export_slot_mapping(std::int32_t g, std::span<std::int64_t> out) const noexcept {
-    if (status st = check_group("export_slot_mapping", g); !st) return st;
-    const std::int64_t n = ledger_.plan().num_append_tokens();
-    if (static_cast<std::int64_t>(out.size()) < n)
-      return status{errc::buffer_too_small, "export_slot_mapping: buffer is shorter than the step's appended tokens", n};
-    write_slots(g, out.first(static_cast<std::size_t>(n)));
-    return ok_status();
-  }
+  status export_slot_mapping(std::int32_t g, std::span<std::int64_t> out) const noexcept;
   /// Every group's slot mapping, group-major: group g's at [g x n, (g + 1) x n), n = plan().num_append_tokens()
   /// (what kvpager::scheduler exports as step_output::slot_mapping). errc::buffer_too_small (detail =
   /// slot_mapping_size()).
-  status export_slot_mapping(std::span<std::int64_t> out) const noexcept {
-    if (static_cast<std::int64_t>(out.size()) < slot_mapping_size())
-      return status{errc::buffer_too_small, "export_slot_mapping: buffer is shorter than slot_mapping_size()",
-                    slot_mapping_size()};
-    const std::int64_t n = ledger_.plan().num_append_tokens();
-    for (std::int32_t g = 0; g < num_groups(); ++g)
-      write_slots(g, out.subspan(static_cast<std::size_t>(g * n), static_cast<std::size_t>(n)));
-    return ok_status();
-  }
+  status export_slot_mapping(std::span<std::int64_t> out) const noexcept;
 
   [[nodiscard]] const block_pool<A>& pool() const noexcept { return blocks_.pool(); }
   [[nodiscard]] const E& eviction() const noexcept { return blocks_.eviction(); }
@@ -580,526 +300,105 @@ class hybrid_kv_cache {
   };
 
   hybrid_kv_cache(cache_config cfg, std::span<const K> groups, std::vector<vllm_kind> vk, hybrid_options options,
-                  block_pool<A> pool, E e, S s, W w)
-      : cfg_(cfg),
-        options_(options),
-        kinds_(groups.begin(), groups.end()),
-        vkinds_(std::move(vk)),
-        tables_(groups.size()),
-        gstats_(groups.size()),
-        blocks_(std::move(pool), std::move(e), std::move(s)),
-        book_(std::move(w)) {
-    const pool_geometry g{cfg.num_blocks, cfg.block_size, cfg.reserved_blocks};
-    blocks_.reset(g);
-    book_.reset(g, cfg.num_host_blocks, /*host_reserved=*/1);  // host block 0 is never used: null stays null
-    ledger_.reset(cfg.num_blocks);
-    owner_.assign(static_cast<std::size_t>(cfg.num_blocks), 0);
-    nulls_.resize(groups.size());
-  }
+                  block_pool<A> pool, E e, S s, W w);
 
   /// Group g's slots of this step's appends into `out` (exactly plan().num_append_tokens() long).
-  void write_slots(std::int32_t g, std::span<std::int64_t> out) const noexcept {
-    (void)ledger_.export_slot_mapping(
-        out, cfg_.block_size, [this, g](std::int32_t h) { return tables_[ix(g)][h].blocks.data(); }, g);
-  }
+  void write_slots(std::int32_t g, std::span<std::int64_t> out) const noexcept;
 
   [[nodiscard]] static constexpr std::size_t ix(std::int64_t i) noexcept { return static_cast<std::size_t>(i); }
   [[nodiscard]] const table_type& primary() const noexcept { return tables_[0]; }
   [[nodiscard]] table_type& primary() noexcept { return tables_[0]; }
 
   /// The non-null entries of sequence h's tables (its device blocks, or host blocks while swapped out).
-  [[nodiscard]] std::int64_t held_blocks(std::int32_t h) const noexcept {
-    std::int64_t n = 0;
-    for (const table_type& t : tables_)
-      for (const block_id b : t[h].blocks) n += b != null_block ? 1 : 0;
-    return n;
-  }
-  [[nodiscard]] static status per_group(const char* call) noexcept {
-    (void)call;
-    return status{errc::unsupported, "hybrid_kv_cache: export tables and slot mappings per group (pass the group)"};
-  }
-  [[nodiscard]] status check_group(const char* call, std::int32_t g) const noexcept {
-    (void)call;
-    if (g < 0 || g >= num_groups()) return status{errc::invalid_argument, "hybrid_kv_cache: no such group", g};
-    return ok_status();
-  }
-  [[nodiscard]] static status check_prompt(const char* call, std::span<const token_id> tokens) noexcept {
-    (void)call;
-    if (tokens.empty() || tokens.size() > static_cast<std::size_t>(INT32_MAX))
-      return status{errc::invalid_argument, "add_sequence: the prompt must have 1 to 2^31-1 tokens",
-                    static_cast<std::int64_t>(tokens.size())};
-    return ok_status();
-  }
+  [[nodiscard]] std::int64_t held_blocks(std::int32_t h) const noexcept;
+  [[nodiscard]] static status per_group(const char* call) noexcept;
+  [[nodiscard]] status check_group(const char* call, std::int32_t g) const noexcept;
+  [[nodiscard]] static status check_prompt(const char* call, std::span<const token_id> tokens) noexcept;
 
-  [[nodiscard]] bool exceeds_table_limit(std::int64_t blocks) const noexcept {
-    return cfg_.max_blocks_per_seq > 0 && blocks > cfg_.max_blocks_per_seq;
-  }
-  [[nodiscard]] std::uint64_t generation() const noexcept {
-    if constexpr (caching) {
-      return blocks_.sharing().generation();
-    } else {
-      return 0;
-    }
-  }
+  [[nodiscard]] bool exceeds_table_limit(std::int64_t blocks) const noexcept;
+  [[nodiscard]] std::uint64_t generation() const noexcept;
 
   /// A new handle in every group's table (they stay in step: same inserts and erases in the same order).
-  std::int32_t insert(seq_id id) {
-    std::int32_t h = -1;
-    for (table_type& t : tables_) h = t.insert(id);
-    if (extra_.size() <= static_cast<std::size_t>(h)) extra_.resize(static_cast<std::size_t>(h) + 1);
-    extra_state& e = extra_[static_cast<std::size_t>(h)];
-    e.committed.assign(static_cast<std::size_t>(num_groups()), 0);
-    e.hashes.clear();
-    e.content = false;
-    e.step_base = 0;
-    return h;
-  }
+  std::int32_t insert(seq_id id);
 
   // ---------------------------------------------------------------- block life cycle, counted per group
 
-  void count_up(std::int32_t g, block_id b) noexcept {
-    owner_[static_cast<std::size_t>(b)] = static_cast<std::uint8_t>(g);
-    ++gstats_[static_cast<std::size_t>(g)].blocks;
-  }
-  void take(std::int32_t g, std::span<block_id> out) noexcept {
-    blocks_.take(out);
-    for (const block_id b : out) count_up(g, b);
-  }
-  void touch(std::int32_t g, block_id b) noexcept {
-    if (blocks_.refcount(b) == 0) count_up(g, b);
-    if (blocks_.touch(b)) ledger_.unpark();
-  }
-  void release(block_id b, retention_hint hint) {
-    if (blocks_.refcount(b) == 1) --gstats_[owner_[static_cast<std::size_t>(b)]].blocks;
-    blocks_.release(b, hint, [this](block_id x, retention_hint xh) { return ledger_.park(x, xh); });
-  }
-  void note_allocation() noexcept {
-    peak_used_ = std::max(peak_used_, used_blocks());
-    for (group_stats& s : gstats_) s.peak_blocks = std::max(s.peak_blocks, s.blocks);
-  }
+  void count_up(std::int32_t g, block_id b) noexcept;
+  void take(std::int32_t g, std::span<block_id> out) noexcept;
+  void touch(std::int32_t g, block_id b) noexcept;
+  void release(block_id b, retention_hint hint);
+  void note_allocation() noexcept;
 
   // ---------------------------------------------------------------- hashing and lookup
 
   /// Group g's index key for a block of chained hash `h`, and its cursor's extra key (so that verification tells
   /// groups apart as well).
-  [[nodiscard]] static std::uint64_t group_key(std::uint64_t h, std::int32_t g) noexcept {
-    return splitmix64(h ^ (std::uint64_t{0xD6E8FEB86659FD93ULL} * static_cast<std::uint64_t>(g + 1)));
-  }
-  [[nodiscard]] static std::uint64_t group_extra(std::uint64_t extra, std::int32_t g) noexcept {
-    return g == 0 ? extra : splitmix64(extra + std::uint64_t{0xA0761D6478BD642FULL} * static_cast<std::uint64_t>(g));
-  }
+  [[nodiscard]] static std::uint64_t group_key(std::uint64_t h, std::int32_t g) noexcept;
+  [[nodiscard]] static std::uint64_t group_extra(std::uint64_t extra, std::int32_t g) noexcept;
 
   /// The chained hash of block i (holding `block`) after the hashes of blocks 0 .. i-1, under root key `extra`.
   [[nodiscard]] static std::uint64_t chain_hash(std::span<const std::uint64_t> hashes, std::size_t i,
-                                                std::uint64_t extra, std::span<const token_id> block) noexcept {
-    return xxh3_hasher{}(i == 0 ? splitmix64(extra) : hashes[i - 1], block);
-  }
+                                                std::uint64_t extra, std::span<const token_id> block) noexcept;
 
   /// Extends `hashes` (a prefix may be known) to every full block of `tokens`.
-  void hash_blocks(std::span<const token_id> tokens, std::uint64_t extra, std::vector<std::uint64_t>& hashes) const {
-    if constexpr (caching) {
-      const std::size_t bs = static_cast<std::size_t>(cfg_.block_size);
-      const std::size_t full = tokens.size() / bs;
-      if (hashes.size() > full) hashes.resize(full);
-      for (std::size_t i = hashes.size(); i < full; ++i)
-        hashes.push_back(chain_hash(hashes, i, extra, tokens.subspan(i * bs, bs)));
-    } else {
-      (void)tokens;
-      (void)extra;
-      hashes.clear();
-    }
-  }
+  void hash_blocks(std::span<const token_id> tokens, std::uint64_t extra, std::vector<std::uint64_t>& hashes) const;
 
   /// The agreed hit for `tokens` (capped at n - 1 tokens, n <= tokens.size()): its length in blocks, the
   /// num_groups() hit lists in `lists` (group-major, that many entries each), and in `need` the blocks adding
   /// n tokens takes from available_blocks(). Changes nothing.
   std::int32_t find_hit(std::span<const token_id> tokens, std::uint64_t extra, std::span<const std::uint64_t> hashes,
-                        std::vector<block_id>& lists, std::int64_t& need, std::int32_t n) {
-    const std::int32_t bs = cfg_.block_size;
-    const std::int64_t total = blocks_for_tokens(n, bs);
-    lists.clear();
-    std::int32_t len = 0;
-    if constexpr (caching) {
-      const std::int64_t max_tokens = std::min<std::int64_t>(n - 1, static_cast<std::int64_t>(hashes.size()) * bs);
-      const auto m = static_cast<std::size_t>(max_tokens / bs);
-      const auto G = static_cast<std::size_t>(num_groups());
-      const S& share = blocks_.sharing();
-      if (G == 1 && kinds_[0].skipped_tokens(max_tokens) == 0) {
-        // One group that skips nothing up to the cap (full attention, or a window or chunk longer than the
-        // prompt): under both conventions its hit is the run of cached blocks from block 0. One pass, as
-        // paged_kv_cache's walk: each block looked up once up to the first miss, its hit list and need at once.
-        const auto root = share.first_cursor(group_extra(extra, 0));
-        need = total;
-        lists.resize(m);  // written in place, cut to the hit after (no push_back call per block)
-        std::size_t i = 0;
-        for (; i < m; ++i) {
-          auto c = root;
-          const block_id b = share.lookup(c, group_key(hashes[i], 0),
-                                          tokens.subspan(i * static_cast<std::size_t>(bs), static_cast<std::size_t>(bs)));
-          if (b == no_block) break;
-          lists[i] = b;
-          need -= blocks_.consumes_capacity(b) ? 0 : 1;
-        }
-        lists.resize(i);
-        nulls_[0] = 0;
-        return static_cast<std::int32_t>(i);
-      }
-      memo_.assign(G * m, lookup_pending);
-      // Group g's root cursor, made once per run of lookups in one group (the searches ask group by group).
-      std::int32_t root_group = 0;
-      auto root = share.first_cursor(group_extra(extra, 0));
-      const auto cached_block = [&](std::int32_t g, std::int64_t i) -> block_id {
-        block_id& slot = memo_[static_cast<std::size_t>(g) * m + static_cast<std::size_t>(i)];
-        if (slot == lookup_pending) {
-          if (g != root_group) {
-            root = share.first_cursor(group_extra(extra, g));
-            root_group = g;
-          }
-          auto c = root;
-          slot = share.lookup(c, group_key(hashes[static_cast<std::size_t>(i)], g),
-                              tokens.subspan(static_cast<std::size_t>(i) * static_cast<std::size_t>(bs),
-                                             static_cast<std::size_t>(bs)));
-        }
-        return slot;
-      };
-      const auto cached = [&](std::int32_t g, std::int64_t i) { return cached_block(g, i) != no_block; };
-      std::int64_t hit = 0;
-      if (options_.conventions == hybrid_conventions::vllm) {
-        hit = vllm_agreed_hit(vkinds_, bs, max_tokens, cached, nulls_, vscratch_);
-      } else {
-        hit = agreed_hit_tokens(
-            num_groups(), bs, max_tokens,
-            [this](std::int32_t g, std::int64_t t) noexcept { return kinds_[static_cast<std::size_t>(g)].skipped_tokens(t); },
-            cached, hscratch_);
-        std::fill(nulls_.begin(), nulls_.end(), 0);
-      }
-      // The entries the admission skips (those wholly before the window of the hit's first computed token) are the
-      // null block whatever the lookup found there: vLLM's lookup for a window of 1 token returns the last cached
-      // block, which allocate_slots then skips (not touched, not counted, left in the free queue).
-      for (std::int32_t g = 0; g < num_groups(); ++g)
-        nulls_[ix(g)] = std::max(nulls_[ix(g)], static_cast<std::int32_t>(
-                                                    kinds_[static_cast<std::size_t>(g)].skipped_tokens(hit) / bs));
-      len = static_cast<std::int32_t>(hit / bs);
-      lists.resize(G * static_cast<std::size_t>(len));
-      for (std::int32_t g = 0; g < num_groups(); ++g)
-        for (std::int32_t i = 0; i < len; ++i) {
-          // The memo read here as well as in cached_block: 3% fewer admission instructions than the call alone.
-          const block_id known = memo_[static_cast<std::size_t>(g) * m + static_cast<std::size_t>(i)];
-          const block_id b = i < nulls_[ix(g)] ? null_block : known != lookup_pending ? known : cached_block(g, i);
-          lists[static_cast<std::size_t>(g) * static_cast<std::size_t>(len) + static_cast<std::size_t>(i)] = b;
-        }
-    } else {
-      (void)tokens;
-      (void)extra;
-      (void)hashes;
-    }
-    need = admission_need(total, len, lists);
-    return len;
-  }
+                        std::vector<block_id>& lists, std::int64_t& need, std::int32_t n);
 
   /// Blocks an admission of `total` blocks per group with hit lists `lists` (`len` entries each) takes from
   /// available_blocks(): the new blocks of every group and the hits that are free or evictable.
   [[nodiscard]] std::int64_t admission_need(std::int64_t total, std::int32_t len,
-                                            std::span<const block_id> lists) const noexcept {
-    std::int64_t need = (total - len) * num_groups();
-    for (const block_id b : lists)
-      if (b != null_block && blocks_.consumes_capacity(b)) ++need;
-    return need;
-  }
+                                            std::span<const block_id> lists) const noexcept;
 
   // ---------------------------------------------------------------- operations
 
   status add_impl(seq_id id, std::int32_t n, std::span<const token_id> tokens, sequence_options options,
-                  prefix_match* out, const prefix_hit* given, std::span<const std::uint64_t> known) {
-    if (primary().contains(id)) return status{errc::duplicate_sequence, "add_sequence: sequence id is already live"};
-    const std::int64_t total = blocks_for_tokens(n, cfg_.block_size);
-    if (exceeds_table_limit(total))
-      return status{errc::invalid_argument, "add_sequence: prompt needs more than max_blocks_per_seq blocks", total};
-    const bool content = caching && !tokens.empty();
-    std::int64_t need = 0;
-    std::int32_t len = 0;
-    hashes_.assign(known.begin(), known.end());
-    if (content) hash_blocks(tokens, options.extra_key, hashes_);
-    if (given != nullptr && given->match.tokens <= n - 1 &&
-        given->blocks.size() == static_cast<std::size_t>(given->match.blocks) * kinds_.size()) {
-      len = given->match.blocks;  // the lookup is done: its lists, its need for n tokens
-      lists_.assign(given->blocks.begin(), given->blocks.end());
-      need = admission_need(total, len, lists_);
-    } else if (content) {
-      len = find_hit(tokens, options.extra_key, hashes_, lists_, need, n);
-    } else {
-      lists_.clear();
-      need = total * num_groups();
-    }
-    if (need > available_blocks())
-      return status{errc::out_of_blocks, "add_sequence: not enough free blocks for the prompt", need};
-
-    const std::int32_t h = insert(id);
-    // Hits first in every group (they leave the free queue before anything is popped), then new blocks group by
-    // group (vLLM's order: an earlier group's allocation cannot evict a later group's hits).
-    for (std::int32_t g = 0; g < num_groups(); ++g) {
-      auto& t = tables_[ix(g)][h].blocks;
-      t.resize(static_cast<std::size_t>(total));
-      for (std::int32_t i = 0; i < len; ++i) {
-        const block_id b = lists_[static_cast<std::size_t>(g) * static_cast<std::size_t>(len) + static_cast<std::size_t>(i)];
-        t[static_cast<std::size_t>(i)] = b;
-        if (b == null_block) continue;
-        touch(g, b);
-        ++gstats_[ix(g)].hit_blocks;
-      }
-    }
-    for (std::int32_t g = 0; g < num_groups(); ++g) {
-      take(g, std::span<block_id>(tables_[ix(g)][h].blocks).subspan(static_cast<std::size_t>(len)));
-      tables_[ix(g)][h].num_tokens = n;
-      gstats_[ix(g)].table_entries += total;
-    }
-    auto& s = primary()[h];
-    s.priority = options.priority;
-    s.extra_key = options.extra_key;
-    extra_state& e = extra_[static_cast<std::size_t>(h)];
-    e.content = content;
-    const std::int32_t hit_tokens = len * cfg_.block_size;
-    if (content) {
-      e.hashes.swap(hashes_);
-      // The hit blocks are cached (or the null block): commit from the first new block on.
-      std::fill(e.committed.begin(), e.committed.end(), len);
-      commit_full(h, 0, tokens);
-      const std::size_t tail = tokens.size() % static_cast<std::size_t>(cfg_.block_size);
-      s.partial.assign(tokens.end() - static_cast<std::ptrdiff_t>(tail), tokens.end());
-      counts_.prefix_query_tokens += n;
-      counts_.prefix_hit_tokens += hit_tokens;
-    }
-    counts_.tokens += n;
-    e.step_base = hit_tokens;
-    s.append_step = record_append(h, id, hit_tokens, n - hit_tokens);
-    note_allocation();
-    if (out != nullptr) *out = prefix_match{len, hit_tokens, need};
-    return ok_status();
-  }
+                  prefix_match* out, const prefix_hit* given, std::span<const std::uint64_t> known);
 
   /// Commits sequence h's full blocks from block `from` on in every group (entries not yet committed, not null,
   /// not cached); `tokens` holds the tokens of blocks [from, ...) from its start.
-  void commit_full(std::int32_t h, std::size_t from, std::span<const token_id> tokens) {
-    if constexpr (caching) {
-      extra_state& e = extra_[static_cast<std::size_t>(h)];
-      const auto bs = static_cast<std::size_t>(cfg_.block_size);
-      const std::size_t full = e.hashes.size();
-      S& share = blocks_.sharing();
-      const std::uint64_t extra = primary()[h].extra_key;
-      for (std::int32_t g = 0; g < num_groups(); ++g) {
-        auto& t = tables_[ix(g)][h].blocks;
-        const std::size_t start = std::max<std::size_t>(from, static_cast<std::size_t>(e.committed[ix(g)]));
-        for (std::size_t i = start; i < full; ++i) {
-          const block_id b = t[i];
-          if (b == null_block || share.is_cached(b)) continue;
-          auto c = share.first_cursor(group_extra(extra, g));
-          share.commit(b, c, group_key(e.hashes[i], g), tokens.subspan((i - from) * bs, bs));
-        }
-        e.committed[ix(g)] = static_cast<std::int32_t>(std::max<std::size_t>(full, static_cast<std::size_t>(e.committed[ix(g)])));
-      }
-    } else {
-      (void)h;
-      (void)from;
-      (void)tokens;
-    }
-  }
+  void commit_full(std::int32_t h, std::size_t from, std::span<const token_id> tokens);
 
-  std::uint64_t record_append(std::int32_t h, seq_id id, std::int32_t first, std::int32_t count) {
-    return ledger_.record_append(h, id, first, count);
-  }
+  std::uint64_t record_append(std::int32_t h, seq_id id, std::int32_t first, std::int32_t count);
 
   /// Slots for `n` more tokens of sequence h in every group: window release, capacity, copy-on-write, new blocks.
-  status grow(std::int32_t h, std::int32_t n, std::span<const token_id> tokens) {
-    auto& s = primary()[h];
-    const auto blocks = detail::blocks_after_growth(s.num_tokens, n, cfg_.block_size, cfg_.max_blocks_per_seq);
-    if (!blocks) return blocks.error();
-    const std::int64_t new_total = std::int64_t{s.num_tokens} + n, total_blocks = *blocks;
-    extra_state& e = extra_[static_cast<std::size_t>(h)];
-    const std::int32_t first = s.num_tokens;  // tokens before this append
-    const bool pending = s.append_step == ledger_.step();
-    // The window is that of the first token this step computes: tokens appended earlier in this step are not
-    // computed yet and still read their own windows.
-    const std::int64_t from = pending ? e.step_base : s.num_tokens;
-    // The common decode step: the tokens fit every group's last block, which is ours alone and not cached, and no
-    // window moves past a block. Nothing is taken or released (so no peak can rise).
-    if (total_blocks == static_cast<std::int64_t>(s.blocks.size()) && s.num_tokens % cfg_.block_size != 0 &&
-        in_place(h, from)) {
-      for (table_type& t : tables_) t[h].num_tokens = static_cast<std::int32_t>(new_total);
-      return finish_append(h, first, n, pending, tokens, false);
-    }
-    const retention_hint hint{s.priority};
-    // What the window release would free, and what the tokens take.
-    const bool vllm = options_.conventions == hybrid_conventions::vllm;
-    if (vllm) release_window(h, from, hint);  // kept even if the allocation fails (vLLM's allocate_slots)
-    std::int64_t gain = 0, need = 0;
-    const bool writes_last = s.num_tokens % cfg_.block_size != 0;
-    for (std::int32_t g = 0; g < num_groups(); ++g) {
-      auto& t = tables_[ix(g)][h].blocks;
-      if (!vllm) {  // what the window release would free
-        for (std::size_t i = release_end(g, from, t.size()); i-- > 0 && t[i] != null_block;)
-          gain += blocks_.refcount(t[i]) == 1 && !ledger_.busy(t[i]) ? 1 : 0;
-      }
-      need += std::max<std::int64_t>(total_blocks - static_cast<std::int64_t>(t.size()), 0);
-      need += writes_last && blocks_.refcount(t.back()) > 1 ? 1 : 0;
-    }
-    if (need > available_blocks() + gain)
-      return status{errc::out_of_blocks, "append_tokens: not enough free blocks", need};
-    if (!vllm) release_window(h, from, hint);
-    for (std::int32_t g = 0; g < num_groups(); ++g) {
-      auto& t = tables_[ix(g)][h].blocks;
-      if (writes_last) {
-        const block_id last = t.back();
-        if (blocks_.refcount(last) > 1) {  // copy-on-write of a shared, partly filled last block
-          block_id dst = no_block;
-          take(g, std::span<block_id>(&dst, 1));
-          ledger_.plan_copy(last, dst, g);
-          t.back() = dst;
-          release(last, hint);
-          ++counts_.cow_copies;
-        } else if (blocks_.is_cached(last)) {  // ours alone but cached (a fork ended in it): it is about to change
-          blocks_.evict(last);
-        }
-      }
-      const std::size_t old = t.size();
-      if (static_cast<std::int64_t>(old) < total_blocks) {
-        t.resize(static_cast<std::size_t>(total_blocks));
-        take(g, std::span<block_id>(t).subspan(old));
-        gstats_[ix(g)].table_entries += total_blocks - static_cast<std::int64_t>(old);
-      }
-      tables_[ix(g)][h].num_tokens = static_cast<std::int32_t>(new_total);
-    }
-    return finish_append(h, first, n, pending, tokens, true);
-  }
+  status grow(std::int32_t h, std::int32_t n, std::span<const token_id> tokens);
 
   /// The decode step's path, inline: one token that fits every group's last block as it is (ours alone, not cached,
   /// no window past a block); a token that fills the block hashes and commits it here. False (nothing changed)
   /// otherwise.
-  bool append_one_in_place(std::int32_t h, token_id token) {
-    auto& s = primary()[h];
-    const std::int32_t bs = cfg_.block_size;
-    if (s.num_tokens % bs == 0 || s.num_tokens == INT32_MAX) return false;
-    extra_state& e = extra_[static_cast<std::size_t>(h)];
-    const bool pending = s.append_step == ledger_.step();
-    if (!in_place(h, pending ? e.step_base : s.num_tokens)) return false;
-    const std::int32_t first = s.num_tokens;
-    for (table_type& t : tables_) ++t[h].num_tokens;
-    if (!pending) e.step_base = first;
-    s.append_step = record_append(h, s.id, first, 1);
-    ++counts_.tokens;
-    if (e.content) {
-      s.partial.push_back(token);
-      if (s.partial.size() == static_cast<std::size_t>(bs)) fill_block(h, static_cast<std::size_t>(first / bs));
-    } else {
-      s.partial.clear();
-    }
-    return true;
-  }
+  bool append_one_in_place(std::int32_t h, token_id token);
 
   /// Sequence h's partial block `i` just filled (its tokens in `partial`): its hash (unless known) and its commit in
   /// every group, as extend_content does for a longer append.
-  void fill_block(std::int32_t h, std::size_t i) {
-    auto& s = primary()[h];
-    extra_state& e = extra_[static_cast<std::size_t>(h)];
-    if constexpr (caching) {
-      // The hashes cover the full blocks before this one (admission and fork trim them to the full blocks).
-      KVPAGER_ASSERT(e.hashes.size() == i || e.hashes.size() == i + 1,
-                     "hybrid_kv_cache: block hashes out of step with a filling block");
-      if (e.hashes.size() == i) e.hashes.push_back(chain_hash(e.hashes, i, s.extra_key, s.partial));
-      commit_full(h, i, s.partial);
-    } else {
-      (void)e;
-      (void)i;
-    }
-    s.partial.clear();
-  }
+  void fill_block(std::int32_t h, std::size_t i);
 
   /// Whether every group can write tokens from position `from` on into its last block as it is: ours alone, not
   /// cached, and no block wholly before the group's window still held.
-  [[nodiscard]] bool in_place(std::int32_t h, std::int64_t from) const noexcept {
-    for (std::int32_t g = 0; g < num_groups(); ++g) {
-      const auto& t = tables_[ix(g)][h].blocks;
-      const block_id last = t.back();
-      if (blocks_.refcount(last) != 1 || blocks_.is_cached(last)) return false;
-      const std::size_t k = release_end(g, from, t.size());
-      if (k > 0 && t[k - 1] != null_block) return false;
-    }
-    return true;
-  }
+  [[nodiscard]] bool in_place(std::int32_t h, std::int64_t from) const noexcept;
 
   /// The end of a successful append of `n` tokens at position `first`: the plan's range, the counts, the content
   /// (hashes and commits of the blocks the tokens fill), and the peaks when blocks were taken.
   status finish_append(std::int32_t h, std::int32_t first, std::int32_t n, bool pending,
-                       std::span<const token_id> tokens, bool allocated) {
-    auto& s = primary()[h];
-    extra_state& e = extra_[static_cast<std::size_t>(h)];
-    if (!pending) e.step_base = first;
-    s.append_step = record_append(h, s.id, first, n);
-    counts_.tokens += n;
-    if (e.content && !tokens.empty()) {
-      extend_content(h, first, tokens);
-    } else {
-      e.content = false;  // token ids unknown from here: the later blocks are not cached
-      s.partial.clear();
-    }
-    if (allocated) note_allocation();
-    return ok_status();
-  }
+                       std::span<const token_id> tokens, bool allocated);
 
   /// Table entries [0, k) wholly before group g's window for a next token at position `from`.
-  [[nodiscard]] std::size_t release_end(std::int32_t g, std::int64_t from, std::size_t len) const noexcept {
-    const std::int64_t sk = kinds_[static_cast<std::size_t>(g)].skipped_tokens(from) / cfg_.block_size;
-    return std::min(static_cast<std::size_t>(sk), len);
-  }
+  [[nodiscard]] std::size_t release_end(std::int32_t g, std::int64_t from, std::size_t len) const noexcept;
 
   /// The window release: in group order, entries k-1 down to the first null entry are released and nulled.
-  void release_window(std::int32_t h, std::int64_t from, retention_hint hint) {
-    for (std::int32_t g = 0; g < num_groups(); ++g) {
-      auto& t = tables_[ix(g)][h].blocks;
-      for (std::size_t i = release_end(g, from, t.size()); i-- > 0 && t[i] != null_block;) {
-        release(t[i], hint);
-        t[i] = null_block;
-        ++gstats_[ix(g)].skipped_blocks;
-      }
-    }
-  }
+  void release_window(std::int32_t h, std::int64_t from, retention_hint hint);
 
   /// Hashes and commits the blocks that tokens appended at position `first` fill.
-  void extend_content(std::int32_t h, std::int32_t first, std::span<const token_id> tokens) {
-    auto& s = primary()[h];
-    extra_state& e = extra_[static_cast<std::size_t>(h)];
-    const auto bs = static_cast<std::size_t>(cfg_.block_size);
-    if (s.partial.size() + tokens.size() < bs) {  // the common decode step: no block fills
-      if (tokens.size() == 1) {
-        s.partial.push_back(tokens[0]);
-      } else {
-        s.partial.insert(s.partial.end(), tokens.begin(), tokens.end());
-      }
-      return;
-    }
-    buffer_.assign(s.partial.begin(), s.partial.end());
-    buffer_.insert(buffer_.end(), tokens.begin(), tokens.end());
-    const std::size_t base = static_cast<std::size_t>(first) - s.partial.size();  // position of buffer_[0]
-    const std::size_t from_block = base / bs;
-    const std::size_t full = (static_cast<std::size_t>(first) + tokens.size()) / bs;
-    const std::span<const token_id> buf(buffer_);
-    for (std::size_t i = e.hashes.size(); i < full; ++i)
-      e.hashes.push_back(chain_hash(e.hashes, i, s.extra_key, buf.subspan((i - from_block) * bs, bs)));
-    if (full > from_block) commit_full(h, from_block, buf);
-    const std::size_t tail = (static_cast<std::size_t>(first) + tokens.size()) % bs;
-    s.partial.assign(buffer_.end() - static_cast<std::ptrdiff_t>(tail), buffer_.end());
-  }
+  void extend_content(std::int32_t h, std::int32_t first, std::span<const token_id> tokens);
 
   /// Before sequence h is freed: its appends of this step are cancelled (slots -1 in every group) and the blocks
   /// they touch lose their cached content, except blocks another sequence shares (a prefix hit in this step): their
   /// slots are kept (frozen), in every group, and they stay busy for the step (the step_ledger's rule, per group).
-  void cancel_appends(std::int32_t h) {
-    ledger_.cancel_appends(
-        h, num_groups(), [this, h](std::int32_t g) { return std::span<const block_id>(tables_[ix(g)][h].blocks); },
-        cfg_.block_size, [this](block_id b) { return b != null_block && blocks_.refcount(b) > 1; },
-        [this](block_id b) {
-          if (b != null_block && blocks_.is_cached(b)) blocks_.drop_content(b);  // its content will never be written
-        });
-  }
+  void cancel_appends(std::int32_t h);
 
   static constexpr block_id lookup_pending = -2;
 
@@ -1125,5 +424,993 @@ class hybrid_kv_cache {
   vllm_hit_scratch vscratch_;
   hit_scratch hscratch_;
 };
+
+// ------------------------------------------------------------------------------------------------ definitions
+
+template <group_kind K, block_allocator A, eviction_policy E, sharing_policy S, swap_policy W>
+KVPAGER_OUT_OF_LINE hybrid_kv_cache<K, A, E, S, W>::hybrid_kv_cache(const hybrid_kv_cache&) = default;
+template <group_kind K, block_allocator A, eviction_policy E, sharing_policy S, swap_policy W>
+KVPAGER_OUT_OF_LINE hybrid_kv_cache<K, A, E, S, W>::hybrid_kv_cache(hybrid_kv_cache&&) noexcept = default;
+template <group_kind K, block_allocator A, eviction_policy E, sharing_policy S, swap_policy W>
+KVPAGER_OUT_OF_LINE auto hybrid_kv_cache<K, A, E, S, W>::operator=(const hybrid_kv_cache&) -> hybrid_kv_cache& = default;
+template <group_kind K, block_allocator A, eviction_policy E, sharing_policy S, swap_policy W>
+KVPAGER_OUT_OF_LINE auto hybrid_kv_cache<K, A, E, S, W>::operator=(hybrid_kv_cache&&) noexcept -> hybrid_kv_cache& = default;
+template <group_kind K, block_allocator A, eviction_policy E, sharing_policy S, swap_policy W>
+KVPAGER_OUT_OF_LINE hybrid_kv_cache<K, A, E, S, W>::~hybrid_kv_cache() = default;
+
+template <group_kind K, block_allocator A, eviction_policy E, sharing_policy S, swap_policy W>
+KVPAGER_OUT_OF_LINE auto hybrid_kv_cache<K, A, E, S, W>::create(cache_config cfg, std::span<const K> groups,
+                                                                hybrid_options options, policies p)
+    -> result<hybrid_kv_cache> {
+  if (status st = validate(cfg); !st) return st;
+  if (groups.empty()) return status{errc::invalid_argument, "hybrid_kv_cache::create: no KV cache group"};
+  if (groups.size() > static_cast<std::size_t>(max_groups))
+    return status{errc::invalid_argument, "hybrid_kv_cache::create: more than max_groups groups",
+                  static_cast<std::int64_t>(groups.size())};
+  for (std::size_t g = 0; g < groups.size(); ++g)
+    if (status st = groups[g].validate(); !st) return st;
+  if (cfg.reserved_blocks < 1)
+    return status{errc::invalid_argument,
+                  "hybrid_kv_cache::create: block 0 is the null block: reserved_blocks must be at least 1",
+                  cfg.reserved_blocks};
+  if (cfg.num_host_blocks == 1)
+    return status{errc::invalid_pool_size,
+                  "hybrid_kv_cache::create: host block 0 is reserved (a table's null entry on the host side): "
+                  "num_host_blocks must be 0 or at least 2",
+                  cfg.num_host_blocks};
+  std::vector<vllm_kind> vk;
+  if (options.conventions == hybrid_conventions::vllm) {
+    for (const K& k : groups) vk.push_back(vllm_kind_of(k));
+    if (status st = check_vllm_layout(vk); !st) return st;
+  }
+#if KVPAGER_HAS_EXCEPTIONS
+  try {
+#endif
+    auto pool = block_pool<A>::create({cfg.num_blocks, cfg.reserved_blocks}, std::move(p.allocator));
+    if (!pool) return pool.error();
+    return hybrid_kv_cache(cfg, groups, std::move(vk), options, std::move(*pool), std::move(p.eviction),
+                           std::move(p.sharing), std::move(p.swap));
+#if KVPAGER_HAS_EXCEPTIONS
+  } catch (const std::bad_alloc&) {
+    return status{errc::out_of_memory, "hybrid_kv_cache::create: not enough host memory for the bookkeeping",
+                  cfg.num_blocks};
+  }
+#endif
+}
+
+template <group_kind K, block_allocator A, eviction_policy E, sharing_policy S, swap_policy W>
+KVPAGER_OUT_OF_LINE auto hybrid_kv_cache<K, A, E, S, W>::add_sequence(seq_id id, std::int32_t num_tokens) -> status {
+  if (num_tokens <= 0) return status{errc::invalid_argument, "add_sequence: num_tokens must be positive", num_tokens};
+  return add_impl(id, num_tokens, {}, sequence_options{}, nullptr, nullptr, {});
+}
+
+template <group_kind K, block_allocator A, eviction_policy E, sharing_policy S, swap_policy W>
+KVPAGER_OUT_OF_LINE auto hybrid_kv_cache<K, A, E, S, W>::add_sequence(seq_id id, std::span<const token_id> tokens,
+                                                                      sequence_options options, prefix_match* hit,
+                                                                      std::span<const std::uint64_t> known) -> status {
+  if (status st = check_prompt("add_sequence", tokens); !st) return st;
+  return add_impl(id, static_cast<std::int32_t>(tokens.size()), tokens, options, hit, nullptr, known);
+}
+
+template <group_kind K, block_allocator A, eviction_policy E, sharing_policy S, swap_policy W>
+KVPAGER_OUT_OF_LINE auto hybrid_kv_cache<K, A, E, S, W>::match_prefix(std::span<const token_id> tokens,
+                                                                      sequence_options options)
+    -> result<prefix_match> {
+  prefix_hit h;
+  if (status st = match_prefix(tokens, options, h); !st) return st;
+  return h.match;
+}
+
+template <group_kind K, block_allocator A, eviction_policy E, sharing_policy S, swap_policy W>
+KVPAGER_OUT_OF_LINE auto hybrid_kv_cache<K, A, E, S, W>::match_prefix(std::span<const token_id> tokens,
+                                                                      sequence_options options, prefix_hit& hit,
+                                                                      std::span<const std::uint64_t> known) -> status {
+  hit.blocks.clear();
+  hit.known_hashes.assign(known.begin(), known.end());
+  hit.num_tokens = 0;
+  hit.match = prefix_match{};
+  if (status st = check_prompt("match_prefix", tokens); !st) return st;
+  const auto n = static_cast<std::int32_t>(tokens.size());
+  hash_blocks(tokens, options.extra_key, hit.known_hashes);
+  std::int64_t need = 0;
+  const std::int32_t len = find_hit(tokens, options.extra_key, hit.known_hashes, hit.blocks, need, n);
+  hit.match = prefix_match{len, len * cfg_.block_size, need};
+  hit.generation = generation();
+  hit.extra_key = options.extra_key;
+  hit.num_tokens = n;
+  return ok_status();
+}
+
+template <group_kind K, block_allocator A, eviction_policy E, sharing_policy S, swap_policy W>
+KVPAGER_OUT_OF_LINE auto hybrid_kv_cache<K, A, E, S, W>::add_sequence(seq_id id, std::span<const token_id> tokens,
+                                                                      sequence_options options, const prefix_hit& hit,
+                                                                      prefix_match* out) -> status {
+  if (hit.generation != generation() || hit.extra_key != options.extra_key ||
+      tokens.size() > static_cast<std::size_t>(hit.num_tokens) || hit.num_tokens == 0)
+    return status{errc::stale_prefix_hit, "add_sequence: the prefix hit is stale (the cache changed since "
+                                          "match_prefix) or was made for other tokens or options"};
+  if (status st = check_prompt("add_sequence", tokens); !st) return st;
+  return add_impl(id, static_cast<std::int32_t>(tokens.size()), tokens, options, out, &hit, hit.known_hashes);
+}
+
+template <group_kind K, block_allocator A, eviction_policy E, sharing_policy S, swap_policy W>
+KVPAGER_OUT_OF_LINE auto hybrid_kv_cache<K, A, E, S, W>::append_tokens(seq_id id, token_count n) -> status {
+  if (n.value <= 0) return status{errc::invalid_argument, "append_tokens: token count must be positive", n.value};
+  const auto h = primary().template checked<"append_tokens">(id);
+  if (!h) return h.error();
+  return grow(*h, n.value, {});
+}
+
+template <group_kind K, block_allocator A, eviction_policy E, sharing_policy S, swap_policy W>
+KVPAGER_OUT_OF_LINE auto hybrid_kv_cache<K, A, E, S, W>::append_tokens(seq_id id, std::span<const token_id> tokens)
+    -> status {
+  if (tokens.empty() || tokens.size() > static_cast<std::size_t>(INT32_MAX))
+    return status{errc::invalid_argument, "append_tokens: token count must be positive",
+                  static_cast<std::int64_t>(tokens.size())};
+  const auto h = primary().template checked<"append_tokens">(id);
+  if (!h) return h.error();
+  if (tokens.size() == 1 && append_one_in_place(*h, tokens[0])) return ok_status();
+  return grow(*h, static_cast<std::int32_t>(tokens.size()), tokens);
+}
+
+template <group_kind K, block_allocator A, eviction_policy E, sharing_policy S, swap_policy W>
+KVPAGER_OUT_OF_LINE auto hybrid_kv_cache<K, A, E, S, W>::fork(seq_id parent, seq_id child, std::int32_t num_tokens)
+    -> status {
+  const auto ph = primary().template checked<"fork">(parent);
+  if (!ph) return ph.error();
+  if (child == parent || primary().contains(child))
+    return status{errc::duplicate_sequence, "fork: child sequence id is already live"};
+  const auto& parent_state = primary()[*ph];
+  if (num_tokens < 0 || num_tokens > parent_state.num_tokens)
+    return status{errc::invalid_argument, "fork: num_tokens must be in [0, parent length]", num_tokens};
+  if (parent_state.append_step == ledger_.step())
+    return status{errc::pending_append, "fork: the parent has tokens appended in this step; fork after begin_step"};
+  const std::int32_t tokens = num_tokens == 0 ? parent_state.num_tokens : num_tokens;
+  const auto k = static_cast<std::size_t>(blocks_for_tokens(tokens, cfg_.block_size));
+  std::int64_t copies = 0;
+  for (std::int32_t g = 0; g < num_groups(); ++g) {
+    const auto& t = tables_[ix(g)][*ph].blocks;
+    const auto first = static_cast<std::size_t>(kinds_[ix(g)].skipped_tokens(tokens) / cfg_.block_size);
+    for (std::size_t i = first; i < k; ++i)
+      if (t[i] == null_block)
+        return status{errc::invalid_argument, "fork: a window group no longer holds blocks the child reads", g};
+    for (std::size_t i = 0; i < k; ++i) copies += t[i] != null_block ? 1 : 0;
+  }
+  if constexpr (S::fork == fork_mode::copy) {
+    if (copies > available_blocks())
+      return status{errc::out_of_blocks, "fork: not enough free blocks to copy the parent", copies};
+  }
+  const std::int32_t h = insert(child);  // may reallocate the states: index by handle from here on
+  const auto& p = primary()[*ph];
+  const extra_state& pe = extra_[static_cast<std::size_t>(*ph)];
+  extra_state& ce = extra_[static_cast<std::size_t>(h)];
+  for (std::int32_t g = 0; g < num_groups(); ++g) {
+    const auto& pt = tables_[ix(g)][*ph].blocks;
+    auto& ct = tables_[ix(g)][h].blocks;
+    ct.assign(pt.begin(), pt.begin() + static_cast<std::ptrdiff_t>(k));
+    for (block_id& b : ct) {
+      if (b == null_block) continue;
+      if constexpr (S::fork == fork_mode::copy) {
+        const block_id src = b;
+        take(g, std::span<block_id>(&b, 1));
+        ledger_.plan_copy(src, b, g);
+        ++counts_.fork_copies;
+      } else {
+        blocks_.add_ref(b);
+      }
+    }
+    tables_[ix(g)][h].num_tokens = tokens;
+    gstats_[ix(g)].table_entries += static_cast<std::int64_t>(k);
+  }
+  auto& c = primary()[h];
+  c.priority = p.priority;
+  c.extra_key = p.extra_key;
+  if constexpr (S::fork == fork_mode::copy) c.append_step = ledger_.step();
+  const auto full = static_cast<std::size_t>(tokens / cfg_.block_size);
+  ce.hashes.assign(pe.hashes.begin(), pe.hashes.begin() + static_cast<std::ptrdiff_t>(std::min(full, pe.hashes.size())));
+  ce.committed.resize(static_cast<std::size_t>(num_groups()));
+  for (std::int32_t g = 0; g < num_groups(); ++g)
+    ce.committed[ix(g)] = std::min(pe.committed[ix(g)], static_cast<std::int32_t>(full));
+  // The child keeps caching where it knows its last block's tokens: a fork at the parent's end.
+  ce.content = pe.content && (tokens == p.num_tokens || tokens % cfg_.block_size == 0);
+  if (ce.content && tokens == p.num_tokens) c.partial = p.partial;
+  ce.step_base = tokens;
+  counts_.tokens += tokens;
+  if constexpr (S::fork == fork_mode::copy) note_allocation();
+  return ok_status();
+}
+
+template <group_kind K, block_allocator A, eviction_policy E, sharing_policy S, swap_policy W>
+KVPAGER_OUT_OF_LINE auto hybrid_kv_cache<K, A, E, S, W>::free_sequence(seq_id id) -> status {
+  const auto hh = primary().template checked<"free_sequence">(id, detail::residency::any);
+  if (!hh) return hh.error();
+  const std::int32_t h = *hh;
+  const bool swapped = primary()[h].swapped;
+  if (!swapped && primary()[h].append_step == ledger_.step()) cancel_appends(h);
+  const retention_hint hint{primary()[h].priority};
+  for (std::int32_t g = 0; g < num_groups(); ++g) {
+    const auto& t = tables_[ix(g)][h].blocks;
+    if (swapped) {
+      book_.drop_refs(t, null_block);
+    } else {
+      for (auto it = t.rbegin(); it != t.rend(); ++it)
+        if (*it != null_block) release(*it, hint);
+    }
+    gstats_[ix(g)].table_entries -= static_cast<std::int64_t>(t.size());
+  }
+  if (swapped) book_.dropped_sequence();
+  counts_.tokens -= primary()[h].num_tokens;
+  for (table_type& t : tables_) t.erase(h);
+  extra_state& e = extra_[static_cast<std::size_t>(h)];
+  e.hashes.clear();
+  e.content = false;
+  return ok_status();
+}
+
+template <group_kind K, block_allocator A, eviction_policy E, sharing_policy S, swap_policy W>
+KVPAGER_OUT_OF_LINE auto hybrid_kv_cache<K, A, E, S, W>::swap_out(std::span<const seq_id> group) -> status {
+  if (!book_.has_host_pool())
+    return status{errc::unsupported, "swap_out: the cache has no host pool (num_host_blocks 0)"};
+  if (status st = primary().template checked_group<"swap_out">(group, detail::residency::device, ledger_.step());
+      !st)
+    return st;
+  const auto release_ref = [this](block_id b, retention_hint hint) { release(b, hint); };
+  if (status st = book_.swap_out(group, std::span<table_type>(tables_), ledger_, release_ref, null_block); !st)
+    return st;
+  for (const seq_id id : group) {
+    const std::int32_t h = *primary().template checked<"swap_out">(id, detail::residency::any);
+    extra_[static_cast<std::size_t>(h)].content = false;
+    primary()[h].partial.clear();
+  }
+  return ok_status();
+}
+
+template <group_kind K, block_allocator A, eviction_policy E, sharing_policy S, swap_policy W>
+KVPAGER_OUT_OF_LINE auto hybrid_kv_cache<K, A, E, S, W>::swap_in(std::span<const seq_id> group) -> status {
+  if (status st = primary().template checked_group<"swap_in">(group, detail::residency::swapped, ledger_.step());
+      !st)
+    return st;
+  const auto taken = [this](std::int32_t g, block_id b) { count_up(g, b); };
+  if (status st = book_.swap_in(group, std::span<table_type>(tables_), blocks_, ledger_, taken, null_block); !st)
+    return st;
+  note_allocation();
+  return ok_status();
+}
+
+template <group_kind K, block_allocator A, eviction_policy E, sharing_policy S, swap_policy W>
+KVPAGER_OUT_OF_LINE auto hybrid_kv_cache<K, A, E, S, W>::preempt_decision(seq_id id) const -> result<preempt_action> {
+  const auto h = primary().template checked<"preempt">(id);
+  if (!h) return h.error();
+  return book_.decide(static_cast<std::int32_t>(held_blocks(*h)));
+}
+
+template <group_kind K, block_allocator A, eviction_policy E, sharing_policy S, swap_policy W>
+KVPAGER_OUT_OF_LINE auto hybrid_kv_cache<K, A, E, S, W>::preempt(seq_id id) -> result<preempt_action> {
+  const auto d = preempt_decision(id);
+  if (!d) return d;
+  switch (*d) {
+    case preempt_action::swap:
+      if (status st = swap_out(id); !st) return st;
+      ++counts_.preempted_swap;
+      return *d;
+    case preempt_action::recompute:
+      (void)free_sequence(id);
+      ++counts_.preempted_recompute;
+      return *d;
+    default:
+      return status{errc::unsupported, "preempt: the swap policy does not preempt (no_swap)"};
+  }
+}
+
+template <group_kind K, block_allocator A, eviction_policy E, sharing_policy S, swap_policy W>
+KVPAGER_OUT_OF_LINE auto hybrid_kv_cache<K, A, E, S, W>::host_block_table(std::int32_t g, seq_id id)
+    const noexcept -> result<std::span<const block_id>> {
+  if (status st = check_group("host_block_table", g); !st) return st;
+  const auto h = primary().template checked<"host_block_table">(id, detail::residency::swapped);
+  if (!h) return h.error();
+  return std::span<const block_id>(tables_[ix(g)][*h].blocks);
+}
+
+template <group_kind K, block_allocator A, eviction_policy E, sharing_policy S, swap_policy W>
+KVPAGER_OUT_OF_LINE auto hybrid_kv_cache<K, A, E, S, W>::host_block_table(seq_id)
+    const noexcept -> result<std::span<const block_id>> {
+  return per_group("host_block_table");
+}
+
+template <group_kind K, block_allocator A, eviction_policy E, sharing_policy S, swap_policy W>
+KVPAGER_OUT_OF_LINE auto hybrid_kv_cache<K, A, E, S, W>::swap_in_blocks(seq_id id)
+    const noexcept -> result<std::int64_t> {
+  const auto h = primary().template checked<"swap_in_blocks">(id, detail::residency::swapped);
+  if (!h) return h.error();
+  return held_blocks(*h);
+}
+
+template <group_kind K, block_allocator A, eviction_policy E, sharing_policy S, swap_policy W>
+KVPAGER_OUT_OF_LINE auto hybrid_kv_cache<K, A, E, S, W>::host_pool()
+    const noexcept -> const typename detail::swap_book<W>::host_pool_type* {
+  return book_.host_pool();
+}
+
+template <group_kind K, block_allocator A, eviction_policy E, sharing_policy S, swap_policy W>
+KVPAGER_OUT_OF_LINE auto hybrid_kv_cache<K, A, E, S, W>::begin_step() -> void {
+  ledger_.begin_step([this](block_id b, retention_hint hint) {
+    if (blocks_.refcount(b) == 0) blocks_.settle(b, hint);
+  });
+  book_.begin_step();
+}
+
+template <group_kind K, block_allocator A, eviction_policy E, sharing_policy S, swap_policy W>
+KVPAGER_OUT_OF_LINE auto hybrid_kv_cache<K, A, E, S, W>::is_swapped(seq_id id) const noexcept -> bool {
+  const auto h = primary().template checked<"is_swapped">(id, detail::residency::any);
+  return h && primary()[*h].swapped;
+}
+
+template <group_kind K, block_allocator A, eviction_policy E, sharing_policy S, swap_policy W>
+KVPAGER_OUT_OF_LINE auto hybrid_kv_cache<K, A, E, S, W>::owner_group(block_id b) const noexcept -> std::int32_t {
+  return b >= 0 && b < cfg_.num_blocks ? owner_[static_cast<std::size_t>(b)] : -1;
+}
+
+template <group_kind K, block_allocator A, eviction_policy E, sharing_policy S, swap_policy W>
+KVPAGER_OUT_OF_LINE auto hybrid_kv_cache<K, A, E, S, W>::blocks_needed(std::int64_t num_tokens)
+    const noexcept -> std::int64_t {
+  return blocks_for_tokens(num_tokens, cfg_.block_size) * num_groups();
+}
+
+template <group_kind K, block_allocator A, eviction_policy E, sharing_policy S, swap_policy W>
+KVPAGER_OUT_OF_LINE auto hybrid_kv_cache<K, A, E, S, W>::used_blocks() const noexcept -> std::int64_t {
+  return std::int64_t{cfg_.num_blocks - cfg_.reserved_blocks} - available_blocks();
+}
+
+template <group_kind K, block_allocator A, eviction_policy E, sharing_policy S, swap_policy W>
+KVPAGER_OUT_OF_LINE auto hybrid_kv_cache<K, A, E, S, W>::stats() const noexcept -> cache_stats {
+  cache_stats s = counts_;
+  s.block_size = cfg_.block_size;
+  s.pending_free = ledger_.pending_free();
+  s.sequences = primary().size();
+  blocks_.report(s);
+  book_.report(s);
+  return s;
+}
+
+template <group_kind K, block_allocator A, eviction_policy E, sharing_policy S, swap_policy W>
+KVPAGER_OUT_OF_LINE auto hybrid_kv_cache<K, A, E, S, W>::num_tokens(seq_id id) const noexcept -> result<std::int32_t> {
+  const auto h = primary().template checked<"num_tokens">(id, detail::residency::any);
+  if (!h) return h.error();
+  return primary()[*h].num_tokens;
+}
+
+template <group_kind K, block_allocator A, eviction_policy E, sharing_policy S, swap_policy W>
+KVPAGER_OUT_OF_LINE auto hybrid_kv_cache<K, A, E, S, W>::block_table(std::int32_t g, seq_id id)
+    const noexcept -> result<std::span<const block_id>> {
+  if (status st = check_group("block_table", g); !st) return st;
+  const auto h = primary().template checked<"block_table">(id);
+  if (!h) return h.error();
+  return std::span<const block_id>(tables_[ix(g)][*h].blocks);
+}
+
+template <group_kind K, block_allocator A, eviction_policy E, sharing_policy S, swap_policy W>
+KVPAGER_OUT_OF_LINE auto hybrid_kv_cache<K, A, E, S, W>::block_hashes(seq_id id, std::vector<std::uint64_t>& out)
+    const -> status {
+  const auto h = primary().template checked<"block_hashes">(id);
+  if (!h) return h.error();
+  const extra_state& e = extra_[static_cast<std::size_t>(*h)];
+  out.assign(e.hashes.begin(), e.hashes.end());
+  return ok_status();
+}
+
+template <group_kind K, block_allocator A, eviction_policy E, sharing_policy S, swap_policy W>
+KVPAGER_OUT_OF_LINE auto hybrid_kv_cache<K, A, E, S, W>::export_block_table(std::int32_t g,
+                                                                            std::span<const seq_id> seqs,
+                                                                            std::span<std::int32_t> table,
+                                                                            std::int32_t row_stride,
+                                                                            std::span<std::int32_t> seq_lens)
+    const noexcept -> status {
+  if (status st = check_group("export_block_table", g); !st) return st;
+  return detail::export_block_table(tables_[ix(g)], seqs, table, row_stride, seq_lens);
+}
+
+template <group_kind K, block_allocator A, eviction_policy E, sharing_policy S, swap_policy W>
+KVPAGER_OUT_OF_LINE auto hybrid_kv_cache<K, A, E, S, W>::csr_size(std::int32_t g, std::span<const seq_id> seqs)
+    const noexcept -> result<std::int64_t> {
+  if (status st = check_group("csr_size", g); !st) return st;
+  return detail::csr_size(tables_[ix(g)], seqs);
+}
+
+template <group_kind K, block_allocator A, eviction_policy E, sharing_policy S, swap_policy W>
+KVPAGER_OUT_OF_LINE auto hybrid_kv_cache<K, A, E, S, W>::export_csr(std::int32_t g, std::span<const seq_id> seqs,
+                                                                    std::span<std::int32_t> indptr,
+                                                                    std::span<std::int32_t> indices,
+                                                                    std::span<std::int32_t> last_page_len)
+    const noexcept -> status {
+  if (status st = check_group("export_csr", g); !st) return st;
+  return detail::export_csr(tables_[ix(g)], cfg_.block_size, seqs, indptr, indices, last_page_len);
+}
+
+template <group_kind K, block_allocator A, eviction_policy E, sharing_policy S, swap_policy W>
+KVPAGER_OUT_OF_LINE auto hybrid_kv_cache<K, A, E, S, W>::export_csr(std::span<const seq_id>, std::span<std::int32_t>,
+                                                                    std::span<std::int32_t>, std::span<std::int32_t>)
+    const noexcept -> status {
+  return per_group("export_csr");
+}
+
+template <group_kind K, block_allocator A, eviction_policy E, sharing_policy S, swap_policy W>
+KVPAGER_OUT_OF_LINE auto hybrid_kv_cache<K, A, E, S, W>::slot_mapping_size() const noexcept -> std::int64_t {
+  return ledger_.plan().num_append_tokens() * num_groups();
+}
+
+template <group_kind K, block_allocator A, eviction_policy E, sharing_policy S, swap_policy W>
+KVPAGER_OUT_OF_LINE auto hybrid_kv_cache<K, A, E, S, W>::export_slot_mapping(std::int32_t g,
+                                                                             std::span<std::int64_t> out)
+    const noexcept -> status {
+  if (status st = check_group("export_slot_mapping", g); !st) return st;
+  const std::int64_t n = ledger_.plan().num_append_tokens();
+  if (static_cast<std::int64_t>(out.size()) < n)
+    return status{errc::buffer_too_small, "export_slot_mapping: buffer is shorter than the step's appended tokens", n};
+  write_slots(g, out.first(static_cast<std::size_t>(n)));
+  return ok_status();
+}
+
+template <group_kind K, block_allocator A, eviction_policy E, sharing_policy S, swap_policy W>
+KVPAGER_OUT_OF_LINE auto hybrid_kv_cache<K, A, E, S, W>::export_slot_mapping(std::span<std::int64_t> out)
+    const noexcept -> status {
+  if (static_cast<std::int64_t>(out.size()) < slot_mapping_size())
+    return status{errc::buffer_too_small, "export_slot_mapping: buffer is shorter than slot_mapping_size()",
+                  slot_mapping_size()};
+  const std::int64_t n = ledger_.plan().num_append_tokens();
+  for (std::int32_t g = 0; g < num_groups(); ++g)
+    write_slots(g, out.subspan(static_cast<std::size_t>(g * n), static_cast<std::size_t>(n)));
+  return ok_status();
+}
+
+template <group_kind K, block_allocator A, eviction_policy E, sharing_policy S, swap_policy W>
+KVPAGER_OUT_OF_LINE hybrid_kv_cache<K, A, E, S, W>::hybrid_kv_cache(cache_config cfg, std::span<const K> groups,
+                                                                    std::vector<vllm_kind> vk, hybrid_options options,
+                                                                    block_pool<A> pool, E e, S s, W w)
+    : cfg_(cfg),
+      options_(options),
+      kinds_(groups.begin(), groups.end()),
+      vkinds_(std::move(vk)),
+      tables_(groups.size()),
+      gstats_(groups.size()),
+      blocks_(std::move(pool), std::move(e), std::move(s)),
+      book_(std::move(w)) {
+  const pool_geometry g{cfg.num_blocks, cfg.block_size, cfg.reserved_blocks};
+  blocks_.reset(g);
+  book_.reset(g, cfg.num_host_blocks, /*host_reserved=*/1);  // host block 0 is never used: null stays null
+  ledger_.reset(cfg.num_blocks);
+  owner_.assign(static_cast<std::size_t>(cfg.num_blocks), 0);
+  nulls_.resize(groups.size());
+}
+
+template <group_kind K, block_allocator A, eviction_policy E, sharing_policy S, swap_policy W>
+KVPAGER_OUT_OF_LINE auto hybrid_kv_cache<K, A, E, S, W>::write_slots(std::int32_t g, std::span<std::int64_t> out)
+    const noexcept -> void {
+  (void)ledger_.export_slot_mapping(
+      out, cfg_.block_size, [this, g](std::int32_t h) { return tables_[ix(g)][h].blocks.data(); }, g);
+}
+
+template <group_kind K, block_allocator A, eviction_policy E, sharing_policy S, swap_policy W>
+KVPAGER_OUT_OF_LINE auto hybrid_kv_cache<K, A, E, S, W>::held_blocks(std::int32_t h) const noexcept -> std::int64_t {
+  std::int64_t n = 0;
+  for (const table_type& t : tables_)
+    for (const block_id b : t[h].blocks) n += b != null_block ? 1 : 0;
+  return n;
+}
+
+template <group_kind K, block_allocator A, eviction_policy E, sharing_policy S, swap_policy W>
+KVPAGER_OUT_OF_LINE auto hybrid_kv_cache<K, A, E, S, W>::per_group(const char* call) noexcept -> status {
+  (void)call;
+  return status{errc::unsupported, "hybrid_kv_cache: export tables and slot mappings per group (pass the group)"};
+}
+
+template <group_kind K, block_allocator A, eviction_policy E, sharing_policy S, swap_policy W>
+KVPAGER_OUT_OF_LINE auto hybrid_kv_cache<K, A, E, S, W>::check_group(const char* call, std::int32_t g)
+    const noexcept -> status {
+  (void)call;
+  if (g < 0 || g >= num_groups()) return status{errc::invalid_argument, "hybrid_kv_cache: no such group", g};
+  return ok_status();
+}
+
+template <group_kind K, block_allocator A, eviction_policy E, sharing_policy S, swap_policy W>
+KVPAGER_OUT_OF_LINE auto hybrid_kv_cache<K, A, E, S, W>::check_prompt(const char* call,
+                                                                      std::span<const token_id> tokens)
+    noexcept -> status {
+  (void)call;
+  if (tokens.empty() || tokens.size() > static_cast<std::size_t>(INT32_MAX))
+    return status{errc::invalid_argument, "add_sequence: the prompt must have 1 to 2^31-1 tokens",
+                  static_cast<std::int64_t>(tokens.size())};
+  return ok_status();
+}
+
+template <group_kind K, block_allocator A, eviction_policy E, sharing_policy S, swap_policy W>
+KVPAGER_OUT_OF_LINE auto hybrid_kv_cache<K, A, E, S, W>::exceeds_table_limit(std::int64_t blocks)
+    const noexcept -> bool {
+  return cfg_.max_blocks_per_seq > 0 && blocks > cfg_.max_blocks_per_seq;
+}
+
+template <group_kind K, block_allocator A, eviction_policy E, sharing_policy S, swap_policy W>
+KVPAGER_OUT_OF_LINE auto hybrid_kv_cache<K, A, E, S, W>::generation() const noexcept -> std::uint64_t {
+  if constexpr (caching) {
+    return blocks_.sharing().generation();
+  } else {
+    return 0;
+  }
+}
+
+template <group_kind K, block_allocator A, eviction_policy E, sharing_policy S, swap_policy W>
+KVPAGER_OUT_OF_LINE auto hybrid_kv_cache<K, A, E, S, W>::insert(seq_id id) -> std::int32_t {
+  std::int32_t h = -1;
+  for (table_type& t : tables_) h = t.insert(id);
+  if (extra_.size() <= static_cast<std::size_t>(h)) extra_.resize(static_cast<std::size_t>(h) + 1);
+  extra_state& e = extra_[static_cast<std::size_t>(h)];
+  e.committed.assign(static_cast<std::size_t>(num_groups()), 0);
+  e.hashes.clear();
+  e.content = false;
+  e.step_base = 0;
+  return h;
+}
+
+template <group_kind K, block_allocator A, eviction_policy E, sharing_policy S, swap_policy W>
+KVPAGER_OUT_OF_LINE auto hybrid_kv_cache<K, A, E, S, W>::count_up(std::int32_t g, block_id b) noexcept -> void {
+  owner_[static_cast<std::size_t>(b)] = static_cast<std::uint8_t>(g);
+  ++gstats_[static_cast<std::size_t>(g)].blocks;
+}
+
+template <group_kind K, block_allocator A, eviction_policy E, sharing_policy S, swap_policy W>
+KVPAGER_OUT_OF_LINE auto hybrid_kv_cache<K, A, E, S, W>::take(std::int32_t g, std::span<block_id> out)
+    noexcept -> void {
+  blocks_.take(out);
+  for (const block_id b : out) count_up(g, b);
+}
+
+template <group_kind K, block_allocator A, eviction_policy E, sharing_policy S, swap_policy W>
+KVPAGER_OUT_OF_LINE auto hybrid_kv_cache<K, A, E, S, W>::touch(std::int32_t g, block_id b) noexcept -> void {
+  if (blocks_.refcount(b) == 0) count_up(g, b);
+  if (blocks_.touch(b)) ledger_.unpark();
+}
+
+template <group_kind K, block_allocator A, eviction_policy E, sharing_policy S, swap_policy W>
+KVPAGER_OUT_OF_LINE auto hybrid_kv_cache<K, A, E, S, W>::release(block_id b, retention_hint hint) -> void {
+  if (blocks_.refcount(b) == 1) --gstats_[owner_[static_cast<std::size_t>(b)]].blocks;
+  blocks_.release(b, hint, [this](block_id x, retention_hint xh) { return ledger_.park(x, xh); });
+}
+
+template <group_kind K, block_allocator A, eviction_policy E, sharing_policy S, swap_policy W>
+KVPAGER_OUT_OF_LINE auto hybrid_kv_cache<K, A, E, S, W>::note_allocation() noexcept -> void {
+  peak_used_ = std::max(peak_used_, used_blocks());
+  for (group_stats& s : gstats_) s.peak_blocks = std::max(s.peak_blocks, s.blocks);
+}
+
+template <group_kind K, block_allocator A, eviction_policy E, sharing_policy S, swap_policy W>
+KVPAGER_OUT_OF_LINE auto hybrid_kv_cache<K, A, E, S, W>::group_key(std::uint64_t h, std::int32_t g)
+    noexcept -> std::uint64_t {
+  return splitmix64(h ^ (std::uint64_t{0xD6E8FEB86659FD93ULL} * static_cast<std::uint64_t>(g + 1)));
+}
+
+template <group_kind K, block_allocator A, eviction_policy E, sharing_policy S, swap_policy W>
+KVPAGER_OUT_OF_LINE auto hybrid_kv_cache<K, A, E, S, W>::group_extra(std::uint64_t extra, std::int32_t g)
+    noexcept -> std::uint64_t {
+  return g == 0 ? extra : splitmix64(extra + std::uint64_t{0xA0761D6478BD642FULL} * static_cast<std::uint64_t>(g));
+}
+
+template <group_kind K, block_allocator A, eviction_policy E, sharing_policy S, swap_policy W>
+KVPAGER_OUT_OF_LINE auto hybrid_kv_cache<K, A, E, S, W>::chain_hash(std::span<const std::uint64_t> hashes,
+                                                                    std::size_t i, std::uint64_t extra,
+                                                                    std::span<const token_id> block)
+    noexcept -> std::uint64_t {
+  return xxh3_hasher{}(i == 0 ? splitmix64(extra) : hashes[i - 1], block);
+}
+
+template <group_kind K, block_allocator A, eviction_policy E, sharing_policy S, swap_policy W>
+KVPAGER_OUT_OF_LINE auto hybrid_kv_cache<K, A, E, S, W>::hash_blocks(std::span<const token_id> tokens,
+                                                                     std::uint64_t extra,
+                                                                     std::vector<std::uint64_t>& hashes) const -> void {
+  if constexpr (caching) {
+    const std::size_t bs = static_cast<std::size_t>(cfg_.block_size);
+    const std::size_t full = tokens.size() / bs;
+    if (hashes.size() > full) hashes.resize(full);
+    for (std::size_t i = hashes.size(); i < full; ++i)
+      hashes.push_back(chain_hash(hashes, i, extra, tokens.subspan(i * bs, bs)));
+  } else {
+    (void)tokens;
+    (void)extra;
+    hashes.clear();
+  }
+}
+
+template <group_kind K, block_allocator A, eviction_policy E, sharing_policy S, swap_policy W>
+KVPAGER_OUT_OF_LINE auto hybrid_kv_cache<K, A, E, S, W>::find_hit(std::span<const token_id> tokens, std::uint64_t extra,
+                                                                  std::span<const std::uint64_t> hashes,
+                                                                  std::vector<block_id>& lists, std::int64_t& need,
+                                                                  std::int32_t n) -> std::int32_t {
+  const std::int32_t bs = cfg_.block_size;
+  const std::int64_t total = blocks_for_tokens(n, bs);
+  lists.clear();
+  std::int32_t len = 0;
+  if constexpr (caching) {
+    const std::int64_t max_tokens = std::min<std::int64_t>(n - 1, static_cast<std::int64_t>(hashes.size()) * bs);
+    const auto m = static_cast<std::size_t>(max_tokens / bs);
+    const auto G = static_cast<std::size_t>(num_groups());
+    const S& share = blocks_.sharing();
+    if (G == 1 && kinds_[0].skipped_tokens(max_tokens) == 0) {
+      // One group that skips nothing up to the cap (full attention, or a window or chunk longer than the
+      // prompt): under both conventions its hit is the run of cached blocks from block 0. One pass, as
+      // paged_kv_cache's walk: each block looked up once up to the first miss, its hit list and need at once.
+      const auto root = share.first_cursor(group_extra(extra, 0));
+      need = total;
+      lists.resize(m);  // written in place, cut to the hit after (no push_back call per block)
+      std::size_t i = 0;
+      for (; i < m; ++i) {
+        auto c = root;
+        const block_id b = share.lookup(c, group_key(hashes[i], 0),
+                                        tokens.subspan(i * static_cast<std::size_t>(bs), static_cast<std::size_t>(bs)));
+        if (b == no_block) break;
+        lists[i] = b;
+        need -= blocks_.consumes_capacity(b) ? 0 : 1;
+      }
+      lists.resize(i);
+      nulls_[0] = 0;
+      return static_cast<std::int32_t>(i);
+    }
+    memo_.assign(G * m, lookup_pending);
+    // Group g's root cursor, made once per run of lookups in one group (the searches ask group by group).
+    std::int32_t root_group = 0;
+    auto root = share.first_cursor(group_extra(extra, 0));
+    const auto cached_block = [&](std::int32_t g, std::int64_t i) -> block_id {
+      block_id& slot = memo_[static_cast<std::size_t>(g) * m + static_cast<std::size_t>(i)];
+      if (slot == lookup_pending) {
+        if (g != root_group) {
+          root = share.first_cursor(group_extra(extra, g));
+          root_group = g;
+        }
+        auto c = root;
+        slot = share.lookup(c, group_key(hashes[static_cast<std::size_t>(i)], g),
+                            tokens.subspan(static_cast<std::size_t>(i) * static_cast<std::size_t>(bs),
+                                           static_cast<std::size_t>(bs)));
+      }
+      return slot;
+    };
+    const auto cached = [&](std::int32_t g, std::int64_t i) { return cached_block(g, i) != no_block; };
+    std::int64_t hit = 0;
+    if (options_.conventions == hybrid_conventions::vllm) {
+      hit = vllm_agreed_hit(vkinds_, bs, max_tokens, cached, nulls_, vscratch_);
+    } else {
+      hit = agreed_hit_tokens(
+          num_groups(), bs, max_tokens,
+          [this](std::int32_t g, std::int64_t t) noexcept { return kinds_[static_cast<std::size_t>(g)].skipped_tokens(t); },
+          cached, hscratch_);
+      std::fill(nulls_.begin(), nulls_.end(), 0);
+    }
+    // The entries the admission skips (those wholly before the window of the hit's first computed token) are the
+    // null block whatever the lookup found there: vLLM's lookup for a window of 1 token returns the last cached
+    // block, which allocate_slots then skips (not touched, not counted, left in the free queue).
+    for (std::int32_t g = 0; g < num_groups(); ++g)
+      nulls_[ix(g)] = std::max(nulls_[ix(g)], static_cast<std::int32_t>(
+                                                  kinds_[static_cast<std::size_t>(g)].skipped_tokens(hit) / bs));
+    len = static_cast<std::int32_t>(hit / bs);
+    lists.resize(G * static_cast<std::size_t>(len));
+    for (std::int32_t g = 0; g < num_groups(); ++g)
+      for (std::int32_t i = 0; i < len; ++i) {
+        // The memo read here as well as in cached_block: 3% fewer admission instructions than the call alone.
+        const block_id known = memo_[static_cast<std::size_t>(g) * m + static_cast<std::size_t>(i)];
+        const block_id b = i < nulls_[ix(g)] ? null_block : known != lookup_pending ? known : cached_block(g, i);
+        lists[static_cast<std::size_t>(g) * static_cast<std::size_t>(len) + static_cast<std::size_t>(i)] = b;
+      }
+  } else {
+    (void)tokens;
+    (void)extra;
+    (void)hashes;
+  }
+  need = admission_need(total, len, lists);
+  return len;
+}
+
+template <group_kind K, block_allocator A, eviction_policy E, sharing_policy S, swap_policy W>
+KVPAGER_OUT_OF_LINE auto hybrid_kv_cache<K, A, E, S, W>::admission_need(std::int64_t total, std::int32_t len,
+                                                                        std::span<const block_id> lists)
+    const noexcept -> std::int64_t {
+  std::int64_t need = (total - len) * num_groups();
+  for (const block_id b : lists)
+    if (b != null_block && blocks_.consumes_capacity(b)) ++need;
+  return need;
+}
+
+template <group_kind K, block_allocator A, eviction_policy E, sharing_policy S, swap_policy W>
+KVPAGER_OUT_OF_LINE auto hybrid_kv_cache<K, A, E, S, W>::add_impl(seq_id id, std::int32_t n,
+                                                                  std::span<const token_id> tokens,
+                                                                  sequence_options options, prefix_match* out,
+                                                                  const prefix_hit* given,
+                                                                  std::span<const std::uint64_t> known) -> status {
+  if (primary().contains(id)) return status{errc::duplicate_sequence, "add_sequence: sequence id is already live"};
+  const std::int64_t total = blocks_for_tokens(n, cfg_.block_size);
+  if (exceeds_table_limit(total))
+    return status{errc::invalid_argument, "add_sequence: prompt needs more than max_blocks_per_seq blocks", total};
+  const bool content = caching && !tokens.empty();
+  std::int64_t need = 0;
+  std::int32_t len = 0;
+  hashes_.assign(known.begin(), known.end());
+  if (content) hash_blocks(tokens, options.extra_key, hashes_);
+  if (given != nullptr && given->match.tokens <= n - 1 &&
+      given->blocks.size() == static_cast<std::size_t>(given->match.blocks) * kinds_.size()) {
+    len = given->match.blocks;  // the lookup is done: its lists, its need for n tokens
+    lists_.assign(given->blocks.begin(), given->blocks.end());
+    need = admission_need(total, len, lists_);
+  } else if (content) {
+    len = find_hit(tokens, options.extra_key, hashes_, lists_, need, n);
+  } else {
+    lists_.clear();
+    need = total * num_groups();
+  }
+  if (need > available_blocks())
+    return status{errc::out_of_blocks, "add_sequence: not enough free blocks for the prompt", need};
+
+  const std::int32_t h = insert(id);
+  // Hits first in every group (they leave the free queue before anything is popped), then new blocks group by
+  // group (vLLM's order: an earlier group's allocation cannot evict a later group's hits).
+  for (std::int32_t g = 0; g < num_groups(); ++g) {
+    auto& t = tables_[ix(g)][h].blocks;
+    t.resize(static_cast<std::size_t>(total));
+    for (std::int32_t i = 0; i < len; ++i) {
+      const block_id b = lists_[static_cast<std::size_t>(g) * static_cast<std::size_t>(len) + static_cast<std::size_t>(i)];
+      t[static_cast<std::size_t>(i)] = b;
+      if (b == null_block) continue;
+      touch(g, b);
+      ++gstats_[ix(g)].hit_blocks;
+    }
+  }
+  for (std::int32_t g = 0; g < num_groups(); ++g) {
+    take(g, std::span<block_id>(tables_[ix(g)][h].blocks).subspan(static_cast<std::size_t>(len)));
+    tables_[ix(g)][h].num_tokens = n;
+    gstats_[ix(g)].table_entries += total;
+  }
+  auto& s = primary()[h];
+  s.priority = options.priority;
+  s.extra_key = options.extra_key;
+  extra_state& e = extra_[static_cast<std::size_t>(h)];
+  e.content = content;
+  const std::int32_t hit_tokens = len * cfg_.block_size;
+  if (content) {
+    e.hashes.swap(hashes_);
+    // The hit blocks are cached (or the null block): commit from the first new block on.
+    std::fill(e.committed.begin(), e.committed.end(), len);
+    commit_full(h, 0, tokens);
+    const std::size_t tail = tokens.size() % static_cast<std::size_t>(cfg_.block_size);
+    s.partial.assign(tokens.end() - static_cast<std::ptrdiff_t>(tail), tokens.end());
+    counts_.prefix_query_tokens += n;
+    counts_.prefix_hit_tokens += hit_tokens;
+  }
+  counts_.tokens += n;
+  e.step_base = hit_tokens;
+  s.append_step = record_append(h, id, hit_tokens, n - hit_tokens);
+  note_allocation();
+  if (out != nullptr) *out = prefix_match{len, hit_tokens, need};
+  return ok_status();
+}
+
+template <group_kind K, block_allocator A, eviction_policy E, sharing_policy S, swap_policy W>
+KVPAGER_OUT_OF_LINE auto hybrid_kv_cache<K, A, E, S, W>::commit_full(std::int32_t h, std::size_t from,
+                                                                     std::span<const token_id> tokens) -> void {
+  if constexpr (caching) {
+    extra_state& e = extra_[static_cast<std::size_t>(h)];
+    const auto bs = static_cast<std::size_t>(cfg_.block_size);
+    const std::size_t full = e.hashes.size();
+    S& share = blocks_.sharing();
+    const std::uint64_t extra = primary()[h].extra_key;
+    for (std::int32_t g = 0; g < num_groups(); ++g) {
+      auto& t = tables_[ix(g)][h].blocks;
+      const std::size_t start = std::max<std::size_t>(from, static_cast<std::size_t>(e.committed[ix(g)]));
+      for (std::size_t i = start; i < full; ++i) {
+        const block_id b = t[i];
+        if (b == null_block || share.is_cached(b)) continue;
+        auto c = share.first_cursor(group_extra(extra, g));
+        share.commit(b, c, group_key(e.hashes[i], g), tokens.subspan((i - from) * bs, bs));
+      }
+      e.committed[ix(g)] = static_cast<std::int32_t>(std::max<std::size_t>(full, static_cast<std::size_t>(e.committed[ix(g)])));
+    }
+  } else {
+    (void)h;
+    (void)from;
+    (void)tokens;
+  }
+}
+
+template <group_kind K, block_allocator A, eviction_policy E, sharing_policy S, swap_policy W>
+KVPAGER_OUT_OF_LINE auto hybrid_kv_cache<K, A, E, S, W>::record_append(std::int32_t h, seq_id id, std::int32_t first,
+                                                                       std::int32_t count) -> std::uint64_t {
+  return ledger_.record_append(h, id, first, count);
+}
+
+template <group_kind K, block_allocator A, eviction_policy E, sharing_policy S, swap_policy W>
+KVPAGER_OUT_OF_LINE auto hybrid_kv_cache<K, A, E, S, W>::grow(std::int32_t h, std::int32_t n,
+                                                              std::span<const token_id> tokens) -> status {
+  auto& s = primary()[h];
+  const auto blocks = detail::blocks_after_growth(s.num_tokens, n, cfg_.block_size, cfg_.max_blocks_per_seq);
+  if (!blocks) return blocks.error();
+  const std::int64_t new_total = std::int64_t{s.num_tokens} + n, total_blocks = *blocks;
+  extra_state& e = extra_[static_cast<std::size_t>(h)];
+  const std::int32_t first = s.num_tokens;  // tokens before this append
+  const bool pending = s.append_step == ledger_.step();
+  // The window is that of the first token this step computes: tokens appended earlier in this step are not
+  // computed yet and still read their own windows.
+  const std::int64_t from = pending ? e.step_base : s.num_tokens;
+  // The common decode step: the tokens fit every group's last block, which is ours alone and not cached, and no
+  // window moves past a block. Nothing is taken or released (so no peak can rise).
+  if (total_blocks == static_cast<std::int64_t>(s.blocks.size()) && s.num_tokens % cfg_.block_size != 0 &&
+      in_place(h, from)) {
+    for (table_type& t : tables_) t[h].num_tokens = static_cast<std::int32_t>(new_total);
+    return finish_append(h, first, n, pending, tokens, false);
+  }
+  const retention_hint hint{s.priority};
+  // What the window release would free, and what the tokens take.
+  const bool vllm = options_.conventions == hybrid_conventions::vllm;
+  if (vllm) release_window(h, from, hint);  // kept even if the allocation fails (vLLM's allocate_slots)
+  std::int64_t gain = 0, need = 0;
+  const bool writes_last = s.num_tokens % cfg_.block_size != 0;
+  for (std::int32_t g = 0; g < num_groups(); ++g) {
+    auto& t = tables_[ix(g)][h].blocks;
+    if (!vllm) {  // what the window release would free
+      for (std::size_t i = release_end(g, from, t.size()); i-- > 0 && t[i] != null_block;)
+        gain += blocks_.refcount(t[i]) == 1 && !ledger_.busy(t[i]) ? 1 : 0;
+    }
+    need += std::max<std::int64_t>(total_blocks - static_cast<std::int64_t>(t.size()), 0);
+    need += writes_last && blocks_.refcount(t.back()) > 1 ? 1 : 0;
+  }
+  if (need > available_blocks() + gain)
+    return status{errc::out_of_blocks, "append_tokens: not enough free blocks", need};
+  if (!vllm) release_window(h, from, hint);
+  for (std::int32_t g = 0; g < num_groups(); ++g) {
+    auto& t = tables_[ix(g)][h].blocks;
+    if (writes_last) {
+      const block_id last = t.back();
+      if (blocks_.refcount(last) > 1) {  // copy-on-write of a shared, partly filled last block
+        block_id dst = no_block;
+        take(g, std::span<block_id>(&dst, 1));
+        ledger_.plan_copy(last, dst, g);
+        t.back() = dst;
+        release(last, hint);
+        ++counts_.cow_copies;
+      } else if (blocks_.is_cached(last)) {  // ours alone but cached (a fork ended in it): it is about to change
+        blocks_.evict(last);
+      }
+    }
+    const std::size_t old = t.size();
+    if (static_cast<std::int64_t>(old) < total_blocks) {
+      t.resize(static_cast<std::size_t>(total_blocks));
+      take(g, std::span<block_id>(t).subspan(old));
+      gstats_[ix(g)].table_entries += total_blocks - static_cast<std::int64_t>(old);
+    }
+    tables_[ix(g)][h].num_tokens = static_cast<std::int32_t>(new_total);
+  }
+  return finish_append(h, first, n, pending, tokens, true);
+}
+
+template <group_kind K, block_allocator A, eviction_policy E, sharing_policy S, swap_policy W>
+KVPAGER_OUT_OF_LINE auto hybrid_kv_cache<K, A, E, S, W>::append_one_in_place(std::int32_t h, token_id token) -> bool {
+  auto& s = primary()[h];
+  const std::int32_t bs = cfg_.block_size;
+  if (s.num_tokens % bs == 0 || s.num_tokens == INT32_MAX) return false;
+  extra_state& e = extra_[static_cast<std::size_t>(h)];
+  const bool pending = s.append_step == ledger_.step();
+  if (!in_place(h, pending ? e.step_base : s.num_tokens)) return false;
+  const std::int32_t first = s.num_tokens;
+  for (table_type& t : tables_) ++t[h].num_tokens;
+  if (!pending) e.step_base = first;
+  s.append_step = record_append(h, s.id, first, 1);
+  ++counts_.tokens;
+  if (e.content) {
+    s.partial.push_back(token);
+    if (s.partial.size() == static_cast<std::size_t>(bs)) fill_block(h, static_cast<std::size_t>(first / bs));
+  } else {
+    s.partial.clear();
+  }
+  return true;
+}
+
+template <group_kind K, block_allocator A, eviction_policy E, sharing_policy S, swap_policy W>
+KVPAGER_OUT_OF_LINE auto hybrid_kv_cache<K, A, E, S, W>::fill_block(std::int32_t h, std::size_t i) -> void {
+  auto& s = primary()[h];
+  extra_state& e = extra_[static_cast<std::size_t>(h)];
+  if constexpr (caching) {
+    // The hashes cover the full blocks before this one (admission and fork trim them to the full blocks).
+    KVPAGER_ASSERT(e.hashes.size() == i || e.hashes.size() == i + 1,
+                   "hybrid_kv_cache: block hashes out of step with a filling block");
+    if (e.hashes.size() == i) e.hashes.push_back(chain_hash(e.hashes, i, s.extra_key, s.partial));
+    commit_full(h, i, s.partial);
+  } else {
+    (void)e;
+    (void)i;
+  }
+  s.partial.clear();
+}
+
+template <group_kind K, block_allocator A, eviction_policy E, sharing_policy S, swap_policy W>
+KVPAGER_OUT_OF_LINE auto hybrid_kv_cache<K, A, E, S, W>::in_place(std::int32_t h, std::int64_t from)
+    const noexcept -> bool {
+  for (std::int32_t g = 0; g < num_groups(); ++g) {
+    const auto& t = tables_[ix(g)][h].blocks;
+    const block_id last = t.back();
+    if (blocks_.refcount(last) != 1 || blocks_.is_cached(last)) return false;
+    const std::size_t k = release_end(g, from, t.size());
+    if (k > 0 && t[k - 1] != null_block) return false;
+  }
+  return true;
+}
+
+template <group_kind K, block_allocator A, eviction_policy E, sharing_policy S, swap_policy W>
+KVPAGER_OUT_OF_LINE auto hybrid_kv_cache<K, A, E, S, W>::finish_append(std::int32_t h, std::int32_t first,
+                                                                       std::int32_t n, bool pending,
+                                                                       std::span<const token_id> tokens, bool allocated)
+    -> status {
+  auto& s = primary()[h];
+  extra_state& e = extra_[static_cast<std::size_t>(h)];
+  if (!pending) e.step_base = first;
+  s.append_step = record_append(h, s.id, first, n);
+  counts_.tokens += n;
+  if (e.content && !tokens.empty()) {
+    extend_content(h, first, tokens);
+  } else {
+    e.content = false;  // token ids unknown from here: the later blocks are not cached
+    s.partial.clear();
+  }
+  if (allocated) note_allocation();
+  return ok_status();
+}
+
+template <group_kind K, block_allocator A, eviction_policy E, sharing_policy S, swap_policy W>
+KVPAGER_OUT_OF_LINE auto hybrid_kv_cache<K, A, E, S, W>::release_end(std::int32_t g, std::int64_t from, std::size_t len)
+    const noexcept -> std::size_t {
+  const std::int64_t sk = kinds_[static_cast<std::size_t>(g)].skipped_tokens(from) / cfg_.block_size;
+  return std::min(static_cast<std::size_t>(sk), len);
+}
+
+template <group_kind K, block_allocator A, eviction_policy E, sharing_policy S, swap_policy W>
+KVPAGER_OUT_OF_LINE auto hybrid_kv_cache<K, A, E, S, W>::release_window(std::int32_t h, std::int64_t from,
+                                                                        retention_hint hint) -> void {
+  for (std::int32_t g = 0; g < num_groups(); ++g) {
+    auto& t = tables_[ix(g)][h].blocks;
+    for (std::size_t i = release_end(g, from, t.size()); i-- > 0 && t[i] != null_block;) {
+      release(t[i], hint);
+      t[i] = null_block;
+      ++gstats_[ix(g)].skipped_blocks;
+    }
+  }
+}
+
+template <group_kind K, block_allocator A, eviction_policy E, sharing_policy S, swap_policy W>
+KVPAGER_OUT_OF_LINE auto hybrid_kv_cache<K, A, E, S, W>::extend_content(std::int32_t h, std::int32_t first,
+                                                                        std::span<const token_id> tokens) -> void {
+  auto& s = primary()[h];
+  extra_state& e = extra_[static_cast<std::size_t>(h)];
+  const auto bs = static_cast<std::size_t>(cfg_.block_size);
+  if (s.partial.size() + tokens.size() < bs) {  // the common decode step: no block fills
+    if (tokens.size() == 1) {
+      s.partial.push_back(tokens[0]);
+    } else {
+      s.partial.insert(s.partial.end(), tokens.begin(), tokens.end());
+    }
+    return;
+  }
+  buffer_.assign(s.partial.begin(), s.partial.end());
+  buffer_.insert(buffer_.end(), tokens.begin(), tokens.end());
+  const std::size_t base = static_cast<std::size_t>(first) - s.partial.size();  // position of buffer_[0]
+  const std::size_t from_block = base / bs;
+  const std::size_t full = (static_cast<std::size_t>(first) + tokens.size()) / bs;
+  const std::span<const token_id> buf(buffer_);
+  for (std::size_t i = e.hashes.size(); i < full; ++i)
+    e.hashes.push_back(chain_hash(e.hashes, i, s.extra_key, buf.subspan((i - from_block) * bs, bs)));
+  if (full > from_block) commit_full(h, from_block, buf);
+  const std::size_t tail = (static_cast<std::size_t>(first) + tokens.size()) % bs;
+  s.partial.assign(buffer_.end() - static_cast<std::ptrdiff_t>(tail), buffer_.end());
+}
+
+template <group_kind K, block_allocator A, eviction_policy E, sharing_policy S, swap_policy W>
+KVPAGER_OUT_OF_LINE auto hybrid_kv_cache<K, A, E, S, W>::cancel_appends(std::int32_t h) -> void {
+  ledger_.cancel_appends(
+      h, num_groups(), [this, h](std::int32_t g) { return std::span<const block_id>(tables_[ix(g)][h].blocks); },
+      cfg_.block_size, [this](block_id b) { return b != null_block && blocks_.refcount(b) > 1; },
+      [this](block_id b) {
+        if (b != null_block && blocks_.is_cached(b)) blocks_.drop_content(b);  // its content will never be written
+      });
+}
 
 KVPAGER_NAMESPACE_END

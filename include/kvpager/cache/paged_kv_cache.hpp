@@ -86,31 +86,20 @@ class paged_kv_cache : public detail::cache_exports<paged_kv_cache<A, E, S, W>> 
   /// content entries, with block_size token ids each for hit verification, are allocated later, as blocks are
   /// cached: see prefix_caching.hpp); plus 21 bytes per host block (the host block_pool's refcount and links, the
   /// swap book's maps). Per sequence, its block table and (content caches) the token ids of its last, partial block.
-  [[nodiscard]] static result<paged_kv_cache> create(cache_config cfg, policies p = {}) {
-    return create(cfg, geometry_check{nullptr}, std::move(p));
-  }
+  [[nodiscard]] static result<paged_kv_cache> create(cache_config cfg, policies p = {});
+
+  // Copyable and movable (nothrow) as its members are; declared here so that they too are compiled once with the
+  // named compositions (KVPAGER_EXTERN_COMPOSITIONS, core/config.hpp).
+  paged_kv_cache(const paged_kv_cache&);
+  paged_kv_cache(paged_kv_cache&&) noexcept;
+  paged_kv_cache& operator=(const paged_kv_cache&);
+  paged_kv_cache& operator=(paged_kv_cache&&) noexcept;
+  ~paged_kv_cache();
 
   /// create, with the pool's geometry (cfg.geometry()) checked by `check` first (after validate(cfg)): its error is
   /// returned as it is and nothing is created. `create(cfg, kvpager::can_implement)` refuses a pool the compiled
   /// kernels cannot run, so an engine learns it at creation, not at its first kernel call.
-  [[nodiscard]] static result<paged_kv_cache> create(cache_config cfg, geometry_check check, policies p = {}) {
-    if (status st = validate(cfg); !st) return st;
-    if (check.fn != nullptr) {
-      if (status st = check.fn(cfg.geometry()); !st) return st;
-    }
-#if KVPAGER_HAS_EXCEPTIONS
-    try {
-#endif
-      auto pool = block_pool<A>::create({cfg.num_blocks, cfg.reserved_blocks}, std::move(p.allocator));
-      if (!pool) return pool.error();
-      return paged_kv_cache(cfg, std::move(*pool), std::move(p.eviction), std::move(p.sharing), std::move(p.swap));
-#if KVPAGER_HAS_EXCEPTIONS
-    } catch (const std::bad_alloc&) {
-      return status{errc::out_of_memory, "paged_kv_cache::create: not enough host memory for the cache's bookkeeping",
-                    cfg.num_blocks};
-    }  // std::length_error cannot come from here: every container holds at most an int32 count of small elements
-#endif
-  }
+  [[nodiscard]] static result<paged_kv_cache> create(cache_config cfg, geometry_check check, policies p = {});
 
   // ------------------------------------------------------------------------------------------------ sequences
 
@@ -118,11 +107,7 @@ class paged_kv_cache : public detail::cache_exports<paged_kv_cache<A, E, S, W>> 
   /// blocks in one all-or-nothing batch, and plans the prompt's slots. Its blocks are not content-cached (no token
   /// ids). Errors: errc::invalid_argument (num_tokens <= 0 or over max_blocks_per_seq),
   /// errc::duplicate_sequence, errc::out_of_blocks (detail = blocks needed).
-  status add_sequence(seq_id id, std::int32_t num_tokens) {
-    if (num_tokens <= 0)
-      return status{errc::invalid_argument, "add_sequence: num_tokens must be positive", num_tokens};
-    return add_impl(id, num_tokens, {}, sequence_options{}, nullptr);
-  }
+  status add_sequence(seq_id id, std::int32_t num_tokens);
 
   /// Prefill with token ids: like the count overload, but first reuses the longest cached prefix of full blocks
   /// (with a content_cache sharing policy; capped so the last token is always computed), takes the remaining
@@ -131,53 +116,25 @@ class paged_kv_cache : public detail::cache_exports<paged_kv_cache<A, E, S, W>> 
   /// blocks from an earlier admission (block_hashes, before a preemption by recompute), not computed again.
   /// Same errors as the count overload.
   status add_sequence(seq_id id, std::span<const token_id> tokens, sequence_options options = {},
-                      prefix_match* hit = nullptr, std::span<const std::uint64_t> known = {}) {
-    if (status st = cursor_ops::template check_prompt<"add_sequence">(tokens); !st) return st;
-    return add_impl(id, static_cast<std::int32_t>(tokens.size()), tokens, options, hit, nullptr, known);
-  }
+                      prefix_match* hit = nullptr, std::span<const std::uint64_t> known = {});
 
   /// The prefix-cache lookup add_sequence(id, tokens, options) would do, without changing anything: the hit and
   /// the number of blocks the admission would take. errc::invalid_argument for an empty prompt.
   [[nodiscard]] result<prefix_match> match_prefix(std::span<const token_id> tokens,
-                                                  sequence_options options = {}) const noexcept {
-    if (status st = cursor_ops::template check_prompt<"match_prefix">(tokens); !st) return st;
-    return cursors_.match(blocks_.sharing(), tokens, options.extra_key, consumes(), [](block_id) noexcept {});
-  }
+                                                  sequence_options options = {}) const noexcept;
 
   /// match_prefix, keeping the hit (its blocks, the block hashes it computed, the cache's generation) in `hit` for
   /// add_sequence(id, tokens, options, hit), in the same single pass over the blocks; `known` as in add_sequence.
   /// errc::invalid_argument for an empty prompt (hit emptied). Allocates only when `hit`'s buffers grow.
   status match_prefix(std::span<const token_id> tokens, sequence_options options, prefix_hit& hit,
-                      std::span<const std::uint64_t> known = {}) const {
-    hit.blocks.clear();
-    hit.known_hashes.assign(known.begin(), known.end());
-    hit.num_tokens = 0;
-    if (status st = cursor_ops::template check_prompt<"match_prefix">(tokens); !st) return st;
-    prompt_hashes ph{known};
-    hit.match = cursors_.match(
-        blocks_.sharing(), tokens, options.extra_key, consumes(), [&](block_id b) { hit.blocks.push_back(b); }, &ph);
-    hit.miss_hash = ph.miss;
-    hit.miss_at = ph.miss_at;
-    hit.generation = cursor_ops::generation(blocks_.sharing());
-    hit.extra_key = options.extra_key;
-    hit.num_tokens = static_cast<std::int32_t>(tokens.size());
-    return ok_status();
-  }
+                      std::span<const std::uint64_t> known = {}) const;
 
   /// Prefill consuming `hit`, a match_prefix of (at least) these tokens with these options: no block is looked up
   /// again (a shorter prefix of the looked-up tokens takes the hit blocks it can use, capped below its last token).
   /// errc::stale_prefix_hit when a block was cached or evicted since the lookup, or `hit` was made for other
   /// options or fewer tokens (nothing changed: look up again); otherwise as add_sequence(id, tokens, options).
   status add_sequence(seq_id id, std::span<const token_id> tokens, sequence_options options, const prefix_hit& hit,
-                      prefix_match* out = nullptr) {
-    if (!cursor_ops::fresh(blocks_.sharing(), hit, tokens.size(), options.extra_key))
-      return status{errc::stale_prefix_hit, "add_sequence: the prefix hit is stale (the cache changed since "
-                                            "match_prefix) or was made for other tokens or options"};
-    if (status st = cursor_ops::template check_prompt<"add_sequence">(tokens); !st) return st;
-    // A sharing policy without generation() cannot tell a stale hit: look the blocks up again for it.
-    return add_impl(id, static_cast<std::int32_t>(tokens.size()), tokens, options, out,
-                    cursor_ops::has_generation ? &hit : nullptr);
-  }
+                      prefix_match* out = nullptr);
 
   /// Decode by count: appends `n` tokens (default 1) to sequence `id`. Takes a new block exactly when the token
   /// count exceeds blocks x block_size; writing into a shared, partly filled last block first copies it
@@ -185,31 +142,14 @@ class paged_kv_cache : public detail::cache_exports<paged_kv_cache<A, E, S, W>> 
   /// are no longer content-cached (their token ids are unknown). The count is a token_count, so a token id cannot
   /// be passed by mistake (see append_token). Errors: errc::invalid_argument (n <= 0, or over
   /// max_blocks_per_seq), errc::unknown_sequence, errc::sequence_swapped, errc::out_of_blocks.
-  status append_tokens(seq_id id, token_count n = token_count{1}) {
-    if (n.value <= 0) return status{errc::invalid_argument, "append_tokens: token count must be positive", n.value};
-    const auto h = seqs_.template checked<"append_tokens">(id);
-    if (!h) return h.error();
-    if (status st = grow(*h, n.value); !st) return st;
-    cursors_.stop(seqs_[*h]);
-    return ok_status();
-  }
+  status append_tokens(seq_id id, token_count n = token_count{1});
 
   /// Decode one token with its id: append_tokens(id, {&token, 1}). Same errors.
   status append_token(seq_id id, token_id token) { return append_tokens(id, std::span<const token_id>(&token, 1)); }
 
   /// Decode with token ids: like the count overload; every block the tokens fill is committed to the content
   /// cache (for sequences added with token ids). Errors as the count overload (an empty span is invalid).
-  status append_tokens(seq_id id, std::span<const token_id> tokens) {
-    if (tokens.empty() || tokens.size() > static_cast<std::size_t>(INT32_MAX))
-      return status{errc::invalid_argument, "append_tokens: token count must be positive",
-                    static_cast<std::int64_t>(tokens.size())};
-    const auto h = seqs_.template checked<"append_tokens">(id);
-    if (!h) return h.error();
-    const std::int32_t first = seqs_[*h].num_tokens;
-    if (status st = grow(*h, static_cast<std::int32_t>(tokens.size())); !st) return st;
-    cursors_.extend(blocks_.sharing(), seqs_[*h], tokens, first);
-    return ok_status();
-  }
+  status append_tokens(seq_id id, std::span<const token_id> tokens);
 
   /// Forks `child` from `parent`: the child starts with the parent's first `num_tokens` tokens (all of them when
   /// num_tokens is 0; a shared system prompt when fewer). With fork_mode::share the child references the
@@ -218,37 +158,7 @@ class paged_kv_cache : public detail::cache_exports<paged_kv_cache<A, E, S, W>> 
   /// errc::invalid_argument (num_tokens < 0 or over the parent's length), errc::sequence_swapped (parent),
   /// errc::pending_append (the parent's tokens appended in this step are not written yet: fork after begin_step),
   /// errc::out_of_blocks (copy mode).
-  status fork(seq_id parent, seq_id child, std::int32_t num_tokens = 0) {
-    const auto ph = seqs_.template checked<"fork">(parent, detail::residency::any);
-    if (!ph) return ph.error();
-    if (child == parent || seqs_.contains(child))
-      return status{errc::duplicate_sequence, "fork: child sequence id is already live"};
-    const seq_state& p = seqs_[*ph];
-    if (num_tokens < 0 || num_tokens > p.num_tokens)
-      return status{errc::invalid_argument, "fork: num_tokens must be in [0, parent length]", num_tokens};
-    if (p.swapped) return status{errc::sequence_swapped, "fork: the parent is swapped out; swap it in first"};
-    if (p.append_step == ledger_.step())
-      return status{errc::pending_append, "fork: the parent has tokens appended in this step; fork after begin_step"};
-    const std::int32_t tokens = num_tokens == 0 ? p.num_tokens : num_tokens;
-    const auto k = static_cast<std::size_t>(blocks_for_tokens(tokens, cfg_.block_size));
-    if constexpr (S::fork == fork_mode::copy) {
-      if (static_cast<std::int64_t>(k) > available_blocks())
-        return status{errc::out_of_blocks, "fork: not enough free blocks to copy the parent",
-                      static_cast<std::int64_t>(k)};
-    }
-
-    const std::int32_t h = seqs_.insert(child);  // may reallocate the states: index by handle from here on
-    seq_state& c = seqs_[h];
-    const seq_state& ps = seqs_[*ph];
-    c.blocks.resize(k);
-    counts_.fork_copies += fork_blocks<S::fork>(blocks_, ledger_, ps.blocks, c.blocks);
-    if constexpr (S::fork == fork_mode::copy) c.append_step = ledger_.step();  // bytes arrive with the copies
-    c.num_tokens = tokens;
-    c.priority = ps.priority;
-    cursors_.inherit(blocks_.sharing(), c, ps, tokens);
-    counts_.tokens += tokens;
-    return ok_status();
-  }
+  status fork(seq_id parent, seq_id child, std::int32_t num_tokens = 0);
 
   /// Frees sequence `id`: references are dropped last block first (so with LRU the tail of a chain is reclaimed
   /// before its head); a block whose count reaches zero returns to the pool (or stays cached, per the eviction
@@ -256,27 +166,7 @@ class paged_kv_cache : public detail::cache_exports<paged_kv_cache<A, E, S, W>> 
   /// have filled are not cached, except in blocks another sequence already shares through a prefix hit in this
   /// step, whose content that sequence needs: those slots are kept, and the engine must still write them.
   /// Error: errc::unknown_sequence (never added or already freed).
-  status free_sequence(seq_id id) {
-    const auto h = seqs_.template checked<"free_sequence">(id, detail::residency::any);
-    if (!h) return h.error();
-    seq_state& s = seqs_[*h];
-    if (s.swapped) {
-      book_.drop_table(s.blocks);
-    } else {
-      if (s.append_step == ledger_.step()) {  // not computed: slots -1, their blocks uncached, unless shared
-        ledger_.cancel_appends(
-            *h, s.blocks, cfg_.block_size, [this](block_id b) { return blocks_.refcount(b) > 1; },
-            [this](block_id b) {
-              if (blocks_.is_cached(b)) blocks_.drop_content(b);  // its content will never be written
-            });
-      }
-      const retention_hint hint{s.priority};
-      for (auto it = s.blocks.rbegin(); it != s.blocks.rend(); ++it) release(*it, hint);
-    }
-    counts_.tokens -= s.num_tokens;
-    seqs_.erase(*h);  // keeps the vectors' capacity for the next sequence in this handle
-    return ok_status();
-  }
+  status free_sequence(seq_id id);
 
   // ------------------------------------------------------------------------------------------------ memory pressure
 
@@ -287,15 +177,7 @@ class paged_kv_cache : public detail::cache_exports<paged_kv_cache<A, E, S, W>> 
   /// errc::invalid_argument (an id listed twice), errc::sequence_swapped (already out), errc::pending_append
   /// (bytes of this step not in place yet: swap after begin_step), errc::host_pool_full (detail = blocks needed).
   /// A swapped sequence stops prefix-caching its later blocks.
-  status swap_out(std::span<const seq_id> group) {
-    if (!book_.has_host_pool())
-      return status{errc::unsupported, "swap_out: the cache has no host pool (num_host_blocks 0)"};
-    if (status st = seqs_.template checked_group<"swap_out">(group, detail::residency::device, ledger_.step()); !st) return st;
-    const auto release_ref = [this](block_id b, retention_hint hint) { release(b, hint); };
-    if (status st = book_.swap_out(group, seqs_, ledger_, release_ref); !st) return st;
-    for (const seq_id id : group) cursors_.stop(seqs_.at(id));
-    return ok_status();
-  }
+  status swap_out(std::span<const seq_id> group);
   status swap_out(seq_id id) { return swap_out(std::span<const seq_id>(&id, 1)); }
 
   /// Swaps the sequences in `group` back in, all or nothing: each distinct host block gets one device block
@@ -303,10 +185,7 @@ class paged_kv_cache : public detail::cache_exports<paged_kv_cache<A, E, S, W>> 
   /// this step's plan, so they can be forked or swapped out again only from the next step. Errors:
   /// errc::unknown_sequence, errc::invalid_argument (an id listed twice), errc::sequence_swapped (not swapped out),
   /// errc::out_of_blocks (detail = device blocks needed).
-  status swap_in(std::span<const seq_id> group) {
-    if (status st = seqs_.template checked_group<"swap_in">(group, detail::residency::swapped, ledger_.step()); !st) return st;
-    return book_.swap_in(group, seqs_, blocks_, ledger_);
-  }
+  status swap_in(std::span<const seq_id> group);
   status swap_in(seq_id id) { return swap_in(std::span<const seq_id>(&id, 1)); }
 
   /// Preempts sequence `id` as the swap policy decides for its block count: preempt_action::swap swaps it out
@@ -315,37 +194,12 @@ class paged_kv_cache : public detail::cache_exports<paged_kv_cache<A, E, S, W>> 
   /// swap_out.
   /// What preempt(id) would do now, changing nothing (preempt_action::unsupported where the policy does not
   /// preempt). Errors: errc::unknown_sequence, errc::sequence_swapped.
-  [[nodiscard]] result<preempt_action> preempt_decision(seq_id id) const {
-    const auto h = seqs_.template checked<"preempt">(id);
-    if (!h) return h.error();
-    return book_.decide(static_cast<std::int32_t>(seqs_[*h].blocks.size()));
-  }
-  result<preempt_action> preempt(seq_id id) {
-    const auto d = preempt_decision(id);
-    if (!d) return d;
-    const preempt_action a = *d;
-    switch (a) {
-      case preempt_action::swap:
-        if (status st = swap_out(id); !st) return st;
-        ++counts_.preempted_swap;
-        return a;
-      case preempt_action::recompute:
-        (void)free_sequence(id);
-        ++counts_.preempted_recompute;
-        return a;
-      default:
-        return status{errc::unsupported, "preempt: the swap policy does not preempt (no_swap)"};
-    }
-  }
+  [[nodiscard]] result<preempt_action> preempt_decision(seq_id id) const;
+  result<preempt_action> preempt(seq_id id);
 
   /// Starts a new step: the previous plan is taken as executed, it is cleared, and blocks that planned copies
   /// kept busy become reusable. O(blocks touched by the previous plan).
-  void begin_step() {
-    ledger_.begin_step([this](block_id b, retention_hint hint) {
-      if (blocks_.refcount(b) == 0) blocks_.settle(b, hint);  // a prefix hit may have revived it
-    });
-    book_.begin_step();
-  }
+  void begin_step();
 
   /// The byte movement planned since the last begin_step().
   [[nodiscard]] const step_plan& plan() const noexcept { return ledger_.plan(); }
@@ -372,15 +226,7 @@ class paged_kv_cache : public detail::cache_exports<paged_kv_cache<A, E, S, W>> 
   }
 
   /// A snapshot of the counts, each part reporting its own. O(1).
-  [[nodiscard]] cache_stats stats() const noexcept {
-    cache_stats s = counts_;
-    s.block_size = cfg_.block_size;
-    s.pending_free = ledger_.pending_free();
-    s.sequences = seqs_.size();
-    blocks_.report(s);
-    book_.report(s);
-    return s;
-  }
+  [[nodiscard]] cache_stats stats() const noexcept;
 
   [[nodiscard]] const block_pool<A>& pool() const noexcept { return blocks_.pool(); }
   [[nodiscard]] const E& eviction() const noexcept { return blocks_.eviction(); }
@@ -390,16 +236,7 @@ class paged_kv_cache : public detail::cache_exports<paged_kv_cache<A, E, S, W>> 
   [[nodiscard]] const block_pool<lifo_allocator>* host_pool() const noexcept { return book_.host_pool(); }
 
  private:
-  paged_kv_cache(cache_config cfg, block_pool<A> pool, E e, S s, W w)
-      : cfg_(cfg),
-        blocks_(std::move(pool), std::move(e), std::move(s)),
-        book_(std::move(w)),
-        cursors_{cfg.block_size} {
-    const pool_geometry g{cfg.num_blocks, cfg.block_size, cfg.reserved_blocks};
-    blocks_.reset(g);
-    book_.reset(g, cfg.num_host_blocks);
-    ledger_.reset(cfg.num_blocks);
-  }
+  paged_kv_cache(cache_config cfg, block_pool<A> pool, E e, S s, W w);
 
   [[nodiscard]] bool exceeds_table_limit(std::int64_t blocks) const noexcept {
     return cfg_.max_blocks_per_seq > 0 && blocks > cfg_.max_blocks_per_seq;
@@ -413,78 +250,14 @@ class paged_kv_cache : public detail::cache_exports<paged_kv_cache<A, E, S, W>> 
   /// Prefill shared by the add_sequence overloads; `tokens` is empty for the count overload; `given`: a
   /// match_prefix hit to consume instead of looking the blocks up.
   status add_impl(seq_id id, std::int32_t n, std::span<const token_id> tokens, sequence_options options,
-                  prefix_match* hit, const prefix_hit* given = nullptr, std::span<const std::uint64_t> known = {}) {
-    if (seqs_.contains(id)) return status{errc::duplicate_sequence, "add_sequence: sequence id is already live"};
-    const std::int64_t total = blocks_for_tokens(n, cfg_.block_size);
-    if (exceeds_table_limit(total))
-      return status{errc::invalid_argument, "add_sequence: prompt needs more than max_blocks_per_seq blocks", total};
-    // Lookup (no mutation): the longest cached prefix, capped at n - 1 tokens.
-    hits_.clear();
-    std::int64_t needed = total;
-    cursor_type cur{};
-    const auto take = [&](block_id b) {
-      hits_.push_back(b);
-      if (!blocks_.consumes_capacity(b)) --needed;
-    };
-    prompt_hashes ph{known};
-    if (given != nullptr) {  // the lookup is done: take its blocks, continue the chain after the last one
-      cursors_.take(blocks_.sharing(), cur, *given, n, options.extra_key, take);
-      ph = prompt_hashes{given->known_hashes, given->miss_hash, given->miss_at};
-    } else if (!tokens.empty()) {
-      cursors_.walk(blocks_.sharing(), cur, tokens, options.extra_key, take, &ph);
-    }
-    if (needed > available_blocks())
-      return status{errc::out_of_blocks, "add_sequence: not enough free blocks for the prompt", needed};
-
-    const std::int32_t h = seqs_.insert(id);
-    seq_state& s = seqs_[h];
-    s.blocks.resize(static_cast<std::size_t>(total));
-    // Hits first (they leave the free queue before anything is popped from it), then new blocks.
-    for (std::size_t i = 0; i < hits_.size(); ++i) {
-      if (blocks_.touch(hits_[i])) ledger_.unpark();
-      s.blocks[i] = hits_[i];
-    }
-    blocks_.take(std::span<block_id>(s.blocks).subspan(hits_.size()));
-    s.num_tokens = n;
-    s.priority = options.priority;
-    s.extra_key = options.extra_key;
-    const auto hit_tokens = static_cast<std::int32_t>(hits_.size()) * cfg_.block_size;
-    if (!tokens.empty()) {
-      cursors_.commit_prompt(blocks_.sharing(), s, cur, tokens, static_cast<std::int32_t>(hits_.size()), ph);
-      counts_.prefix_query_tokens += n;
-      counts_.prefix_hit_tokens += hit_tokens;
-    }
-    counts_.tokens += n;
-    s.append_step = ledger_.record_append(h, id, hit_tokens, n - hit_tokens);
-    if (hit != nullptr)
-      *hit = prefix_match{static_cast<std::int32_t>(hits_.size()), hit_tokens, static_cast<std::int64_t>(needed)};
-    return ok_status();
-  }
+                  prefix_match* hit, const prefix_hit* given = nullptr, std::span<const std::uint64_t> known = {});
 
   /// Slots for `n` more tokens of sequence `h` (copy-on-write of a shared partial last block, new blocks), all or
   /// nothing, and their range in the plan.
-  status grow(std::int32_t h, std::int32_t n) {
-    seq_state& s = seqs_[h];
-    const auto blocks = detail::blocks_after_growth(s.num_tokens, n, cfg_.block_size, cfg_.max_blocks_per_seq);
-    if (!blocks) return blocks.error();
-    const std::int64_t new_total = std::int64_t{s.num_tokens} + n, total_blocks = *blocks;
-    const retention_hint hint{s.priority};
-    detail::write_growth g;
-    if (status st = grow_for_write(blocks_, ledger_, s.blocks, s.num_tokens, cfg_.block_size, total_blocks,
-                                   [&](block_id b) { release(b, hint); }, g);
-        !st)
-      return st;
-    if (g.copied) ++counts_.cow_copies;
-    s.append_step = ledger_.record_append(h, s.id, s.num_tokens, n);
-    s.num_tokens = static_cast<std::int32_t>(new_total);
-    counts_.tokens += n;
-    return ok_status();
-  }
+  status grow(std::int32_t h, std::int32_t n);
 
   /// Drops one reference to device block `b`; at zero it is parked while a planned copy uses it, else settled.
-  void release(block_id b, retention_hint hint) {
-    blocks_.release(b, hint, [this](block_id x, retention_hint xh) { return ledger_.park(x, xh); });
-  }
+  void release(block_id b, retention_hint hint);
 
   cache_config cfg_;
   detail::block_store<A, E, S> blocks_;
@@ -495,5 +268,329 @@ class paged_kv_cache : public detail::cache_exports<paged_kv_cache<A, E, S, W>> 
   std::vector<block_id> hits_;  ///< scratch for add_sequence's lookup
   cache_stats counts_;           ///< the counters of stats() the composer keeps (tokens, copies, prefix, preempts)
 };
+
+// ------------------------------------------------------------------------------------------------ definitions
+
+template <block_allocator A, eviction_policy E, sharing_policy S, swap_policy W>
+KVPAGER_OUT_OF_LINE paged_kv_cache<A, E, S, W>::paged_kv_cache(const paged_kv_cache&) = default;
+template <block_allocator A, eviction_policy E, sharing_policy S, swap_policy W>
+KVPAGER_OUT_OF_LINE paged_kv_cache<A, E, S, W>::paged_kv_cache(paged_kv_cache&&) noexcept = default;
+template <block_allocator A, eviction_policy E, sharing_policy S, swap_policy W>
+KVPAGER_OUT_OF_LINE auto paged_kv_cache<A, E, S, W>::operator=(const paged_kv_cache&) -> paged_kv_cache& = default;
+template <block_allocator A, eviction_policy E, sharing_policy S, swap_policy W>
+KVPAGER_OUT_OF_LINE auto paged_kv_cache<A, E, S, W>::operator=(paged_kv_cache&&) noexcept -> paged_kv_cache& = default;
+template <block_allocator A, eviction_policy E, sharing_policy S, swap_policy W>
+KVPAGER_OUT_OF_LINE paged_kv_cache<A, E, S, W>::~paged_kv_cache() = default;
+
+template <block_allocator A, eviction_policy E, sharing_policy S, swap_policy W>
+KVPAGER_OUT_OF_LINE auto paged_kv_cache<A, E, S, W>::create(cache_config cfg, policies p) -> result<paged_kv_cache> {
+  return create(cfg, geometry_check{nullptr}, std::move(p));
+}
+
+template <block_allocator A, eviction_policy E, sharing_policy S, swap_policy W>
+KVPAGER_OUT_OF_LINE auto paged_kv_cache<A, E, S, W>::create(cache_config cfg, geometry_check check, policies p)
+    -> result<paged_kv_cache> {
+  if (status st = validate(cfg); !st) return st;
+  if (check.fn != nullptr) {
+    if (status st = check.fn(cfg.geometry()); !st) return st;
+  }
+#if KVPAGER_HAS_EXCEPTIONS
+  try {
+#endif
+    auto pool = block_pool<A>::create({cfg.num_blocks, cfg.reserved_blocks}, std::move(p.allocator));
+    if (!pool) return pool.error();
+    return paged_kv_cache(cfg, std::move(*pool), std::move(p.eviction), std::move(p.sharing), std::move(p.swap));
+#if KVPAGER_HAS_EXCEPTIONS
+  } catch (const std::bad_alloc&) {
+    return status{errc::out_of_memory, "paged_kv_cache::create: not enough host memory for the cache's bookkeeping",
+                  cfg.num_blocks};
+  }  // std::length_error cannot come from here: every container holds at most an int32 count of small elements
+#endif
+}
+
+template <block_allocator A, eviction_policy E, sharing_policy S, swap_policy W>
+KVPAGER_OUT_OF_LINE auto paged_kv_cache<A, E, S, W>::add_sequence(seq_id id, std::int32_t num_tokens) -> status {
+  if (num_tokens <= 0)
+    return status{errc::invalid_argument, "add_sequence: num_tokens must be positive", num_tokens};
+  return add_impl(id, num_tokens, {}, sequence_options{}, nullptr);
+}
+
+template <block_allocator A, eviction_policy E, sharing_policy S, swap_policy W>
+KVPAGER_OUT_OF_LINE auto paged_kv_cache<A, E, S, W>::add_sequence(seq_id id, std::span<const token_id> tokens,
+                                                                  sequence_options options, prefix_match* hit,
+                                                                  std::span<const std::uint64_t> known) -> status {
+  if (status st = cursor_ops::template check_prompt<"add_sequence">(tokens); !st) return st;
+  return add_impl(id, static_cast<std::int32_t>(tokens.size()), tokens, options, hit, nullptr, known);
+}
+
+template <block_allocator A, eviction_policy E, sharing_policy S, swap_policy W>
+KVPAGER_OUT_OF_LINE auto paged_kv_cache<A, E, S, W>::match_prefix(std::span<const token_id> tokens,
+                                                                  sequence_options options)
+    const noexcept -> result<prefix_match> {
+  if (status st = cursor_ops::template check_prompt<"match_prefix">(tokens); !st) return st;
+  return cursors_.match(blocks_.sharing(), tokens, options.extra_key, consumes(), [](block_id) noexcept {});
+}
+
+template <block_allocator A, eviction_policy E, sharing_policy S, swap_policy W>
+KVPAGER_OUT_OF_LINE auto paged_kv_cache<A, E, S, W>::match_prefix(std::span<const token_id> tokens,
+                                                                  sequence_options options, prefix_hit& hit,
+                                                                  std::span<const std::uint64_t> known)
+    const -> status {
+  hit.blocks.clear();
+  hit.known_hashes.assign(known.begin(), known.end());
+  hit.num_tokens = 0;
+  if (status st = cursor_ops::template check_prompt<"match_prefix">(tokens); !st) return st;
+  prompt_hashes ph{known};
+  hit.match = cursors_.match(
+      blocks_.sharing(), tokens, options.extra_key, consumes(), [&](block_id b) { hit.blocks.push_back(b); }, &ph);
+  hit.miss_hash = ph.miss;
+  hit.miss_at = ph.miss_at;
+  hit.generation = cursor_ops::generation(blocks_.sharing());
+  hit.extra_key = options.extra_key;
+  hit.num_tokens = static_cast<std::int32_t>(tokens.size());
+  return ok_status();
+}
+
+template <block_allocator A, eviction_policy E, sharing_policy S, swap_policy W>
+KVPAGER_OUT_OF_LINE auto paged_kv_cache<A, E, S, W>::add_sequence(seq_id id, std::span<const token_id> tokens,
+                                                                  sequence_options options, const prefix_hit& hit,
+                                                                  prefix_match* out) -> status {
+  if (!cursor_ops::fresh(blocks_.sharing(), hit, tokens.size(), options.extra_key))
+    return status{errc::stale_prefix_hit, "add_sequence: the prefix hit is stale (the cache changed since "
+                                          "match_prefix) or was made for other tokens or options"};
+  if (status st = cursor_ops::template check_prompt<"add_sequence">(tokens); !st) return st;
+  // A sharing policy without generation() cannot tell a stale hit: look the blocks up again for it.
+  return add_impl(id, static_cast<std::int32_t>(tokens.size()), tokens, options, out,
+                  cursor_ops::has_generation ? &hit : nullptr);
+}
+
+template <block_allocator A, eviction_policy E, sharing_policy S, swap_policy W>
+KVPAGER_OUT_OF_LINE auto paged_kv_cache<A, E, S, W>::append_tokens(seq_id id, token_count n) -> status {
+  if (n.value <= 0) return status{errc::invalid_argument, "append_tokens: token count must be positive", n.value};
+  const auto h = seqs_.template checked<"append_tokens">(id);
+  if (!h) return h.error();
+  if (status st = grow(*h, n.value); !st) return st;
+  cursors_.stop(seqs_[*h]);
+  return ok_status();
+}
+
+template <block_allocator A, eviction_policy E, sharing_policy S, swap_policy W>
+KVPAGER_OUT_OF_LINE auto paged_kv_cache<A, E, S, W>::append_tokens(seq_id id, std::span<const token_id> tokens)
+    -> status {
+  if (tokens.empty() || tokens.size() > static_cast<std::size_t>(INT32_MAX))
+    return status{errc::invalid_argument, "append_tokens: token count must be positive",
+                  static_cast<std::int64_t>(tokens.size())};
+  const auto h = seqs_.template checked<"append_tokens">(id);
+  if (!h) return h.error();
+  const std::int32_t first = seqs_[*h].num_tokens;
+  if (status st = grow(*h, static_cast<std::int32_t>(tokens.size())); !st) return st;
+  cursors_.extend(blocks_.sharing(), seqs_[*h], tokens, first);
+  return ok_status();
+}
+
+template <block_allocator A, eviction_policy E, sharing_policy S, swap_policy W>
+KVPAGER_OUT_OF_LINE auto paged_kv_cache<A, E, S, W>::fork(seq_id parent, seq_id child, std::int32_t num_tokens)
+    -> status {
+  const auto ph = seqs_.template checked<"fork">(parent, detail::residency::any);
+  if (!ph) return ph.error();
+  if (child == parent || seqs_.contains(child))
+    return status{errc::duplicate_sequence, "fork: child sequence id is already live"};
+  const seq_state& p = seqs_[*ph];
+  if (num_tokens < 0 || num_tokens > p.num_tokens)
+    return status{errc::invalid_argument, "fork: num_tokens must be in [0, parent length]", num_tokens};
+  if (p.swapped) return status{errc::sequence_swapped, "fork: the parent is swapped out; swap it in first"};
+  if (p.append_step == ledger_.step())
+    return status{errc::pending_append, "fork: the parent has tokens appended in this step; fork after begin_step"};
+  const std::int32_t tokens = num_tokens == 0 ? p.num_tokens : num_tokens;
+  const auto k = static_cast<std::size_t>(blocks_for_tokens(tokens, cfg_.block_size));
+  if constexpr (S::fork == fork_mode::copy) {
+    if (static_cast<std::int64_t>(k) > available_blocks())
+      return status{errc::out_of_blocks, "fork: not enough free blocks to copy the parent",
+                    static_cast<std::int64_t>(k)};
+  }
+
+  const std::int32_t h = seqs_.insert(child);  // may reallocate the states: index by handle from here on
+  seq_state& c = seqs_[h];
+  const seq_state& ps = seqs_[*ph];
+  c.blocks.resize(k);
+  counts_.fork_copies += fork_blocks<S::fork>(blocks_, ledger_, ps.blocks, c.blocks);
+  if constexpr (S::fork == fork_mode::copy) c.append_step = ledger_.step();  // bytes arrive with the copies
+  c.num_tokens = tokens;
+  c.priority = ps.priority;
+  cursors_.inherit(blocks_.sharing(), c, ps, tokens);
+  counts_.tokens += tokens;
+  return ok_status();
+}
+
+template <block_allocator A, eviction_policy E, sharing_policy S, swap_policy W>
+KVPAGER_OUT_OF_LINE auto paged_kv_cache<A, E, S, W>::free_sequence(seq_id id) -> status {
+  const auto h = seqs_.template checked<"free_sequence">(id, detail::residency::any);
+  if (!h) return h.error();
+  seq_state& s = seqs_[*h];
+  if (s.swapped) {
+    book_.drop_table(s.blocks);
+  } else {
+    if (s.append_step == ledger_.step()) {  // not computed: slots -1, their blocks uncached, unless shared
+      ledger_.cancel_appends(
+          *h, s.blocks, cfg_.block_size, [this](block_id b) { return blocks_.refcount(b) > 1; },
+          [this](block_id b) {
+            if (blocks_.is_cached(b)) blocks_.drop_content(b);  // its content will never be written
+          });
+    }
+    const retention_hint hint{s.priority};
+    for (auto it = s.blocks.rbegin(); it != s.blocks.rend(); ++it) release(*it, hint);
+  }
+  counts_.tokens -= s.num_tokens;
+  seqs_.erase(*h);  // keeps the vectors' capacity for the next sequence in this handle
+  return ok_status();
+}
+
+template <block_allocator A, eviction_policy E, sharing_policy S, swap_policy W>
+KVPAGER_OUT_OF_LINE auto paged_kv_cache<A, E, S, W>::swap_out(std::span<const seq_id> group) -> status {
+  if (!book_.has_host_pool())
+    return status{errc::unsupported, "swap_out: the cache has no host pool (num_host_blocks 0)"};
+  if (status st = seqs_.template checked_group<"swap_out">(group, detail::residency::device, ledger_.step()); !st) return st;
+  const auto release_ref = [this](block_id b, retention_hint hint) { release(b, hint); };
+  if (status st = book_.swap_out(group, seqs_, ledger_, release_ref); !st) return st;
+  for (const seq_id id : group) cursors_.stop(seqs_.at(id));
+  return ok_status();
+}
+
+template <block_allocator A, eviction_policy E, sharing_policy S, swap_policy W>
+KVPAGER_OUT_OF_LINE auto paged_kv_cache<A, E, S, W>::swap_in(std::span<const seq_id> group) -> status {
+  if (status st = seqs_.template checked_group<"swap_in">(group, detail::residency::swapped, ledger_.step()); !st) return st;
+  return book_.swap_in(group, seqs_, blocks_, ledger_);
+}
+
+template <block_allocator A, eviction_policy E, sharing_policy S, swap_policy W>
+KVPAGER_OUT_OF_LINE auto paged_kv_cache<A, E, S, W>::preempt_decision(seq_id id) const -> result<preempt_action> {
+  const auto h = seqs_.template checked<"preempt">(id);
+  if (!h) return h.error();
+  return book_.decide(static_cast<std::int32_t>(seqs_[*h].blocks.size()));
+}
+
+template <block_allocator A, eviction_policy E, sharing_policy S, swap_policy W>
+KVPAGER_OUT_OF_LINE auto paged_kv_cache<A, E, S, W>::preempt(seq_id id) -> result<preempt_action> {
+  const auto d = preempt_decision(id);
+  if (!d) return d;
+  const preempt_action a = *d;
+  switch (a) {
+    case preempt_action::swap:
+      if (status st = swap_out(id); !st) return st;
+      ++counts_.preempted_swap;
+      return a;
+    case preempt_action::recompute:
+      (void)free_sequence(id);
+      ++counts_.preempted_recompute;
+      return a;
+    default:
+      return status{errc::unsupported, "preempt: the swap policy does not preempt (no_swap)"};
+  }
+}
+
+template <block_allocator A, eviction_policy E, sharing_policy S, swap_policy W>
+KVPAGER_OUT_OF_LINE auto paged_kv_cache<A, E, S, W>::begin_step() -> void {
+  ledger_.begin_step([this](block_id b, retention_hint hint) {
+    if (blocks_.refcount(b) == 0) blocks_.settle(b, hint);  // a prefix hit may have revived it
+  });
+  book_.begin_step();
+}
+
+template <block_allocator A, eviction_policy E, sharing_policy S, swap_policy W>
+KVPAGER_OUT_OF_LINE auto paged_kv_cache<A, E, S, W>::stats() const noexcept -> cache_stats {
+  cache_stats s = counts_;
+  s.block_size = cfg_.block_size;
+  s.pending_free = ledger_.pending_free();
+  s.sequences = seqs_.size();
+  blocks_.report(s);
+  book_.report(s);
+  return s;
+}
+
+template <block_allocator A, eviction_policy E, sharing_policy S, swap_policy W>
+KVPAGER_OUT_OF_LINE paged_kv_cache<A, E, S, W>::paged_kv_cache(cache_config cfg, block_pool<A> pool, E e, S s, W w)
+    : cfg_(cfg), blocks_(std::move(pool), std::move(e), std::move(s)), book_(std::move(w)), cursors_{cfg.block_size} {
+  const pool_geometry g{cfg.num_blocks, cfg.block_size, cfg.reserved_blocks};
+  blocks_.reset(g);
+  book_.reset(g, cfg.num_host_blocks);
+  ledger_.reset(cfg.num_blocks);
+}
+
+template <block_allocator A, eviction_policy E, sharing_policy S, swap_policy W>
+KVPAGER_OUT_OF_LINE auto paged_kv_cache<A, E, S, W>::add_impl(seq_id id, std::int32_t n,
+                                                              std::span<const token_id> tokens,
+                                                              sequence_options options, prefix_match* hit,
+                                                              const prefix_hit* given,
+                                                              std::span<const std::uint64_t> known) -> status {
+  if (seqs_.contains(id)) return status{errc::duplicate_sequence, "add_sequence: sequence id is already live"};
+  const std::int64_t total = blocks_for_tokens(n, cfg_.block_size);
+  if (exceeds_table_limit(total))
+    return status{errc::invalid_argument, "add_sequence: prompt needs more than max_blocks_per_seq blocks", total};
+  // Lookup (no mutation): the longest cached prefix, capped at n - 1 tokens.
+  hits_.clear();
+  std::int64_t needed = total;
+  cursor_type cur{};
+  const auto take = [&](block_id b) {
+    hits_.push_back(b);
+    if (!blocks_.consumes_capacity(b)) --needed;
+  };
+  prompt_hashes ph{known};
+  if (given != nullptr) {  // the lookup is done: take its blocks, continue the chain after the last one
+    cursors_.take(blocks_.sharing(), cur, *given, n, options.extra_key, take);
+    ph = prompt_hashes{given->known_hashes, given->miss_hash, given->miss_at};
+  } else if (!tokens.empty()) {
+    cursors_.walk(blocks_.sharing(), cur, tokens, options.extra_key, take, &ph);
+  }
+  if (needed > available_blocks())
+    return status{errc::out_of_blocks, "add_sequence: not enough free blocks for the prompt", needed};
+
+  const std::int32_t h = seqs_.insert(id);
+  seq_state& s = seqs_[h];
+  s.blocks.resize(static_cast<std::size_t>(total));
+  // Hits first (they leave the free queue before anything is popped from it), then new blocks.
+  for (std::size_t i = 0; i < hits_.size(); ++i) {
+    if (blocks_.touch(hits_[i])) ledger_.unpark();
+    s.blocks[i] = hits_[i];
+  }
+  blocks_.take(std::span<block_id>(s.blocks).subspan(hits_.size()));
+  s.num_tokens = n;
+  s.priority = options.priority;
+  s.extra_key = options.extra_key;
+  const auto hit_tokens = static_cast<std::int32_t>(hits_.size()) * cfg_.block_size;
+  if (!tokens.empty()) {
+    cursors_.commit_prompt(blocks_.sharing(), s, cur, tokens, static_cast<std::int32_t>(hits_.size()), ph);
+    counts_.prefix_query_tokens += n;
+    counts_.prefix_hit_tokens += hit_tokens;
+  }
+  counts_.tokens += n;
+  s.append_step = ledger_.record_append(h, id, hit_tokens, n - hit_tokens);
+  if (hit != nullptr)
+    *hit = prefix_match{static_cast<std::int32_t>(hits_.size()), hit_tokens, static_cast<std::int64_t>(needed)};
+  return ok_status();
+}
+
+template <block_allocator A, eviction_policy E, sharing_policy S, swap_policy W>
+KVPAGER_OUT_OF_LINE auto paged_kv_cache<A, E, S, W>::grow(std::int32_t h, std::int32_t n) -> status {
+  seq_state& s = seqs_[h];
+  const auto blocks = detail::blocks_after_growth(s.num_tokens, n, cfg_.block_size, cfg_.max_blocks_per_seq);
+  if (!blocks) return blocks.error();
+  const std::int64_t new_total = std::int64_t{s.num_tokens} + n, total_blocks = *blocks;
+  const retention_hint hint{s.priority};
+  detail::write_growth g;
+  if (status st = grow_for_write(blocks_, ledger_, s.blocks, s.num_tokens, cfg_.block_size, total_blocks,
+                                 [&](block_id b) { release(b, hint); }, g);
+      !st)
+    return st;
+  if (g.copied) ++counts_.cow_copies;
+  s.append_step = ledger_.record_append(h, s.id, s.num_tokens, n);
+  s.num_tokens = static_cast<std::int32_t>(new_total);
+  counts_.tokens += n;
+  return ok_status();
+}
+
+template <block_allocator A, eviction_policy E, sharing_policy S, swap_policy W>
+KVPAGER_OUT_OF_LINE auto paged_kv_cache<A, E, S, W>::release(block_id b, retention_hint hint) -> void {
+  blocks_.release(b, hint, [this](block_id x, retention_hint xh) { return ledger_.park(x, xh); });
+}
 
 KVPAGER_NAMESPACE_END

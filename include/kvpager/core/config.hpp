@@ -64,3 +64,19 @@
 #define KVPAGER_NOINLINE
 #define KVPAGER_FLATTEN
 #endif
+
+/// The compiled instances of the named compositions (CMake target kvpager::compositions, cache/compositions.hpp):
+/// defined to 1 for every translation unit of a program that links them (the target defines it), 0 otherwise.
+/// On, paged_kv_cache's, hybrid_kv_cache's and scheduler's larger members are ordinary (not inline) member
+/// templates, and the named compositions are `extern template`s: a translation unit that uses them instantiates
+/// none of those members (they come from the library), which is most of what such a translation unit cost to
+/// compile. Off (header-only), the same members are inline, exactly as when they were defined in their classes.
+/// It must be the same in every translation unit of a program (it changes whether the members are inline).
+#ifndef KVPAGER_EXTERN_COMPOSITIONS
+#define KVPAGER_EXTERN_COMPOSITIONS 0
+#endif
+#if KVPAGER_EXTERN_COMPOSITIONS
+#define KVPAGER_OUT_OF_LINE
+#else
+#define KVPAGER_OUT_OF_LINE inline
+#endif
