@@ -984,7 +984,9 @@ KVPAGER_OUT_OF_LINE auto hybrid_kv_cache<K, A, E, S, W>::note_allocation() noexc
 template <group_kind K, block_allocator A, eviction_policy E, sharing_policy S, swap_policy W>
 KVPAGER_OUT_OF_LINE auto hybrid_kv_cache<K, A, E, S, W>::group_key(std::uint64_t h, std::int32_t g)
     noexcept -> std::uint64_t {
-  return splitmix64(h ^ (std::uint64_t{0xD6E8FEB86659FD93ULL} * static_cast<std::uint64_t>(g + 1)));
+  // Group 0's key is the chained hash itself (as its extra key is the request's): one mix fewer per block where
+  // there is one group. The other groups' keys are mixed apart from it and from each other.
+  return g == 0 ? h : splitmix64(h ^ (std::uint64_t{0xD6E8FEB86659FD93ULL} * static_cast<std::uint64_t>(g + 1)));
 }
 
 template <group_kind K, block_allocator A, eviction_policy E, sharing_policy S, swap_policy W>
@@ -1008,9 +1010,9 @@ KVPAGER_OUT_OF_LINE auto hybrid_kv_cache<K, A, E, S, W>::hash_blocks(std::span<c
   if constexpr (caching) {
     const std::size_t bs = static_cast<std::size_t>(cfg_.block_size);
     const std::size_t full = tokens.size() / bs;
-    if (hashes.size() > full) hashes.resize(full);
-    for (std::size_t i = hashes.size(); i < full; ++i)
-      hashes.push_back(chain_hash(hashes, i, extra, tokens.subspan(i * bs, bs)));
+    const std::size_t from = std::min(hashes.size(), full);
+    hashes.resize(full);  // written in place (no push_back call per block)
+    for (std::size_t i = from; i < full; ++i) hashes[i] = chain_hash(hashes, i, extra, tokens.subspan(i * bs, bs));
   } else {
     (void)tokens;
     (void)extra;
