@@ -432,9 +432,11 @@ KVPAGER_OUT_OF_LINE hybrid_kv_cache<K, A, E, S, W>::hybrid_kv_cache(const hybrid
 template <group_kind K, block_allocator A, eviction_policy E, sharing_policy S, swap_policy W>
 KVPAGER_OUT_OF_LINE hybrid_kv_cache<K, A, E, S, W>::hybrid_kv_cache(hybrid_kv_cache&&) noexcept = default;
 template <group_kind K, block_allocator A, eviction_policy E, sharing_policy S, swap_policy W>
-KVPAGER_OUT_OF_LINE auto hybrid_kv_cache<K, A, E, S, W>::operator=(const hybrid_kv_cache&) -> hybrid_kv_cache& = default;
+KVPAGER_OUT_OF_LINE auto hybrid_kv_cache<K, A, E, S, W>::operator=(const hybrid_kv_cache&)
+    -> hybrid_kv_cache& = default;
 template <group_kind K, block_allocator A, eviction_policy E, sharing_policy S, swap_policy W>
-KVPAGER_OUT_OF_LINE auto hybrid_kv_cache<K, A, E, S, W>::operator=(hybrid_kv_cache&&) noexcept -> hybrid_kv_cache& = default;
+KVPAGER_OUT_OF_LINE auto hybrid_kv_cache<K, A, E, S, W>::operator=(hybrid_kv_cache&&) noexcept
+    -> hybrid_kv_cache& = default;
 template <group_kind K, block_allocator A, eviction_policy E, sharing_policy S, swap_policy W>
 KVPAGER_OUT_OF_LINE hybrid_kv_cache<K, A, E, S, W>::~hybrid_kv_cache() = default;
 
