@@ -986,9 +986,10 @@ KVPAGER_OUT_OF_LINE auto hybrid_kv_cache<K, A, E, S, W>::note_allocation() noexc
 template <group_kind K, block_allocator A, eviction_policy E, sharing_policy S, swap_policy W>
 KVPAGER_OUT_OF_LINE auto hybrid_kv_cache<K, A, E, S, W>::group_key(std::uint64_t h, std::int32_t g)
     noexcept -> std::uint64_t {
-  // Group 0's key is the chained hash itself (as its extra key is the request's): one mix fewer per block where
-  // there is one group. The other groups' keys are mixed apart from it and from each other.
-  return g == 0 ? h : splitmix64(h ^ (std::uint64_t{0xD6E8FEB86659FD93ULL} * static_cast<std::uint64_t>(g + 1)));
+  // The chained hash apart per group by a constant of its own (group 0's is 0: its key is the hash itself, as its
+  // extra key is the request's). Keys only need to differ: the index mixes them itself (id_map::home), and every
+  // entry found is verified against its tokens and group extra key.
+  return h ^ (std::uint64_t{0xD6E8FEB86659FD93ULL} * static_cast<std::uint64_t>(g));
 }
 
 template <group_kind K, block_allocator A, eviction_policy E, sharing_policy S, swap_policy W>
