@@ -9,6 +9,8 @@
 /// the same manager over KV cache groups (hybrid_kv_cache of any_group_kind: full attention, sliding window, chunked
 /// local, in the conventions chosen at create), vLLM's hybrid manager with hybrid_conventions::vllm.
 
+#include <type_traits>
+
 #include "kvpager/allocator/free_list_allocator.hpp"
 #include "kvpager/cache/hybrid_kv_cache.hpp"
 #include "kvpager/cache/paged_kv_cache.hpp"
@@ -67,6 +69,21 @@ extern template class paged_kv_cache<free_list_allocator, no_eviction, refcount_
 extern template class hybrid_kv_cache<any_group_kind, free_list_allocator, lru_eviction, prefix_caching, no_swap>;
 extern template class hybrid_kv_cache<any_group_kind, free_list_allocator, no_eviction, refcount_sharing, no_swap>;
 extern template class hybrid_kv_cache<any_group_kind, free_list_allocator, lru_eviction, prefix_caching, hybrid_swap>;
+// An explicit instantiation cannot name an alias: the types above are the aliases', spelled out, and stay so.
+static_assert(std::is_same_v<vllm_v1_cache,
+                             paged_kv_cache<free_list_allocator, lru_eviction, prefix_caching, no_swap>>);
+static_assert(std::is_same_v<hybrid_swap_cache,
+                             paged_kv_cache<free_list_allocator, lru_eviction, prefix_caching, hybrid_swap>>);
+static_assert(std::is_same_v<host_swap_cache,
+                             paged_kv_cache<free_list_allocator, lru_eviction, prefix_caching, host_swap>>);
+static_assert(std::is_same_v<vllm_v1_no_caching_cache,
+                             paged_kv_cache<free_list_allocator, no_eviction, refcount_sharing, no_swap>>);
+static_assert(std::is_same_v<kv_groups_cache, hybrid_kv_cache<any_group_kind, free_list_allocator, lru_eviction,
+                                                               prefix_caching, no_swap>>);
+static_assert(std::is_same_v<kv_groups_no_caching_cache, hybrid_kv_cache<any_group_kind, free_list_allocator,
+                                                                          no_eviction, refcount_sharing, no_swap>>);
+static_assert(std::is_same_v<kv_groups_swap_cache, hybrid_kv_cache<any_group_kind, free_list_allocator, lru_eviction,
+                                                                    prefix_caching, hybrid_swap>>);
 #endif
 
 KVPAGER_NAMESPACE_END
