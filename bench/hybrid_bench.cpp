@@ -4,7 +4,8 @@
 // decode step of 256 sequences with token ids and prefix caching, and the admission of a 2048-token prompt whose
 // blocks are cached. And the KV bytes a pool of one budget holds, run through the cache (issue 24, point 3): the
 // built-in hybrid shapes at 8k, 32k and 128k context, grouped natively (no padding layers), as vLLM groups them
-// (padded), and as one full-attention group, against the bytes the held tokens strictly need. See bench/RESULTS.md
+// (padded), by units (one group per kind, no padding), and as one full-attention group, against the bytes the held
+// tokens strictly need; and Gemma-3-27b's layers as 31 native groups against 2 groups of units. See bench/RESULTS.md
 // ("Hybrid KV cache groups", "KV bytes held against needed").
 #include <kvpager/kvpager.hpp>
 #include <kvpager/sizing/hybrid_sizing.hpp>
@@ -59,8 +60,7 @@ BENCHMARK(BM_DecodeStep<two_groups>)->Name("decode_step_256/hybrid_full_and_wind
 /// Admission of a 2048-token prompt whose 127 leading blocks are cached (freed, so every hit is revived), then its
 /// free: the lookup, the hits and the commit of the last block.
 template <class C>
-void BM_AdmitCached(benchmark::State& state) {
-  auto cache = make<C>(4096);
+void admit_cached(benchmark::State& state, C& cache) {
   std::mt19937 rng(9);
   const auto prompt = kvbench::random_prompt(rng, 2048);
   must(cache.add_sequence(1, prompt));
@@ -75,9 +75,43 @@ void BM_AdmitCached(benchmark::State& state) {
   }
   state.SetItemsProcessed(state.iterations());
 }
+template <class C>
+void BM_AdmitCached(benchmark::State& state) {
+  auto cache = make<C>(4096);
+  admit_cached(state, cache);
+}
 BENCHMARK(BM_AdmitCached<vllm_v1_cache>)->Name("admit_cached_2048/paged_kv_cache_baseline");
 BENCHMARK(BM_AdmitCached<one_group>)->Name("admit_cached_2048/hybrid_one_full_group");
 BENCHMARK(BM_AdmitCached<two_groups>)->Name("admit_cached_2048/hybrid_full_and_window128");
+
+/// Gemma-3-27b's layers (52 sliding-window 1024, 10 full) grouped natively (31 groups of 2 layers) and by units (2
+/// groups of 26 and 5 units of 2 layers): the same pool blocks and tables per request, the decisions made once
+/// per group. The admission of a cached 2048-token prompt, and a decode step of 32 sequences.
+two_groups make_gemma3(grouping how, std::int32_t num_blocks) {
+  const std::vector<kind_layers<any_group_kind>> kinds{{sliding_window{1024}, 52}, {full_attention{}, 10}};
+  const auto plan = must(plan_groups<any_group_kind>(kinds, how));
+  return must(two_groups::create(cache_config{16, num_blocks, 1, 0}, plan.groups,
+                                 {hybrid_conventions::native, plan.units}));
+}
+template <grouping How>
+void BM_AdmitCachedGemma3(benchmark::State& state) {
+  auto cache = make_gemma3(How, 10000);
+  admit_cached(state, cache);
+}
+BENCHMARK(BM_AdmitCachedGemma3<grouping::native>)->Name("admit_cached_2048_gemma3_27b/native_31_groups_baseline");
+BENCHMARK(BM_AdmitCachedGemma3<grouping::units>)->Name("admit_cached_2048_gemma3_27b/units_2_groups");
+template <grouping How>
+void BM_DecodeStepGemma3(benchmark::State& state) {
+  constexpr int batch = 32;
+  constexpr std::int32_t start = 1024, limit = 2048;
+  auto cache = make_gemma3(How, 31 * 2 * batch * (limit / 16 + 2) + 1);
+  std::mt19937 rng(5);
+  std::vector<std::vector<token_id>> tokens;
+  for (int i = 0; i < batch; ++i) tokens.push_back(kvbench::random_prompt(rng, limit));
+  kvbench::decode_steps(state, cache, tokens, start, limit, true);
+}
+BENCHMARK(BM_DecodeStepGemma3<grouping::native>)->Name("decode_step_32_gemma3_27b/native_31_groups_baseline");
+BENCHMARK(BM_DecodeStepGemma3<grouping::units>)->Name("decode_step_32_gemma3_27b/units_2_groups");
 
 /// A pool of `budget` bytes of KV for model `m` grouped by `plan` (a block: group_size layers), in `conv`; requests
 /// of `ctx` tokens admitted one after another in 2048-token chunks (each chunk its own step, so window groups give
@@ -94,7 +128,7 @@ fill_result fill(const hybrid_model& m, const group_plan<any_group_kind>& plan, 
   const std::int64_t token_layer = 2 * std::int64_t{m.num_kv_heads} * m.head_dim * 2;  // K and V, 2-byte elements
   const std::int64_t block_bytes = token_layer * bs * plan.group_size;
   const cache_config cfg{bs, static_cast<std::int32_t>(budget / block_bytes) + 1, 1, 0};
-  auto cache = must(hybrid_kv_cache<any_group_kind>::create(cfg, plan.groups, {conv}));
+  auto cache = must(hybrid_kv_cache<any_group_kind>::create(cfg, plan.groups, {conv, plan.units}));
   fill_result r;
   for (seq_id id = 0;; ++id) {
     std::int32_t pos = std::min(chunk, ctx);
@@ -133,12 +167,14 @@ void BM_KvHeldOverNeeded(benchmark::State& state) {
   }
   const auto native = must(plan_groups<any_group_kind>(kinds, grouping::native));
   const auto vllm = must(plan_groups<any_group_kind>(kinds, grouping::vllm));
+  const auto units = must(plan_groups<any_group_kind>(kinds, grouping::units));
   group_plan<any_group_kind> one;
   one.groups = {full_attention{}};
   one.group_size = m.num_layers();
-  fill_result a, b, c;
+  fill_result a, b, c, u;
   for (auto _ : state) {
     a = fill(m, native, hybrid_conventions::native, budget, ctx);
+    u = fill(m, units, hybrid_conventions::native, budget, ctx);
     b = fill(m, vllm, hybrid_conventions::vllm, budget, ctx);
     c = fill(m, one, hybrid_conventions::native, budget, ctx);
   }
@@ -146,13 +182,16 @@ void BM_KvHeldOverNeeded(benchmark::State& state) {
   // Where not one request fits the budget there is nothing held: report 0.
   const auto ratio = [](const fill_result& r) { return r.needed > 0 ? r.allocated / r.needed : 0.0; };
   state.counters["native_over_needed"] = ratio(a);
+  state.counters["units_over_needed"] = ratio(u);
   state.counters["vllm_over_needed"] = ratio(b);
   state.counters["one_group_over_needed"] = ratio(c);
   state.counters["fit_native"] = static_cast<double>(a.requests);
+  state.counters["fit_units"] = static_cast<double>(u.requests);
   state.counters["fit_vllm"] = static_cast<double>(b.requests);
   state.counters["fit_one_group"] = static_cast<double>(c.requests);
   state.counters["groups_native"] = native.num_groups();
   state.counters["groups_vllm"] = vllm.num_groups();
+  state.counters["groups_units"] = units.num_groups();
 }
 void kv_held_args(benchmark::internal::Benchmark* b) {
   for (std::int64_t m = 0; m < static_cast<std::int64_t>(builtin_hybrid_models.size()); ++m)

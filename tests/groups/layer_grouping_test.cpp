@@ -1,7 +1,7 @@
 // SPDX-License-Identifier: Apache-2.0
 // plan_groups (issue 24, point 3): vLLM's grouping rule (the group size, the order, the padding) on the built-in
 // hybrid shapes, and the native grouping that pads nothing (the gcd of the counts), equal to vLLM's wherever vLLM
-// pads nothing; bad input refused.
+// pads nothing; the units grouping (one group per kind, of native units); bad input refused.
 #include <kvpager/kvpager.hpp>
 #include <kvpager/sizing/hybrid_sizing.hpp>
 
@@ -88,6 +88,42 @@ TEST(LayerGrouping, EveryLayerInExactlyOneGroupOfTheSize) {
       }
     }
   }
+}
+
+TEST(LayerGrouping, UnitsGroupingIsOneGroupPerKindOverTheNativeUnits) {
+  const std::vector<kl> gemma3{{sliding_window{1024}, 52}, {full_attention{}, 10}};
+  const auto u = plan_groups<any_group_kind>(gemma3, grouping::units);
+  ASSERT_TRUE(u);
+  EXPECT_EQ(u->group_size, 2);  // a unit: 2 layers
+  EXPECT_EQ(u->num_groups(), 2);
+  EXPECT_EQ(u->units, (std::vector<std::int32_t>{26, 5}));
+  EXPECT_EQ(u->kind_of_group, (std::vector<std::int32_t>{0, 1}));
+  EXPECT_EQ(u->padding_layers, 0);
+  // Every built-in shape: the native grouping's bytes (as many tables), one group per kind, and a hybrid cache
+  // takes the plan as it is.
+  for (const hybrid_model& m : builtin_hybrid_models) {
+    std::vector<kl> kinds;
+    for (std::int32_t i = 0; i < m.num_kinds; ++i) {
+      const layer_kind_count& k = m.kinds[static_cast<std::size_t>(i)];
+      kinds.push_back({to_group_kind(k.kind, k.size), k.layers});
+    }
+    const auto n = plan_groups<any_group_kind>(kinds, grouping::native);
+    const auto p = plan_groups<any_group_kind>(kinds, grouping::units);
+    ASSERT_TRUE(n && p) << m.name;
+    EXPECT_EQ(p->num_groups(), m.num_kinds) << m.name;
+    EXPECT_EQ(p->group_size, n->group_size) << m.name;
+    EXPECT_EQ(std::accumulate(p->units.begin(), p->units.end(), 0), n->num_groups()) << m.name;
+    EXPECT_EQ(n->units, std::vector<std::int32_t>(n->groups.size(), 1)) << m.name;
+    cache_config cfg;
+    cfg.num_blocks = 256;
+    cfg.reserved_blocks = 1;
+    auto c = kv_groups_cache::create(cfg, p->groups, {hybrid_conventions::native, p->units});
+    ASSERT_TRUE(c) << m.name << ": " << c.error().message();
+    EXPECT_EQ(c->num_tables(), n->num_groups()) << m.name;
+  }
+  // The tables count against max_groups as native groups do.
+  const std::vector<kl> coprime{{full_attention{}, 63}, {sliding_window{8}, 64}};
+  EXPECT_EQ(plan_groups<any_group_kind>(coprime, grouping::units).error().code(), errc::invalid_argument);
 }
 
 TEST(LayerGrouping, BadInputIsRefused) {

@@ -45,17 +45,20 @@ template <class Cache>
 concept grouped = requires(const Cache& c) { c.num_groups(); };
 
 template <class Cache>
-Cache make_cache(cache_config c, std::int32_t host_blocks, const std::vector<any_group_kind>& kinds) {
+Cache make_cache(cache_config c, std::int32_t host_blocks, const std::vector<any_group_kind>& kinds,
+                 const std::vector<std::int32_t>& units) {
   using W = typename Cache::swap_policy_type;
   if constexpr (grouped<Cache>) {
     // A host pool (host block 0 is reserved: at least 2 blocks), which preemption_mode::swap swaps to whatever the
     // swap policy, and cache_policy where the policy swaps.
     c.num_host_blocks = host_blocks >= 2 ? host_blocks : 0;
-    // vLLM's conventions over vLLM's policies, native ones over the others.
+    // vLLM's conventions over vLLM's policies, native ones over the others (with groups of 1 to 3 units).
     const bool vllm = std::is_same_v<typename Cache::sharing_policy_type, prefix_caching>;
-    return std::move(*Cache::create(c, kinds, {vllm ? hybrid_conventions::vllm : hybrid_conventions::native}));
+    if (vllm) return std::move(*Cache::create(c, kinds, {hybrid_conventions::vllm}));
+    return std::move(*Cache::create(c, kinds, {hybrid_conventions::native, units}));
   } else {
     (void)kinds;
+    (void)units;
     if constexpr (std::is_same_v<W, host_swap> || std::is_same_v<W, hybrid_swap>) c.num_host_blocks = host_blocks;
     return std::move(*Cache::create(c));
   }
@@ -121,11 +124,13 @@ class liveness_run {
           vk.push_back(vllm_kind_of(kinds_.back()));
         }
       }
+      std::mt19937 units(seed ^ 0xc2b2ae35U);  // drawn apart: the runs without units keep their draws
+      for (std::size_t g = 0; g < kinds_.size(); ++g) units_.push_back(1 + static_cast<std::int32_t>(units() % 3));
     }
   }
 
   void run() {
-    Cache cache = make_cache<Cache>(ccfg_, host_blocks_, kinds_);
+    Cache cache = make_cache<Cache>(ccfg_, host_blocks_, kinds_, units_);
     ASSERT_TRUE(cfg_.validate()) << describe();
     scheduler<Cache> s(cache, cfg_);
     const std::int64_t usable_tokens = std::int64_t{cache.stats().total} * ccfg_.block_size;
@@ -315,9 +320,9 @@ class liveness_run {
       ASSERT_EQ(x.last_chunk, static_cast<std::size_t>(x.start + x.num_tokens) == s.tokens(x.id).size());
       ASSERT_TRUE(cfg_.chunked_prefill || x.last_chunk) << "without chunked prefill a prompt is computed whole";
       budget -= x.num_tokens;
-      if constexpr (grouped<Cache>) {  // group-major: group g's slots follow groups 0 .. g-1's
+      if constexpr (grouped<Cache>) {  // table-major: table t's slots follow tables 0 .. t-1's
         const auto n = static_cast<std::size_t>(cache.plan().num_append_tokens());
-        for (std::int32_t g = 0; g < cache.num_groups(); ++g) {
+        for (std::int32_t g = 0; g < cache.num_tables(); ++g) {
           const auto table = *cache.block_table(g, x.id);
           std::size_t at = slot + static_cast<std::size_t>(g) * n;
           for (std::int64_t p = x.start; p < x.start + x.num_tokens; ++p, ++at) {
@@ -337,7 +342,7 @@ class liveness_run {
       }
     }
     if constexpr (grouped<Cache>) {
-      ASSERT_EQ(slot * static_cast<std::size_t>(cache.num_groups()), out.slot_mapping.size());
+      ASSERT_EQ(slot * static_cast<std::size_t>(cache.num_tables()), out.slot_mapping.size());
     } else {
       ASSERT_EQ(slot, out.slot_mapping.size());
     }
@@ -421,6 +426,7 @@ class liveness_run {
   std::mt19937 rng_;
   cache_config ccfg_;
   std::vector<any_group_kind> kinds_;  ///< the groups of a hybrid cache (a layout vLLM's grouping can produce)
+  std::vector<std::int32_t> units_;    ///< their units (native conventions only)
   scheduler_config cfg_;
   std::int32_t host_blocks_ = 0;
   std::int32_t num_requests_ = 0;

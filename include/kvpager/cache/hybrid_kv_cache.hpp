@@ -32,6 +32,18 @@
 /// (prefix_caching): the cache chains the block hashes itself (xxh3 over each block's tokens, seeded by the
 /// previous block's hash and, at the root, the sequence's extra key) and indexes each group's blocks under the
 /// hash mixed with the group. Lookups verify the block's own token ids when the policy verifies.
+///
+/// Groups of different sizes (hybrid_options::units, native conventions): group g may hold units(g) pool blocks per
+/// table entry, so that groups of different layer counts share the one pool without padding (every pool block is
+/// a page of the same unit of layers; groups/layer_grouping.hpp's plan_unit_groups gives the units of a model). An
+/// entry's first block (its lead) is the one the tables, the prefix cache and the eviction policy know; its
+/// companions follow it: taken with it, freed when the lead is handed out again (a cached lead keeps them, so a
+/// hit brings back every page), copied, swapped and counted with it. A sequence then has num_tables() tables:
+/// table g holds group g's leads, unit_table(g, u) its u-th companions (kept in step). Everything that names bytes
+/// names a table: block_table, host_block_table, the exports, the slot mapping, and the plan's block_copy::group
+/// and block_swap::group (an executor's layer_groups map each layer to its table). Capacity (available_blocks,
+/// blocks_needed, the errors' details, group_stats::blocks) counts pool blocks. With one unit per group, tables
+/// and groups coincide.
 
 #include <algorithm>
 #include <cstdint>
@@ -78,11 +90,18 @@ enum class hybrid_conventions : std::uint8_t {
 /// Options of hybrid_kv_cache::create beyond the cache_config.
 struct hybrid_options {
   hybrid_conventions conventions = hybrid_conventions::vllm;
+  /// Pages per block of each group (empty: 1 each): groups of different sizes from the one pool, with no padding.
+  /// A group of u units holds u pool blocks per table entry (a lead and u - 1 companions, each a page of the same
+  /// layers count: plan_unit_groups' unit). Decisions (hits, window release, eviction, copy-on-write) are made
+  /// once per entry; the u pages always move together. Native conventions only; at most max_groups units in all.
+  /// Read by create only (the cache keeps its own copy).
+  std::span<const std::int32_t> units{};
 };
 
-/// The counts of one KV cache group.
+/// The counts of one KV cache group (`blocks` and `peak_blocks` in pool blocks: a group of u units holds u per
+/// entry; the other counts in table entries).
 struct group_stats {
-  std::int32_t blocks = 0;           ///< blocks with reference count > 0 that belong to the group now
+  std::int32_t blocks = 0;           ///< pool blocks with reference count > 0 that belong to the group now
   std::int32_t peak_blocks = 0;      ///< the most `blocks` after any successful allocating call
   std::int64_t hit_blocks = 0;       ///< cached blocks admissions took into the group's tables (prefix hits)
   std::int64_t skipped_blocks = 0;   ///< table entries the window release replaced by the null block
@@ -208,8 +227,8 @@ class hybrid_kv_cache {
   /// Preempts sequence `id` as the swap policy decides: swap out (it stays live, swapped) or free it (recompute).
   /// Errors: errc::unsupported (the policy does not preempt), those of preempt_decision and swap_out.
   result<preempt_action> preempt(seq_id id);
-  /// Group g's host block table of swapped-out sequence `id` (null_block entries stay null); errc::unknown_sequence,
-  /// errc::sequence_swapped (it is on device), errc::invalid_argument (no such group).
+  /// Table t's host block table of swapped-out sequence `id` (null_block entries stay null); errc::unknown_sequence,
+  /// errc::sequence_swapped (it is on device), errc::invalid_argument (no such table).
   [[nodiscard]] result<std::span<const block_id>> host_block_table(std::int32_t g, seq_id id) const noexcept;
   /// The one-table form has no meaning with several groups: errc::unsupported (pass the group).
   [[nodiscard]] result<std::span<const block_id>> host_block_table(seq_id) const noexcept;
@@ -232,6 +251,15 @@ class hybrid_kv_cache {
   // ------------------------------------------------------------------------------------------------ queries
 
   [[nodiscard]] std::int32_t num_groups() const noexcept { return static_cast<std::int32_t>(kinds_.size()); }
+  /// Pool blocks per table entry of group g (hybrid_options::units; 1 unless given).
+  [[nodiscard]] std::int32_t units(std::int32_t g) const noexcept { return units_[static_cast<std::size_t>(g)]; }
+  /// Tables per sequence: the units of every group (num_groups() when each group has one unit).
+  [[nodiscard]] std::int32_t num_tables() const noexcept { return static_cast<std::int32_t>(tables_.size()); }
+  /// The table of group g's u-th pages (u in [0, units(g))): g itself for u = 0 (the leads), after the groups for
+  /// the companions.
+  [[nodiscard]] std::int32_t unit_table(std::int32_t g, std::int32_t u) const noexcept {
+    return u == 0 ? g : num_groups() + ubase_[static_cast<std::size_t>(g)] + u - 1;
+  }
   [[nodiscard]] const K& kind(std::int32_t g) const noexcept { return kinds_[static_cast<std::size_t>(g)]; }
   [[nodiscard]] hybrid_conventions conventions() const noexcept { return options_.conventions; }
   [[nodiscard]] bool contains(seq_id id) const noexcept { return primary().contains(id); }
@@ -243,11 +271,11 @@ class hybrid_kv_cache {
   [[nodiscard]] constexpr kv_geometry geometry() const noexcept { return cfg_.geometry(); }
   [[nodiscard]] std::int32_t refcount(block_id b) const noexcept { return blocks_.refcount(b); }
   [[nodiscard]] bool is_free(block_id b) const noexcept { return blocks_.pool().is_free(b); }
-  /// The group block `b` was last handed to (meaningful while it is referenced).
+  /// The group block `b` was last handed to (meaningful while it is referenced; a companion's is its lead's).
   [[nodiscard]] std::int32_t owner_group(block_id b) const noexcept;
   /// Blocks an allocation can use now (free + evictable), for all groups together.
-  [[nodiscard]] std::int64_t available_blocks() const noexcept { return blocks_.available(); }
-  /// Blocks a prompt of `num_tokens` tokens takes without prefix hits: its blocks in every group.
+  [[nodiscard]] std::int64_t available_blocks() const noexcept { return blocks_.available() + spare_; }
+  /// Blocks a prompt of `num_tokens` tokens takes without prefix hits: its blocks in every table.
   [[nodiscard]] std::int64_t blocks_needed(std::int64_t num_tokens) const noexcept;
   /// Blocks in use now: usable minus available.
   [[nodiscard]] std::int64_t used_blocks() const noexcept;
@@ -258,14 +286,16 @@ class hybrid_kv_cache {
   [[nodiscard]] cache_stats stats() const noexcept;
 
   [[nodiscard]] result<std::int32_t> num_tokens(seq_id id) const noexcept;
-  /// Group g's block table of sequence `id` (null_block where the group no longer reads).
-  [[nodiscard]] result<std::span<const block_id>> block_table(std::int32_t g, seq_id id) const noexcept;
+  /// Table t's block table of sequence `id` (null_block where its group no longer reads); t = g for group g's
+  /// leads (unit_table).
+  [[nodiscard]] result<std::span<const block_id>> block_table(std::int32_t t, seq_id id) const noexcept;
   /// The chained hashes of sequence `id`'s full blocks (empty without content caching), for re-admission.
   status block_hashes(seq_id id, std::vector<std::uint64_t>& out) const;
 
   // ------------------------------------------------------------------------------------------------ exports
 
-  /// Group g's dense page table (paged_kv_cache::export_block_table's format; null entries are null_block).
+  /// Table t's dense page table (paged_kv_cache::export_block_table's format; null entries are null_block); t is
+  /// a group with one unit per group, else unit_table(g, u).
   status export_block_table(std::int32_t g, std::span<const seq_id> seqs, std::span<std::int32_t> table,
                             std::int32_t row_stride, std::span<std::int32_t> seq_lens) const noexcept;
   [[nodiscard]] result<std::int64_t> csr_size(std::int32_t g, std::span<const seq_id> seqs) const noexcept;
@@ -275,13 +305,13 @@ class hybrid_kv_cache {
   [[nodiscard]] result<std::int64_t> csr_size(std::span<const seq_id>) const noexcept { return per_group("csr_size"); }
   status export_csr(std::span<const seq_id>, std::span<std::int32_t>, std::span<std::int32_t>,
                     std::span<std::int32_t>) const noexcept;
-  /// Slots of this step's appends in all groups: num_groups() x plan().num_append_tokens().
+  /// Slots of this step's appends in all tables: num_tables() x plan().num_append_tokens().
   [[nodiscard]] std::int64_t slot_mapping_size() const noexcept;
-  /// Group g's slot mapping of this step's appends (plan().num_append_tokens() slots), in plan().appends() order:
+  /// Table t's slot mapping of this step's appends (plan().num_append_tokens() slots), in plan().appends() order:
   /// slot = block * block_size + offset in that group's table; -1 for tokens of sequences freed since, except
   /// slots kept for sharers. errc::buffer_too_small (detail = plan().num_append_tokens()), nothing written.
   status export_slot_mapping(std::int32_t g, std::span<std::int64_t> out) const noexcept;
-  /// Every group's slot mapping, group-major: group g's at [g x n, (g + 1) x n), n = plan().num_append_tokens()
+  /// Every table's slot mapping, table-major: table t's at [t x n, (t + 1) x n), n = plan().num_append_tokens()
   /// (what kvpager::scheduler exports as step_output::slot_mapping). errc::buffer_too_small (detail =
   /// slot_mapping_size()).
   status export_slot_mapping(std::span<std::int64_t> out) const noexcept;
@@ -301,6 +331,32 @@ class hybrid_kv_cache {
 
   hybrid_kv_cache(cache_config cfg, std::span<const K> groups, std::vector<vllm_kind> vk, hybrid_options options,
                   block_pool<A> pool, E e, S s, W w);
+
+  // ---------------------------------------------------------------- groups of several units
+
+  /// Whether some group has more than one unit (the companion bookkeeping runs only then).
+  [[nodiscard]] bool multi() const noexcept { return max_units_ > 1; }
+  /// Slot u (in [1, max_units_)) of lead b's companions.
+  [[nodiscard]] block_id& companion(block_id b, std::int32_t u) noexcept {
+    return comp_[static_cast<std::size_t>(b) * static_cast<std::size_t>(max_units_ - 1) + static_cast<std::size_t>(u - 1)];
+  }
+  /// The lead block `b` follows (b itself unless it is a companion).
+  [[nodiscard]] block_id lead_of(block_id b) const noexcept {
+    if (!multi() || b <= null_block) return b;
+    const block_id l = lead_of_[static_cast<std::size_t>(b)];
+    return l >= 0 ? l : b;
+  }
+  /// One block from the store for table `g` (a group, or -1: a bare block), lead b's old companions (if it was
+  /// handed out again) returned to the free blocks first; then, for a group of u units, u - 1 companions attached.
+  void take_multi(std::int32_t g, block_id& b) noexcept;
+  /// A block popped from the store: its companions (it led an entry) go back to the free blocks.
+  void detach(block_id b) noexcept;
+  /// Table entries [from, ...) of sequence h's companion tables of group g rewritten from its leads.
+  void mirror(std::int32_t h, std::int32_t g, std::size_t from);
+  /// After a swap-in: each non-null lead of the sequences' tables gets the companions its companion tables hold.
+  void reattach(std::span<const seq_id> seqs) noexcept;
+  /// Plans the copy of group g's entry `src` to `dst`: the lead and each companion (on its own table).
+  void plan_copy(std::int32_t g, block_id src, block_id dst);
 
   /// Group g's slots of this step's appends into `out` (exactly plan().num_append_tokens() long).
   void write_slots(std::int32_t g, std::span<std::int64_t> out) const noexcept;
@@ -403,10 +459,19 @@ class hybrid_kv_cache {
   static constexpr block_id lookup_pending = -2;
 
   cache_config cfg_;
-  hybrid_options options_;
+  hybrid_options options_;  ///< units cleared (the cache's own are units_)
   std::vector<K> kinds_;
+  std::vector<std::int32_t> units_;     ///< per group: pool blocks per entry
+  std::vector<std::int32_t> ubase_;     ///< per group: its companion tables start at num_groups() + ubase_[g]
+  std::int32_t max_units_ = 1;
+  std::vector<block_id> comp_;          ///< per block, max_units_ - 1 slots: the companions of a lead
+  std::vector<block_id> lead_of_;       ///< per block: the lead a companion follows, -1 otherwise
+  std::vector<std::uint8_t> attached_;  ///< per block: companions attached to it as a lead
+  std::int64_t spare_ = 0;              ///< companions of leads that are free or evictable (available too)
+  std::int64_t idle_ = 0;               ///< companions of unreferenced leads (spare_ and those of parked leads)
   std::vector<vllm_kind> vkinds_;   ///< vLLM's view of the kinds (vllm conventions only)
-  std::vector<table_type> tables_;  ///< per group; table 0 also holds the per-sequence fields (id, priority, ...)
+  std::vector<table_type> tables_;  ///< per table (groups' leads, then companions); table 0 also holds the
+                                    ///< per-sequence fields (id, priority, ...)
   std::vector<extra_state> extra_;  ///< per handle
   std::vector<group_stats> gstats_;
   detail::block_store<A, E, S> blocks_;
@@ -460,6 +525,22 @@ KVPAGER_OUT_OF_LINE auto hybrid_kv_cache<K, A, E, S, W>::create(cache_config cfg
                   "hybrid_kv_cache::create: host block 0 is reserved (a table's null entry on the host side): "
                   "num_host_blocks must be 0 or at least 2",
                   cfg.num_host_blocks};
+  if (!options.units.empty()) {
+    if (options.units.size() != groups.size())
+      return status{errc::invalid_argument, "hybrid_kv_cache::create: units must be empty or one per group",
+                    static_cast<std::int64_t>(options.units.size())};
+    std::int64_t total = 0;
+    for (const std::int32_t u : options.units) {
+      if (u < 1) return status{errc::invalid_argument, "hybrid_kv_cache::create: a group's units must be at least 1", u};
+      total += u;
+      if (u > 1 && options.conventions == hybrid_conventions::vllm)
+        return status{errc::invalid_argument,
+                      "hybrid_kv_cache::create: groups of several units need native conventions (vLLM pads to one "
+                      "page size)", u};
+    }
+    if (total > max_groups)
+      return status{errc::invalid_argument, "hybrid_kv_cache::create: more than max_groups units in all", total};
+  }
   std::vector<vllm_kind> vk;
   if (options.conventions == hybrid_conventions::vllm) {
     for (const K& k : groups) vk.push_back(vllm_kind_of(k));
@@ -576,7 +657,7 @@ KVPAGER_OUT_OF_LINE auto hybrid_kv_cache<K, A, E, S, W>::fork(seq_id parent, seq
     for (std::size_t i = first; i < k; ++i)
       if (t[i] == null_block)
         return status{errc::invalid_argument, "fork: a window group no longer holds blocks the child reads", g};
-    for (std::size_t i = 0; i < k; ++i) copies += t[i] != null_block ? 1 : 0;
+    for (std::size_t i = 0; i < k; ++i) copies += t[i] != null_block ? units_[ix(g)] : 0;
   }
   if constexpr (S::fork == fork_mode::copy) {
     if (copies > available_blocks())
@@ -595,7 +676,7 @@ KVPAGER_OUT_OF_LINE auto hybrid_kv_cache<K, A, E, S, W>::fork(seq_id parent, seq
       if constexpr (S::fork == fork_mode::copy) {
         const block_id src = b;
         take(g, std::span<block_id>(&b, 1));
-        ledger_.plan_copy(src, b, g);
+        plan_copy(g, src, b);
         ++counts_.fork_copies;
       } else {
         blocks_.add_ref(b);
@@ -603,6 +684,7 @@ KVPAGER_OUT_OF_LINE auto hybrid_kv_cache<K, A, E, S, W>::fork(seq_id parent, seq
     }
     tables_[ix(g)][h].num_tokens = tokens;
     gstats_[ix(g)].table_entries += static_cast<std::int64_t>(k);
+    mirror(h, g, 0);
   }
   auto& c = primary()[h];
   c.priority = p.priority;
@@ -632,15 +714,16 @@ KVPAGER_OUT_OF_LINE auto hybrid_kv_cache<K, A, E, S, W>::free_sequence(seq_id id
   const retention_hint hint{primary()[h].priority};
   for (std::int32_t g = 0; g < num_groups(); ++g) {
     const auto& t = tables_[ix(g)][h].blocks;
-    if (swapped) {
-      book_.drop_refs(t, null_block);
-    } else {
+    if (!swapped) {
       for (auto it = t.rbegin(); it != t.rend(); ++it)
         if (*it != null_block) release(*it, hint);
     }
     gstats_[ix(g)].table_entries -= static_cast<std::int64_t>(t.size());
   }
-  if (swapped) book_.dropped_sequence();
+  if (swapped) {  // every table's host blocks (a companion has a host block of its own)
+    for (const table_type& t : tables_) book_.drop_refs(t[h].blocks, null_block);
+    book_.dropped_sequence();
+  }
   counts_.tokens -= primary()[h].num_tokens;
   for (table_type& t : tables_) t.erase(h);
   extra_state& e = extra_[static_cast<std::size_t>(h)];
@@ -672,9 +755,34 @@ KVPAGER_OUT_OF_LINE auto hybrid_kv_cache<K, A, E, S, W>::swap_in(std::span<const
   if (status st = primary().template checked_group<"swap_in">(group, detail::residency::swapped, ledger_.step());
       !st)
     return st;
-  const auto taken = [this](std::int32_t g, block_id b) { count_up(g, b); };
-  if (status st = book_.swap_in(group, std::span<table_type>(tables_), blocks_, ledger_, taken, null_block); !st)
-    return st;
+  if (!multi()) {
+    const auto taken = [this](std::int32_t g, block_id b) { count_up(g, b); };
+    if (status st = book_.swap_in(group, std::span<table_type>(tables_), blocks_, ledger_, taken, null_block); !st)
+      return st;
+  } else {
+    // Every table entry (lead or companion) gets a device block of its own; the companions are attached to their
+    // leads after (reattach), from the companion tables the swap wrote.
+    struct unit_store {
+      hybrid_kv_cache* c;
+      [[nodiscard]] std::int64_t available() const noexcept { return c->available_blocks(); }
+      void take(std::span<block_id> out) noexcept {
+        for (block_id& b : out) c->take_multi(-1, b);
+      }
+      void add_ref(block_id b) noexcept {
+        if (c->lead_of_[static_cast<std::size_t>(b)] == -1) c->blocks_.add_ref(b);  // a companion goes with its lead
+      }
+    } store{this};
+    const auto taken = [this](std::int32_t t, block_id b) {
+      if (t < num_groups()) {
+        count_up(t, b);
+      } else {
+        lead_of_[static_cast<std::size_t>(b)] = -2;  // a companion, its lead set by reattach
+      }
+    };
+    if (status st = book_.swap_in(group, std::span<table_type>(tables_), store, ledger_, taken, null_block); !st)
+      return st;
+    reattach(group);
+  }
   note_allocation();
   return ok_status();
 }
@@ -736,7 +844,9 @@ KVPAGER_OUT_OF_LINE auto hybrid_kv_cache<K, A, E, S, W>::host_pool()
 template <group_kind K, block_allocator A, eviction_policy E, sharing_policy S, swap_policy W>
 KVPAGER_OUT_OF_LINE auto hybrid_kv_cache<K, A, E, S, W>::begin_step() -> void {
   ledger_.begin_step([this](block_id b, retention_hint hint) {
-    if (blocks_.refcount(b) == 0) blocks_.settle(b, hint);
+    if (blocks_.refcount(b) != 0) return;
+    blocks_.settle(b, hint);
+    if (multi()) spare_ += attached_[static_cast<std::size_t>(b)];  // a parked lead is free or evictable now
   });
   book_.begin_step();
 }
@@ -749,13 +859,13 @@ KVPAGER_OUT_OF_LINE auto hybrid_kv_cache<K, A, E, S, W>::is_swapped(seq_id id) c
 
 template <group_kind K, block_allocator A, eviction_policy E, sharing_policy S, swap_policy W>
 KVPAGER_OUT_OF_LINE auto hybrid_kv_cache<K, A, E, S, W>::owner_group(block_id b) const noexcept -> std::int32_t {
-  return b >= 0 && b < cfg_.num_blocks ? owner_[static_cast<std::size_t>(b)] : -1;
+  return b >= 0 && b < cfg_.num_blocks ? owner_[static_cast<std::size_t>(lead_of(b))] : -1;
 }
 
 template <group_kind K, block_allocator A, eviction_policy E, sharing_policy S, swap_policy W>
 KVPAGER_OUT_OF_LINE auto hybrid_kv_cache<K, A, E, S, W>::blocks_needed(std::int64_t num_tokens)
     const noexcept -> std::int64_t {
-  return blocks_for_tokens(num_tokens, cfg_.block_size) * num_groups();
+  return blocks_for_tokens(num_tokens, cfg_.block_size) * num_tables();
 }
 
 template <group_kind K, block_allocator A, eviction_policy E, sharing_policy S, swap_policy W>
@@ -770,6 +880,11 @@ KVPAGER_OUT_OF_LINE auto hybrid_kv_cache<K, A, E, S, W>::stats() const noexcept 
   s.pending_free = ledger_.pending_free();
   s.sequences = primary().size();
   blocks_.report(s);
+  // Companions of unreferenced leads are referenced in the pool but not used; those of free or evictable leads
+  // are free for an allocation.
+  s.free += static_cast<std::int32_t>(spare_);
+  s.used -= static_cast<std::int32_t>(idle_);
+  s.logical -= idle_;
   book_.report(s);
   return s;
 }
@@ -837,7 +952,7 @@ KVPAGER_OUT_OF_LINE auto hybrid_kv_cache<K, A, E, S, W>::export_csr(std::span<co
 
 template <group_kind K, block_allocator A, eviction_policy E, sharing_policy S, swap_policy W>
 KVPAGER_OUT_OF_LINE auto hybrid_kv_cache<K, A, E, S, W>::slot_mapping_size() const noexcept -> std::int64_t {
-  return ledger_.plan().num_append_tokens() * num_groups();
+  return ledger_.plan().num_append_tokens() * num_tables();
 }
 
 template <group_kind K, block_allocator A, eviction_policy E, sharing_policy S, swap_policy W>
@@ -859,8 +974,8 @@ KVPAGER_OUT_OF_LINE auto hybrid_kv_cache<K, A, E, S, W>::export_slot_mapping(std
     return status{errc::buffer_too_small, "export_slot_mapping: buffer is shorter than slot_mapping_size()",
                   slot_mapping_size()};
   const std::int64_t n = ledger_.plan().num_append_tokens();
-  for (std::int32_t g = 0; g < num_groups(); ++g)
-    write_slots(g, out.subspan(static_cast<std::size_t>(g * n), static_cast<std::size_t>(n)));
+  for (std::int32_t t = 0; t < num_tables(); ++t)
+    write_slots(t, out.subspan(static_cast<std::size_t>(t * n), static_cast<std::size_t>(n)));
   return ok_status();
 }
 
@@ -871,11 +986,26 @@ KVPAGER_OUT_OF_LINE hybrid_kv_cache<K, A, E, S, W>::hybrid_kv_cache(cache_config
     : cfg_(cfg),
       options_(options),
       kinds_(groups.begin(), groups.end()),
+      units_(groups.size(), 1),
+      ubase_(groups.size(), 0),
       vkinds_(std::move(vk)),
-      tables_(groups.size()),
       gstats_(groups.size()),
       blocks_(std::move(pool), std::move(e), std::move(s)),
       book_(std::move(w)) {
+  options_.units = {};
+  std::int32_t extra_tables = 0;
+  for (std::size_t i = 0; i < options.units.size(); ++i) {
+    units_[i] = options.units[i];
+    ubase_[i] = extra_tables;
+    extra_tables += units_[i] - 1;
+    max_units_ = std::max(max_units_, units_[i]);
+  }
+  tables_.resize(groups.size() + static_cast<std::size_t>(extra_tables));
+  if (multi()) {
+    comp_.assign(static_cast<std::size_t>(cfg.num_blocks) * static_cast<std::size_t>(max_units_ - 1), null_block);
+    lead_of_.assign(static_cast<std::size_t>(cfg.num_blocks), -1);
+    attached_.assign(static_cast<std::size_t>(cfg.num_blocks), 0);
+  }
   const pool_geometry g{cfg.num_blocks, cfg.block_size, cfg.reserved_blocks};
   blocks_.reset(g);
   book_.reset(g, cfg.num_host_blocks, /*host_reserved=*/1);  // host block 0 is never used: null stays null
@@ -909,7 +1039,7 @@ template <group_kind K, block_allocator A, eviction_policy E, sharing_policy S, 
 KVPAGER_OUT_OF_LINE auto hybrid_kv_cache<K, A, E, S, W>::check_group(const char* call, std::int32_t g)
     const noexcept -> status {
   (void)call;
-  if (g < 0 || g >= num_groups()) return status{errc::invalid_argument, "hybrid_kv_cache: no such group", g};
+  if (g < 0 || g >= num_tables()) return status{errc::invalid_argument, "hybrid_kv_cache: no such table", g};
   return ok_status();
 }
 
@@ -955,26 +1085,74 @@ KVPAGER_OUT_OF_LINE auto hybrid_kv_cache<K, A, E, S, W>::insert(seq_id id) -> st
 template <group_kind K, block_allocator A, eviction_policy E, sharing_policy S, swap_policy W>
 KVPAGER_OUT_OF_LINE auto hybrid_kv_cache<K, A, E, S, W>::count_up(std::int32_t g, block_id b) noexcept -> void {
   owner_[static_cast<std::size_t>(b)] = static_cast<std::uint8_t>(g);
-  ++gstats_[static_cast<std::size_t>(g)].blocks;
+  gstats_[static_cast<std::size_t>(g)].blocks += units_[static_cast<std::size_t>(g)];
 }
 
 template <group_kind K, block_allocator A, eviction_policy E, sharing_policy S, swap_policy W>
 KVPAGER_OUT_OF_LINE auto hybrid_kv_cache<K, A, E, S, W>::take(std::int32_t g, std::span<block_id> out)
     noexcept -> void {
+  if (multi()) {
+    for (block_id& b : out) take_multi(g, b);
+    return;
+  }
   blocks_.take(out);
   for (const block_id b : out) count_up(g, b);
 }
 
 template <group_kind K, block_allocator A, eviction_policy E, sharing_policy S, swap_policy W>
 KVPAGER_OUT_OF_LINE auto hybrid_kv_cache<K, A, E, S, W>::touch(std::int32_t g, block_id b) noexcept -> void {
+  if (multi() && attached_[static_cast<std::size_t>(b)] > 0 && blocks_.refcount(b) == 0) {
+    idle_ -= attached_[static_cast<std::size_t>(b)];  // a hit on an unreferenced lead takes its companions too
+    if (blocks_.consumes_capacity(b)) spare_ -= attached_[static_cast<std::size_t>(b)];
+  }
   if (blocks_.refcount(b) == 0) count_up(g, b);
   if (blocks_.touch(b)) ledger_.unpark();
 }
 
 template <group_kind K, block_allocator A, eviction_policy E, sharing_policy S, swap_policy W>
 KVPAGER_OUT_OF_LINE auto hybrid_kv_cache<K, A, E, S, W>::release(block_id b, retention_hint hint) -> void {
-  if (blocks_.refcount(b) == 1) --gstats_[owner_[static_cast<std::size_t>(b)]].blocks;
+  if (multi() && lead_of_[static_cast<std::size_t>(b)] >= 0) return;  // a companion goes with its lead
+  const bool last = blocks_.refcount(b) == 1;
+  if (last) gstats_[owner_[static_cast<std::size_t>(b)]].blocks -= units_[owner_[static_cast<std::size_t>(b)]];
   blocks_.release(b, hint, [this](block_id x, retention_hint xh) { return ledger_.park(x, xh); });
+  // A lead that became free or evictable keeps its companions (a later hit needs them) until it is handed out.
+  if (multi() && last) {
+    idle_ += attached_[static_cast<std::size_t>(b)];
+    if (blocks_.consumes_capacity(b)) spare_ += attached_[static_cast<std::size_t>(b)];
+  }
+}
+
+template <group_kind K, block_allocator A, eviction_policy E, sharing_policy S, swap_policy W>
+KVPAGER_OUT_OF_LINE auto hybrid_kv_cache<K, A, E, S, W>::detach(block_id b) noexcept -> void {
+  const std::int32_t n = attached_[static_cast<std::size_t>(b)];
+  if (n == 0) return;
+  spare_ -= n;
+  idle_ -= n;
+  attached_[static_cast<std::size_t>(b)] = 0;
+  for (std::int32_t u = 1; u <= n; ++u) {
+    const block_id c = companion(b, u);
+    companion(b, u) = null_block;
+    lead_of_[static_cast<std::size_t>(c)] = -1;
+    // Never cached nor parked (its lead was free): back to the free blocks.
+    blocks_.release(c, retention_hint{}, [this](block_id x, retention_hint xh) { return ledger_.park(x, xh); });
+  }
+}
+
+template <group_kind K, block_allocator A, eviction_policy E, sharing_policy S, swap_policy W>
+KVPAGER_OUT_OF_LINE auto hybrid_kv_cache<K, A, E, S, W>::take_multi(std::int32_t g, block_id& b) noexcept -> void {
+  blocks_.take(std::span<block_id>(&b, 1));
+  detach(b);
+  if (g < 0) return;
+  count_up(g, b);
+  const std::int32_t u = units_[static_cast<std::size_t>(g)];
+  for (std::int32_t k = 1; k < u; ++k) {
+    block_id c = no_block;
+    blocks_.take(std::span<block_id>(&c, 1));
+    detach(c);
+    companion(b, k) = c;
+    lead_of_[static_cast<std::size_t>(c)] = b;
+  }
+  attached_[static_cast<std::size_t>(b)] = static_cast<std::uint8_t>(u - 1);
 }
 
 template <group_kind K, block_allocator A, eviction_policy E, sharing_policy S, swap_policy W>
@@ -1042,7 +1220,8 @@ KVPAGER_OUT_OF_LINE auto hybrid_kv_cache<K, A, E, S, W>::find_hit(std::span<cons
       // prompt): under both conventions its hit is the run of cached blocks from block 0. One pass, as
       // paged_kv_cache's walk: each block looked up once up to the first miss, its hit list and need at once.
       const auto root = share.first_cursor(group_extra(extra, 0));
-      need = total;
+      const std::int64_t u0 = units_[0];
+      need = total * u0;
       lists.resize(m);  // written in place, cut to the hit after (no push_back call per block)
       std::size_t i = 0;
       for (; i < m; ++i) {
@@ -1051,7 +1230,7 @@ KVPAGER_OUT_OF_LINE auto hybrid_kv_cache<K, A, E, S, W>::find_hit(std::span<cons
                                         tokens.subspan(i * static_cast<std::size_t>(bs), static_cast<std::size_t>(bs)));
         if (b == no_block) break;
         lists[i] = b;
-        need -= blocks_.consumes_capacity(b) ? 0 : 1;
+        need -= blocks_.consumes_capacity(b) ? 0 : u0;
       }
       lists.resize(i);
       nulls_[0] = 0;
@@ -1114,9 +1293,15 @@ template <group_kind K, block_allocator A, eviction_policy E, sharing_policy S, 
 KVPAGER_OUT_OF_LINE auto hybrid_kv_cache<K, A, E, S, W>::admission_need(std::int64_t total, std::int32_t len,
                                                                         std::span<const block_id> lists)
     const noexcept -> std::int64_t {
-  std::int64_t need = (total - len) * num_groups();
-  for (const block_id b : lists)
-    if (b != null_block && blocks_.consumes_capacity(b)) ++need;
+  std::int64_t need = (total - len) * num_tables();
+  if (!multi()) {
+    for (const block_id b : lists)
+      if (b != null_block && blocks_.consumes_capacity(b)) ++need;
+    return need;
+  }
+  const auto n = static_cast<std::size_t>(len);
+  for (std::size_t i = 0; i < lists.size(); ++i)  // group-major, len entries each; a hit takes its companions too
+    if (lists[i] != null_block && blocks_.consumes_capacity(lists[i])) need += units_[i / n];
   return need;
 }
 
@@ -1144,7 +1329,7 @@ KVPAGER_OUT_OF_LINE auto hybrid_kv_cache<K, A, E, S, W>::add_impl(seq_id id, std
     len = find_hit(tokens, options.extra_key, hashes_, lists_, need, n);
   } else {
     lists_.clear();
-    need = total * num_groups();
+    need = total * num_tables();
   }
   if (need > available_blocks())
     return status{errc::out_of_blocks, "add_sequence: not enough free blocks for the prompt", need};
@@ -1167,6 +1352,7 @@ KVPAGER_OUT_OF_LINE auto hybrid_kv_cache<K, A, E, S, W>::add_impl(seq_id id, std
     take(g, std::span<block_id>(tables_[ix(g)][h].blocks).subspan(static_cast<std::size_t>(len)));
     tables_[ix(g)][h].num_tokens = n;
     gstats_[ix(g)].table_entries += total;
+    mirror(h, g, 0);
   }
   auto& s = primary()[h];
   s.priority = options.priority;
@@ -1253,12 +1439,13 @@ KVPAGER_OUT_OF_LINE auto hybrid_kv_cache<K, A, E, S, W>::grow(std::int32_t h, st
   const bool writes_last = s.num_tokens % cfg_.block_size != 0;
   for (std::int32_t g = 0; g < num_groups(); ++g) {
     auto& t = tables_[ix(g)][h].blocks;
+    const std::int64_t u = units_[ix(g)];
     if (!vllm) {  // what the window release would free
       for (std::size_t i = release_end(g, from, t.size()); i-- > 0 && t[i] != null_block;)
-        gain += blocks_.refcount(t[i]) == 1 && !ledger_.busy(t[i]) ? 1 : 0;
+        gain += blocks_.refcount(t[i]) == 1 && !ledger_.busy(t[i]) ? u : 0;
     }
-    need += std::max<std::int64_t>(total_blocks - static_cast<std::int64_t>(t.size()), 0);
-    need += writes_last && blocks_.refcount(t.back()) > 1 ? 1 : 0;
+    need += std::max<std::int64_t>(total_blocks - static_cast<std::int64_t>(t.size()), 0) * u;
+    need += writes_last && blocks_.refcount(t.back()) > 1 ? u : 0;
   }
   if (need > available_blocks() + gain)
     return status{errc::out_of_blocks, "append_tokens: not enough free blocks", need};
@@ -1270,7 +1457,7 @@ KVPAGER_OUT_OF_LINE auto hybrid_kv_cache<K, A, E, S, W>::grow(std::int32_t h, st
       if (blocks_.refcount(last) > 1) {  // copy-on-write of a shared, partly filled last block
         block_id dst = no_block;
         take(g, std::span<block_id>(&dst, 1));
-        ledger_.plan_copy(last, dst, g);
+        plan_copy(g, last, dst);
         t.back() = dst;
         release(last, hint);
         ++counts_.cow_copies;
@@ -1285,6 +1472,7 @@ KVPAGER_OUT_OF_LINE auto hybrid_kv_cache<K, A, E, S, W>::grow(std::int32_t h, st
       gstats_[ix(g)].table_entries += total_blocks - static_cast<std::int64_t>(old);
     }
     tables_[ix(g)][h].num_tokens = static_cast<std::int32_t>(new_total);
+    mirror(h, g, writes_last ? old - 1 : old);
   }
   return finish_append(h, first, n, pending, tokens, true);
 }
@@ -1377,6 +1565,7 @@ KVPAGER_OUT_OF_LINE auto hybrid_kv_cache<K, A, E, S, W>::release_window(std::int
       release(t[i], hint);
       t[i] = null_block;
       ++gstats_[ix(g)].skipped_blocks;
+      for (std::int32_t u = 1; u < units_[ix(g)]; ++u) tables_[ix(unit_table(g, u))][h].blocks[i] = null_block;
     }
   }
 }
@@ -1411,11 +1600,56 @@ KVPAGER_OUT_OF_LINE auto hybrid_kv_cache<K, A, E, S, W>::extend_content(std::int
 template <group_kind K, block_allocator A, eviction_policy E, sharing_policy S, swap_policy W>
 KVPAGER_OUT_OF_LINE auto hybrid_kv_cache<K, A, E, S, W>::cancel_appends(std::int32_t h) -> void {
   ledger_.cancel_appends(
-      h, num_groups(), [this, h](std::int32_t g) { return std::span<const block_id>(tables_[ix(g)][h].blocks); },
-      cfg_.block_size, [this](block_id b) { return b != null_block && blocks_.refcount(b) > 1; },
+      h, num_tables(), [this, h](std::int32_t t) { return std::span<const block_id>(tables_[ix(t)][h].blocks); },
+      cfg_.block_size, [this](block_id b) { return b != null_block && blocks_.refcount(lead_of(b)) > 1; },
       [this](block_id b) {
         if (b != null_block && blocks_.is_cached(b)) blocks_.drop_content(b);  // its content will never be written
       });
+}
+
+template <group_kind K, block_allocator A, eviction_policy E, sharing_policy S, swap_policy W>
+KVPAGER_OUT_OF_LINE auto hybrid_kv_cache<K, A, E, S, W>::mirror(std::int32_t h, std::int32_t g, std::size_t from)
+    -> void {
+  const std::int32_t n = units_[ix(g)];
+  if (n == 1) return;
+  const auto& lead = tables_[ix(g)][h];
+  for (std::int32_t u = 1; u < n; ++u) {
+    auto& t = tables_[ix(unit_table(g, u))][h];
+    t.blocks.resize(lead.blocks.size());
+    for (std::size_t i = from; i < lead.blocks.size(); ++i)
+      t.blocks[i] = lead.blocks[i] == null_block ? null_block : companion(lead.blocks[i], u);
+    t.num_tokens = lead.num_tokens;
+  }
+}
+
+template <group_kind K, block_allocator A, eviction_policy E, sharing_policy S, swap_policy W>
+KVPAGER_OUT_OF_LINE auto hybrid_kv_cache<K, A, E, S, W>::reattach(std::span<const seq_id> seqs) noexcept -> void {
+  for (const seq_id id : seqs) {
+    const std::int32_t h = *primary().template checked<"swap_in">(id, detail::residency::any);
+    for (std::int32_t g = 0; g < num_groups(); ++g) {
+      const std::int32_t n = units_[ix(g)];
+      if (n == 1) continue;
+      const auto& lead = tables_[ix(g)][h].blocks;
+      for (std::size_t i = 0; i < lead.size(); ++i) {
+        const block_id b = lead[i];
+        if (b == null_block) continue;
+        for (std::int32_t u = 1; u < n; ++u) {
+          const block_id c = tables_[ix(unit_table(g, u))][h].blocks[i];
+          companion(b, u) = c;
+          lead_of_[static_cast<std::size_t>(c)] = b;
+        }
+        attached_[static_cast<std::size_t>(b)] = static_cast<std::uint8_t>(n - 1);
+      }
+    }
+  }
+}
+
+template <group_kind K, block_allocator A, eviction_policy E, sharing_policy S, swap_policy W>
+KVPAGER_OUT_OF_LINE auto hybrid_kv_cache<K, A, E, S, W>::plan_copy(std::int32_t g, block_id src, block_id dst)
+    -> void {
+  ledger_.plan_copy(src, dst, g);
+  for (std::int32_t u = 1; u < units_[ix(g)]; ++u)
+    ledger_.plan_copy(companion(src, u), companion(dst, u), unit_table(g, u));
 }
 
 KVPAGER_NAMESPACE_END

@@ -49,10 +49,11 @@ class scheduler : public scheduler_queues {
   scheduler(scheduler&&) noexcept;
   ~scheduler();
 
-  /// Block tables per sequence of `cache`: its KV cache groups (1 without groups).
+  /// Block tables per sequence of `cache`: its KV cache groups' tables (hybrid_kv_cache::num_tables; 1 without
+  /// groups), so the pool blocks a block of tokens takes.
   [[nodiscard]] static std::int32_t groups_of(const Cache& cache) noexcept {
     if constexpr (requires { cache.num_groups(); }) {
-      return cache.num_groups();
+      return cache.num_tables();
     } else {
       (void)cache;
       return 1;
@@ -533,8 +534,8 @@ auto scheduler<Cache>::export_tables() -> void {
     out_.query_start_loc.push_back(out_.query_start_loc.back() + e.num_tokens);
     (e.num_tokens == 1 ? out_.decode : out_.prefill).entries.push_back(static_cast<std::int32_t>(i));
   }
-  if constexpr (requires { cache_.num_groups(); }) {  // KV cache groups: the tables of each group
-    const auto n = static_cast<std::size_t>(cache_.num_groups());
+  if constexpr (requires { cache_.num_groups(); }) {  // KV cache groups: every table of every group
+    const auto n = static_cast<std::size_t>(cache_.num_tables());
     out_.group_decode.resize(n);
     out_.group_prefill.resize(n);
     for (std::size_t k = 0; k < n; ++k) {

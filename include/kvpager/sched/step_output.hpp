@@ -120,9 +120,10 @@ struct step_output {
   std::vector<std::int32_t> query_start_loc;
   step_tables decode;                         ///< page tables of the entries computing one token
   step_tables prefill;                        ///< page tables of the entries computing a chunk of several
-  /// A cache with KV cache groups (hybrid_kv_cache): the same two sets of tables per group, in group order
-  /// (decode and prefill above then stay empty; the rows, entries and query rows are the same in every group, the
-  /// block ids differ, and a window group's rows hold the null block before its window). Empty otherwise.
+  /// A cache with KV cache groups (hybrid_kv_cache): the same two sets of tables per table of the cache, in table
+  /// order (its groups, then the companion tables of groups of several units: hybrid_kv_cache::unit_table; decode
+  /// and prefill above then stay empty; the rows, entries and query rows are the same in every table, the block
+  /// ids differ, and a window group's rows hold the null block before its window). Empty otherwise.
   std::vector<step_tables> group_decode;
   std::vector<step_tables> group_prefill;
 
