@@ -4,6 +4,8 @@
 
 #include <kvpager/kvpager.hpp>
 
+#include <benchmark/benchmark.h>
+
 #include <cstdint>
 #include <cstdlib>
 #include <random>
@@ -73,6 +75,25 @@ void decode_steps(State& state, Cache& cache, const std::vector<std::vector<kvpa
     ++pos;
   }
   state.SetItemsProcessed(state.iterations() * static_cast<std::int64_t>(batch));
+}
+
+/// Admission of a 2048-token prompt whose 127 leading blocks are cached (freed, so every hit is revived), then
+/// its free: the lookup, the hits and the commit of the last block.
+template <class Cache, class State>
+void admit_cached(State& state, Cache& cache) {
+  std::mt19937 rng(9);
+  const auto prompt = random_prompt(rng, 2048);
+  must(cache.add_sequence(1, prompt));
+  cache.begin_step();
+  must(cache.free_sequence(1));
+  for (auto _ : state) {
+    kvpager::prefix_match m;
+    must(cache.add_sequence(2, prompt, {}, &m));
+    benchmark::DoNotOptimize(m);
+    cache.begin_step();
+    must(cache.free_sequence(2));
+  }
+  state.SetItemsProcessed(state.iterations());
 }
 
 }  // namespace kvbench

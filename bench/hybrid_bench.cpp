@@ -5,7 +5,7 @@
 // blocks are cached. And the KV bytes a pool of one budget holds, run through the cache (issue 24, point 3): the
 // built-in hybrid shapes at 8k, 32k and 128k context, grouped natively (no padding layers), as vLLM groups them
 // (padded), by units (one group per kind, no padding), and as one full-attention group, against the bytes the held
-// tokens strictly need; and Gemma-3-27b's layers as 31 native groups against 2 groups of units. See bench/RESULTS.md
+// tokens strictly need (bench/hybrid_units_bench.cpp: Gemma-3-27b's bookkeeping by units). See bench/RESULTS.md
 // ("Hybrid KV cache groups", "KV bytes held against needed").
 #include <kvpager/kvpager.hpp>
 #include <kvpager/sizing/hybrid_sizing.hpp>
@@ -53,65 +53,22 @@ void BM_DecodeStep(benchmark::State& state) {
   for (int i = 0; i < batch; ++i) tokens.push_back(kvbench::random_prompt(rng, limit));
   kvbench::decode_steps(state, cache, tokens, start, limit, true);
 }
-BENCHMARK(BM_DecodeStep<vllm_v1_cache>)->Name("decode_step_256/paged_kv_cache_baseline");
-BENCHMARK(BM_DecodeStep<one_group>)->Name("decode_step_256/hybrid_one_full_group");
-BENCHMARK(BM_DecodeStep<two_groups>)->Name("decode_step_256/hybrid_full_and_window128");
+// Fixed iteration counts here and below: a callgrind run counts exactly these calls.
+BENCHMARK(BM_DecodeStep<vllm_v1_cache>)->Name("decode_step_256/paged_kv_cache_baseline")->Iterations(2000);
+BENCHMARK(BM_DecodeStep<one_group>)->Name("decode_step_256/hybrid_one_full_group")->Iterations(2000);
+BENCHMARK(BM_DecodeStep<two_groups>)->Name("decode_step_256/hybrid_full_and_window128")->Iterations(2000);
 
 /// Admission of a 2048-token prompt whose 127 leading blocks are cached (freed, so every hit is revived), then its
-/// free: the lookup, the hits and the commit of the last block.
-template <class C>
-void admit_cached(benchmark::State& state, C& cache) {
-  std::mt19937 rng(9);
-  const auto prompt = kvbench::random_prompt(rng, 2048);
-  must(cache.add_sequence(1, prompt));
-  cache.begin_step();
-  must(cache.free_sequence(1));
-  for (auto _ : state) {
-    prefix_match m;
-    must(cache.add_sequence(2, prompt, {}, &m));
-    benchmark::DoNotOptimize(m);
-    cache.begin_step();
-    must(cache.free_sequence(2));
-  }
-  state.SetItemsProcessed(state.iterations());
-}
+/// free: the lookup, the hits and the commit of the last block (kvbench::admit_cached).
 template <class C>
 void BM_AdmitCached(benchmark::State& state) {
   auto cache = make<C>(4096);
-  admit_cached(state, cache);
+  kvbench::admit_cached(state, cache);
 }
-BENCHMARK(BM_AdmitCached<vllm_v1_cache>)->Name("admit_cached_2048/paged_kv_cache_baseline");
-BENCHMARK(BM_AdmitCached<one_group>)->Name("admit_cached_2048/hybrid_one_full_group");
-BENCHMARK(BM_AdmitCached<two_groups>)->Name("admit_cached_2048/hybrid_full_and_window128");
+BENCHMARK(BM_AdmitCached<vllm_v1_cache>)->Name("admit_cached_2048/paged_kv_cache_baseline")->Iterations(2000);
+BENCHMARK(BM_AdmitCached<one_group>)->Name("admit_cached_2048/hybrid_one_full_group")->Iterations(2000);
+BENCHMARK(BM_AdmitCached<two_groups>)->Name("admit_cached_2048/hybrid_full_and_window128")->Iterations(2000);
 
-/// Gemma-3-27b's layers (52 sliding-window 1024, 10 full) grouped natively (31 groups of 2 layers) and by units (2
-/// groups of 26 and 5 units of 2 layers): the same pool blocks and tables per request, the decisions made once
-/// per group. The admission of a cached 2048-token prompt, and a decode step of 32 sequences.
-two_groups make_gemma3(grouping how, std::int32_t num_blocks) {
-  const std::vector<kind_layers<any_group_kind>> kinds{{sliding_window{1024}, 52}, {full_attention{}, 10}};
-  const auto plan = must(plan_groups<any_group_kind>(kinds, how));
-  return must(two_groups::create(cache_config{16, num_blocks, 1, 0}, plan.groups,
-                                 {hybrid_conventions::native, plan.units}));
-}
-template <grouping How>
-void BM_AdmitCachedGemma3(benchmark::State& state) {
-  auto cache = make_gemma3(How, 10000);
-  admit_cached(state, cache);
-}
-BENCHMARK(BM_AdmitCachedGemma3<grouping::native>)->Name("admit_cached_2048_gemma3_27b/native_31_groups_baseline");
-BENCHMARK(BM_AdmitCachedGemma3<grouping::units>)->Name("admit_cached_2048_gemma3_27b/units_2_groups");
-template <grouping How>
-void BM_DecodeStepGemma3(benchmark::State& state) {
-  constexpr int batch = 32;
-  constexpr std::int32_t start = 1024, limit = 2048;
-  auto cache = make_gemma3(How, 31 * 2 * batch * (limit / 16 + 2) + 1);
-  std::mt19937 rng(5);
-  std::vector<std::vector<token_id>> tokens;
-  for (int i = 0; i < batch; ++i) tokens.push_back(kvbench::random_prompt(rng, limit));
-  kvbench::decode_steps(state, cache, tokens, start, limit, true);
-}
-BENCHMARK(BM_DecodeStepGemma3<grouping::native>)->Name("decode_step_32_gemma3_27b/native_31_groups_baseline");
-BENCHMARK(BM_DecodeStepGemma3<grouping::units>)->Name("decode_step_32_gemma3_27b/units_2_groups");
 
 /// A pool of `budget` bytes of KV for model `m` grouped by `plan` (a block: group_size layers), in `conv`; requests
 /// of `ctx` tokens admitted one after another in 2048-token chunks (each chunk its own step, so window groups give
@@ -197,7 +154,8 @@ void kv_held_args(benchmark::internal::Benchmark* b) {
   for (std::int64_t m = 0; m < static_cast<std::int64_t>(builtin_hybrid_models.size()); ++m)
     for (const std::int64_t ctx : {8192, 32768, 131072}) b->Args({m, ctx});
 }
-BENCHMARK(BM_KvHeldOverNeeded)->Name("kv_held_16gib")->Apply(kv_held_args)->Iterations(1)->Unit(benchmark::kMillisecond);
+BENCHMARK(BM_KvHeldOverNeeded)->Name("kv_held_16gib")->Apply(kv_held_args)
+    ->Iterations(1)->Unit(benchmark::kMillisecond);
 
 }  // namespace
 

@@ -245,7 +245,8 @@ void decides_as_expanded(std::uint32_t seed, bool pressure) {
       for (const seq_id id : live) {
         ASSERT_EQ(u.is_swapped(id), x.is_swapped(id)) << where;
         for (std::int32_t t = 0; t < u.num_tables(); ++t) {
-          const std::vector<block_id> a = table_of(u, t, id), b = table_of(x, l.expanded_table[static_cast<std::size_t>(t)], id);
+          const std::vector<block_id> a = table_of(u, t, id);
+          const std::vector<block_id> b = table_of(x, l.expanded_table[static_cast<std::size_t>(t)], id);
           ASSERT_EQ(a.size(), b.size()) << where;
           for (std::size_t i = 0; i < a.size(); ++i) ASSERT_EQ(a[i] == 0, b[i] == 0) << where << " table " << t;
         }
@@ -298,8 +299,9 @@ TEST(HybridUnits, UnderPressureCompanionsFollowTheirLeadsAndFailuresChangeNothin
   }
   // The pressure runs above evict and swap (the invariants were checked where it matters): measured on one run.
   std::mt19937 rng(9);
-  auto c = std::move(*hybrid_swapping::create(config(40, 4, 64), std::vector<any_group_kind>{full_attention{}, sliding_window{6}},
-                                              {hybrid_conventions::native, std::vector<std::int32_t>{3, 2}}));
+  const std::vector<any_group_kind> kinds{full_attention{}, sliding_window{6}};
+  const std::vector<std::int32_t> units{3, 2};
+  auto c = std::move(*hybrid_swapping::create(config(40, 4, 64), kinds, {hybrid_conventions::native, units}));
   std::vector<seq_id> live;
   for (seq_id id = 0; id < 400; ++id) {
     c.begin_step();

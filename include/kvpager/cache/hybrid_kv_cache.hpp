@@ -199,7 +199,7 @@ class hybrid_kv_cache {
   /// their slots export as -1 in every group and the blocks they would have filled lose their cached content,
   /// except where another sequence already shares one of their blocks (a prefix hit in this step): those slots
   /// are kept. errc::unknown_sequence.
-  status free_sequence(seq_id id);
+  KVPAGER_FLATTEN status free_sequence(seq_id id);
 
   // ------------------------------------------------------------------------------------------------ preemption
 
@@ -338,7 +338,8 @@ class hybrid_kv_cache {
   [[nodiscard]] bool multi() const noexcept { return max_units_ > 1; }
   /// Slot u (in [1, max_units_)) of lead b's companions.
   [[nodiscard]] block_id& companion(block_id b, std::int32_t u) noexcept {
-    return comp_[static_cast<std::size_t>(b) * static_cast<std::size_t>(max_units_ - 1) + static_cast<std::size_t>(u - 1)];
+    const auto slots = static_cast<std::size_t>(max_units_ - 1);
+    return comp_[static_cast<std::size_t>(b) * slots + static_cast<std::size_t>(u - 1)];
   }
   /// The lead block `b` follows (b itself unless it is a companion).
   [[nodiscard]] block_id lead_of(block_id b) const noexcept {
@@ -348,13 +349,20 @@ class hybrid_kv_cache {
   }
   /// One block from the store for table `g` (a group, or -1: a bare block), lead b's old companions (if it was
   /// handed out again) returned to the free blocks first; then, for a group of u units, u - 1 companions attached.
-  void take_multi(std::int32_t g, block_id& b) noexcept;
+  /// (Out of line, as the other companion paths: they must not take the one-unit paths' inlining.)
+  KVPAGER_NOINLINE void take_multi(std::int32_t g, block_id& b) noexcept;
   /// A block popped from the store: its companions (it led an entry) go back to the free blocks.
-  void detach(block_id b) noexcept;
+  KVPAGER_NOINLINE void detach(block_id b) noexcept;
+  /// release and touch of a cache with companions: the lead's companions counted as idle and spare.
+  KVPAGER_NOINLINE void release_units(block_id b, retention_hint hint);
+  KVPAGER_NOINLINE void touch_units(block_id b) noexcept;
   /// Table entries [from, ...) of sequence h's companion tables of group g rewritten from its leads.
-  void mirror(std::int32_t h, std::int32_t g, std::size_t from);
+  void mirror(std::int32_t h, std::int32_t g, std::size_t from) {
+    if (units_[static_cast<std::size_t>(g)] > 1) mirror_units(h, g, from);
+  }
+  KVPAGER_NOINLINE void mirror_units(std::int32_t h, std::int32_t g, std::size_t from);
   /// After a swap-in: each non-null lead of the sequences' tables gets the companions its companion tables hold.
-  void reattach(std::span<const seq_id> seqs) noexcept;
+  KVPAGER_NOINLINE void reattach(std::span<const seq_id> seqs) noexcept;
   /// Plans the copy of group g's entry `src` to `dst`: the lead and each companion (on its own table).
   void plan_copy(std::int32_t g, block_id src, block_id dst);
 
@@ -383,6 +391,8 @@ class hybrid_kv_cache {
   void take(std::int32_t g, std::span<block_id> out) noexcept;
   void touch(std::int32_t g, block_id b) noexcept;
   void release(block_id b, retention_hint hint);
+  /// Drops one reference to b, parking it where a planned copy still uses it (the step ledger's rule).
+  void drop(block_id b, retention_hint hint);
   void note_allocation() noexcept;
 
   // ---------------------------------------------------------------- hashing and lookup
@@ -531,7 +541,8 @@ KVPAGER_OUT_OF_LINE auto hybrid_kv_cache<K, A, E, S, W>::create(cache_config cfg
                     static_cast<std::int64_t>(options.units.size())};
     std::int64_t total = 0;
     for (const std::int32_t u : options.units) {
-      if (u < 1) return status{errc::invalid_argument, "hybrid_kv_cache::create: a group's units must be at least 1", u};
+      if (u < 1)
+        return status{errc::invalid_argument, "hybrid_kv_cache::create: a group's units must be at least 1", u};
       total += u;
       if (u > 1 && options.conventions == hybrid_conventions::vllm)
         return status{errc::invalid_argument,
@@ -1085,7 +1096,7 @@ KVPAGER_OUT_OF_LINE auto hybrid_kv_cache<K, A, E, S, W>::insert(seq_id id) -> st
 template <group_kind K, block_allocator A, eviction_policy E, sharing_policy S, swap_policy W>
 KVPAGER_OUT_OF_LINE auto hybrid_kv_cache<K, A, E, S, W>::count_up(std::int32_t g, block_id b) noexcept -> void {
   owner_[static_cast<std::size_t>(b)] = static_cast<std::uint8_t>(g);
-  gstats_[static_cast<std::size_t>(g)].blocks += units_[static_cast<std::size_t>(g)];
+  gstats_[static_cast<std::size_t>(g)].blocks += multi() ? units_[static_cast<std::size_t>(g)] : 1;
 }
 
 template <group_kind K, block_allocator A, eviction_policy E, sharing_policy S, swap_policy W>
@@ -1101,29 +1112,50 @@ KVPAGER_OUT_OF_LINE auto hybrid_kv_cache<K, A, E, S, W>::take(std::int32_t g, st
 
 template <group_kind K, block_allocator A, eviction_policy E, sharing_policy S, swap_policy W>
 KVPAGER_OUT_OF_LINE auto hybrid_kv_cache<K, A, E, S, W>::touch(std::int32_t g, block_id b) noexcept -> void {
-  if (multi() && attached_[static_cast<std::size_t>(b)] > 0 && blocks_.refcount(b) == 0) {
-    idle_ -= attached_[static_cast<std::size_t>(b)];  // a hit on an unreferenced lead takes its companions too
-    if (blocks_.consumes_capacity(b)) spare_ -= attached_[static_cast<std::size_t>(b)];
-  }
+  if (multi()) touch_units(b);
   if (blocks_.refcount(b) == 0) count_up(g, b);
   if (blocks_.touch(b)) ledger_.unpark();
 }
 
 template <group_kind K, block_allocator A, eviction_policy E, sharing_policy S, swap_policy W>
 KVPAGER_OUT_OF_LINE auto hybrid_kv_cache<K, A, E, S, W>::release(block_id b, retention_hint hint) -> void {
-  if (multi() && lead_of_[static_cast<std::size_t>(b)] >= 0) return;  // a companion goes with its lead
+  if (multi()) {
+    release_units(b, hint);
+    return;
+  }
+  if (blocks_.refcount(b) == 1) --gstats_[owner_[static_cast<std::size_t>(b)]].blocks;
+  drop(b, hint);
+}
+
+template <group_kind K, block_allocator A, eviction_policy E, sharing_policy S, swap_policy W>
+KVPAGER_OUT_OF_LINE auto hybrid_kv_cache<K, A, E, S, W>::drop(block_id b, retention_hint hint) -> void {
+  blocks_.release(b, hint, [this](block_id x, retention_hint xh) { return ledger_.park(x, xh); });
+}
+
+template <group_kind K, block_allocator A, eviction_policy E, sharing_policy S, swap_policy W>
+auto hybrid_kv_cache<K, A, E, S, W>::release_units(block_id b, retention_hint hint) -> void {
+  if (lead_of_[static_cast<std::size_t>(b)] >= 0) return;  // a companion goes with its lead
   const bool last = blocks_.refcount(b) == 1;
   if (last) gstats_[owner_[static_cast<std::size_t>(b)]].blocks -= units_[owner_[static_cast<std::size_t>(b)]];
-  blocks_.release(b, hint, [this](block_id x, retention_hint xh) { return ledger_.park(x, xh); });
-  // A lead that became free or evictable keeps its companions (a later hit needs them) until it is handed out.
-  if (multi() && last) {
+  drop(b, hint);
+  // A lead that became free or evictable keeps its companions (a later hit needs them) until it is handed out;
+  // one parked until the next step (unreferenced and busy) is not available yet.
+  if (last) {
     idle_ += attached_[static_cast<std::size_t>(b)];
-    if (blocks_.consumes_capacity(b)) spare_ += attached_[static_cast<std::size_t>(b)];
+    if (!ledger_.busy(b)) spare_ += attached_[static_cast<std::size_t>(b)];
   }
 }
 
 template <group_kind K, block_allocator A, eviction_policy E, sharing_policy S, swap_policy W>
-KVPAGER_OUT_OF_LINE auto hybrid_kv_cache<K, A, E, S, W>::detach(block_id b) noexcept -> void {
+auto hybrid_kv_cache<K, A, E, S, W>::touch_units(block_id b) noexcept -> void {
+  if (attached_[static_cast<std::size_t>(b)] > 0 && blocks_.refcount(b) == 0) {
+    idle_ -= attached_[static_cast<std::size_t>(b)];  // a hit on an unreferenced lead takes its companions too
+    if (!ledger_.busy(b)) spare_ -= attached_[static_cast<std::size_t>(b)];  // (busy: parked, not counted)
+  }
+}
+
+template <group_kind K, block_allocator A, eviction_policy E, sharing_policy S, swap_policy W>
+auto hybrid_kv_cache<K, A, E, S, W>::detach(block_id b) noexcept -> void {
   const std::int32_t n = attached_[static_cast<std::size_t>(b)];
   if (n == 0) return;
   spare_ -= n;
@@ -1133,13 +1165,12 @@ KVPAGER_OUT_OF_LINE auto hybrid_kv_cache<K, A, E, S, W>::detach(block_id b) noex
     const block_id c = companion(b, u);
     companion(b, u) = null_block;
     lead_of_[static_cast<std::size_t>(c)] = -1;
-    // Never cached nor parked (its lead was free): back to the free blocks.
-    blocks_.release(c, retention_hint{}, [this](block_id x, retention_hint xh) { return ledger_.park(x, xh); });
+    drop(c, retention_hint{});  // never cached, never busy (its lead was free): back to the free blocks
   }
 }
 
 template <group_kind K, block_allocator A, eviction_policy E, sharing_policy S, swap_policy W>
-KVPAGER_OUT_OF_LINE auto hybrid_kv_cache<K, A, E, S, W>::take_multi(std::int32_t g, block_id& b) noexcept -> void {
+auto hybrid_kv_cache<K, A, E, S, W>::take_multi(std::int32_t g, block_id& b) noexcept -> void {
   blocks_.take(std::span<block_id>(&b, 1));
   detach(b);
   if (g < 0) return;
@@ -1294,14 +1325,9 @@ KVPAGER_OUT_OF_LINE auto hybrid_kv_cache<K, A, E, S, W>::admission_need(std::int
                                                                         std::span<const block_id> lists)
     const noexcept -> std::int64_t {
   std::int64_t need = (total - len) * num_tables();
-  if (!multi()) {
-    for (const block_id b : lists)
-      if (b != null_block && blocks_.consumes_capacity(b)) ++need;
-    return need;
-  }
   const auto n = static_cast<std::size_t>(len);
   for (std::size_t i = 0; i < lists.size(); ++i)  // group-major, len entries each; a hit takes its companions too
-    if (lists[i] != null_block && blocks_.consumes_capacity(lists[i])) need += units_[i / n];
+    if (lists[i] != null_block && blocks_.consumes_capacity(lists[i])) need += multi() ? units_[i / n] : 1;
   return need;
 }
 
@@ -1608,10 +1634,8 @@ KVPAGER_OUT_OF_LINE auto hybrid_kv_cache<K, A, E, S, W>::cancel_appends(std::int
 }
 
 template <group_kind K, block_allocator A, eviction_policy E, sharing_policy S, swap_policy W>
-KVPAGER_OUT_OF_LINE auto hybrid_kv_cache<K, A, E, S, W>::mirror(std::int32_t h, std::int32_t g, std::size_t from)
-    -> void {
+auto hybrid_kv_cache<K, A, E, S, W>::mirror_units(std::int32_t h, std::int32_t g, std::size_t from) -> void {
   const std::int32_t n = units_[ix(g)];
-  if (n == 1) return;
   const auto& lead = tables_[ix(g)][h];
   for (std::int32_t u = 1; u < n; ++u) {
     auto& t = tables_[ix(unit_table(g, u))][h];
@@ -1623,7 +1647,7 @@ KVPAGER_OUT_OF_LINE auto hybrid_kv_cache<K, A, E, S, W>::mirror(std::int32_t h, 
 }
 
 template <group_kind K, block_allocator A, eviction_policy E, sharing_policy S, swap_policy W>
-KVPAGER_OUT_OF_LINE auto hybrid_kv_cache<K, A, E, S, W>::reattach(std::span<const seq_id> seqs) noexcept -> void {
+auto hybrid_kv_cache<K, A, E, S, W>::reattach(std::span<const seq_id> seqs) noexcept -> void {
   for (const seq_id id : seqs) {
     const std::int32_t h = *primary().template checked<"swap_in">(id, detail::residency::any);
     for (std::int32_t g = 0; g < num_groups(); ++g) {
