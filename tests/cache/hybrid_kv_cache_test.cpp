@@ -8,6 +8,8 @@
 
 #include <kvpager/kvpager.hpp>
 
+#include "cache/hybrid_test_support.hpp"
+
 #include <gtest/gtest.h>
 
 #include <algorithm>
@@ -17,21 +19,9 @@
 #include <vector>
 
 using namespace kvpager;
+using namespace kvpager_test;
 
 namespace {
-
-using hybrid = hybrid_kv_cache<any_group_kind>;
-using hybrid_no_caching = hybrid_kv_cache<any_group_kind, free_list_allocator, no_eviction, refcount_sharing>;
-using hybrid_swapping = hybrid_kv_cache<any_group_kind, free_list_allocator, lru_eviction, prefix_caching, host_swap>;
-
-cache_config config(std::int32_t num_blocks, std::int32_t block_size = 4, std::int32_t host_blocks = 0) {
-  cache_config c;
-  c.block_size = block_size;
-  c.num_blocks = num_blocks;
-  c.reserved_blocks = 1;
-  c.num_host_blocks = host_blocks;
-  return c;
-}
 
 template <class C = hybrid>
 C make(std::vector<any_group_kind> kinds, std::int32_t num_blocks, hybrid_conventions conv = hybrid_conventions::vllm,
@@ -41,37 +31,11 @@ C make(std::vector<any_group_kind> kinds, std::int32_t num_blocks, hybrid_conven
   return std::move(*r);
 }
 
-std::vector<token_id> tokens(std::int32_t n, token_id base = 0) {
-  std::vector<token_id> t(static_cast<std::size_t>(n));
-  for (std::int32_t i = 0; i < n; ++i) t[static_cast<std::size_t>(i)] = base + i;
-  return t;
-}
-
 std::vector<block_id> table(const hybrid& c, std::int32_t g, seq_id id) {
   const auto t = c.block_table(g, id);
   EXPECT_TRUE(t);
   return std::vector<block_id>(t->begin(), t->end());
 }
-
-/// Everything observable about a cache, to check that a failed call changed nothing.
-template <class C>
-struct snapshot {
-  std::vector<std::vector<block_id>> tables;
-  std::vector<group_stats> groups;
-  cache_stats stats;
-  std::int64_t available = 0;
-  friend bool operator==(const snapshot&, const snapshot&) = default;
-  snapshot(const C& c, std::span<const seq_id> ids) : stats(c.stats()), available(c.available_blocks()) {
-    for (std::int32_t g = 0; g < c.num_groups(); ++g) {
-      groups.push_back(c.stats(g));
-      for (const seq_id id : ids) {
-        const auto t = c.is_swapped(id) ? c.host_block_table(g, id) : c.block_table(g, id);
-        tables.emplace_back(t ? std::vector<block_id>(t->begin(), t->end()) : std::vector<block_id>{});
-        tables.back().push_back(c.is_swapped(id) ? 1 : 0);
-      }
-    }
-  }
-};
 
 /// The pool's counts are the groups' counts: blocks with refcount > 0 by owner, table entries by group.
 template <class C>

@@ -9,6 +9,8 @@
 
 #include <kvpager/kvpager.hpp>
 
+#include "cache/hybrid_test_support.hpp"
+
 #include <gtest/gtest.h>
 
 #include <algorithm>
@@ -20,52 +22,9 @@
 #include <vector>
 
 using namespace kvpager;
+using namespace kvpager_test;
 
 namespace {
-
-using hybrid = hybrid_kv_cache<any_group_kind>;
-using hybrid_no_caching = hybrid_kv_cache<any_group_kind, free_list_allocator, no_eviction, refcount_sharing>;
-using hybrid_swapping = hybrid_kv_cache<any_group_kind, free_list_allocator, lru_eviction, prefix_caching, host_swap>;
-
-cache_config config(std::int32_t num_blocks, std::int32_t block_size, std::int32_t host_blocks) {
-  cache_config c;
-  c.block_size = block_size;
-  c.num_blocks = num_blocks;
-  c.reserved_blocks = 1;
-  c.num_host_blocks = host_blocks;
-  return c;
-}
-
-std::vector<token_id> tokens(std::int32_t n, token_id base = 0) {
-  std::vector<token_id> t(static_cast<std::size_t>(n));
-  for (std::int32_t i = 0; i < n; ++i) t[static_cast<std::size_t>(i)] = base + i;
-  return t;
-}
-
-template <class C>
-std::vector<block_id> table_of(const C& c, std::int32_t t, seq_id id) {
-  const auto r = c.is_swapped(id) ? c.host_block_table(t, id) : c.block_table(t, id);
-  EXPECT_TRUE(r) << r.error().message();
-  return r ? std::vector<block_id>(r->begin(), r->end()) : std::vector<block_id>{};
-}
-
-/// Everything observable about a cache of units, to check that a failed call changed nothing.
-template <class C>
-struct snapshot {
-  std::vector<std::vector<block_id>> tables;
-  std::vector<group_stats> groups;
-  cache_stats stats;
-  std::int64_t available = 0;
-  friend bool operator==(const snapshot&, const snapshot&) = default;
-  snapshot(const C& c, std::span<const seq_id> ids) : stats(c.stats()), available(c.available_blocks()) {
-    for (std::int32_t g = 0; g < c.num_groups(); ++g) groups.push_back(c.stats(g));
-    for (std::int32_t t = 0; t < c.num_tables(); ++t)
-      for (const seq_id id : ids) {
-        tables.push_back(table_of(c, t, id));
-        tables.back().push_back(c.is_swapped(id) ? 1 : 0);
-      }
-  }
-};
 
 /// Companions follow their leads, each table holds its own blocks, and the pool's counts are what the tables hold.
 /// `settled`: right after begin_step (no block waits for the step), when the used blocks are exactly the distinct
