@@ -76,6 +76,24 @@ static_assert(!block_allocator<no_erase>);
 static_assert(!block_allocator<size_is_size_t>);
 static_assert(!block_allocator<not_default_constructible>);
 static_assert(!block_allocator<int>);
+// The value requirements (concepts/value_concepts.hpp): a policy the cache cannot move, or a group kind it cannot
+// copy, is not one.
+struct not_movable : block_allocator_archetype {  // every member an allocator needs, and no move
+  not_movable() = default;
+  not_movable(not_movable&&) = delete;
+  not_movable& operator=(not_movable&&) = delete;
+};
+static_assert(!block_allocator<not_movable>);
+struct move_only_kind {
+  static constexpr const char* kind_name = "move only";
+  move_only_kind() = default;
+  move_only_kind(move_only_kind&&) = default;
+  move_only_kind& operator=(move_only_kind&&) = default;
+  std::int64_t skipped_tokens(std::int64_t) const noexcept;
+  status validate() const noexcept;
+};
+static_assert(!group_kind<move_only_kind>);
+static_assert(group_kind<sliding_window> && group_kind<any_group_kind>);
 
 struct indexed_without_victim {  // says indexed but cannot pick a victim
   static constexpr retention_mode retention = retention_mode::indexed;

@@ -67,6 +67,7 @@
 #include "kvpager/concepts/swap_policy.hpp"
 #include "kvpager/core/block_pool.hpp"
 #include "kvpager/core/config.hpp"
+#include "kvpager/core/span_of.hpp"
 #include "kvpager/core/splitmix.hpp"
 #include "kvpager/core/status.hpp"
 #include "kvpager/core/types.hpp"
@@ -555,7 +556,7 @@ KVPAGER_OUT_OF_LINE auto hybrid_kv_cache<K, A, E, S, W>::create(cache_config cfg
   std::vector<vllm_kind> vk;
   if (options.conventions == hybrid_conventions::vllm) {
     for (const K& k : groups) vk.push_back(vllm_kind_of(k));
-    if (status st = check_vllm_layout(vk); !st) return st;
+    if (status st = check_vllm_layout(detail::span_of(vk)); !st) return st;
   }
 #if KVPAGER_HAS_EXCEPTIONS
   try {
@@ -607,7 +608,7 @@ KVPAGER_OUT_OF_LINE auto hybrid_kv_cache<K, A, E, S, W>::match_prefix(std::span<
   const auto n = static_cast<std::int32_t>(tokens.size());
   hash_blocks(tokens, options.extra_key, hit.known_hashes);
   std::int64_t need = 0;
-  const std::int32_t len = find_hit(tokens, options.extra_key, hit.known_hashes, hit.blocks, need, n);
+  const std::int32_t len = find_hit(tokens, options.extra_key, detail::span_of(hit.known_hashes), hit.blocks, need, n);
   hit.match = prefix_match{len, len * cfg_.block_size, need};
   hit.generation = generation();
   hit.extra_key = options.extra_key;
@@ -624,7 +625,8 @@ KVPAGER_OUT_OF_LINE auto hybrid_kv_cache<K, A, E, S, W>::add_sequence(seq_id id,
     return status{errc::stale_prefix_hit, "add_sequence: the prefix hit is stale (the cache changed since "
                                           "match_prefix) or was made for other tokens or options"};
   if (status st = check_prompt("add_sequence", tokens); !st) return st;
-  return add_impl(id, static_cast<std::int32_t>(tokens.size()), tokens, options, out, &hit, hit.known_hashes);
+  return add_impl(id, static_cast<std::int32_t>(tokens.size()), tokens, options, out, &hit,
+                  detail::span_of(hit.known_hashes));
 }
 
 template <group_kind K, block_allocator A, eviction_policy E, sharing_policy S, swap_policy W>
@@ -1224,7 +1226,8 @@ KVPAGER_OUT_OF_LINE auto hybrid_kv_cache<K, A, E, S, W>::hash_blocks(std::span<c
     const std::size_t full = tokens.size() / bs;
     const std::size_t from = std::min(hashes.size(), full);
     hashes.resize(full);  // written in place (no push_back call per block)
-    for (std::size_t i = from; i < full; ++i) hashes[i] = chain_hash(hashes, i, extra, tokens.subspan(i * bs, bs));
+    for (std::size_t i = from; i < full; ++i)
+      hashes[i] = chain_hash(detail::span_of(hashes), i, extra, tokens.subspan(i * bs, bs));
   } else {
     (void)tokens;
     (void)extra;
@@ -1352,7 +1355,7 @@ KVPAGER_OUT_OF_LINE auto hybrid_kv_cache<K, A, E, S, W>::add_impl(seq_id id, std
     lists_.assign(given->blocks.begin(), given->blocks.end());
     need = admission_need(total, len, lists_);
   } else if (content) {
-    len = find_hit(tokens, options.extra_key, hashes_, lists_, need, n);
+    len = find_hit(tokens, options.extra_key, detail::span_of(hashes_), lists_, need, n);
   } else {
     lists_.clear();
     need = total * num_tables();
@@ -1533,7 +1536,7 @@ KVPAGER_OUT_OF_LINE auto hybrid_kv_cache<K, A, E, S, W>::fill_block(std::int32_t
     // The hashes cover the full blocks before this one (admission and fork trim them to the full blocks).
     KVPAGER_ASSERT(e.hashes.size() == i || e.hashes.size() == i + 1,
                    "hybrid_kv_cache: block hashes out of step with a filling block");
-    if (e.hashes.size() == i) e.hashes.push_back(chain_hash(e.hashes, i, s.extra_key, s.partial));
+    if (e.hashes.size() == i) e.hashes.push_back(chain_hash(detail::span_of(e.hashes), i, s.extra_key, s.partial));
     commit_full(h, i, s.partial);
   } else {
     (void)e;
@@ -1617,7 +1620,7 @@ KVPAGER_OUT_OF_LINE auto hybrid_kv_cache<K, A, E, S, W>::extend_content(std::int
   const std::size_t full = (static_cast<std::size_t>(first) + tokens.size()) / bs;
   const std::span<const token_id> buf(buffer_);
   for (std::size_t i = e.hashes.size(); i < full; ++i)
-    e.hashes.push_back(chain_hash(e.hashes, i, s.extra_key, buf.subspan((i - from_block) * bs, bs)));
+    e.hashes.push_back(chain_hash(detail::span_of(e.hashes), i, s.extra_key, buf.subspan((i - from_block) * bs, bs)));
   if (full > from_block) commit_full(h, from_block, buf);
   const std::size_t tail = (static_cast<std::size_t>(first) + tokens.size()) % bs;
   s.partial.assign(buffer_.end() - static_cast<std::ptrdiff_t>(tail), buffer_.end());

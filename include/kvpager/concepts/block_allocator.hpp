@@ -24,6 +24,7 @@
 #include <concepts>
 #include <cstdint>
 
+#include "kvpager/concepts/value_concepts.hpp"
 #include "kvpager/core/config.hpp"
 #include "kvpager/core/types.hpp"
 
@@ -38,7 +39,7 @@ enum class free_order {
 };
 
 template <class A>
-concept block_allocator = std::default_initializable<A> && std::movable<A> &&
+concept block_allocator = detail::default_value<A> && detail::movable_value<A> &&
                           requires(A& a, const A& ca, block_id b, std::int32_t n) {
                             { a.reset(n) } -> std::same_as<void>;
                             { a.push(b) } noexcept -> std::same_as<void>;

@@ -44,6 +44,7 @@
 #include <cstdint>
 #include <type_traits>
 
+#include "kvpager/concepts/value_concepts.hpp"
 #include "kvpager/core/config.hpp"
 #include "kvpager/core/types.hpp"
 
@@ -134,7 +135,7 @@ using forget_subject = std::conditional_t<declares_forget<E>, E, forget_archetyp
 }  // namespace detail
 
 template <class E>
-concept eviction_policy = std::default_initializable<E> && std::movable<E> && detail::has_retention<E> &&
+concept eviction_policy = detail::default_value<E> && detail::movable_value<E> && detail::has_retention<E> &&
                           detail::eviction_reset<E> && detail::forgets_content<detail::forget_subject<E>> &&
                           detail::indexed_eviction_ops<detail::indexed_subject<E>>;
 

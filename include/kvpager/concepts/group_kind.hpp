@@ -23,13 +23,14 @@
 #include <concepts>
 #include <cstdint>
 
+#include "kvpager/concepts/value_concepts.hpp"
 #include "kvpager/core/config.hpp"
 #include "kvpager/core/status.hpp"
 
 KVPAGER_NAMESPACE_BEGIN
 
 template <class K>
-concept group_kind = std::copyable<K> && requires(const K& ck, std::int64_t t) {
+concept group_kind = detail::copyable_value<K> && requires(const K& ck, std::int64_t t) {
   { ck.skipped_tokens(t) } noexcept -> std::same_as<std::int64_t>;
   { ck.validate() } noexcept -> std::same_as<status>;
   { K::kind_name } -> std::convertible_to<const char*>;

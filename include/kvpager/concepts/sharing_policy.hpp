@@ -32,6 +32,7 @@
 #include <span>
 #include <type_traits>
 
+#include "kvpager/concepts/value_concepts.hpp"
 #include "kvpager/core/config.hpp"
 #include "kvpager/core/types.hpp"
 
@@ -121,7 +122,7 @@ concept declares_whether_it_caches_content = has_content_declaration<S> || !look
 // One concept per member of the content_cache refinement, joined by conjunctions only, so a declared content
 // cache missing a member gets a diagnostic naming that member's expression.
 template <class S>
-concept content_cursor = std::regular<typename S::cursor>;
+concept content_cursor = detail::regular_value<typename S::cursor>;
 template <class S>
 concept content_first_cursor = requires(const S& cs, std::uint64_t k) {
   { cs.first_cursor(k) } noexcept -> std::same_as<typename S::cursor>;
@@ -177,7 +178,7 @@ using content_subject = std::conditional_t<declares_content_cache<S>, S, content
 }  // namespace detail
 
 template <class S>
-concept sharing_policy = std::default_initializable<S> && std::movable<S> && detail::sharing_fork_mode<S> &&
+concept sharing_policy = detail::default_value<S> && detail::movable_value<S> && detail::sharing_fork_mode<S> &&
                          detail::sharing_reset<S> && detail::sharing_is_cached<S> && detail::sharing_uncache<S> &&
                          detail::declares_whether_it_caches_content<S> &&
                          detail::content_cache_ops<detail::content_subject<S>>;

@@ -20,6 +20,7 @@
 #include <concepts>
 #include <cstdint>
 
+#include "kvpager/concepts/value_concepts.hpp"
 #include "kvpager/core/config.hpp"
 
 KVPAGER_NAMESPACE_BEGIN
@@ -32,7 +33,7 @@ enum class preempt_action {
 };
 
 template <class W>
-concept swap_policy = std::default_initializable<W> && std::movable<W> &&
+concept swap_policy = detail::default_value<W> && detail::movable_value<W> &&
                       requires(const W& cw, std::int32_t n, std::int32_t host_free) {
                         { cw.action(n, host_free) } noexcept -> std::same_as<preempt_action>;
                       };

@@ -14,6 +14,7 @@
 #include <vector>
 
 #include "kvpager/core/config.hpp"
+#include "kvpager/core/span_of.hpp"
 #include "kvpager/core/types.hpp"
 
 KVPAGER_NAMESPACE_BEGIN
@@ -47,13 +48,13 @@ class step_plan {
  public:
   /// Block copies, in the order they were planned. No block is both a source and a destination within a step,
   /// and no destination appears twice, so an executor may run them in parallel.
-  [[nodiscard]] std::span<const block_copy> copies() const noexcept { return copies_; }
+  [[nodiscard]] std::span<const block_copy> copies() const noexcept { return detail::span_of(copies_); }
   /// Device blocks to copy to host blocks (swap-out), executed first.
-  [[nodiscard]] std::span<const block_swap> swap_outs() const noexcept { return swap_outs_; }
+  [[nodiscard]] std::span<const block_swap> swap_outs() const noexcept { return detail::span_of(swap_outs_); }
   /// Host blocks to copy to device blocks (swap-in), executed after the swap-outs.
-  [[nodiscard]] std::span<const block_swap> swap_ins() const noexcept { return swap_ins_; }
+  [[nodiscard]] std::span<const block_swap> swap_ins() const noexcept { return detail::span_of(swap_ins_); }
   /// Appended token ranges in the order of the calls; their slots are exported by the cache in this order.
-  [[nodiscard]] std::span<const token_range> appends() const noexcept { return appends_; }
+  [[nodiscard]] std::span<const token_range> appends() const noexcept { return detail::span_of(appends_); }
   /// Total tokens over all appended ranges (the length of the slot mapping).
   [[nodiscard]] std::int64_t num_append_tokens() const noexcept { return num_tokens_; }
   [[nodiscard]] bool empty() const noexcept {

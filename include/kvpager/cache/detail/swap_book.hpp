@@ -25,6 +25,7 @@
 #include "kvpager/core/assert.hpp"
 #include "kvpager/core/block_pool.hpp"
 #include "kvpager/core/config.hpp"
+#include "kvpager/core/span_of.hpp"
 #include "kvpager/core/status.hpp"
 #include "kvpager/core/types.hpp"
 
@@ -100,7 +101,7 @@ class swap_book {
     collect(group, tables, dev_map_, skip);
     const auto need = static_cast<std::int64_t>(from_.size());
     to_.resize(from_.size());
-    if (!host_->allocate(to_)) {  // all or nothing: refcount 1 each, the first table entry's reference
+    if (!host_->allocate(span_of(to_))) {  // all or nothing: refcount 1 each, the first table entry's reference
       unmark(dev_map_);
       return status{errc::host_pool_full, "swap_out: not enough free host blocks", need};
     }
