@@ -9,18 +9,10 @@ set(members "paged_kv_cache<[^\n]*>::add_sequence\\(" "paged_kv_cache<[^\n]*>::a
             "scheduler<[^\n]*>::scheduler\\(" "hybrid_kv_cache<[^\n]*>::add_sequence\\("
             "hybrid_kv_cache<[^\n]*>::append_tokens\\(" "hybrid_kv_cache<[^\n]*>::create\\("
             "scheduler<kvpager::[^\n]*hybrid_kv_cache<[^\n]*>::schedule\\(\\)")
+include(${CMAKE_CURRENT_LIST_DIR}/probe_symbols.cmake)
 function(defined_symbols extern out)
-  set(obj ${OUT}/extern_probe_${extern}.o)
-  execute_process(COMMAND ${CXX} -std=c++20 -O0 -DKVPAGER_HAS_XXHASH=1 -DKVPAGER_EXTERN_COMPOSITIONS=${extern}
-                          -I${INCLUDE_DIR} -c ${SRC} -o ${obj}
-                  RESULT_VARIABLE rc ERROR_VARIABLE err)
-  if(NOT rc EQUAL 0)
-    message(FATAL_ERROR "KVPAGER_EXTERN_COMPOSITIONS=${extern}: the probe does not compile:\n${err}")
-  endif()
-  execute_process(COMMAND ${NM} -C --defined-only ${obj} RESULT_VARIABLE rc OUTPUT_VARIABLE syms ERROR_VARIABLE err)
-  if(NOT rc EQUAL 0)
-    message(FATAL_ERROR "${NM} ${obj}: ${err}")
-  endif()
+  probe_symbols(${SRC} ${OUT}/extern_probe_${extern}.o syms -O0 -DKVPAGER_HAS_XXHASH=1
+                -DKVPAGER_EXTERN_COMPOSITIONS=${extern})
   set(${out} "${syms}" PARENT_SCOPE)
 endfunction()
 defined_symbols(0 header_only)

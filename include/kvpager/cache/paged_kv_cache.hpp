@@ -37,6 +37,7 @@
 #include "kvpager/concepts/swap_policy.hpp"
 #include "kvpager/core/block_pool.hpp"
 #include "kvpager/core/config.hpp"
+#include "kvpager/core/span_of.hpp"
 #include "kvpager/core/status.hpp"
 #include "kvpager/core/types.hpp"
 #include "kvpager/eviction/no_eviction.hpp"
@@ -537,7 +538,7 @@ KVPAGER_OUT_OF_LINE auto paged_kv_cache<A, E, S, W>::add_impl(seq_id id, std::in
   prompt_hashes ph{known};
   if (given != nullptr) {  // the lookup is done: take its blocks, continue the chain after the last one
     cursors_.take(blocks_.sharing(), cur, *given, n, options.extra_key, take);
-    ph = prompt_hashes{given->known_hashes, given->miss_hash, given->miss_at};
+    ph = prompt_hashes{detail::span_of(given->known_hashes), given->miss_hash, given->miss_at};
   } else if (!tokens.empty()) {
     cursors_.walk(blocks_.sharing(), cur, tokens, options.extra_key, take, &ph);
   }

@@ -28,6 +28,7 @@
 #include "kvpager/c/kernels.h"
 #include "kvpager/core/checked_math.hpp"
 #include "kvpager/core/config.hpp"
+#include "kvpager/core/span_of.hpp"
 #include "kvpager/core/geometry.hpp"
 #include "kvpager/core/status.hpp"
 #include "kvpager/core/step_plan.hpp"
@@ -283,7 +284,8 @@ class host_kv_pools {
       std::vector<void*> dev, host;
       for (auto& d : out.device_) dev.push_back(d.data());
       for (auto& h : out.host_) host.push_back(h.data());
-      result<step_executor> e = step_executor::create({geometry, num_host_blocks, dev, host, layer_groups});
+      result<step_executor> e = step_executor::create(
+          {geometry, num_host_blocks, detail::span_of(dev), detail::span_of(host), layer_groups});
       if (!e) return e.error();
       out.exec_.emplace(std::move(*e));
       return out;
@@ -305,10 +307,10 @@ class host_kv_pools {
   [[nodiscard]] const kv_geometry& geometry() const noexcept { return exec_->geometry(); }
   [[nodiscard]] kv_layout layout() const noexcept { return kv_layout::of(geometry()); }
   [[nodiscard]] std::span<std::byte> device_bytes(std::int32_t layer = 0) noexcept {
-    return device_[static_cast<std::size_t>(layer)];
+    return detail::span_of(device_[static_cast<std::size_t>(layer)]);
   }
   [[nodiscard]] std::span<std::byte> host_bytes(std::int32_t layer = 0) noexcept {
-    return host_.empty() ? std::span<std::byte>{} : std::span<std::byte>(host_[static_cast<std::size_t>(layer)]);
+    return host_.empty() ? std::span<std::byte>{} : detail::span_of(host_[static_cast<std::size_t>(layer)]);
   }
   [[nodiscard]] paged_kv_view view(std::int32_t layer = 0) const noexcept { return exec_->view(layer); }
 
@@ -343,8 +345,8 @@ class host_kv_pools {
     const kv_layout l = layout();
     const block_id b = table[static_cast<std::size_t>(pos / l.block_size)];
     const auto& pool = host ? host_[static_cast<std::size_t>(layer)] : device_[static_cast<std::size_t>(layer)];
-    return std::span<const std::byte>(pool).subspan(static_cast<std::size_t>(l.offset(b, kv, head, pos % l.block_size)),
-                                                    static_cast<std::size_t>(l.row_bytes()));
+    return detail::span_of(pool).subspan(static_cast<std::size_t>(l.offset(b, kv, head, pos % l.block_size)),
+                                         static_cast<std::size_t>(l.row_bytes()));
   }
 
  private:

@@ -13,6 +13,7 @@
 #include <vector>
 
 #include "kvpager/core/config.hpp"
+#include "kvpager/core/span_of.hpp"
 #include "kvpager/core/status.hpp"
 #include "kvpager/core/types.hpp"
 #include "kvpager/sched/request_queue.hpp"
@@ -30,7 +31,7 @@ template <class = void>
 class basic_scheduler_queues {
  public:
   /// Running requests, oldest admission first (the newest is the newest_first victim).
-  [[nodiscard]] std::span<const seq_id> running() const noexcept { return running_; }
+  [[nodiscard]] std::span<const seq_id> running() const noexcept { return detail::span_of(running_); }
   /// Waiting requests in admission order (recompute victims in front).
   [[nodiscard]] const request_queue& waiting() const noexcept { return waiting_; }
   /// Swapped-out requests, oldest first (the order they are swapped back in).
@@ -42,11 +43,13 @@ class basic_scheduler_queues {
     return r == nullptr ? request_state::unknown : r->where;
   }
   /// Fork children requested and not yet created (parent, child), in request order.
-  [[nodiscard]] std::span<const std::pair<seq_id, seq_id>> pending_forks() const noexcept { return forks_; }
+  [[nodiscard]] std::span<const std::pair<seq_id, seq_id>> pending_forks() const noexcept {
+    return detail::span_of(forks_);
+  }
   /// Token ids of request `id` (prompt, then sampled tokens), or an empty span.
   [[nodiscard]] std::span<const token_id> tokens(seq_id id) const noexcept {
     const sched_request* r = reqs_.get(id);
-    return r == nullptr ? std::span<const token_id>{} : std::span<const token_id>(r->tokens);
+    return r == nullptr ? std::span<const token_id>{} : detail::span_of(r->tokens);
   }
   /// Tokens of request `id` whose KV is in the cache (running or swapped; equal to the cache's num_tokens), 0 for
   /// a waiting or unknown request.
