@@ -6,7 +6,8 @@
 /// and data machinery for the vector's type (about 0.2 G compiler instructions the first time in a translation
 /// unit, 0.07 G for each further element type, with g++ 12). In a header's non-dependent code (a non-template
 /// function, or a call in a template that names none of its parameters) that happens in every translation unit that
-/// includes it, used or not; the headers of the cache layer convert through span_of there (bench/RESULTS.md, issue 22).
+/// includes it, used or not; the cache, serving and kernel headers convert through span_of there (bench/RESULTS.md,
+/// issue 22; layering.umbrellas_convert_no_vector_to_a_span_for_every_unit keeps it so).
 
 #include <span>
 #include <vector>
