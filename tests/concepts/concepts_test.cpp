@@ -243,6 +243,9 @@ static_assert(content_cache<content_cache_archetype> && !prehashed_content_cache
 static_assert(!prehashed_content_cache<declared_content_cache<content_member::none>>);
 static_assert(!detail::content_hash<content_cache_archetype> && !detail::content_lookup_hashed<content_cache_archetype> &&
               !detail::content_commit_hashed<content_cache_archetype> && !detail::content_block_hash<content_cache_archetype>);
+// stamped_content_cache: optional too (without it the hybrid cache redoes the head's lookup every time).
+static_assert(stamped_content_cache<stamped_content_cache_archetype>);
+static_assert(!stamped_content_cache<prehashed_content_cache_archetype>);
 
 struct cursor_without_equality {
   static constexpr fork_mode fork = fork_mode::share;
@@ -295,6 +298,7 @@ static_assert(!content_cache<refcount_sharing> && !content_cache<no_sharing> && 
 #if __has_include(<xxhash.h>)
 static_assert(content_cache<prefix_caching>);
 static_assert(prehashed_content_cache<prefix_caching>);
+static_assert(stamped_content_cache<prefix_caching>);
 #endif
 
 // paged_kv_cache is constrained: a non-conforming policy does not name a valid specialization.

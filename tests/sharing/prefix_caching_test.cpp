@@ -496,6 +496,54 @@ TEST(PrefixCaching, UnverifiedEntriesLiveOnlyWhileHeld) {
   EXPECT_EQ(d.hit_after(100, {0, 1}), 2);
 }
 
+// first_holder_stamp and commits() (stamped_content_cache): what a cache needs to keep a lookup and re-check it.
+TEST(PrefixCaching, FirstHolderStampsChangeExactlyWhenALookupWouldAnswerOtherwise) {
+  for (const bool verify : {true, false}) {
+    prefix_caching p(prefix_caching_config{verify});
+    p.reset(pool_geometry{8, 2, 0});
+    const std::vector<token_id> t{1, 2};
+    const auto lookup = [&] {
+      auto c = p.first_cursor(0);
+      return p.lookup(c, t);
+    };
+    const auto commit = [&](block_id b) {
+      auto c = p.first_cursor(0);
+      p.commit(b, c, t);
+    };
+    EXPECT_EQ(p.commits(), 0u);
+    EXPECT_EQ(p.first_holder_stamp(1), 0u);  // not cached
+    commit(1);
+    EXPECT_EQ(p.commits(), 1u);
+    const std::uint64_t s1 = p.first_holder_stamp(1);
+    EXPECT_NE(s1, 0u);
+    commit(2);  // a duplicate: lookup still answers block 1, whose stamp stays
+    EXPECT_EQ(lookup(), 1);
+    EXPECT_EQ(p.first_holder_stamp(1), s1);
+    EXPECT_EQ(p.first_holder_stamp(2), 0u);  // cached, but not what a lookup answers
+    EXPECT_EQ(p.commits(), 2u);
+    p.uncache(1);  // now block 2 answers: block 1's stamp is gone
+    EXPECT_EQ(lookup(), 2);
+    EXPECT_EQ(p.first_holder_stamp(1), 0u);
+    EXPECT_NE(p.first_holder_stamp(2), 0u);
+    EXPECT_EQ(p.commits(), 2u);  // uncaching commits nothing
+    p.uncache(2);
+    EXPECT_EQ(lookup(), no_block);
+    commit(1);  // block 1 again, with a new entry: a stamp never seen before
+    EXPECT_EQ(lookup(), 1);
+    const std::uint64_t s2 = p.first_holder_stamp(1);
+    EXPECT_NE(s2, 0u);
+    EXPECT_NE(s2, s1);
+    p.reset(pool_geometry{8, 2, 0});  // stamps and commits go on counting across a reset
+    EXPECT_EQ(p.first_holder_stamp(1), 0u);
+    EXPECT_EQ(p.commits(), 3u);
+    commit(1);
+    EXPECT_NE(p.first_holder_stamp(1), 0u);
+    EXPECT_NE(p.first_holder_stamp(1), s1);
+    EXPECT_NE(p.first_holder_stamp(1), s2);
+    EXPECT_EQ(p.commits(), 4u);
+  }
+}
+
 namespace {
 /// Drives a cache with token ids, remembering for every cached block the whole prefix it ends (recorded when the
 /// block is committed), and checks every prefix hit against it: a hit must be a block holding exactly the request's

@@ -76,6 +76,12 @@ struct prehashed_content_cache_archetype : content_cache_archetype {
   [[nodiscard]] std::uint64_t block_hash(block_id b) const noexcept;
 };
 
+/// The smallest content cache whose lookups can be re-checked by stamp (stamped_content_cache).
+struct stamped_content_cache_archetype : prehashed_content_cache_archetype {
+  [[nodiscard]] std::uint64_t first_holder_stamp(block_id b) const noexcept;
+  [[nodiscard]] std::uint64_t commits() const noexcept;
+};
+
 namespace detail {
 template <class S>
 concept sharing_fork_mode = requires {
@@ -215,5 +221,19 @@ concept content_cache = sharing_policy<S> && detail::declares_content_cache<S>;
 template <class S>
 concept prehashed_content_cache = content_cache<S> && detail::content_hash<S> && detail::content_lookup_hashed<S> &&
                                   detail::content_commit_hashed<S> && detail::content_block_hash<S>;
+
+/// stamped_content_cache: a prehashed content cache that can say, in O(1), that a lookup's answer still stands, so a
+/// cache can keep a lookup (the waiting request at the head, looked up again every step while the pool is full) and
+/// re-check it instead of redoing it (hybrid_kv_cache does; the members are optional, detected by the cache).
+///
+/// | expression                  | result          | noexcept | complexity | semantics                              |
+/// |-----------------------------|-----------------|----------|------------|----------------------------------------|
+/// | `cs.first_holder_stamp(b)`  | `std::uint64_t` | yes      | O(1)       | nonzero while `b` is what a lookup from a root cursor (`first_cursor`) answers for `b`'s content, and the same value exactly as long as that stays so (never reused, not even across `reset`); 0 otherwise |
+/// | `cs.commits()`              | `std::uint64_t` | yes      | O(1)       | commits that cached a block so far, never reset: a lookup that missed still misses while it is unchanged |
+template <class S>
+concept stamped_content_cache = prehashed_content_cache<S> && requires(const S& cs, block_id b) {
+  { cs.first_holder_stamp(b) } noexcept -> std::same_as<std::uint64_t>;
+  { cs.commits() } noexcept -> std::same_as<std::uint64_t>;
+};
 
 KVPAGER_NAMESPACE_END

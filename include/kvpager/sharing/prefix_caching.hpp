@@ -105,7 +105,7 @@ class basic_prefix_caching {
     live_ = 0;
     orphan_head_ = orphan_tail_ = -1;
     num_orphans_ = 0;
-    serial_ = 0;
+    // serial_ and commits_ go on counting: a stamp or a commit count read before the reset never matches after it.
     reclaimed_ = 0;
     index_ = id_map{};
     num_cached_ = 0;
@@ -186,6 +186,7 @@ class basic_prefix_caching {
     ++en.holders;
     ++num_cached_;
     ++generation_;
+    ++commits_;
     c = cursor_after(b);
   }
 
@@ -224,6 +225,19 @@ class basic_prefix_caching {
   /// Changes whenever a block is cached or uncached (every change that can alter a lookup's answer): a lookup made
   /// at one generation is still exact at the same generation (paged_kv_cache's prefix_hit relies on it).
   [[nodiscard]] std::uint64_t generation() const noexcept { return generation_; }
+  /// A stamp of what a lookup from a root cursor (first_cursor) answers with `b`: nonzero while `b` is cached and the
+  /// earliest holder of its content (the block lookup returns for that content), and the same value for exactly as
+  /// long as that stays so (the content entry's serial, never reused, not even across reset); 0 otherwise. A caller
+  /// that keeps a lookup's answer `b` with this stamp knows the same lookup still answers `b` while the stamp is
+  /// unchanged, without hashing or comparing tokens (hybrid_kv_cache's lookup memo).
+  [[nodiscard]] std::uint64_t first_holder_stamp(block_id b) const noexcept {
+    if (!is_cached(b)) return 0;
+    const entry& en = at(blocks_[static_cast<std::size_t>(b)].entry);
+    return en.first_block == b ? en.serial : 0;
+  }
+  /// Blocks cached so far (every commit that cached one; never reset). A lookup that missed can only find a block
+  /// after a commit: while this is unchanged, it still misses.
+  [[nodiscard]] std::uint64_t commits() const noexcept { return commits_; }
   /// The chained hash of cached block `b` (0 if it is not cached): a request's hash list is rebuilt from its
   /// blocks' without hashing (paged_kv_cache::block_hashes).
   [[nodiscard]] std::uint64_t block_hash(block_id b) const noexcept {
@@ -442,6 +456,7 @@ class basic_prefix_caching {
   id_map index_;                          ///< hash -> first entry with that hash
   std::int32_t num_cached_ = 0;
   std::uint64_t generation_ = 0;  ///< see generation()
+  std::uint64_t commits_ = 0;     ///< see commits()
 };
 
 /// Prefix caching with XXH3-64 block hashes and token verification.
