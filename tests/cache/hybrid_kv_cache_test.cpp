@@ -597,6 +597,54 @@ TEST(HybridCache, BadInputIsRefusedAndChangesNothing) {
   EXPECT_EQ(c.add_sequence(4, tokens(9), {}, hit).code(), errc::stale_prefix_hit);
 }
 
+// The kept lookup is reused only for the same blocks: the same hashes with other tokens (a caller's known hashes
+// that collide) are looked up again, and the token check finds no hit.
+TEST(HybridCache, AKeptLookupServesOnlyTheSameTokensWhateverTheHashes) {
+  static_assert(hybrid::keeps_lookups);
+  for (const auto conv : {hybrid_conventions::vllm, hybrid_conventions::native}) {
+    hybrid c = make({full_attention{}, sliding_window{6}}, 40, conv);
+    const std::vector<token_id> a = tokens(17, 10), b = tokens(17, 900);
+    ASSERT_TRUE(c.add_sequence(1, a));
+    prefix_hit ha, hb, again;
+    ASSERT_TRUE(c.match_prefix(a, {}, ha));
+    ASSERT_TRUE(c.match_prefix(a, {}, ha));  // looked up again: its cells are kept for the next lookup
+    EXPECT_EQ(ha.match.blocks, 4);
+    ASSERT_TRUE(c.match_prefix(b, {}, hb, ha.known_hashes));  // a's hashes, b's tokens: nothing to hit
+    EXPECT_EQ(hb.match.blocks, 0);
+    EXPECT_TRUE(hb.blocks.empty());
+    ASSERT_TRUE(c.match_prefix(a, {}, again, ha.known_hashes));
+    EXPECT_EQ(again.match, ha.match);
+    EXPECT_EQ(again.blocks, ha.blocks);
+  }
+}
+
+// A kept lookup serves another prompt that agrees on the blocks it read; what it then reads of that prompt must not
+// serve the first prompt later (the memo keeps each block as it was looked up).
+TEST(HybridCache, AKeptLookupThatServedAnotherPromptServesTheFirstOnlyWhereTheyAgree) {
+  for (const auto conv : {hybrid_conventions::vllm, hybrid_conventions::native}) {
+    hybrid c = make({full_attention{}, sliding_window{8}}, 40, conv);
+    const std::vector<token_id> a = tokens(17, 10);
+    std::vector<token_id> b = tokens(4, 10);  // a's first block, then its own
+    const std::vector<token_id> tail = tokens(13, 700);
+    b.insert(b.end(), tail.begin(), tail.end());
+    prefix_hit h;
+    ASSERT_TRUE(c.match_prefix(a, {}, h));
+    ASSERT_TRUE(c.match_prefix(a, {}, h));  // kept: block 0 looked up (a miss)
+    EXPECT_EQ(h.match.blocks, 0);
+    ASSERT_TRUE(c.add_sequence(1, b));  // agrees with a on block 0: served by a's lookup, then commits b's blocks
+    ASSERT_TRUE(c.match_prefix(b, {}, h));
+    EXPECT_EQ(h.match.blocks, 4);
+    ASSERT_TRUE(c.match_prefix(a, {}, h));
+    hybrid copy = c;
+    prefix_hit fresh;
+    ASSERT_TRUE(copy.match_prefix(tokens(9, 500), {}, fresh));
+    ASSERT_TRUE(copy.match_prefix(a, {}, fresh));
+    EXPECT_EQ(fresh.match.blocks, 1);  // only block 0 is a's
+    EXPECT_EQ(h.match, fresh.match);
+    EXPECT_EQ(h.blocks, fresh.blocks);
+  }
+}
+
 template <class C>
 void random_operations(hybrid_conventions conv, std::uint32_t seed) {
   std::mt19937 rng(seed);
@@ -620,6 +668,8 @@ void random_operations(hybrid_conventions conv, std::uint32_t seed) {
   std::vector<seq_id> live;
   seq_id next = 0;
   std::int64_t failures = 0;
+  std::vector<token_id> watch;  // a prompt looked up after every operation (the kept lookup against a fresh one)
+  std::int64_t watched_hits = 0;
   for (int op = 0; op < 600; ++op) {
     if (pick(3) == 0) c.begin_step();
     const snapshot<C> before(c, live);
@@ -632,6 +682,8 @@ void random_operations(hybrid_conventions conv, std::uint32_t seed) {
       t.insert(t.end(), tail.begin(), tail.end());
       st = pick(4) == 0 ? c.add_sequence(next, static_cast<std::int32_t>(t.size())) : c.add_sequence(next, t);
       if (st) live.push_back(next);
+      if (watch.empty() || pick(8) == 0) watch = t;
+      if (pick(4) == 0) watch.push_back(static_cast<token_id>(pick(1000)));  // often the same blocks, a new cap
       ++next;
     } else if (what < 9 && pick(5) == 0) {  // swap out or in, or preempt (the policy decides)
       const seq_id id = live[static_cast<std::size_t>(pick(static_cast<int>(live.size())))];
@@ -668,9 +720,25 @@ void random_operations(hybrid_conventions conv, std::uint32_t seed) {
       }
     }
     expect_counts_add_up(c, live);
+    // The cache keeps the lookup of a prompt looked up again and re-checks it at its next lookup (find_hit's memo):
+    // that answer must be a fresh lookup's. `watch` is looked up in `c` after every operation (kept from the last
+    // one), and fresh in a copy whose memo another prompt took first; everything is compared.
+    if (!watch.empty()) {
+      prefix_hit kept, fresh;
+      ASSERT_TRUE(c.match_prefix(watch, {}, kept));
+      C copy = c;
+      ASSERT_TRUE(copy.match_prefix(tokens(3 * bs + 1, 500), {}, fresh));
+      ASSERT_TRUE(copy.match_prefix(watch, {}, fresh));
+      ASSERT_EQ(kept.match, fresh.match) << "op " << op;
+      ASSERT_EQ(kept.blocks, fresh.blocks) << "op " << op;
+      watched_hits += kept.match.blocks;
+    }
     if (::testing::Test::HasFailure()) return;
   }
   EXPECT_GT(failures, 0);
+  if (C::keeps_lookups) {
+    EXPECT_GT(watched_hits, 0);
+  }
 }
 
 TEST(HybridCache, RandomOperationsKeepEveryCountInBothConventions) {

@@ -46,6 +46,7 @@
 /// and groups coincide.
 
 #include <algorithm>
+#include <array>
 #include <cstdint>
 #include <new>
 #include <span>
@@ -138,6 +139,10 @@ class hybrid_kv_cache {
   static constexpr block_id null_block = 0;
   /// The most groups a cache can have.
   static constexpr std::int32_t max_groups = 64;
+  /// Whether the cache keeps its last prefix lookup and, at the next lookup of the same prompt (the waiting request
+  /// at the head, looked up again every step while the pool is full), re-checks each block it found by the sharing
+  /// policy's stamp instead of looking it up again: a stamped_content_cache (prefix_caching is one).
+  static constexpr bool keeps_lookups = stamped_content_cache<S>;
 
   // Copyable and movable (nothrow) as its members are; declared here so that they too are compiled once with the
   // named compositions (KVPAGER_EXTERN_COMPOSITIONS, core/config.hpp).
@@ -416,6 +421,17 @@ class hybrid_kv_cache {
   std::int32_t find_hit(std::span<const token_id> tokens, std::uint64_t extra, std::span<const std::uint64_t> hashes,
                         std::vector<block_id>& lists, std::int64_t& need, std::int32_t n);
 
+  /// Brings the memo up to date for a lookup of `tokens` with `hashes` (its m blocks) under `extra`, capped at
+  /// `max_tokens`: the cells looked up before keep their answers (looked up again where they may have changed),
+  /// every other cell is to look up. True when every cell the last lookup read answers as it did and the cap is
+  /// the same: the last lookup's result (memo_len_, memo_lists_, memo_nulls_) is this one's.
+  [[nodiscard]] bool keep_lookup(std::span<const token_id> tokens, std::uint64_t extra,
+                                 std::span<const std::uint64_t> hashes, std::int64_t max_tokens);
+  /// A cell of a block at or past memo_end_ is looked up: the memo keeps the hashes and tokens of blocks
+  /// [memo_end_, end) as this prompt has them (a kept lookup may serve another prompt that agrees only on the blocks
+  /// read before), and memo_end_ becomes `end`.
+  void remember_blocks(std::span<const token_id> tokens, std::span<const std::uint64_t> hashes, std::size_t end);
+
   /// Blocks an admission of `total` blocks per group with hit lists `lists` (`len` entries each) takes from
   /// available_blocks(): the new blocks of every group and the hits that are free or evictable.
   [[nodiscard]] std::int64_t admission_need(std::int64_t total, std::int32_t len,
@@ -499,6 +515,29 @@ class hybrid_kv_cache {
   std::vector<token_id> buffer_;
   vllm_hit_scratch vscratch_;
   hit_scratch hscratch_;
+  // The last prompt's lookup, kept for the next lookup of the same prompt (keeps_lookups only): memo_ holds what
+  // each (block, group) cell found, block-major (cell i * num_groups() + g). Invariant: every cell not in
+  // memo_cells_ is lookup_pending.
+  std::vector<std::uint64_t> memo_stamp_;   ///< per cell looked up and found: first_holder_stamp of its block
+  std::vector<std::int32_t> memo_cells_;    ///< the cells looked up
+  std::vector<std::uint64_t> memo_hashes_;  ///< the prompt's block hashes (memo_m_ of them)
+  std::vector<token_id> memo_tokens_;       ///< the prompt's tokens (memo_m_ blocks)
+  std::uint64_t memo_extra_ = 0;
+  std::size_t memo_m_ = 0;
+  std::size_t memo_end_ = 0;  ///< 1 + the last block a cell was looked up in (0: none)
+  /// 0: no prompt; 1: the prompt's hashes are known (looked up once); 2: its tokens too (looked up again: from the
+  /// next lookup on, its cells are re-checked instead of looked up). A prompt looked up once is not copied.
+  std::uint8_t memo_stage_ = 0;
+  std::uint64_t memo_commits_ = 0;          ///< the policy's commits() when the memo was last brought up to date
+  // The last agreed hit, for the cap memo_max_tokens_ (-1: none).
+  std::int64_t memo_max_tokens_ = -1;
+  std::int32_t memo_len_ = 0;
+  std::vector<block_id> memo_lists_;
+  std::vector<std::int32_t> memo_nulls_;
+  // The keys committed since the memo was last brought up to date, at most commit_log_capacity (then full).
+  static constexpr std::size_t commit_log_capacity = 32;
+  std::array<std::uint64_t, commit_log_capacity> commit_log_{};
+  std::size_t commit_log_size_ = 0;  ///< commit_log_capacity + 1: more keys were committed than the log holds
 };
 
 // ------------------------------------------------------------------------------------------------ definitions
@@ -1270,50 +1309,76 @@ KVPAGER_OUT_OF_LINE auto hybrid_kv_cache<K, A, E, S, W>::find_hit(std::span<cons
       nulls_[0] = 0;
       return static_cast<std::int32_t>(i);
     }
-    memo_.assign(G * m, lookup_pending);
+    bool unchanged = false;  // every cell the last lookup read answers as it did: its result stands
+    if constexpr (keeps_lookups) {
+      unchanged = keep_lookup(tokens, extra, hashes.first(m), max_tokens);
+    } else {
+      memo_.assign(G * m, lookup_pending);
+    }
     // Group g's root cursor, made once per run of lookups in one group (the searches ask group by group).
     std::int32_t root_group = 0;
     auto root = share.first_cursor(group_extra(extra, 0));
     const auto cached_block = [&](std::int32_t g, std::int64_t i) -> block_id {
-      block_id& slot = memo_[static_cast<std::size_t>(g) * m + static_cast<std::size_t>(i)];
+      const std::size_t cell = static_cast<std::size_t>(i) * G + static_cast<std::size_t>(g);
+      block_id& slot = memo_[cell];
       if (slot == lookup_pending) {
         if (g != root_group) {
           root = share.first_cursor(group_extra(extra, g));
           root_group = g;
         }
         auto c = root;
-        slot = share.lookup(c, group_key(hashes[static_cast<std::size_t>(i)], g),
-                            tokens.subspan(static_cast<std::size_t>(i) * static_cast<std::size_t>(bs),
-                                           static_cast<std::size_t>(bs)));
+        const auto block = tokens.subspan(static_cast<std::size_t>(i) * static_cast<std::size_t>(bs),
+                                          static_cast<std::size_t>(bs));
+        slot = share.lookup(c, group_key(hashes[static_cast<std::size_t>(i)], g), block);
+        if constexpr (keeps_lookups) {
+          if (memo_stage_ == 2) {  // a prompt looked up again: its cells are kept for the next lookup
+            if (slot != no_block) memo_stamp_[cell] = share.first_holder_stamp(slot);
+            memo_cells_.push_back(static_cast<std::int32_t>(cell));
+            if (static_cast<std::size_t>(i) >= memo_end_) remember_blocks(tokens, hashes, static_cast<std::size_t>(i) + 1);
+          }
+        }
       }
       return slot;
     };
-    const auto cached = [&](std::int32_t g, std::int64_t i) { return cached_block(g, i) != no_block; };
-    std::int64_t hit = 0;
-    if (options_.conventions == hybrid_conventions::vllm) {
-      hit = vllm_agreed_hit(vkinds_, bs, max_tokens, cached, nulls_, vscratch_);
+    if (unchanged) {
+      // The agreement is a function of the block size, the cap and the answers of the cells it reads: the same.
+      len = memo_len_;
+      lists.assign(memo_lists_.begin(), memo_lists_.end());
+      std::copy(memo_nulls_.begin(), memo_nulls_.end(), nulls_.begin());
     } else {
-      hit = agreed_hit_tokens(
-          num_groups(), bs, max_tokens,
-          [this](std::int32_t g, std::int64_t t) noexcept { return kinds_[static_cast<std::size_t>(g)].skipped_tokens(t); },
-          cached, hscratch_);
-      std::fill(nulls_.begin(), nulls_.end(), 0);
-    }
-    // The entries the admission skips (those wholly before the window of the hit's first computed token) are the
-    // null block whatever the lookup found there: vLLM's lookup for a window of 1 token returns the last cached
-    // block, which allocate_slots then skips (not touched, not counted, left in the free queue).
-    for (std::int32_t g = 0; g < num_groups(); ++g)
-      nulls_[ix(g)] = std::max(nulls_[ix(g)], static_cast<std::int32_t>(
-                                                  kinds_[static_cast<std::size_t>(g)].skipped_tokens(hit) / bs));
-    len = static_cast<std::int32_t>(hit / bs);
-    lists.resize(G * static_cast<std::size_t>(len));
-    for (std::int32_t g = 0; g < num_groups(); ++g)
-      for (std::int32_t i = 0; i < len; ++i) {
-        // The memo read here as well as in cached_block: 3% fewer admission instructions than the call alone.
-        const block_id known = memo_[static_cast<std::size_t>(g) * m + static_cast<std::size_t>(i)];
-        const block_id b = i < nulls_[ix(g)] ? null_block : known != lookup_pending ? known : cached_block(g, i);
-        lists[static_cast<std::size_t>(g) * static_cast<std::size_t>(len) + static_cast<std::size_t>(i)] = b;
+      const auto cached = [&](std::int32_t g, std::int64_t i) { return cached_block(g, i) != no_block; };
+      std::int64_t hit = 0;
+      if (options_.conventions == hybrid_conventions::vllm) {
+        hit = vllm_agreed_hit(vkinds_, bs, max_tokens, cached, nulls_, vscratch_);
+      } else {
+        hit = agreed_hit_tokens(
+            num_groups(), bs, max_tokens,
+            [this](std::int32_t g, std::int64_t t) noexcept { return kinds_[static_cast<std::size_t>(g)].skipped_tokens(t); },
+            cached, hscratch_);
+        std::fill(nulls_.begin(), nulls_.end(), 0);
       }
+      // The entries the admission skips (those wholly before the window of the hit's first computed token) are the
+      // null block whatever the lookup found there: vLLM's lookup for a window of 1 token returns the last cached
+      // block, which allocate_slots then skips (not touched, not counted, left in the free queue).
+      for (std::int32_t g = 0; g < num_groups(); ++g)
+        nulls_[ix(g)] = std::max(nulls_[ix(g)], static_cast<std::int32_t>(
+                                                    kinds_[static_cast<std::size_t>(g)].skipped_tokens(hit) / bs));
+      len = static_cast<std::int32_t>(hit / bs);
+      lists.resize(G * static_cast<std::size_t>(len));
+      for (std::int32_t g = 0; g < num_groups(); ++g)
+        for (std::int32_t i = 0; i < len; ++i) {
+          // The memo read here as well as in cached_block: 3% fewer admission instructions than the call alone.
+          const block_id known = memo_[static_cast<std::size_t>(i) * G + static_cast<std::size_t>(g)];
+          const block_id b = i < nulls_[ix(g)] ? null_block : known != lookup_pending ? known : cached_block(g, i);
+          lists[static_cast<std::size_t>(g) * static_cast<std::size_t>(len) + static_cast<std::size_t>(i)] = b;
+        }
+      if constexpr (keeps_lookups) {
+        memo_len_ = len;
+        memo_lists_.assign(lists.begin(), lists.end());
+        memo_nulls_.assign(nulls_.begin(), nulls_.end());
+        memo_max_tokens_ = max_tokens;
+      }
+    }
   } else {
     (void)tokens;
     (void)extra;
@@ -1321,6 +1386,97 @@ KVPAGER_OUT_OF_LINE auto hybrid_kv_cache<K, A, E, S, W>::find_hit(std::span<cons
   }
   need = admission_need(total, len, lists);
   return len;
+}
+
+template <group_kind K, block_allocator A, eviction_policy E, sharing_policy S, swap_policy W>
+auto hybrid_kv_cache<K, A, E, S, W>::keep_lookup(std::span<const token_id> tokens, std::uint64_t extra,
+                                                 std::span<const std::uint64_t> hashes, std::int64_t max_tokens)
+    -> bool {
+  if constexpr (keeps_lookups) {
+    const S& share = blocks_.sharing();
+    const std::size_t m = hashes.size();
+    const auto bs = static_cast<std::size_t>(cfg_.block_size);
+    const auto G = static_cast<std::size_t>(num_groups());
+    const auto prompt = tokens.first(m * bs);
+    bool unchanged = false;
+    // Only the blocks a cell was looked up in matter (the lookup read no other): [0, memo_end_).
+    const auto end = static_cast<std::ptrdiff_t>(memo_end_);
+    const bool same_hashes = memo_stage_ != 0 && memo_m_ == m && memo_extra_ == extra &&
+                             std::equal(hashes.begin(), hashes.begin() + end, memo_hashes_.begin());
+    if (same_hashes && memo_stage_ == 2 &&
+        std::equal(prompt.begin(), prompt.begin() + end * static_cast<std::ptrdiff_t>(bs), memo_tokens_.begin())) {
+      // The same prompt: a cell's answer depends only on its block's hash and tokens, the extra key and the
+      // policy's state. A kept hit stands while its block's stamp is unchanged, a kept miss while its key was not
+      // committed since; a cell that may have changed is looked up again now. The cost is in the cells looked up
+      // (about the hit's length), not in the prompt's length.
+      const std::uint64_t committed = share.commits() - memo_commits_;
+      // Every commit since is in the log (it records each key committed, capped): a miss stands unless its key is.
+      const bool logged = commit_log_size_ <= commit_log_capacity && committed <= commit_log_size_;
+      const auto log_end = commit_log_.begin() + static_cast<std::ptrdiff_t>(std::min(commit_log_size_, commit_log_capacity));
+      unchanged = memo_max_tokens_ == max_tokens;
+      for (const std::int32_t cell : memo_cells_) {
+        const auto u = static_cast<std::size_t>(cell);
+        const block_id found = memo_[u];
+        const auto g = static_cast<std::int32_t>(u % G);
+        const std::size_t i = u / G;
+        if (found == no_block) {
+          if (committed == 0) continue;
+          if (logged && std::find(commit_log_.begin(), log_end, group_key(hashes[i], g)) == log_end) continue;
+        } else if (share.first_holder_stamp(found) == memo_stamp_[u]) {
+          continue;
+        }
+        auto c = share.first_cursor(group_extra(extra, g));
+        const block_id now = share.lookup(c, group_key(hashes[i], g), prompt.subspan(i * bs, bs));
+        unchanged = unchanged && now == found;
+        memo_[u] = now;
+        if (now != no_block) memo_stamp_[u] = share.first_holder_stamp(now);
+      }
+    } else {
+      // Back to every cell pending: the listed ones (stage 2), or the last prompt's (stage 1 lists none).
+      if (memo_stage_ == 2) {
+        for (const std::int32_t cell : memo_cells_) memo_[static_cast<std::size_t>(cell)] = lookup_pending;
+      } else {
+        std::fill(memo_.begin(), memo_.begin() + static_cast<std::ptrdiff_t>(G * memo_m_), lookup_pending);
+      }
+      memo_cells_.clear();
+      if (memo_.size() < G * m) {
+        memo_.resize(G * m, lookup_pending);
+        memo_stamp_.resize(G * m);
+      }
+      if (same_hashes) {  // looked up again (or its tokens differ): keep its tokens, re-check from the next lookup
+        memo_tokens_.assign(prompt.begin(), prompt.end());
+        memo_stage_ = 2;
+        memo_end_ = 0;
+      } else {  // looked up once: its hashes only, no cell listed (all of [0, m) compared next time)
+        memo_hashes_.assign(hashes.begin(), hashes.end());
+        memo_m_ = m;
+        memo_extra_ = extra;
+        memo_stage_ = 1;
+        memo_end_ = m;
+      }
+    }
+    memo_commits_ = share.commits();
+    commit_log_size_ = 0;
+    if (!unchanged) memo_max_tokens_ = -1;  // the result is made again (and kept) by this lookup
+    return unchanged;
+  } else {
+    (void)tokens;
+    (void)extra;
+    (void)hashes;
+    (void)max_tokens;
+    return false;
+  }
+}
+
+template <group_kind K, block_allocator A, eviction_policy E, sharing_policy S, swap_policy W>
+auto hybrid_kv_cache<K, A, E, S, W>::remember_blocks(std::span<const token_id> tokens,
+                                                     std::span<const std::uint64_t> hashes, std::size_t end) -> void {
+  const auto bs = static_cast<std::size_t>(cfg_.block_size);
+  std::copy(hashes.begin() + static_cast<std::ptrdiff_t>(memo_end_), hashes.begin() + static_cast<std::ptrdiff_t>(end),
+            memo_hashes_.begin() + static_cast<std::ptrdiff_t>(memo_end_));
+  std::copy(tokens.begin() + static_cast<std::ptrdiff_t>(memo_end_ * bs), tokens.begin() + static_cast<std::ptrdiff_t>(end * bs),
+            memo_tokens_.begin() + static_cast<std::ptrdiff_t>(memo_end_ * bs));
+  memo_end_ = end;
 }
 
 template <group_kind K, block_allocator A, eviction_policy E, sharing_policy S, swap_policy W>
@@ -1423,7 +1579,17 @@ KVPAGER_OUT_OF_LINE auto hybrid_kv_cache<K, A, E, S, W>::commit_full(std::int32_
         const block_id b = t[i];
         if (b == null_block || share.is_cached(b)) continue;
         auto c = share.first_cursor(group_extra(extra, g));
-        share.commit(b, c, group_key(e.hashes[i], g), tokens.subspan((i - from) * bs, bs));
+        const std::uint64_t key = group_key(e.hashes[i], g);
+        share.commit(b, c, key, tokens.subspan((i - from) * bs, bs));
+        if constexpr (keeps_lookups) {
+          if (memo_stage_ == 2) {  // a prompt's cells are kept: its misses stand unless their key is committed
+            if (commit_log_size_ < commit_log_capacity) {
+              commit_log_[commit_log_size_++] = key;
+            } else {
+              commit_log_size_ = commit_log_capacity + 1;
+            }
+          }
+        }
       }
       e.committed[ix(g)] = static_cast<std::int32_t>(std::max<std::size_t>(full, static_cast<std::size_t>(e.committed[ix(g)])));
     }
