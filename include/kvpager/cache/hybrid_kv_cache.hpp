@@ -1432,8 +1432,12 @@ auto hybrid_kv_cache<K, A, E, S, W>::keep_lookup(std::span<const token_id> token
         if (now != no_block) memo_stamp_[u] = share.first_holder_stamp(now);
       }
     } else {
-      // Back to every cell pending: the listed ones (stage 2), or the last prompt's (stage 1 lists none).
-      if (memo_stage_ == 2) {
+      // Nothing is kept until the memo is made again (an allocation below may throw: the next lookup is then fresh).
+      const std::uint8_t stage = memo_stage_;
+      memo_stage_ = 0;
+      memo_max_tokens_ = -1;
+      // Back to every cell pending: the listed ones (stage 2), or the last prompt's (stages 0 and 1 list none).
+      if (stage == 2) {
         for (const std::int32_t cell : memo_cells_) memo_[static_cast<std::size_t>(cell)] = lookup_pending;
       } else {
         std::fill(memo_.begin(), memo_.begin() + static_cast<std::ptrdiff_t>(G * memo_m_), lookup_pending);
@@ -1443,6 +1447,7 @@ auto hybrid_kv_cache<K, A, E, S, W>::keep_lookup(std::span<const token_id> token
         memo_.resize(G * m, lookup_pending);
         memo_stamp_.resize(G * m);
       }
+      memo_cells_.reserve(G * m);  // the lookup lists its cells without allocating
       if (same_hashes) {  // looked up again (or its tokens differ): keep its tokens, re-check from the next lookup
         memo_tokens_.assign(prompt.begin(), prompt.end());
         memo_stage_ = 2;
