@@ -69,6 +69,50 @@ BENCHMARK(BM_AdmitCached<vllm_v1_cache>)->Name("admit_cached_2048/paged_kv_cache
 BENCHMARK(BM_AdmitCached<one_group>)->Name("admit_cached_2048/hybrid_one_full_group")->Iterations(2000);
 BENCHMARK(BM_AdmitCached<two_groups>)->Name("admit_cached_2048/hybrid_full_and_window128")->Iterations(2000);
 
+/// The lookup of the request at the head of the waiting queue, as the scheduler repeats it every step while the pool
+/// is full (issue 24, P3's margin): a 2048-token prompt whose first 1024 tokens are cached by a live sequence, in
+/// [full, sliding_window 128], one decode token appended to another sequence between lookups (a block committed
+/// every 16). `kept`: the same prompt every time (hybrid_kv_cache keeps its lookup and re-checks it); `fresh`: two
+/// such prompts in turn, so that every lookup is made anew. Items: lookups.
+void BM_HeadLookup(benchmark::State& state) {
+  const bool alternate = state.range(0) != 0;
+  auto cache = make<two_groups>(4096);
+  std::mt19937 rng(11);
+  std::vector<std::vector<token_id>> prompts;
+  for (seq_id id = 0; id < 2; ++id) {
+    prompts.push_back(kvbench::random_prompt(rng, 2048));
+    const auto& p = prompts.back();
+    must(cache.add_sequence(id, std::span<const token_id>(p).first(1024)));  // caches the first 64 blocks
+  }
+  const auto decode = kvbench::random_prompt(rng, 1 << 16);
+  must(cache.add_sequence(2, std::span<const token_id>(decode).first(16)));
+  cache.begin_step();
+  prefix_hit hit;
+  std::vector<std::vector<std::uint64_t>> hashes(2);  // the request keeps its hashes, as the scheduler's do
+  for (std::size_t k = 0; k < 2; ++k) {
+    must(cache.match_prefix(prompts[k], {}, hit));
+    hashes[k] = hit.known_hashes;
+  }
+  std::size_t pos = 16;
+  std::int64_t lookups = 0;
+  for (auto _ : state) {
+    for (std::size_t k = 0; k <= (alternate ? 1u : 0u); ++k) {
+      must(cache.match_prefix(prompts[k], {}, hit, hashes[k]));
+      benchmark::DoNotOptimize(hit.match.blocks);
+      ++lookups;
+    }
+    must(cache.append_token(2, decode[pos++ % decode.size()]));
+    if (pos % 4096 == 0) {  // keep the decoding sequence short: restart it
+      must(cache.free_sequence(2));
+      must(cache.add_sequence(2, std::span<const token_id>(decode).first(16)));
+    }
+    cache.begin_step();
+  }
+  state.SetItemsProcessed(lookups);
+}
+BENCHMARK(BM_HeadLookup)->Name("head_lookup_2048/fresh")->Arg(1)->Iterations(20000);
+BENCHMARK(BM_HeadLookup)->Name("head_lookup_2048/kept")->Arg(0)->Iterations(20000);
+
 
 /// A pool of `budget` bytes of KV for model `m` grouped by `plan` (a block: group_size layers), in `conv`; requests
 /// of `ctx` tokens admitted one after another in 2048-token chunks (each chunk its own step, so window groups give
