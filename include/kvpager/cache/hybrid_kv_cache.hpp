@@ -1373,10 +1373,12 @@ KVPAGER_OUT_OF_LINE auto hybrid_kv_cache<K, A, E, S, W>::find_hit(std::span<cons
           lists[static_cast<std::size_t>(g) * static_cast<std::size_t>(len) + static_cast<std::size_t>(i)] = b;
         }
       if constexpr (keeps_lookups) {
-        memo_len_ = len;
-        memo_lists_.assign(lists.begin(), lists.end());
-        memo_nulls_.assign(nulls_.begin(), nulls_.end());
-        memo_max_tokens_ = max_tokens;
+        if (memo_stage_ == 2) {  // the result of a prompt looked up again, for its next lookup
+          memo_len_ = len;
+          memo_lists_.assign(lists.begin(), lists.end());
+          memo_nulls_.assign(nulls_.begin(), nulls_.end());
+          memo_max_tokens_ = max_tokens;
+        }
       }
     }
   } else {
