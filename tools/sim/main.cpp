@@ -31,6 +31,7 @@
 #include <memory>
 #include <new>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include <unistd.h>
@@ -50,6 +51,7 @@
 #include "cli_options.hpp"
 #include "compute.hpp"
 #include "contiguous.hpp"
+#include "events.hpp"
 #include "kvtrace.hpp"
 #include "paged.hpp"
 #include "report.hpp"
@@ -88,6 +90,11 @@ struct settings {
   bool quiet = false;
   std::int64_t corrupt_step = -1;  // hidden test hook
   std::string layers;  // --layers: a layer pattern or a built-in model ("": one full-attention group)
+  std::string kv_events;         // --kv-events: the PUB endpoint ("": no events)
+  std::string kv_events_replay;  // --kv-events-replay: the replay (ROUTER) endpoint
+  std::string kv_events_topic;
+  double kv_events_linger = 0;   // seconds the replay socket stays open after the run
+  std::string kv_events_check;   // hidden test hook: the cache's cached blocks after each batch
 };
 
 /// KV bytes of one token over all layers for the byte figures: Llama-2-7B in fp16 (32 layers x 2 x 4096 x 2 bytes
@@ -176,6 +183,12 @@ int run_composition(const kvpager::cache_config& cc, const settings& s, const kv
     attn->set_threads(s.threads);
     po.compute = attn.get();
   }
+  if (po.events != nullptr) {
+    if (const kvpager::status st = cache->set_kv_event_buffer(&po.events->buffer); !st) {
+      std::fprintf(stderr, "kvpager-sim: --kv-events: %s\n", st.message());
+      return 1;
+    }
+  }
   out.summary = kvsim::run_paged(w, *cache, po, out.samples, out.extras);
   return out.extras.error.empty() ? 0 : 2;  // the caller reports the compute error
 }
@@ -236,6 +249,15 @@ int run_main(int argc, char** argv) {
                  "gpt-oss-120b, gemma-2-9b, gemma-2-27b, gemma-3-12b, gemma-3-27b, mistral-7b-v0.1, llama-4-scout): "
                  "also run the paged cache with KV cache groups at the same KV bytes");
   app.add_option("--inject-corruption", s.corrupt_step, "")->group("");  // test hook: corrupt KV at this step
+  app.add_option("--kv-events", s.kv_events,
+                 "publish KV cache events in vLLM's wire format on this ZeroMQ endpoint (tcp://*:5557 binds, "
+                 "tcp://HOST:PORT connects, as vLLM)");
+  app.add_option("--kv-events-replay", s.kv_events_replay, "serve vLLM's replay socket for missed batches here (bound)");
+  app.add_option("--kv-events-topic", s.kv_events_topic, "the topic frame of every batch (default empty)");
+  app.add_option("--kv-events-linger", s.kv_events_linger,
+                 "seconds the replay socket stays open after the run (default 0)")
+      ->check(CLI::Range(0.0, 3600.0));
+  app.add_option("--kv-events-check", s.kv_events_check, "")->group("");  // test hook: cached blocks per batch
   if (const int rc = kvtools::parse(app, argc, argv); rc >= 0) return rc;
   if (s.rate > 0 && s.rate < min_rate) {
     std::fprintf(stderr, "--rate: must be 0 or a finite number in [1e-06, 1e+06], not %g\n", s.rate);
@@ -333,6 +355,41 @@ int run_main(int argc, char** argv) {
     progress("paged", step, done, total);
   };
 
+  // --kv-events: the paged run's cache reports its events; they are published once per step.
+  kvsim::kv_event_sink events;
+  if (!s.kv_events_replay.empty() && s.kv_events.empty()) {
+    std::fprintf(stderr, "kvpager-sim: --kv-events-replay needs --kv-events\n");
+    return kvtools::exit_bad_input;
+  }
+  if (!s.kv_events.empty()) {
+#if KVPAGER_SIM_HAS_ZMQ
+    kvpager::kv_event_publisher_config pc;
+    pc.endpoint = s.kv_events;
+    pc.replay_endpoint = s.kv_events_replay;
+    pc.topic = s.kv_events_topic;
+    pc.close_linger_ms = 2000;  // the last batches leave before the tool exits
+    kvpager::status st;
+    events.publisher = kvpager::kv_event_publisher::create(pc, st);
+    if (!events.publisher) {
+      std::fprintf(stderr, "kvpager-sim: --kv-events %s%s%s: %s (%s)\n", s.kv_events.c_str(),
+                   s.kv_events_replay.empty() ? "" : " --kv-events-replay ", s.kv_events_replay.c_str(), st.message(),
+                   zmq_strerror(static_cast<int>(st.detail())));
+      return kvtools::exit_bad_input;
+    }
+#else
+    std::fprintf(stderr, "kvpager-sim: --kv-events: this build has no ZeroMQ (install libzmq3-dev and reconfigure)\n");
+    return kvtools::exit_bad_input;
+#endif
+    if (!s.kv_events_check.empty()) {
+      events.check = std::fopen(s.kv_events_check.c_str(), "w");
+      if (events.check == nullptr) {
+        std::fprintf(stderr, "kvpager-sim: cannot write %s\n", s.kv_events_check.c_str());
+        return 1;
+      }
+    }
+    po.events = &events;
+  }
+
   // The model runner consumes the step's tables only with --compute cpu.
   po.sched.export_slot_mapping = po.sched.export_tables = compute;
 
@@ -379,6 +436,7 @@ int run_main(int argc, char** argv) {
     }
     gc.num_host_blocks = group_host > 0 ? static_cast<std::int32_t>(group_host + 1) : 0;
     kvsim::paged_options gpo = po;
+    gpo.events = nullptr;  // the events are the main run's (one stream, one cache)
     gpo.bytes_per_block = bytes_per_block * plan.group_size / plan.num_layers;
     gpo.sched.swap_cost.block_bytes = gpo.bytes_per_block;
     gpo.progress = [&](std::int64_t step, std::int64_t done, std::int64_t total) {
@@ -458,6 +516,15 @@ int run_main(int argc, char** argv) {
       doc["paged_groups"] = kvsim::to_json(grouped.summary);
       doc["paged_groups"]["groups"] = gl;
     }
+    if (po.events != nullptr) {
+      doc["kv_events"] = {{"endpoint", s.kv_events},
+                          {"replay_endpoint", s.kv_events_replay},
+                          {"batches", events.batches},
+                          {"events", events.events},
+                          {"send_errors", events.send_errors},
+                          {"final_stored_blocks", {{"GPU", events.stored[0]}, {"CPU", events.stored[1]}}},
+                          {"cached_blocks_at_end", paged.extras.cached_at_end}};
+    }
     if (attn) {
       const auto& c = attn->counters();
       doc["compute"] = {{"dtype", s.dtype},
@@ -495,6 +562,11 @@ int run_main(int argc, char** argv) {
                     g.kind, g.peak_blocks, static_cast<long long>(g.released_blocks),
                     static_cast<long long>(g.hit_blocks));
     }
+    if (po.events != nullptr)
+      std::printf("\nKV cache events: %lld batches, %lld events published to %s; %lld blocks stored and not removed "
+                  "at the end (the cache holds %lld)\n",
+                  static_cast<long long>(events.batches), static_cast<long long>(events.events), s.kv_events.c_str(),
+                  static_cast<long long>(events.stored[0]), static_cast<long long>(paged.extras.cached_at_end));
     if (paged.extras.advised_block_size)
       std::printf("\nblock size advice (tuning): %d tokens for these lengths\n", *paged.extras.advised_block_size);
     if (attn) {
@@ -527,6 +599,12 @@ int run_main(int argc, char** argv) {
       std::fprintf(stderr, "kvpager-sim: cannot write the report into %s\n", s.report.c_str());
       return 1;
     }
+  }
+  if (events.check != nullptr) std::fclose(events.check);
+  if (po.events != nullptr && !s.kv_events_replay.empty() && s.kv_events_linger > 0) {
+    std::cout.flush();
+    std::fflush(stdout);  // the report is out: a consumer may now ask for the batches it missed
+    std::this_thread::sleep_for(std::chrono::duration<double>(s.kv_events_linger));
   }
   return exit_status;
 }

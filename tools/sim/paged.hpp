@@ -11,6 +11,7 @@
 #include <span>
 #include <string>
 #include <unordered_map>
+#include <utility>
 #include <vector>
 
 #include <kvpager/monitor/health.hpp>
@@ -19,6 +20,7 @@
 #include <kvpager/sched/scheduler.hpp>
 
 #include "compute.hpp"
+#include "events.hpp"
 #include "metrics.hpp"
 #include "workload.hpp"
 
@@ -31,6 +33,7 @@ struct paged_options {
   /// Simulated time of one step (the recorder's clock, over which the health check counts swaps in its window).
   std::chrono::nanoseconds step_time = std::chrono::milliseconds(20);
   attention_compute* compute = nullptr;  ///< --compute cpu
+  kv_event_sink* events = nullptr;       ///< --kv-events: the cache reports into it; flushed once per step
   std::int64_t progress_every = 0;       ///< steps between progress calls (0: none)
   std::function<void(std::int64_t step, std::int64_t done, std::int64_t total)> progress;
 };
@@ -41,6 +44,7 @@ struct paged_extras {
   std::optional<std::int32_t> advised_block_size;
   std::int64_t dropped_forks = 0;
   std::string error;  ///< a compute error ("" when none)
+  std::int64_t cached_at_end = 0;  ///< the cache's cached blocks after the run
 };
 
 template <class Cache>
@@ -132,6 +136,18 @@ run_summary run_paged(const workload& w, Cache& cache, const paged_options& o, s
         live[parent->child_ids[c]] = {parent->child_seeds[c], 1, parent->max_new, nullptr};
       }
     }
+    if (o.events != nullptr) {
+      o.events->flush([&cache] {
+        std::int64_t count = 0;
+        std::uint64_t sum = 0;
+        for (kvpager::block_id b = 0; b < cache.config().num_blocks; ++b)
+          if (cache.sharing().is_cached(b)) {
+            ++count;
+            sum += cache.sharing().block_hash(b);
+          }
+        return std::pair<std::int64_t, std::uint64_t>{count, sum};
+      });
+    }
     // Measure the step with the library's monitor.
     const kvpager::metrics_snapshot m = kvpager::take_snapshot(cache, sched, o.bytes_per_block);
     (void)recorder.record(m, o.step_time * step);
@@ -163,6 +179,7 @@ run_summary run_paged(const workload& w, Cache& cache, const paged_options& o, s
   if (o.compute != nullptr && extras.error.empty())
     for (const auto& [id, st] : live) o.compute->finish(id, sched.tokens(id));
   samples.summarize(s);
+  extras.cached_at_end = cache.stats().cached;
   const kvpager::scheduler_stats fin = sched.stats();
   s.preemptions_swap = fin.preempted_swap;
   s.preemptions_recompute = fin.preempted_recompute;

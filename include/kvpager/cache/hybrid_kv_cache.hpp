@@ -68,6 +68,7 @@
 #include "kvpager/concepts/swap_policy.hpp"
 #include "kvpager/core/block_pool.hpp"
 #include "kvpager/core/config.hpp"
+#include "kvpager/core/kv_events.hpp"
 #include "kvpager/core/span_of.hpp"
 #include "kvpager/core/splitmix.hpp"
 #include "kvpager/core/status.hpp"
@@ -253,6 +254,45 @@ class hybrid_kv_cache {
   /// of the group each names (block_copy::group: only that group's layers move); appends are token ranges, whose
   /// slots differ per group (export_slot_mapping(g, ...)).
   [[nodiscard]] const step_plan& plan() const noexcept { return ledger_.plan(); }
+
+  /// KV cache events into `*out` (core/kv_events.hpp; nullptr stops them), as paged_kv_cache::set_kv_event_buffer:
+  /// blocks are reported per KV cache group (`kv_event::group`), by the chained hash of their tokens (the same in
+  /// every group, as vLLM's events carry it, without the group's mixing); a block_stored's parent is the hash of
+  /// the block before the first one listed (also when that block is the null block of a window). Same errors.
+  status set_kv_event_buffer(kv_event_buffer* out) {
+    if (out != nullptr && blocks_.events() == nullptr && stats().cached > 0)
+      return status{errc::invalid_argument, "set_kv_event_buffer: blocks are cached already", stats().cached};
+#if KVPAGER_HAS_EXCEPTIONS
+    try {
+#endif
+      blocks_.attach_events(out);
+#if KVPAGER_HAS_EXCEPTIONS
+    } catch (const std::bad_alloc&) {
+      return status{errc::out_of_memory, "set_kv_event_buffer: no memory for the per-block record", cfg_.num_blocks};
+    }
+#endif
+    return ok_status();
+  }
+
+  /// The key group g's block holding the chained hash `h` is cached under in the sharing policy (its
+  /// `block_hash`): what a KV cache event's (hash, group) names in this cache.
+  [[nodiscard]] static std::uint64_t cached_key(std::uint64_t h, std::int32_t g) noexcept { return group_key(h, g); }
+
+  /// Forgets every cached block, as paged_kv_cache::reset_prefix_cache (one all_blocks_cleared event); only when no
+  /// sequence is live and no block waits for a planned copy, else errc::invalid_block and nothing changed.
+  status reset_prefix_cache() {
+    if (num_sequences() > 0 || ledger_.pending_free() > 0)
+      return status{errc::invalid_block, "reset_prefix_cache: blocks are in use", stats().used};
+    if constexpr (caching) {
+      blocks_.clear_content();
+      // Kept lookups stay exact: a cleared hit's stamp is gone, and a miss stays a miss (nothing was committed).
+      if (multi()) {  // the free leads' companions no longer serve a hit: back to the free blocks
+        for (block_id b = 0; b < cfg_.num_blocks; ++b)
+          if (attached_[static_cast<std::size_t>(b)] > 0) detach(b);
+      }
+    }
+    return ok_status();
+  }
 
   // ------------------------------------------------------------------------------------------------ queries
 
@@ -1588,6 +1628,9 @@ KVPAGER_OUT_OF_LINE auto hybrid_kv_cache<K, A, E, S, W>::commit_full(std::int32_
         auto c = share.first_cursor(group_extra(extra, g));
         const std::uint64_t key = group_key(e.hashes[i], g);
         share.commit(b, c, key, tokens.subspan((i - from) * bs, bs));
+        if (blocks_.events() != nullptr)
+          blocks_.announce_stored(b, e.hashes[i], i > 0, i > 0 ? e.hashes[i - 1] : 0, g,
+                                  tokens.subspan((i - from) * bs, bs));
         if constexpr (keeps_lookups) {
           if (memo_stage_ == 2) {  // a prompt's cells are kept: its misses stand unless their key is committed
             if (commit_log_size_ < commit_log_capacity) {

@@ -37,6 +37,7 @@
 #include "kvpager/concepts/swap_policy.hpp"
 #include "kvpager/core/block_pool.hpp"
 #include "kvpager/core/config.hpp"
+#include "kvpager/core/kv_events.hpp"
 #include "kvpager/core/span_of.hpp"
 #include "kvpager/core/status.hpp"
 #include "kvpager/core/types.hpp"
@@ -205,6 +206,45 @@ class paged_kv_cache : public detail::cache_exports<paged_kv_cache<A, E, S, W>> 
   /// The byte movement planned since the last begin_step().
   [[nodiscard]] const step_plan& plan() const noexcept { return ledger_.plan(); }
 
+  // ------------------------------------------------------------------------------------------------ KV cache events
+
+  /// From now on the cache reports what its prefix cache holds into `*out` (core/kv_events.hpp; nullptr stops it):
+  /// a block_stored for blocks as they are cached, a block_removed as their content is discarded, all on the
+  /// device medium, group 0, hashes as block_hashes() gives them. The caller takes the events (once per step) and
+  /// clears the buffer; recording allocates only while the buffer grows. Attach before anything is cached, so the
+  /// events describe the whole cache. Errors: errc::invalid_argument (blocks are cached already: the events would
+  /// miss them), errc::unsupported (a content cache without block hashes), errc::out_of_memory (the per-block
+  /// record, 16 bytes a block, allocated on the first attach); nothing changed.
+  status set_kv_event_buffer(kv_event_buffer* out) {
+    if (out != nullptr) {
+      if constexpr (content_cache<S> && !prehashed_content_cache<S>) {
+        return status{errc::unsupported, "set_kv_event_buffer: the sharing policy gives no block hashes"};
+      }
+      if (blocks_.events() == nullptr && stats().cached > 0)
+        return status{errc::invalid_argument, "set_kv_event_buffer: blocks are cached already", stats().cached};
+    }
+#if KVPAGER_HAS_EXCEPTIONS
+    try {
+#endif
+      blocks_.attach_events(out);
+#if KVPAGER_HAS_EXCEPTIONS
+    } catch (const std::bad_alloc&) {
+      return status{errc::out_of_memory, "set_kv_event_buffer: no memory for the per-block record", cfg_.num_blocks};
+    }
+#endif
+    return ok_status();
+  }
+
+  /// Forgets every cached block (vLLM's reset_prefix_cache): their content is discarded and they return to the
+  /// free blocks; the events report one all_blocks_cleared. Only when no block is in use: errc::invalid_block
+  /// while a sequence is live or a block waits for a planned copy (call begin_step first); nothing changed.
+  status reset_prefix_cache() {
+    if (seqs_.size() > 0 || ledger_.pending_free() > 0)
+      return status{errc::invalid_block, "reset_prefix_cache: blocks are in use", stats().used};
+    if constexpr (content_cache<S>) blocks_.clear_content();
+    return ok_status();
+  }
+
   // ------------------------------------------------------------------------------------------------ queries
 
   [[nodiscard]] bool contains(seq_id id) const noexcept { return seqs_.contains(id); }
@@ -238,6 +278,19 @@ class paged_kv_cache : public detail::cache_exports<paged_kv_cache<A, E, S, W>> 
 
  private:
   paged_kv_cache(cache_config cfg, block_pool<A> pool, E e, S s, W w);
+  /// Reports block `b` (block `i` of `s`), just committed, to the KV cache events (if attached and it was cached).
+  void announce_stored(const seq_state& s, block_id b, std::int32_t i, std::span<const token_id> tokens) noexcept {
+    if constexpr (prehashed_content_cache<S>) {
+      if (blocks_.events() == nullptr) return;
+      const S& share = blocks_.sharing();
+      const block_id parent = i > 0 ? s.blocks[static_cast<std::size_t>(i - 1)] : no_block;
+      const bool has_parent = parent != no_block && share.is_cached(parent);
+      blocks_.announce_stored(b, share.block_hash(b), has_parent, has_parent ? share.block_hash(parent) : 0, 0,
+                              tokens);
+    } else {
+      (void)s, (void)b, (void)i, (void)tokens;
+    }
+  }
 
   [[nodiscard]] bool exceeds_table_limit(std::int64_t blocks) const noexcept {
     return cfg_.max_blocks_per_seq > 0 && blocks > cfg_.max_blocks_per_seq;
@@ -385,7 +438,9 @@ KVPAGER_OUT_OF_LINE auto paged_kv_cache<A, E, S, W>::append_tokens(seq_id id, st
   if (!h) return h.error();
   const std::int32_t first = seqs_[*h].num_tokens;
   if (status st = grow(*h, static_cast<std::int32_t>(tokens.size())); !st) return st;
-  cursors_.extend(blocks_.sharing(), seqs_[*h], tokens, first);
+  seq_state& s = seqs_[*h];
+  cursors_.extend(blocks_.sharing(), s, tokens, first,
+                  [this, &s](block_id b, std::int32_t i, std::span<const token_id> t) { announce_stored(s, b, i, t); });
   return ok_status();
 }
 
@@ -559,7 +614,9 @@ KVPAGER_OUT_OF_LINE auto paged_kv_cache<A, E, S, W>::add_impl(seq_id id, std::in
   s.extra_key = options.extra_key;
   const auto hit_tokens = static_cast<std::int32_t>(hits_.size()) * cfg_.block_size;
   if (!tokens.empty()) {
-    cursors_.commit_prompt(blocks_.sharing(), s, cur, tokens, static_cast<std::int32_t>(hits_.size()), ph);
+    cursors_.commit_prompt(
+        blocks_.sharing(), s, cur, tokens, static_cast<std::int32_t>(hits_.size()), ph,
+        [this, &s](block_id b, std::int32_t i, std::span<const token_id> t) { announce_stored(s, b, i, t); });
     counts_.prefix_query_tokens += n;
     counts_.prefix_hit_tokens += hit_tokens;
   }

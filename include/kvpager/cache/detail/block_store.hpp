@@ -11,6 +11,7 @@
 #include <cstdint>
 #include <span>
 #include <utility>
+#include <vector>
 
 #include "kvpager/cache/cache_types.hpp"
 #include "kvpager/concepts/block_allocator.hpp"
@@ -19,6 +20,7 @@
 #include "kvpager/core/assert.hpp"
 #include "kvpager/core/block_pool.hpp"
 #include "kvpager/core/config.hpp"
+#include "kvpager/core/kv_events.hpp"
 #include "kvpager/core/types.hpp"
 
 KVPAGER_NAMESPACE_BEGIN
@@ -47,6 +49,23 @@ class block_store {
   void reset(const pool_geometry& g) {
     evict_.reset(g);
     share_.reset(g);
+  }
+
+  /// KV cache events (core/kv_events.hpp) go to `out` from now on (nullptr: none). Allocates the per-block record
+  /// of what was announced (a hash and a group per block) on the first attach.
+  void attach_events(kv_event_buffer* out) {
+    if (out != nullptr && announced_.size() != static_cast<std::size_t>(pool_.num_blocks()))
+      announced_.assign(static_cast<std::size_t>(pool_.num_blocks()), announced{});
+    sink_.out = out;
+  }
+  [[nodiscard]] kv_event_buffer* events() const noexcept { return sink_.out; }
+  /// Records that `b`, just cached (the sharing policy holds it), was stored: its hash as events name it (without
+  /// a group's mixing), its parent's, group and tokens. A block the policy did not cache is not announced.
+  void announce_stored(block_id b, std::uint64_t hash, bool has_parent, std::uint64_t parent, std::int32_t group,
+                       std::span<const token_id> tokens) noexcept {
+    if (sink_.out == nullptr || !share_.is_cached(b)) return;
+    announced_[static_cast<std::size_t>(b)] = announced{hash, group, true};
+    sink_.out->block_stored(kv_medium::device, group, hash, has_parent, parent, tokens);
   }
 
   [[nodiscard]] const block_pool<A>& pool() const noexcept { return pool_; }
@@ -147,6 +166,33 @@ class block_store {
   void drop_content(block_id b) noexcept {
     share_.uncache(b);
     if constexpr (detail::forgets_content<E>) evict_.forget(b);
+    if (sink_.out != nullptr) {
+      announced& a = announced_[static_cast<std::size_t>(b)];
+      if (a.live) sink_.out->block_removed(kv_medium::device, a.group, a.hash);
+      a.live = false;
+    }
+  }
+
+  /// Drops the cached content of every unreferenced block (a prefix-cache reset; the caller has checked that no
+  /// block is referenced or parked): each goes back to the allocator, and the events report one
+  /// all_blocks_cleared instead of a removal per block. O(num_blocks).
+  void clear_content() noexcept {
+    for (block_id b = 0; b < pool_.num_blocks(); ++b) {
+      if (!share_.is_cached(b)) continue;
+      KVPAGER_ASSERT(pool_.refcount(b) == 0, "clear_content: a cached block is still referenced");
+      bool recycle = false;
+      if constexpr (indexed) {
+        if (evict_.contains(b)) {
+          evict_.erase(b);
+          recycle = true;
+        }
+      }
+      share_.uncache(b);
+      if constexpr (detail::forgets_content<E>) evict_.forget(b);
+      if (recycle) pool_.recycle(b);
+      if (sink_.out != nullptr) announced_[static_cast<std::size_t>(b)].live = false;
+    }
+    if (sink_.out != nullptr) sink_.out->all_blocks_cleared();
   }
 
   /// Drops one reference; at zero the block is parked if `park(b, hint)` says a planned copy uses it, else settled.
@@ -175,6 +221,30 @@ class block_store {
   [[no_unique_address]] E evict_;
   [[no_unique_address]] S share_;
   std::int64_t evictions_ = 0;
+  /// What the events said of each block while it is cached (attach_events).
+  struct announced {
+    std::uint64_t hash = 0;
+    std::int32_t group = 0;
+    bool live = false;
+  };
+  /// The events' buffer; a copy of the store starts without one (it would report into the original's buffer).
+  struct event_sink {
+    kv_event_buffer* out = nullptr;
+    event_sink() = default;
+    event_sink(const event_sink&) noexcept {}
+    event_sink(event_sink&& o) noexcept : out(o.out) { o.out = nullptr; }
+    event_sink& operator=(const event_sink&) noexcept {
+      out = nullptr;
+      return *this;
+    }
+    event_sink& operator=(event_sink&& o) noexcept {
+      out = o.out;
+      o.out = nullptr;
+      return *this;
+    }
+  };
+  event_sink sink_;
+  std::vector<announced> announced_;
 };
 
 }  // namespace detail

@@ -38,6 +38,12 @@ struct cursor_of<S> {
 template <class S>
 using prefix_cursor_t = typename cursor_of<S>::type;
 
+/// A commit hook that does nothing (prefix_cursors::commit_prompt, extend).
+struct no_commit_hook {
+  template <class... Args>
+  void operator()(const Args&...) const noexcept {}
+};
+
 /// Prefix-cursor operations over sharing policy `S`, for blocks of `block_size` tokens.
 template <sharing_policy S>
 struct prefix_cursors {
@@ -155,8 +161,10 @@ struct prefix_cursors {
   /// After a prompt was added to `s` (its first `first_new` blocks were hits and `cur` stands after them): commits
   /// the prompt's other full blocks, keeps the tokens of its partial last block, and stores the cursor. `hashes`:
   /// block hashes known from its lookup or its request (a prehashed_content_cache commits with them).
+  /// `on_commit(b, i, tokens)` sees each block `b` (block `i` of the sequence) after its commit (the KV cache events).
+  template <class OnCommit = no_commit_hook>
   void commit_prompt(S& share, state& s, cursor cur, std::span<const token_id> tokens, std::int32_t first_new,
-                     const prompt_hashes& hashes = {}) const {
+                     const prompt_hashes& hashes = {}, OnCommit&& on_commit = {}) const {
     if constexpr (content_cache<S>) {
       const auto n = static_cast<std::int32_t>(tokens.size());
       const std::int32_t full = n / block_size;
@@ -165,10 +173,12 @@ struct prefix_cursors {
         if constexpr (prehashed_content_cache<S>) {
           if (const std::uint64_t* h = hashes.find(i); h != nullptr && share.valid(cur)) {
             share.commit(b, cur, *h, block_tokens(tokens, i));
+            on_commit(b, i, block_tokens(tokens, i));
             continue;
           }
         }
         share.commit(b, cur, block_tokens(tokens, i));
+        on_commit(b, i, block_tokens(tokens, i));
       }
       s.partial.assign(tokens.begin() + static_cast<std::ptrdiff_t>(full) * block_size, tokens.end());
       s.cursor = cur;
@@ -177,7 +187,8 @@ struct prefix_cursors {
 
   /// After `tokens` were appended to `s` at position `first`: commits every block they fill (if `s` still
   /// caches: it was added with token ids and never appended to by count).
-  void extend(S& share, state& s, std::span<const token_id> tokens, std::int32_t first) const {
+  template <class OnCommit = no_commit_hook>
+  void extend(S& share, state& s, std::span<const token_id> tokens, std::int32_t first, OnCommit&& on_commit = {}) const {
     if constexpr (content_cache<S>) {
       if (!share.valid(s.cursor)) return;
       std::int32_t pos = first;
@@ -185,7 +196,10 @@ struct prefix_cursors {
         s.partial.push_back(t);
         ++pos;
         if (static_cast<std::int32_t>(s.partial.size()) == block_size) {
-          share.commit(s.blocks[static_cast<std::size_t>((pos - 1) / block_size)], s.cursor, s.partial);
+          const std::int32_t i = (pos - 1) / block_size;
+          const block_id b = s.blocks[static_cast<std::size_t>(i)];
+          share.commit(b, s.cursor, s.partial);
+          on_commit(b, i, std::span<const token_id>(s.partial));
           s.partial.clear();
         }
       }
