@@ -4,7 +4,8 @@
 #
 #   cmake -DINCLUDE_DIR=<repo>/include -P check_layers.cmake
 #
-# Layers, lowest first: core < concepts < policies (allocator, eviction, sharing, swap, groups: KV cache group kinds)
+# Layers, lowest first: core < concepts < policies (allocator, eviction, sharing, swap, groups: KV cache group kinds,
+# tier: the host tier of the prefix cache and its policies)
 # < cache < sched < monitor. The tuning policies (tuning/) speak only core and are used by sched. The kernel API (kernels/) and the C ABI (c/) sit
 # beside them and speak only core; sizing/ (model sizing, tensor-parallel layout and executors, block size advice)
 # sits above the kernel API and below nothing else. The rules are the tables below; a folder missing from them is an
@@ -16,7 +17,7 @@ if(NOT INCLUDE_DIR)
   message(FATAL_ERROR "check_layers.cmake: pass -DINCLUDE_DIR=<path to include/>")
 endif()
 
-set(policy_folders allocator eviction sharing swap groups)
+set(policy_folders allocator eviction sharing swap groups tier)
 
 # <folder>: the kvpager folders its headers may include (its own folder is always allowed).
 set(allowed_core "")

@@ -36,6 +36,19 @@ class id_map {
     ++size_;
   }
 
+  /// Sizes the table so that `n` keys fit without another allocation (the next inserts up to n never allocate).
+  void reserve(std::int32_t n) {
+    std::size_t want = slots_.size();
+    while (static_cast<std::size_t>(n) * 2 > want) want *= 2;
+    if (want != slots_.size()) rehash(want);
+  }
+
+  /// Removes every key, keeping the table's size.
+  void clear() noexcept {
+    for (entry& e : slots_) e = entry{};
+    size_ = 0;
+  }
+
   /// Removes `key` if present; returns whether it was.
   bool erase(std::uint64_t key) noexcept {
     std::size_t i = home(key);
