@@ -454,3 +454,122 @@ TEST(StepExecutor, TheFirstTokenEndsTheStepAndARefusedOneChangesNothing) {
   ASSERT_TRUE(sched.complete_scheduled(0, 9));
   EXPECT_TRUE(two.plan->empty()) << "the step's first token takes its plan as executed";
 }
+
+namespace {
+
+/// Layer l's block x of a block_major pool: block x * layers + l of the one pool.
+std::span<const std::byte> major_block(host_kv_pools& p, bool host, std::int32_t layers, std::int32_t l, std::int32_t x) {
+  const auto bb = static_cast<std::size_t>(block_bytes(p.geometry()));
+  const auto all = host ? p.host_bytes() : p.device_bytes();
+  return all.subspan((static_cast<std::size_t>(x) * static_cast<std::size_t>(layers) + static_cast<std::size_t>(l)) * bb, bb);
+}
+std::span<const std::byte> layer_block(host_kv_pools& p, bool host, std::int32_t l, std::int32_t x) {
+  const auto bb = static_cast<std::size_t>(block_bytes(p.geometry()));
+  return (host ? p.host_bytes(l) : p.device_bytes(l)).subspan(static_cast<std::size_t>(x) * bb, bb);
+}
+
+}  // namespace
+
+TEST(StepExecutor, BlockMajorPoolsMoveAndReadExactlyAsPerLayerPools) {
+  constexpr std::int32_t layers = 3, host_blocks = 7;
+  auto flat = host_kv_pools::create(geom, host_blocks, layers);
+  auto major = host_kv_pools::create(geom, host_blocks, layers, {}, kv_pool_layout::block_major);
+  ASSERT_TRUE(flat && major);
+  ASSERT_EQ(major->pool_layout(), kv_pool_layout::block_major);
+  EXPECT_EQ(major->device_bytes().size(), flat->device_bytes(0).size() * layers);
+  fill(*flat, layers, 11);
+  const auto bb = static_cast<std::size_t>(block_bytes(geom));
+  for (std::int32_t l = 0; l < layers; ++l)  // the same content, laid out block-major
+    for (std::int32_t x = 0; x < geom.num_blocks + host_blocks; ++x) {
+      const bool host = x >= geom.num_blocks;
+      const std::int32_t b = host ? x - geom.num_blocks : x;
+      const auto src = layer_block(*flat, host, l, b);
+      auto dst = major_block(*major, host, layers, l, b);
+      std::memcpy(const_cast<std::byte*>(dst.data()), src.data(), bb);
+    }
+  auto same = [&] {
+    for (std::int32_t l = 0; l < layers; ++l) {
+      for (std::int32_t b = 0; b < geom.num_blocks; ++b) {
+        const auto a = layer_block(*flat, false, l, b), m = major_block(*major, false, layers, l, b);
+        if (!std::equal(a.begin(), a.end(), m.begin())) return false;
+      }
+      for (std::int32_t b = 0; b < host_blocks; ++b) {
+        const auto a = layer_block(*flat, true, l, b), m = major_block(*major, true, layers, l, b);
+        if (!std::equal(a.begin(), a.end(), m.begin())) return false;
+      }
+    }
+    return true;
+  };
+  ASSERT_TRUE(same());
+  std::mt19937 rng(5);
+  for (int round = 0; round < 200; ++round) {
+    // A random valid plan: distinct destinations that are never sources, as a cache's plan is.
+    step_plan plan;
+    std::vector<block_id> dev(static_cast<std::size_t>(geom.num_blocks)), host(host_blocks);
+    for (std::size_t i = 0; i < dev.size(); ++i) dev[i] = static_cast<block_id>(i);
+    for (std::size_t i = 0; i < host.size(); ++i) host[i] = static_cast<block_id>(i);
+    std::shuffle(dev.begin(), dev.end(), rng);
+    std::shuffle(host.begin(), host.end(), rng);
+    const int outs = static_cast<int>(rng() % 3), ins = static_cast<int>(rng() % 3), copies = static_cast<int>(rng() % 3);
+    std::size_t d = 0, h = 0;
+    for (int i = 0; i < outs; ++i) plan.add_swap_out({dev[d++], host[h++]});
+    for (int i = 0; i < ins; ++i) plan.add_swap_in({dev[d++], host[h++]});
+    for (int i = 0; i < copies; ++i, d += 2) plan.add_copy({dev[d], dev[d + 1]});
+    ASSERT_TRUE(flat->executor().run_plan(plan));
+    ASSERT_TRUE(major->executor().run_plan(plan));
+    const std::vector<std::int64_t> slots{static_cast<std::int64_t>(rng() % 192), -1,
+                                          static_cast<std::int64_t>(rng() % 192)};
+    std::vector<std::uint16_t> k(slots.size() * 2 * 64), v(k.size());
+    for (auto& x : k) x = static_cast<std::uint16_t>(rng() & 0x3bff);
+    for (auto& x : v) x = static_cast<std::uint16_t>(rng() & 0x3bff);
+    for (std::int32_t l = 0; l < layers; ++l) {
+      ASSERT_TRUE(flat->executor().append(l, slots, k.data(), v.data()));
+      ASSERT_TRUE(major->executor().append(l, slots, k.data(), v.data()));
+    }
+    ASSERT_TRUE(same()) << "round " << round;
+  }
+  // Attention over each layer's view reads the same values, so gives the same output, bit for bit.
+  const std::vector<std::int32_t> table{3, 7, 1, 10};
+  const std::vector<std::int32_t> lens{57};
+  std::vector<std::uint16_t> q(4 * 64), out_flat(q.size()), out_major(q.size());
+  for (auto& x : q) x = static_cast<std::uint16_t>(rng() & 0x37ff);
+  for (std::int32_t l = 0; l < layers; ++l) {
+    decode_params d;
+    d.query = q.data();
+    d.pages = {.block_table = table.data(), .row_stride = 4, .seq_lens = lens.data()};
+    d.num_seqs = 1;
+    d.num_q_heads = 4;
+    d.scale = 0.125F;
+    d.num_threads = 1;
+    d.kv = flat->view(l);
+    d.out = out_flat.data();
+    ASSERT_TRUE(paged_attention_decode_cpu(d));
+    d.kv = major->view(l);
+    d.out = out_major.data();
+    ASSERT_TRUE(paged_attention_decode_cpu(d));
+    EXPECT_EQ(out_flat, out_major) << "layer " << l;
+    EXPECT_EQ(major->view(l).stride_block, flat->view(l).stride_block * layers);
+  }
+}
+
+TEST(StepExecutor, BlockMajorPoolsAreCheckedAtCreation) {
+  std::vector<std::byte> a(static_cast<std::size_t>(block_bytes(geom)) * 12 * 2), b(a.size());
+  void* one[] = {a.data()};
+  void* two[] = {a.data(), b.data()};
+  kv_pools p{geom, 0, one, {}, {}, kv_pool_layout::block_major, 2};
+  EXPECT_TRUE(step_executor::create(p));
+  p.device = two;  // one pool, not one per layer
+  EXPECT_EQ(step_executor::create(p).error().code(), errc::invalid_argument);
+  p.device = one;
+  p.num_layers = 0;
+  EXPECT_EQ(step_executor::create(p).error().code(), errc::invalid_argument);
+  p.num_layers = 2;
+  const std::int32_t groups[] = {0, 1};
+  p.layer_groups = groups;
+  EXPECT_EQ(step_executor::create(p).error().code(), errc::invalid_argument);
+  p.layer_groups = {};
+  p.num_host_blocks = 3;  // host blocks without a host pool
+  EXPECT_EQ(step_executor::create(p).error().code(), errc::invalid_argument);
+  p.host = one;
+  EXPECT_TRUE(step_executor::create(p));
+}

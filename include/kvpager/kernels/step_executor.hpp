@@ -40,8 +40,20 @@
 
 KVPAGER_NAMESPACE_BEGIN
 
+/// How a model's KV pools lie in memory.
+enum class kv_pool_layout : std::uint8_t {
+  /// One pool per layer: layer l's block b at b x block_bytes of pool l (vLLM's default).
+  per_layer,
+  /// One pool for all layers, block-major: block b's layers lie together, layer l at (b x num_layers + l) x
+  /// block_bytes, so a block's bytes across all layers move as one run (a swap or copy of n blocks is n runs of
+  /// num_layers x block_bytes, not n x num_layers pieces; vLLM's cross-layer layout for offloading).
+  block_major,
+};
+
 /// A model's KV memory: one geometry for every layer, each layer's device pool (geometry.num_blocks blocks of
-/// block_bytes(geometry)) and, for swapping, its host pool (num_host_blocks blocks of the same size).
+/// block_bytes(geometry)) and, for swapping, its host pool (num_host_blocks blocks of the same size). With
+/// kv_pool_layout::block_major, `device` and `host` hold one pool each (the host none without host blocks) with
+/// every layer of `num_layers`.
 struct kv_pools {
   kv_geometry geometry{};
   std::int32_t num_host_blocks = 0;
@@ -52,6 +64,8 @@ struct kv_pools {
   /// belongs to one group at a time, so the other groups' layers hold nothing there). Empty: every entry moves
   /// every layer (one group, or an engine that keeps its groups' layers apart itself).
   std::span<const std::int32_t> layer_groups{};
+  kv_pool_layout layout = kv_pool_layout::per_layer;
+  std::int32_t num_layers = 0;  ///< block_major: the layers the one pool holds (per_layer: device.size())
 };
 
 /// How an fp8 E4M3 pool stores appended K/V (ignored for the other dtypes): the dtype of the K/V given to append
@@ -65,13 +79,15 @@ class step_executor {
  public:
   /// An executor over `pools`. Errors: can_implement(pools.geometry)'s; errc::invalid_argument for no layer, a null
   /// pool, a negative num_host_blocks, host pools that are not one per layer (none with num_host_blocks 0), or
-  /// layer_groups neither empty nor one group in [0, 64) per layer.
+  /// layer_groups neither empty nor one group in [0, 64) per layer; block_major: not one device pool (and one host
+  /// pool with host blocks), num_layers < 1, layer_groups given, or a pool's size beyond int64.
   [[nodiscard]] static result<step_executor> create(const kv_pools& pools) {
     if (const status st = can_implement(pools.geometry); !st) return st;
     if (pools.device.empty()) return status{errc::invalid_argument, "step_executor::create: no layer"};
     if (pools.num_host_blocks < 0)
       return status{errc::invalid_argument, "step_executor::create: num_host_blocks must not be negative",
                     pools.num_host_blocks};
+    if (pools.layout == kv_pool_layout::block_major) return create_block_major(pools);
     const std::size_t hosts = pools.num_host_blocks > 0 ? pools.device.size() : 0;
     if (pools.host.size() != hosts)
       return status{errc::invalid_argument,
@@ -105,9 +121,13 @@ class step_executor {
   [[nodiscard]] const kv_geometry& geometry() const noexcept { return geometry_; }
   [[nodiscard]] std::int32_t num_layers() const noexcept { return static_cast<std::int32_t>(device_.size()); }
   [[nodiscard]] std::int32_t num_host_blocks() const noexcept { return num_host_blocks_; }
-  /// Layer `layer`'s device pool as the attention kernels read it (the default HND layout). layer in [0, num_layers()).
+  [[nodiscard]] kv_pool_layout layout() const noexcept { return layout_; }
+  /// Layer `layer`'s device pool as the attention kernels read it (the default HND layout; block_major: its blocks
+  /// num_layers blocks apart). layer in [0, num_layers()).
   [[nodiscard]] paged_kv_view view(std::int32_t layer) const noexcept {
-    return paged_kv_view::hnd(device_[static_cast<std::size_t>(layer)], geometry_);
+    paged_kv_view v = paged_kv_view::hnd(device_[static_cast<std::size_t>(layer)], geometry_);
+    if (layout_ == kv_pool_layout::block_major) v.stride_block *= num_layers();
+    return v;
   }
 
   /// Swap-outs (device to host), swap-ins (host to device), then copies of `plan`, on every layer (with
@@ -127,6 +147,7 @@ class step_executor {
       if (!dev_ok(c.src) || !dev_ok(c.dst))
         return status{errc::invalid_block, "step_executor::run_plan: a copied block is outside the pool"};
     if (!groups_.empty()) return run_grouped(plan);
+    if (layout_ == kv_pool_layout::block_major) return run_block_major(plan);
     if (!plan.swap_outs().empty()) {
       fill_pairs(plan.swap_outs(), /*to_host=*/true);
       for (std::size_t l = 0; l < device_.size(); ++l)
@@ -183,6 +204,59 @@ class step_executor {
   };
 
   step_executor() = default;
+
+  static result<step_executor> create_block_major(const kv_pools& pools) {
+    if (pools.device.size() != 1 || pools.host.size() != (pools.num_host_blocks > 0 ? 1U : 0U))
+      return status{errc::invalid_argument,
+                    "step_executor::create: block_major pools are one device pool (and one host pool with host blocks)",
+                    static_cast<std::int64_t>(pools.device.size())};
+    if (pools.num_layers < 1)
+      return status{errc::invalid_argument, "step_executor::create: block_major needs num_layers >= 1",
+                    pools.num_layers};
+    if (!pools.layer_groups.empty())
+      return status{errc::invalid_argument,
+                    "step_executor::create: block_major pools hold every layer of a block (no layer_groups)"};
+    if (pools.device[0] == nullptr || (!pools.host.empty() && pools.host[0] == nullptr))
+      return status{errc::invalid_argument, "step_executor::create: a pool is null"};
+    const std::int64_t bb = block_bytes(pools.geometry);
+    const auto run = checked_mul(bb, pools.num_layers);
+    if (!run || !checked_mul(*run, pools.geometry.num_blocks) || !checked_mul(*run, pools.num_host_blocks))
+      return status{errc::invalid_argument, "step_executor::create: a block_major pool's size overflows int64",
+                    pools.num_layers};
+    step_executor e;
+    e.geometry_ = pools.geometry;
+    e.num_host_blocks_ = pools.num_host_blocks;
+    e.block_bytes_ = bb;
+    e.layout_ = kv_pool_layout::block_major;
+    for (std::int32_t l = 0; l < pools.num_layers; ++l) {
+      e.device_.push_back(static_cast<std::byte*>(pools.device[0]) + std::int64_t{l} * bb);
+      if (!pools.host.empty()) e.host_.push_back(static_cast<std::byte*>(pools.host[0]) + std::int64_t{l} * bb);
+    }
+    return e;
+  }
+
+  /// run_plan over block_major pools (ids checked by the caller): each swap and copy moves a block's every layer as
+  /// one run of num_layers x block_bytes.
+  status run_block_major(const step_plan& plan) {
+    const std::int64_t run = block_bytes_ * num_layers();
+    const auto move = [&](void* dst, std::int32_t dst_blocks, const void* src, std::int32_t src_blocks) {
+      return swap_blocks_cpu({dst, dst_blocks, src, src_blocks, run, pairs_.data(),
+                              static_cast<std::int32_t>(pairs_.size() / 2)});
+    };
+    if (fill_pairs(plan.swap_outs(), /*to_host=*/true))
+      if (const status st = move(host_[0], num_host_blocks_, device_[0], geometry_.num_blocks); !st) return st;
+    if (fill_pairs(plan.swap_ins(), /*to_host=*/false))
+      if (const status st = move(device_[0], geometry_.num_blocks, host_[0], num_host_blocks_); !st) return st;
+    if (plan.copies().empty()) return ok_status();
+    pairs_.clear();
+    for (const block_copy& c : plan.copies()) {
+      pairs_.push_back(c.src);
+      pairs_.push_back(c.dst);
+    }
+    void* const base = device_[0];
+    return copy_blocks_cpu({&base, 1, pairs_.data(), static_cast<std::int32_t>(plan.copies().size()),
+                            geometry_.num_blocks, run});
+  }
 
   /// run_plan with layer_groups: each group's entries over that group's layers (ids checked by the caller).
   status run_grouped(const step_plan& plan) {
@@ -244,7 +318,8 @@ class step_executor {
   kv_geometry geometry_{};
   std::int32_t num_host_blocks_ = 0;
   std::int64_t block_bytes_ = 0;
-  std::vector<void*> device_, host_;
+  kv_pool_layout layout_ = kv_pool_layout::per_layer;
+  std::vector<void*> device_, host_;  ///< each layer's first block (block_major: all in one pool)
   std::vector<group_layers> groups_;  ///< per group index (layer_groups given), else empty
   std::vector<std::int64_t> pairs_;   ///< scratch: [n, 2] (source, destination) of one kind of move
 };
@@ -260,7 +335,8 @@ class host_kv_pools {
   /// allocation ends the program instead).
   [[nodiscard]] static result<host_kv_pools> create(const kv_geometry& geometry, std::int32_t num_host_blocks,
                                                     std::int32_t num_layers = 1,
-                                                    std::span<const std::int32_t> layer_groups = {}) {
+                                                    std::span<const std::int32_t> layer_groups = {},
+                                                    kv_pool_layout pool_layout = kv_pool_layout::per_layer) {
     if (num_layers < 1)
       return status{errc::invalid_argument, "host_kv_pools::create: num_layers must be positive", num_layers};
     if (const status st = can_implement(geometry); !st) return st;
@@ -272,20 +348,29 @@ class host_kv_pools {
     if (!checked_mul(block_bytes(geometry), num_host_blocks))
       return status{errc::invalid_argument, "host_kv_pools::create: the host pool's size overflows int64",
                     num_host_blocks};
-    const auto block = static_cast<std::size_t>(block_bytes(geometry));
+    const bool major = pool_layout == kv_pool_layout::block_major;
+    if (major && (!checked_mul(block_bytes(geometry) * num_host_blocks, num_layers) ||
+                  !checked_mul(block_bytes(geometry) * geometry.num_blocks, num_layers)))
+      return status{errc::invalid_argument, "host_kv_pools::create: a block_major pool's size overflows int64",
+                    num_layers};
+    const auto block = static_cast<std::size_t>(block_bytes(geometry)) * (major ? static_cast<std::size_t>(num_layers) : 1);
+    const std::size_t pools = major ? 1 : static_cast<std::size_t>(num_layers);
 #if KVPAGER_HAS_EXCEPTIONS
     try {
 #endif
       host_kv_pools out;
-      out.device_.resize(static_cast<std::size_t>(num_layers));
-      out.host_.resize(num_host_blocks > 0 ? static_cast<std::size_t>(num_layers) : 0);
+      out.major_ = major;
+      out.num_layers_ = num_layers;
+      out.device_.resize(pools);
+      out.host_.resize(num_host_blocks > 0 ? pools : 0);
       for (auto& d : out.device_) d.resize(block * static_cast<std::size_t>(geometry.num_blocks));
       for (auto& h : out.host_) h.resize(block * static_cast<std::size_t>(num_host_blocks));
       std::vector<void*> dev, host;
       for (auto& d : out.device_) dev.push_back(d.data());
       for (auto& h : out.host_) host.push_back(h.data());
       result<step_executor> e = step_executor::create(
-          {geometry, num_host_blocks, detail::span_of(dev), detail::span_of(host), layer_groups});
+          {geometry, num_host_blocks, detail::span_of(dev), detail::span_of(host), layer_groups, pool_layout,
+           num_layers});
       if (!e) return e.error();
       out.exec_.emplace(std::move(*e));
       return out;
@@ -306,11 +391,15 @@ class host_kv_pools {
   [[nodiscard]] const step_executor& executor() const noexcept { return *exec_; }
   [[nodiscard]] const kv_geometry& geometry() const noexcept { return exec_->geometry(); }
   [[nodiscard]] kv_layout layout() const noexcept { return kv_layout::of(geometry()); }
+  [[nodiscard]] kv_pool_layout pool_layout() const noexcept {
+    return major_ ? kv_pool_layout::block_major : kv_pool_layout::per_layer;
+  }
+  /// Layer `layer`'s device pool (block_major: the one pool of every layer, whatever `layer`).
   [[nodiscard]] std::span<std::byte> device_bytes(std::int32_t layer = 0) noexcept {
-    return detail::span_of(device_[static_cast<std::size_t>(layer)]);
+    return detail::span_of(device_[major_ ? 0 : static_cast<std::size_t>(layer)]);
   }
   [[nodiscard]] std::span<std::byte> host_bytes(std::int32_t layer = 0) noexcept {
-    return host_.empty() ? std::span<std::byte>{} : detail::span_of(host_[static_cast<std::size_t>(layer)]);
+    return host_.empty() ? std::span<std::byte>{} : detail::span_of(host_[major_ ? 0 : static_cast<std::size_t>(layer)]);
   }
   [[nodiscard]] paged_kv_view view(std::int32_t layer = 0) const noexcept { return exec_->view(layer); }
 
@@ -343,14 +432,21 @@ class host_kv_pools {
                                                  std::int32_t head, bool host = false,
                                                  std::int32_t layer = 0) const noexcept {
     const kv_layout l = layout();
-    const block_id b = table[static_cast<std::size_t>(pos / l.block_size)];
-    const auto& pool = host ? host_[static_cast<std::size_t>(layer)] : device_[static_cast<std::size_t>(layer)];
+    block_id b = table[static_cast<std::size_t>(pos / l.block_size)];
+    std::size_t pool_index = static_cast<std::size_t>(layer);
+    if (major_) {  // block b of layer `layer` is block b x num_layers + layer of the one pool
+      b = b * num_layers_ + layer;
+      pool_index = 0;
+    }
+    const auto& pool = host ? host_[pool_index] : device_[pool_index];
     return detail::span_of(pool).subspan(static_cast<std::size_t>(l.offset(b, kv, head, pos % l.block_size)),
                                          static_cast<std::size_t>(l.row_bytes()));
   }
 
  private:
   host_kv_pools() = default;
+  bool major_ = false;
+  std::int32_t num_layers_ = 1;
   std::vector<std::vector<std::byte>> device_, host_;
   std::optional<step_executor> exec_;
 };
