@@ -279,8 +279,9 @@ TEST(KvEvents, ResetPrefixCacheClearsEverythingOnlyWhenNothingIsInUse) {
   EXPECT_EQ(buf.hashes_of(buf.events[0]).size(), 2u);
 }
 
-/// Random operations over a cache with a small pool (evictions, shared prefixes, forks, preemption by recompute,
-/// resets): after every operation the view rebuilt from the events equals the cache's cached blocks.
+/// Random operations over a cache with a small pool (evictions, shared prefixes, forks and their copy-on-write,
+/// frees in the step that appended, resets): after every operation the view rebuilt from the events equals the
+/// cache's cached blocks.
 template <class C, class State, class View>
 void run_random(C& c, State state, View view, std::uint32_t seed, int ops) {
   kv_event_buffer buf;
@@ -302,10 +303,14 @@ void run_random(C& c, State state, View view, std::uint32_t seed, int ops) {
       std::vector<token_id> t(1 + rng() % 5);
       for (auto& x : t) x = static_cast<token_id>(rng() % 4);
       (void)c.append_tokens(id, t);
-    } else if (what < 9 && !live.empty()) {
+    } else if (what < 8 && !live.empty()) {
       const std::size_t i = rng() % live.size();
       ASSERT_TRUE(c.free_sequence(live[i]));
       live.erase(live.begin() + static_cast<std::ptrdiff_t>(i));
+    } else if (what < 9 && !live.empty()) {
+      // A fork shares the parent's blocks; the child's first write into a shared partial block copies it.
+      if (c.fork(live[rng() % live.size()], next)) live.push_back(next);
+      ++next;
     } else if (live.empty()) {
       c.begin_step();
       ASSERT_TRUE(c.reset_prefix_cache());
@@ -402,10 +407,47 @@ TEST(KvEvents, HybridStoredChainsNameTheirGroupAndTheBlockBefore) {
   }
   ASSERT_EQ(per_group.size(), 2u);
   EXPECT_EQ(per_group[0].size(), 3u);
-  EXPECT_EQ(per_group[0], std::vector<std::uint64_t>(per_group[0]));
   // Both groups name blocks by the same chained hashes (the group is a field, not mixed in).
-  for (std::uint64_t h : per_group[1])
-    EXPECT_NE(std::find(per_group[0].begin(), per_group[0].end(), h), per_group[0].end());
+  EXPECT_EQ(per_group[1], per_group[0]);
+  // Three more tokens fill block 3: in each group one event whose parent is block 2's hash (in the window group
+  // block 2 may be outside the window: its hash still names the chain).
+  buf.clear();
+  ASSERT_TRUE(c.append_tokens(1, std::vector<token_id>{70, 71, 72}));
+  ASSERT_EQ(buf.size(), 2u);
+  for (const kv_event& e : buf.events) {
+    EXPECT_EQ(e.type, kv_event_type::block_stored);
+    EXPECT_TRUE(e.has_parent);
+    EXPECT_EQ(e.parent_hash, per_group[0][2]) << "group " << e.group;
+    EXPECT_EQ(buf.hashes_of(e).size(), 1u);
+  }
+  EXPECT_NE(buf.events[0].group, buf.events[1].group);
+  EXPECT_EQ(buf.hashes_of(buf.events[0])[0], buf.hashes_of(buf.events[1])[0]);
+}
+
+TEST(KvEvents, AttachingAgainTellsTheConsumerToForgetWhatItWasToldBefore) {
+  auto c = std::move(*vllm_v1_cache::create(small_config(16)));
+  kv_event_buffer buf;
+  ASSERT_TRUE(c.set_kv_event_buffer(&buf));
+  ASSERT_TRUE(c.add_sequence(1, prompt(9, 0)));
+  c.begin_step();
+  ASSERT_TRUE(c.free_sequence(1));
+  ASSERT_TRUE(c.set_kv_event_buffer(nullptr));  // detached: the reset below reports nothing
+  ASSERT_TRUE(c.reset_prefix_cache());
+  buf.clear();
+  ASSERT_TRUE(c.set_kv_event_buffer(&buf));
+  ASSERT_EQ(buf.size(), 1u);
+  EXPECT_EQ(buf.events[0].type, kv_event_type::all_blocks_cleared);
+  // A copy starts detached; attached, it tells its consumer to start afresh too (it may have been told the original's).
+  auto copy = c;
+  kv_event_buffer other;
+  ASSERT_TRUE(copy.set_kv_event_buffer(&other));
+  ASSERT_EQ(other.size(), 1u);
+  EXPECT_EQ(other.events[0].type, kv_event_type::all_blocks_cleared);
+  // The first attach of a fresh cache says nothing.
+  auto fresh = std::move(*vllm_v1_cache::create(small_config(16)));
+  kv_event_buffer third;
+  ASSERT_TRUE(fresh.set_kv_event_buffer(&third));
+  EXPECT_TRUE(third.empty());
 }
 
 }  // namespace

@@ -439,31 +439,47 @@ TEST(HostTier, BadInputIsRefusedAndChangesNothing) {
   EXPECT_EQ(plan.evicted, std::vector<std::uint64_t>{1});
 }
 
-TEST(HostTier, EventsReportStoresEvictionsAndResetsOnTheHostMedium) {
+TEST(HostTier, EventsReportStoresEvictionsAndResetsOnTheHostMediumByTheNamesGiven) {
   auto t = std::move(*host_tier<lru_tier>::create({2}));
   kv_event_buffer buf;
-  t.set_kv_event_buffer(&buf, 1);
+  t.set_kv_event_buffer(&buf);
   tier_store_plan plan;
-  ASSERT_TRUE(t.prepare_store(std::vector<std::uint64_t>{5, 6}, plan));
+  // Keys mixed with a group (as hybrid_kv_cache::cached_key), named by hash and group as the device events name them.
+  const std::vector<std::uint64_t> keys{105, 106};
+  const std::vector<kv_block_name> names{{5, 1}, {6, 1}};
+  ASSERT_TRUE(t.prepare_store(keys, plan, names));
   EXPECT_TRUE(buf.empty());  // nothing is readable before the copy completes
   t.complete_store(plan.keys, true);
   ASSERT_EQ(buf.size(), 1u);
+  EXPECT_EQ(buf.events[0].type, kv_event_type::block_stored);
   EXPECT_EQ(buf.events[0].medium, kv_medium::host);
   EXPECT_EQ(buf.events[0].group, 1);
   EXPECT_EQ(buf.events[0].block_size, 0);
+  EXPECT_FALSE(buf.events[0].has_parent);
   EXPECT_EQ(std::vector<std::uint64_t>(buf.hashes_of(buf.events[0]).begin(), buf.hashes_of(buf.events[0]).end()),
             (std::vector<std::uint64_t>{5, 6}));
   buf.clear();
-  ASSERT_TRUE(t.prepare_store(std::vector<std::uint64_t>{7}, plan));
+  ASSERT_TRUE(t.prepare_store(std::vector<std::uint64_t>{7}, plan));  // no names: the key, group 0
   ASSERT_EQ(buf.size(), 1u);
   EXPECT_EQ(buf.events[0].type, kv_event_type::block_removed);
+  EXPECT_EQ(buf.events[0].group, 1);
   EXPECT_EQ(buf.hashes_of(buf.events[0])[0], 5u);
   buf.clear();
   t.complete_store(plan.keys, false);  // a failed store was never announced: nothing to remove
   EXPECT_TRUE(buf.empty());
+  ASSERT_TRUE(t.prepare_store(std::vector<std::uint64_t>{8}, plan));
+  t.complete_store(plan.keys, true);
+  buf.clear();
+  // A reset removes each announced block on the host medium only (all_blocks_cleared would empty the device's too).
   t.reset();
-  ASSERT_EQ(buf.size(), 1u);
-  EXPECT_EQ(buf.events[0].type, kv_event_type::all_blocks_cleared);
+  ASSERT_EQ(buf.size(), 2u);
+  EXPECT_EQ(buf.events[0].type, kv_event_type::block_removed);
+  EXPECT_EQ(buf.hashes_of(buf.events[0])[0], 8u);  // host block 0 (5's, then 7's, now 8's), then block 1
+  EXPECT_EQ(buf.events[0].group, 0);
+  EXPECT_EQ(buf.hashes_of(buf.events[1])[0], 6u);
+  EXPECT_EQ(buf.events[1].group, 1);
+  EXPECT_EQ(t.prepare_store(keys, plan, std::vector<kv_block_name>{{5, 1}}).code(), errc::invalid_argument);
+  EXPECT_EQ(host_tier<lru_tier>::create({host_tier<lru_tier>::max_blocks + 1}).error().code(), errc::invalid_pool_size);
 }
 
 /// A policy of one's own: first in, first out (touches change nothing), over plain standard containers.

@@ -9,7 +9,7 @@ The tool publishes on loopback; this script subscribes, asks the replay socket f
 socket drops what it sends before a subscriber's subscription arrives), and checks:
   - the frames: (topic, sequence as 8 bytes big-endian, payload), sequences 0, 1, ... with none missing after replay,
     replayed payloads byte-identical to those received live, and the replay's end marker (-1, empty payload);
-  - the payload: vLLM 0.22.0's KVEventBatch as positional msgpack arrays ([ts, events, data_parallel_rank];
+  - the payload: vLLM 0.22.0's KVEventBatch as positional msgpack arrays ([ts, events, data_parallel_rank = 0];
     BlockStored with 11 fields, BlockRemoved with 3, AllBlocksCleared with none), every type as vLLM's (hashes
     unsigned 64-bit integers, medium "GPU", lora fields and the unset defaults nil);
   - the state: from the events alone it rebuilds the cached blocks (a count per hash) and after every batch compares
@@ -179,8 +179,8 @@ def run(sim, mode):
         for s in range(batches):
             batch = msgpack.unpackb(batches_by_seq[s], raw=False, strict_map_key=False)
             if not (isinstance(batch, list) and len(batch) == 3 and isinstance(batch[0], float)
-                    and isinstance(batch[1], list) and batch[2] is None):
-                fail(f"batch {s}: not [ts: float, events, data_parallel_rank: nil]")
+                    and isinstance(batch[1], list) and batch[2] == 0 and isinstance(batch[2], int)):
+                fail(f"batch {s}: not [ts: float, events, data_parallel_rank: 0] (vLLM fills its rank in)")
             if batch[0] < last_ts or abs(batch[0] - time.time()) > 3600:
                 fail(f"batch {s}: ts {batch[0]} is not the wall-clock time of its step")
             last_ts = batch[0]

@@ -142,5 +142,31 @@ def layers(exe):
     print("ok: bad --layers values exit 2 naming the option")
 
 
+def multiturn(exe):
+    """--workload multiturn: conversations come back with their whole history as prompt; a small pool evicts them."""
+    runs = {}
+    for blocks in (1030, 6000):
+        p = run([exe, "--quiet", "--json", "--workload", "multiturn", "--requests", "200", "--blocks", str(blocks)])
+        check(p.returncode == 0, "--blocks %d: exit %d: %s" % (blocks, p.returncode, p.stderr))
+        d = json.loads(p.stdout)
+        check(d["workload"]["name"] == "multiturn" and d["settings"]["workload"] == "multiturn", "not multiturn")
+        check(d["paged"]["completed"] == 200 and d["workload"]["requests"] == 200, "turns lost: %s" % d["paged"])
+        runs[blocks] = d
+    small, big = runs[1030]["paged"], runs[6000]["paged"]
+    # Later turns resend the conversation: with room for everything most prompt tokens hit the prefix cache.
+    check(big["prefix_hit_rate"] > 0.75, "with room for everything only %.3f of prompt tokens hit" % big["prefix_hit_rate"])
+    check(small["prefix_hit_rate"] < big["prefix_hit_rate"] - 0.1,
+          "the small pool evicted nothing that came back: %.3f against %.3f" % (small["prefix_hit_rate"],
+                                                                                big["prefix_hit_rate"]))
+    check(runs[1030]["workload"] == runs[6000]["workload"], "the same seed gave two workloads")
+    p = run([exe, "--quiet", "--workload", "multiturn", "--max-model-len", "6"])
+    check(p.returncode == 2 and "--workload multiturn" in p.stderr, "no turn fits: exit %d, %s" % (p.returncode, p.stderr))
+    p = run([exe, "--quiet", "--workload", "chat"])
+    check(p.returncode == 2 and "--workload" in p.stderr, "--workload chat: exit %d, %s" % (p.returncode, p.stderr))
+    print("ok multiturn: %.3f of prompt tokens hit at 1030 blocks, %.3f at 6000" % (small["prefix_hit_rate"],
+                                                                                    big["prefix_hit_rate"]))
+
+
 if __name__ == "__main__":
-    {"report": report, "compute": compute, "corruption": corruption, "layers": layers}[sys.argv[1]](sys.argv[2])
+    {"report": report, "compute": compute, "corruption": corruption, "layers": layers,
+     "multiturn": multiturn}[sys.argv[1]](sys.argv[2])

@@ -90,6 +90,7 @@ struct settings {
   bool quiet = false;
   std::int64_t corrupt_step = -1;  // hidden test hook
   std::string layers;  // --layers: a layer pattern or a built-in model ("": one full-attention group)
+  std::string workload = "default";  // --workload: the built-in workload (default, multiturn)
   std::string kv_events;         // --kv-events: the PUB endpoint ("": no events)
   std::string kv_events_replay;  // --kv-events-replay: the replay (ROUTER) endpoint
   std::string kv_events_topic;
@@ -220,6 +221,10 @@ int run_main(int argc, char** argv) {
       ->check(CLI::IsMember({"watermark", "headroom"}));
   app.add_option("--tuning", s.tuning, "dynamic batch size and block size advice: on or off (default on)")
       ->check(CLI::IsMember({"on", "off"}));
+  app.add_option("--workload", s.workload,
+                 "the built-in workload: default (ShareGPT-like requests) or multiturn (conversations that come back; "
+                 "--requests counts turns, --rate starts conversations)")
+      ->check(CLI::IsMember({"default", "multiturn"}));
   app.add_option("--requests", s.requests,
                  "requests of the built-in workload (default 400; at most " + std::to_string(max_requests) +
                      ": the workload is generated before the run)")
@@ -283,8 +288,23 @@ int run_main(int argc, char** argv) {
   }
 
   // The workload.
+  if (!s.trace.empty() && s.workload != "default") {
+    std::fprintf(stderr, "kvpager-sim: --workload %s is a built-in workload: not with a trace\n", s.workload.c_str());
+    return kvtools::exit_bad_input;
+  }
   kvsim::workload w;
-  if (s.trace.empty()) {
+  if (s.trace.empty() && s.workload == "multiturn") {
+    kvsim::multiturn_options m;
+    m.seed = s.seed;
+    m.num_requests = s.requests;
+    if (s.rate >= 0) m.conversations_per_step = s.rate;
+    if (s.max_model_len > 0) m.max_model_len = s.max_model_len;
+    w = kvsim::multiturn_workload(m);
+    if (w.requests.empty()) {
+      std::fprintf(stderr, "kvpager-sim: --workload multiturn: no turn fits --max-model-len %d\n", m.max_model_len);
+      return kvtools::exit_bad_input;
+    }
+  } else if (s.trace.empty()) {
     kvsim::default_workload_options d;
     d.seed = s.seed;
     d.num_requests = s.requests;
@@ -481,7 +501,8 @@ int run_main(int argc, char** argv) {
                        {"prompt_tokens", ws.prompt_tokens},
                        {"output_tokens", ws.output_tokens},
                        {"last_arrival_step", ws.last_arrival}};
-    doc["settings"] = {{"composition", s.composition},
+    doc["settings"] = {{"workload", s.trace.empty() ? s.workload : std::string("trace")},
+                       {"composition", s.composition},
                        {"blocks", w.num_blocks},
                        {"block_size", w.block_size},
                        {"host_blocks", host_blocks},

@@ -144,6 +144,82 @@ struct default_workload_options {
   return w;
 }
 
+/// The multi-turn chat workload's knobs: conversations that come back. Each conversation opens with a system prompt
+/// (as the default workload's, by popularity) and a user message; each later turn's prompt is the whole conversation
+/// so far (every earlier prompt, every answer as the simulator generates it: token_of(gen_seed, i)) and a new user
+/// message, arriving a think time after the previous turn could have finished (its answer's length in steps). While
+/// a conversation thinks, other conversations' turns push its blocks out of the device pool: the prefix it comes back
+/// with is what a host tier keeps (docs/host_tier.md).
+struct multiturn_options {
+  std::uint64_t seed = 2023;
+  std::int32_t num_requests = 400;     ///< turns over all conversations
+  double conversations_per_step = 0.05;  ///< Poisson arrivals of new conversations (0: all start at step 0)
+  double mean_turns = 4;               ///< turns per conversation: geometric with this mean, 1 to max_turns
+  std::int32_t max_turns = 8;
+  double mean_first = 161, first_sigma = 1.0;  ///< the first user message (ShareGPT-like), [4, 1024]
+  double mean_next = 60, next_sigma = 0.8;     ///< later user messages, [4, 512]
+  double mean_output = 120, output_sigma = 0.8;  ///< answers, [4, 512]
+  double mean_think = 300;             ///< steps between an answer and the next turn (exponential)
+  std::vector<std::int32_t> system_prompts{96, 192, 384, 160};
+  std::vector<double> system_weights{0.35, 0.25, 0.15, 0.10};
+  std::int32_t max_model_len = 2048;   ///< a turn whose prompt and answer would not fit ends its conversation
+};
+
+/// The built-in multi-turn workload (see multiturn_options): requests in arrival order, ids 1, 2, ... by
+/// conversation and turn. A conversation ends early when its next turn would not fit max_model_len.
+[[nodiscard]] inline workload multiturn_workload(const multiturn_options& o = {}) {
+  workload w;
+  w.name = "multiturn";
+  w.max_model_len = o.max_model_len;
+  random_stream rng(o.seed);
+  double start = 0;
+  std::uint64_t id = 0;
+  std::int32_t turns_left = o.num_requests;
+  // Bounded: lengths that rarely fit max_model_len end the generation with fewer turns, never hang it.
+  const std::uint64_t max_conversations = 64 * static_cast<std::uint64_t>(o.num_requests) + 1024;
+  for (std::uint64_t conv = 0; turns_left > 0 && conv < max_conversations; ++conv) {
+    const double gap = rng.exponential(1.0);
+    if (o.conversations_per_step > 0) start += gap / o.conversations_per_step;
+    std::int32_t turns = 1;
+    while (turns < o.max_turns && rng.uniform() >= 1.0 / o.mean_turns) ++turns;
+    turns = std::min(turns, turns_left);
+    std::vector<kvpager::token_id> context;
+    double u = rng.uniform();
+    for (std::size_t k = 0; k < o.system_prompts.size(); ++k) {
+      if (u < o.system_weights[k]) {
+        for (std::int32_t j = 0; j < o.system_prompts[k]; ++j)
+          context.push_back(token_of(0xC0FFEE00ULL + k, static_cast<std::uint64_t>(j)));
+        break;
+      }
+      u -= o.system_weights[k];
+    }
+    double arrival = start;
+    for (std::int32_t t = 0; t < turns; ++t) {
+      const auto user = static_cast<std::int32_t>(
+          t == 0 ? std::clamp(std::lround(rng.lognormal(o.mean_first, o.first_sigma)), 4L, 1024L)
+                 : std::clamp(std::lround(rng.lognormal(o.mean_next, o.next_sigma)), 4L, 512L));
+      const auto out = static_cast<std::int32_t>(std::clamp(std::lround(rng.lognormal(o.mean_output, o.output_sigma)), 4L, 512L));
+      const double think = rng.exponential(o.mean_think);
+      if (static_cast<std::int64_t>(context.size()) + user + out > w.max_model_len) break;
+      sim_request r;
+      r.id = ++id;
+      r.arrival = arrival;
+      const std::uint64_t user_seed = 0x40000000ULL + r.id;
+      for (std::int32_t j = 0; j < user; ++j) context.push_back(token_of(user_seed, static_cast<std::uint64_t>(j)));
+      r.prompt = context;
+      r.max_new = out;
+      r.gen_seed = 0x50000000ULL + r.id;
+      for (std::int32_t j = 0; j < out; ++j) context.push_back(token_of(r.gen_seed, static_cast<std::uint64_t>(j)));
+      arrival += out + think;  // its answer takes at least one step a token
+      w.requests.push_back(std::move(r));
+      --turns_left;
+    }
+  }
+  std::stable_sort(w.requests.begin(), w.requests.end(),
+                   [](const sim_request& a, const sim_request& b) { return a.arrival < b.arrival; });
+  return w;
+}
+
 /// A workload from a manager-level kvtrace: every `req` is a request (its segments the prompt, its gen seed and
 /// max_new), every `fork` another sample of its parent. All arrive at step 0, as a `run` queues them, unless
 /// `arrivals_per_step` > 0 spreads them as Poisson arrivals. A request with max_new 0 (driven by explicit ops)

@@ -259,20 +259,7 @@ class hybrid_kv_cache {
   /// blocks are reported per KV cache group (`kv_event::group`), by the chained hash of their tokens (the same in
   /// every group, as vLLM's events carry it, without the group's mixing); a block_stored's parent is the hash of
   /// the block before the first one listed (also when that block is the null block of a window). Same errors.
-  status set_kv_event_buffer(kv_event_buffer* out) {
-    if (out != nullptr && blocks_.events() == nullptr && stats().cached > 0)
-      return status{errc::invalid_argument, "set_kv_event_buffer: blocks are cached already", stats().cached};
-#if KVPAGER_HAS_EXCEPTIONS
-    try {
-#endif
-      blocks_.attach_events(out);
-#if KVPAGER_HAS_EXCEPTIONS
-    } catch (const std::bad_alloc&) {
-      return status{errc::out_of_memory, "set_kv_event_buffer: no memory for the per-block record", cfg_.num_blocks};
-    }
-#endif
-    return ok_status();
-  }
+  status set_kv_event_buffer(kv_event_buffer* out) { return blocks_.attach_events(out); }
 
   /// The key group g's block holding the chained hash `h` is cached under in the sharing policy (its
   /// `block_hash`): what a KV cache event's (hash, group) names in this cache.

@@ -216,23 +216,10 @@ class paged_kv_cache : public detail::cache_exports<paged_kv_cache<A, E, S, W>> 
   /// miss them), errc::unsupported (a content cache without block hashes), errc::out_of_memory (the per-block
   /// record, 16 bytes a block, allocated on the first attach); nothing changed.
   status set_kv_event_buffer(kv_event_buffer* out) {
-    if (out != nullptr) {
-      if constexpr (content_cache<S> && !prehashed_content_cache<S>) {
-        return status{errc::unsupported, "set_kv_event_buffer: the sharing policy gives no block hashes"};
-      }
-      if (blocks_.events() == nullptr && stats().cached > 0)
-        return status{errc::invalid_argument, "set_kv_event_buffer: blocks are cached already", stats().cached};
+    if constexpr (content_cache<S> && !prehashed_content_cache<S>) {
+      if (out != nullptr) return status{errc::unsupported, "set_kv_event_buffer: the sharing policy gives no block hashes"};
     }
-#if KVPAGER_HAS_EXCEPTIONS
-    try {
-#endif
-      blocks_.attach_events(out);
-#if KVPAGER_HAS_EXCEPTIONS
-    } catch (const std::bad_alloc&) {
-      return status{errc::out_of_memory, "set_kv_event_buffer: no memory for the per-block record", cfg_.num_blocks};
-    }
-#endif
-    return ok_status();
+    return blocks_.attach_events(out);
   }
 
   /// Forgets every cached block (vLLM's reset_prefix_cache): their content is discarded and they return to the

@@ -105,46 +105,13 @@ struct kv_event_buffer {
   /// block size 0: vLLM's offloading connector reports its host tier so): to the last event when it is such an
   /// event of the same medium and group, else as a new event.
   void block_stored_unchained(kv_medium medium, std::int32_t group, std::uint64_t hash) {
-    if (!events.empty()) {
-      kv_event& last = events.back();
-      if (last.type == kv_event_type::block_stored && last.medium == medium && last.group == group &&
-          last.block_size == 0 && !last.has_parent) {
-        hashes.push_back(hash);
-        ++last.num_hashes;
-        return;
-      }
-    }
-    kv_event e;
-    e.type = kv_event_type::block_stored;
-    e.medium = medium;
-    e.group = group;
-    e.first_hash = static_cast<std::uint32_t>(hashes.size());
-    e.num_hashes = 1;
-    e.first_token = static_cast<std::uint32_t>(tokens.size());
-    events.push_back(e);
-    hashes.push_back(hash);
+    hash_only(kv_event_type::block_stored, medium, group, hash);
   }
 
   /// Appends that block `hash` of `group` on `medium` was removed: to the last event when it is a block_removed of
   /// the same medium and group, else as a new event.
   void block_removed(kv_medium medium, std::int32_t group, std::uint64_t hash) {
-    if (!events.empty()) {
-      kv_event& last = events.back();
-      if (last.type == kv_event_type::block_removed && last.medium == medium && last.group == group) {
-        hashes.push_back(hash);
-        ++last.num_hashes;
-        return;
-      }
-    }
-    kv_event e;
-    e.type = kv_event_type::block_removed;
-    e.medium = medium;
-    e.group = group;
-    e.first_hash = static_cast<std::uint32_t>(hashes.size());
-    e.num_hashes = 1;
-    e.first_token = static_cast<std::uint32_t>(tokens.size());
-    events.push_back(e);
-    hashes.push_back(hash);
+    hash_only(kv_event_type::block_removed, medium, group, hash);
   }
 
   /// Appends that every medium was emptied.
@@ -154,6 +121,30 @@ struct kv_event_buffer {
     e.first_hash = static_cast<std::uint32_t>(hashes.size());
     e.first_token = static_cast<std::uint32_t>(tokens.size());
     events.push_back(e);
+  }
+
+ private:
+  /// An event of `type` that lists hashes only (a removal, a host tier's store): `hash` joins the last event when it
+  /// is one of the same type, medium and group, else starts a new one.
+  void hash_only(kv_event_type type, kv_medium medium, std::int32_t group, std::uint64_t hash) {
+    if (!events.empty()) {
+      kv_event& last = events.back();
+      if (last.type == type && last.medium == medium && last.group == group && last.block_size == 0 &&
+          !last.has_parent) {
+        hashes.push_back(hash);
+        ++last.num_hashes;
+        return;
+      }
+    }
+    kv_event e;
+    e.type = type;
+    e.medium = medium;
+    e.group = group;
+    e.first_hash = static_cast<std::uint32_t>(hashes.size());
+    e.num_hashes = 1;
+    e.first_token = static_cast<std::uint32_t>(tokens.size());
+    events.push_back(e);
+    hashes.push_back(hash);
   }
 };
 

@@ -432,15 +432,15 @@ class host_kv_pools {
                                                  std::int32_t head, bool host = false,
                                                  std::int32_t layer = 0) const noexcept {
     const kv_layout l = layout();
-    block_id b = table[static_cast<std::size_t>(pos / l.block_size)];
+    std::int64_t b = table[static_cast<std::size_t>(pos / l.block_size)];
     std::size_t pool_index = static_cast<std::size_t>(layer);
-    if (major_) {  // block b of layer `layer` is block b x num_layers + layer of the one pool
+    if (major_) {  // block b of layer `layer` is block b x num_layers + layer of the one pool (in int64)
       b = b * num_layers_ + layer;
       pool_index = 0;
     }
     const auto& pool = host ? host_[pool_index] : device_[pool_index];
-    return detail::span_of(pool).subspan(static_cast<std::size_t>(l.offset(b, kv, head, pos % l.block_size)),
-                                         static_cast<std::size_t>(l.row_bytes()));
+    const std::int64_t at = b * l.block_bytes() + l.offset(0, kv, head, pos % l.block_size);
+    return detail::span_of(pool).subspan(static_cast<std::size_t>(at), static_cast<std::size_t>(l.row_bytes()));
   }
 
  private:

@@ -5,7 +5,7 @@
 /// `KVEventBatch`, exactly as vLLM 0.22.0's `vllm/distributed/kv_events.py` encodes it (msgspec structs declared
 /// `array_like`, `tag=True`), so a consumer of vLLM's events decodes kvpager's unchanged:
 ///
-///     batch            [ts: float64, events: [event...], data_parallel_rank: int | nil]
+///     batch            [ts: float64, events: [event...], data_parallel_rank: int (nil if not given)]
 ///     BlockStored      ["BlockStored", block_hashes: [uint64...], parent_block_hash: uint64 | nil,
 ///                       token_ids: [int...], block_size: int, lora_id: nil, medium: "GPU" | "CPU", lora_name: nil,
 ///                       extra_keys: nil, group_idx: int, kv_cache_spec_kind: nil, kv_cache_spec_sliding_window: nil]
@@ -115,8 +115,8 @@ class msgpack_writer {
 }  // namespace detail
 
 /// Writes the events of `buf` as one vLLM `KVEventBatch` (above) into `out` (replaced). `ts`: the batch's wall-clock
-/// time in seconds (vLLM: time.time()); `data_parallel_rank`: nil when absent, as vLLM's engine without data
-/// parallelism sends it. Allocates only while `out` grows.
+/// time in seconds (vLLM: time.time()); `data_parallel_rank`: nil when absent (vLLM's publisher always fills its
+/// rank in, 0 without data parallelism: kv_event_publisher passes it). Allocates only while `out` grows.
 inline void encode_kv_event_batch(const kv_event_buffer& buf, double ts, std::string& out,
                                   std::optional<std::int32_t> data_parallel_rank = std::nullopt) {
   out.clear();

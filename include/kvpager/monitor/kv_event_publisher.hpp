@@ -13,8 +13,8 @@
 /// - The last `buffer_steps` batches are kept. With a `replay_endpoint`, a ROUTER socket bound there answers a
 ///   request (client id, empty frame, start sequence as 8 bytes big-endian) with every kept batch whose sequence is
 ///   at least the start, as (client id, empty, sequence, payload), then (client id, empty, -1 as 8 bytes, empty).
-///   Requests of any other shape are ignored, as vLLM does. A background thread serves replay; publish() never
-///   waits for it.
+///   Requests of any other shape are ignored, as vLLM does. A background thread serves replay, copying one kept
+///   batch at a time under the lock publish() also takes (publish() waits for one copy at most).
 ///
 /// publish() is called from one thread (the engine's step loop). Once the kept batches' buffers have grown,
 /// publishing allocates nothing of its own (libzmq copies each frame into its own message).
@@ -27,7 +27,6 @@
 #include <cstring>
 #include <memory>
 #include <mutex>
-#include <optional>
 #include <string>
 #include <string_view>
 #include <thread>
@@ -48,7 +47,9 @@ struct kv_event_publisher_config {
   std::string topic;
   std::int32_t buffer_steps = 10000;  ///< batches kept for replay (>= 1)
   std::int32_t hwm = 100000;          ///< the PUB socket's send high-water mark (>= 0)
-  std::optional<std::int32_t> data_parallel_rank;
+  /// Every batch carries it (vLLM's publisher fills its rank in, 0 without data parallelism); a rank r > 0 also
+  /// offsets the endpoints as vLLM does: a tcp port by r, an inproc name gets "_dp<r>" (others: invalid_argument).
+  std::int32_t data_parallel_rank = 0;
   /// How long closing waits for batches not yet sent (ZMQ_LINGER of the PUB socket). vLLM closes at once (0); a
   /// program that publishes and exits (kvpager-sim) waits, or its last batches may never leave.
   std::int32_t close_linger_ms = 0;
@@ -60,11 +61,35 @@ struct kv_event_publisher_config {
          endpoint.starts_with("ipc://") || endpoint.starts_with("inproc://");
 }
 
+/// vLLM's endpoint of data-parallel rank `rank` (offset_endpoint_port): unchanged for rank 0 or an empty endpoint; a
+/// tcp endpoint's port (after its last ':') plus rank; an inproc endpoint with "_dp<rank>" appended. false for other
+/// transports, or a tcp endpoint whose port is not a number below 65536 - rank.
+[[nodiscard]] inline bool offset_endpoint(std::string& endpoint, std::int32_t rank) {
+  if (endpoint.empty() || rank == 0) return true;
+  if (rank < 0) return false;
+  if (endpoint.starts_with("inproc://")) {
+    endpoint += "_dp" + std::to_string(rank);
+    return true;
+  }
+  if (!endpoint.starts_with("tcp://")) return false;
+  const std::size_t colon = endpoint.rfind(':');
+  if (colon == std::string::npos || colon + 1 == endpoint.size() || colon < 6) return false;
+  long port = 0;
+  for (std::size_t i = colon + 1; i < endpoint.size(); ++i) {
+    if (endpoint[i] < '0' || endpoint[i] > '9' || port > 65535) return false;
+    port = port * 10 + (endpoint[i] - '0');
+  }
+  if (port + rank > 65535) return false;
+  endpoint = endpoint.substr(0, colon + 1) + std::to_string(port + rank);
+  return true;
+}
+
 class kv_event_publisher {
  public:
   /// Opens the sockets (and starts the replay thread). Errors: errc::invalid_argument (buffer_steps < 1, hwm < 0,
-  /// an endpoint libzmq refuses or cannot bind or connect: detail = zmq's errno), errc::device_error (no ZeroMQ
-  /// context or thread); nothing is left open.
+  /// a data-parallel rank that cannot offset the endpoints, an endpoint libzmq refuses or cannot bind or connect:
+  /// detail = zmq's errno), errc::device_error (no ZeroMQ context or thread), errc::out_of_memory (the kept
+  /// batches' slots); nothing is left open.
   [[nodiscard]] static std::unique_ptr<kv_event_publisher> create(const kv_event_publisher_config& cfg, status& st) {
     st = ok_status();
     if (cfg.buffer_steps < 1) {
@@ -75,7 +100,25 @@ class kv_event_publisher {
       st = status{errc::invalid_argument, "kv_event_publisher: hwm must not be negative", cfg.hwm};
       return nullptr;
     }
-    std::unique_ptr<kv_event_publisher> p(new kv_event_publisher(cfg));
+    std::unique_ptr<kv_event_publisher> p;
+#if KVPAGER_HAS_EXCEPTIONS
+    try {
+#endif
+      kv_event_publisher_config c = cfg;
+      if (!offset_endpoint(c.endpoint, c.data_parallel_rank) ||
+          !offset_endpoint(c.replay_endpoint, c.data_parallel_rank)) {
+        st = status{errc::invalid_argument,
+                    "kv_event_publisher: a data-parallel rank offsets only tcp and inproc endpoints",
+                    c.data_parallel_rank};
+        return nullptr;
+      }
+      p.reset(new kv_event_publisher(c));
+#if KVPAGER_HAS_EXCEPTIONS
+    } catch (const std::bad_alloc&) {
+      st = status{errc::out_of_memory, "kv_event_publisher: no memory for the kept batches", cfg.buffer_steps};
+      return nullptr;
+    }
+#endif
     st = p->open();
     if (!st) return nullptr;
     return p;
@@ -89,7 +132,7 @@ class kv_event_publisher {
   /// empty buffer is a batch (vLLM's scheduler skips steps without events: so can the caller). Error:
   /// errc::device_error when libzmq refuses the message (detail = errno); the batch is still kept and counted.
   status publish(const kv_event_buffer& buf, double ts) {
-    encode_kv_event_batch(buf, ts, payload_, cfg_.data_parallel_rank);
+    encode_kv_event_batch(buf, ts, payload_, cfg_.data_parallel_rank);  // an int, as vLLM's publisher fills it
     const std::uint64_t seq = next_seq_;  // this thread is its only writer
     std::uint8_t seq_bytes[8];
     for (int i = 0; i < 8; ++i) seq_bytes[i] = static_cast<std::uint8_t>(seq >> (8 * (7 - i)));
@@ -186,7 +229,7 @@ class kv_event_publisher {
   /// The replay thread: polls the ROUTER socket (100 ms at a time, so close() is prompt) and answers requests.
   void serve_replay() {
     std::vector<std::string> frames;
-    std::vector<kept> answer;
+    std::string payload;
     while (!stop_.load()) {
       zmq_pollitem_t item{router_, 0, ZMQ_POLLIN, 0};
       if (zmq_poll(&item, 1, 100) <= 0 || (item.revents & ZMQ_POLLIN) == 0) continue;
@@ -206,22 +249,22 @@ class kv_event_publisher {
       if (frames.size() != 3 || !frames[1].empty() || frames[2].size() != 8) continue;  // not a replay request
       std::uint64_t start = 0;
       for (const char c : frames[2]) start = (start << 8) | static_cast<std::uint8_t>(c);
-      answer.clear();
-      {
-        std::lock_guard<std::mutex> lock(ring_mutex_);
-        const std::size_t n = ring_.size();
-        const std::uint64_t next = next_seq_;
-        for (std::uint64_t s = next - kept_; s < next; ++s) {
-          const kept& k = ring_[static_cast<std::size_t>(s % n)];
-          if (k.seq >= start) answer.push_back(k);
-        }
-      }
+      // One batch at a time under the lock, so publish() waits for one copy at most; a batch overwritten meanwhile
+      // (the ring moved on) is skipped: replay goes on from the oldest still kept, as vLLM's does.
       const std::string& id = frames[0];
       bool sent = true;
-      for (const kept& k : answer) {
+      for (std::uint64_t s = start;; ++s) {
+        {
+          std::lock_guard<std::mutex> lock(ring_mutex_);
+          const std::uint64_t next = next_seq_;
+          if (s >= next) break;
+          if (s < next - kept_) s = next - kept_;  // older than the oldest kept
+          const kept& k = ring_[static_cast<std::size_t>(s % ring_.size())];
+          payload.assign(k.payload);
+        }
         std::uint8_t seq[8];
-        for (int i = 0; i < 8; ++i) seq[i] = static_cast<std::uint8_t>(k.seq >> (8 * (7 - i)));
-        if (!(sent = send_to(id, seq, k.payload))) break;
+        for (int i = 0; i < 8; ++i) seq[i] = static_cast<std::uint8_t>(s >> (8 * (7 - i)));
+        if (!(sent = send_to(id, seq, payload))) break;
       }
       const std::uint8_t end[8] = {0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff};
       if (sent && send_to(id, end, {})) replays_.fetch_add(1);

@@ -24,11 +24,13 @@
 /// Beyond vLLM: bad input is an error value that changes nothing (a load of a key not held or not ready, a
 /// completion of a load never prepared, duplicate keys), and the tier reports KV cache events (medium "CPU") into a
 /// caller's buffer, as vLLM's offloading connector does: a block_stored when a store completes, a block_removed
-/// when a ready block is evicted, all_blocks_cleared on reset.
+/// when a ready block is evicted or reset.
 ///
-/// Memory, allocated by create only: per host block 4 bytes of state, 1 of protection, the policy's (lru_tier 32,
-/// arc_tier about 90 bytes with its ghosts); the tracker 40 bytes per tracked key when store_threshold >= 2. Every
-/// call after create allocates nothing (its outputs go to caller-owned vectors that grow once).
+/// Memory, allocated by create only: per host block 4 bytes of state, 1 of protection, 12 of the name events give
+/// it, the policy's (lru_tier 32, arc_tier about 90 bytes with its ghosts); the tracker 40 bytes per tracked key
+/// when store_threshold >= 2. After create the tier allocates nothing of its own: its outputs go to caller-owned
+/// vectors, and its events to the caller's buffer, each growing until it holds what one call needs (an append
+/// that cannot allocate inside these noexcept calls ends the program, as the caches' event appends do).
 
 #include <algorithm>
 #include <cstdint>
@@ -59,6 +61,13 @@ struct host_tier_config {
   std::int32_t num_blocks = 0;          ///< host blocks of the tier (> 0)
   std::int32_t store_threshold = 1;     ///< store only keys looked up at least this many times (1: every key)
   std::int32_t max_tracker_size = 64000;  ///< keys whose lookups are counted (store_threshold >= 2), most recent kept
+};
+
+/// How the KV cache events name a block: its chained hash and its KV cache group (a tier keyed by
+/// hybrid_kv_cache::cached_key(hash, group) reports the hash and group, as the device pool's events do).
+struct kv_block_name {
+  std::uint64_t hash = 0;
+  std::int32_t group = 0;
 };
 
 /// What prepare_store decided: the keys to copy now and their host blocks (the same order), and the keys evicted to
@@ -93,13 +102,15 @@ template <tier_policy P = lru_tier>
 class host_tier {
  public:
   using policy_type = P;
+  /// The most host blocks a tier has (arc_tier keeps up to 3 x num_blocks + 1 ghosts in int32 indices).
+  static constexpr std::int32_t max_blocks = std::int32_t{1} << 28;
 
   /// An empty tier of cfg.num_blocks host blocks. Errors: errc::invalid_pool_size (num_blocks < 1),
   /// errc::invalid_argument (store_threshold < 1, max_tracker_size < 1 while store_threshold >= 2),
   /// errc::out_of_memory (detail = num_blocks).
   [[nodiscard]] static result<host_tier> create(host_tier_config cfg, P policy = P{}) {
-    if (cfg.num_blocks < 1)
-      return status{errc::invalid_pool_size, "host_tier::create: num_blocks must be at least 1", cfg.num_blocks};
+    if (cfg.num_blocks < 1 || cfg.num_blocks > max_blocks)
+      return status{errc::invalid_pool_size, "host_tier::create: num_blocks must be in [1, 2^28]", cfg.num_blocks};
     if (cfg.store_threshold < 1)
       return status{errc::invalid_argument, "host_tier::create: store_threshold must be at least 1",
                     cfg.store_threshold};
@@ -116,6 +127,7 @@ class host_tier {
       const auto n = static_cast<std::size_t>(cfg.num_blocks);
       t.state_.assign(n, 0);
       t.protect_.assign(n, 0);
+      t.names_.assign(n, kv_block_name{});
       t.free_.reserve(n);
       t.victims_.reserve(n);
       t.seen_.reserve(cfg.num_blocks);
@@ -143,11 +155,9 @@ class host_tier {
     return static_cast<std::int32_t>(free_.size()) + cfg_.num_blocks - fresh_;
   }
 
-  /// Reports KV cache events (medium host, group `group`) into `*out` from now on (nullptr: none).
-  void set_kv_event_buffer(kv_event_buffer* out, std::int32_t group = 0) noexcept {
-    events_ = out;
-    event_group_ = group;
-  }
+  /// Reports KV cache events (medium host) into `*out` from now on (nullptr: none), each block by the name its store
+  /// gave it (prepare_store's `names`; without them its key, in group 0).
+  void set_kv_event_buffer(kv_event_buffer* out) noexcept { events_ = out; }
 
   // ------------------------------------------------------------------------------------------------ lookups
 
@@ -209,15 +219,15 @@ class host_tier {
     if (keys.size() != host_blocks.size())
       return status{errc::invalid_argument, "host_tier::prepare_load: one host block per key",
                     static_cast<std::int64_t>(host_blocks.size())};
-    for (std::size_t i = 0; i < keys.size(); ++i) {
+    for (std::size_t i = 0; i < keys.size(); ++i) {  // checked whole before anything is written
       const std::int32_t s = policy_.find(keys[i]);
       if (s < 0) return status{errc::invalid_block, "host_tier::prepare_load: a key the tier does not hold",
                                static_cast<std::int64_t>(i)};
       if (state_[static_cast<std::size_t>(s)] < 0)
         return status{errc::invalid_block, "host_tier::prepare_load: a key whose store is not complete",
                       static_cast<std::int64_t>(i)};
-      host_blocks[i] = s;
     }
+    for (std::size_t i = 0; i < keys.size(); ++i) host_blocks[i] = policy_.find(keys[i]);
     for (const block_id s : host_blocks) {  // each block that had no reader counted once, however often listed
       if (state_[static_cast<std::size_t>(s)] == 0 && protect_[static_cast<std::size_t>(s)] == 0) {
         protect_[static_cast<std::size_t>(s)] = 1;
@@ -260,10 +270,16 @@ class host_tier {
 
   /// Plans the stores of `keys` (the blocks a request offloads) into `plan` (cleared first): the keys not held
   /// (with store_threshold >= 2, only those looked up that often), in order, each with its host block, now being
-  /// written; evicting the shortfall of free blocks (plan.evicted). A key listed twice is stored once. Error:
-  /// errc::host_pool_full when not enough blocks can be evicted (detail = blocks short): nothing changed.
-  status prepare_store(std::span<const std::uint64_t> keys, tier_store_plan& plan) noexcept {
+  /// written; evicting the shortfall of free blocks (plan.evicted). A key listed twice is stored once. `names`
+  /// (empty, or one per key): how the events name each block. Errors: errc::host_pool_full when not enough blocks
+  /// can be evicted (detail = blocks short), errc::invalid_argument (names neither empty nor one per key): nothing
+  /// changed.
+  status prepare_store(std::span<const std::uint64_t> keys, tier_store_plan& plan,
+                       std::span<const kv_block_name> names = {}) noexcept {
     plan.clear();
+    if (!names.empty() && names.size() != keys.size())
+      return status{errc::invalid_argument, "host_tier::prepare_store: names must be empty or one per key",
+                    static_cast<std::int64_t>(names.size())};
     // Keys to store: not held, past the threshold, first occurrence. `seen_` marks them (no allocation: at most
     // num_blocks are kept; more than that cannot fit anyway and is refused below).
     std::int32_t want = 0;
@@ -288,15 +304,15 @@ class host_tier {
         return status{errc::host_pool_full, "host_tier::prepare_store: not enough evictable host blocks", shortfall};
       }
       for (const std::int32_t s : victims_) {
-        const std::uint64_t key = policy_.key_of(s);
-        plan.evicted.push_back(key);
+        plan.evicted.push_back(policy_.key_of(s));
         free_.push_back(s);
-        if (events_ != nullptr) events_->block_removed(kv_medium::host, event_group_, key);
+        announce_removed(s);
       }
       stats_.evicted += shortfall;
       stats_.held -= shortfall;
     }
-    for (const std::uint64_t k : keys) {
+    for (std::size_t i = 0; i < keys.size(); ++i) {
+      const std::uint64_t k = keys[i];
       if (seen_.find(k) < 0) continue;
       seen_.erase(k);
       std::int32_t s;
@@ -307,6 +323,7 @@ class host_tier {
         free_.pop_back();
       }
       state_[static_cast<std::size_t>(s)] = -1;
+      names_[static_cast<std::size_t>(s)] = names.empty() ? kv_block_name{k, 0} : names[i];
       policy_.insert(k, s);
       plan.keys.push_back(k);
       plan.host_blocks.push_back(s);
@@ -326,7 +343,10 @@ class host_tier {
       if (ok) {
         state_[static_cast<std::size_t>(s)] = 0;
         ++stats_.stored;
-        if (events_ != nullptr) events_->block_stored_unchained(kv_medium::host, event_group_, k);
+        if (events_ != nullptr) {
+          const kv_block_name& n = names_[static_cast<std::size_t>(s)];
+          events_->block_stored_unchained(kv_medium::host, n.group, n.hash);
+        }
       } else {
         policy_.remove(k);
         state_[static_cast<std::size_t>(s)] = 0;
@@ -338,14 +358,16 @@ class host_tier {
   }
 
   /// Forgets every block and all history (vLLM's reset_cache); the caller guarantees that no load or store is in
-  /// flight. Reports all_blocks_cleared.
+  /// flight. Reports a block_removed for each ready block (not all_blocks_cleared, which would empty the device
+  /// pool's medium too).
   void reset() noexcept {
+    for (std::int32_t s = 0; s < fresh_; ++s)
+      if (policy_.find(policy_.key_of(s)) == s && state_[static_cast<std::size_t>(s)] >= 0) announce_removed(s);
     policy_.clear();
     std::fill(state_.begin(), state_.end(), 0);
     free_.clear();
     fresh_ = 0;
     stats_.held = stats_.writing = stats_.reading = 0;
-    if (events_ != nullptr) events_->all_blocks_cleared();
   }
 
  private:
@@ -374,6 +396,11 @@ class host_tier {
     const std::int32_t n = counts_index_.find(key);
     return n < 0 ? 0 : counts_[static_cast<std::size_t>(n)];
   }
+  void announce_removed(std::int32_t s) {
+    if (events_ == nullptr) return;
+    const kv_block_name& n = names_[static_cast<std::size_t>(s)];
+    events_->block_removed(kv_medium::host, n.group, n.hash);
+  }
   void protect_keys(std::span<const std::uint64_t> keys, std::uint8_t on) noexcept {
     for (const std::uint64_t k : keys) {
       if (cfg_.store_threshold >= 2 && lookups_of(k) < cfg_.store_threshold) continue;
@@ -397,8 +424,8 @@ class host_tier {
   std::vector<std::int64_t> counts_;
   index_list count_order_;             ///< tracked nodes, least recently looked up first
   host_tier_stats stats_{};
+  std::vector<kv_block_name> names_;  ///< per host block: how the events name it
   kv_event_buffer* events_ = nullptr;
-  std::int32_t event_group_ = 0;
 };
 
 KVPAGER_NAMESPACE_END

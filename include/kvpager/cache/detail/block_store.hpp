@@ -9,6 +9,7 @@
 /// copy uses it) is the step ledger's call, passed in as `park`.
 
 #include <cstdint>
+#include <new>
 #include <span>
 #include <utility>
 #include <vector>
@@ -21,6 +22,7 @@
 #include "kvpager/core/block_pool.hpp"
 #include "kvpager/core/config.hpp"
 #include "kvpager/core/kv_events.hpp"
+#include "kvpager/core/status.hpp"
 #include "kvpager/core/types.hpp"
 
 KVPAGER_NAMESPACE_BEGIN
@@ -51,12 +53,37 @@ class block_store {
     share_.reset(g);
   }
 
-  /// KV cache events (core/kv_events.hpp) go to `out` from now on (nullptr: none). Allocates the per-block record
-  /// of what was announced (a hash and a group per block) on the first attach.
-  void attach_events(kv_event_buffer* out) {
-    if (out != nullptr && announced_.size() != static_cast<std::size_t>(pool_.num_blocks()))
-      announced_.assign(static_cast<std::size_t>(pool_.num_blocks()), announced{});
+  /// KV cache events (core/kv_events.hpp) go to `out` from now on (nullptr: none): the caches'
+  /// set_kv_event_buffer. Allocates the per-block record of what was announced (a hash and a group per block) on the
+  /// first attach. Errors (nothing changed): errc::invalid_argument (attaching while blocks are cached: the events
+  /// would miss them), errc::out_of_memory.
+  status attach_events(kv_event_buffer* out) {
+    if (out != nullptr && sink_.out == nullptr && num_cached() > 0)
+      return status{errc::invalid_argument, "set_kv_event_buffer: blocks are cached already", num_cached()};
+    const bool again = out != nullptr && sink_.out == nullptr && !announced_.empty();
+#if KVPAGER_HAS_EXCEPTIONS
+    try {
+#endif
+      if (out != nullptr && announced_.size() != static_cast<std::size_t>(pool_.num_blocks()))
+        announced_.assign(static_cast<std::size_t>(pool_.num_blocks()), announced{});
+      // Attached again after a time without events (or a copy of a cache that had them): what the consumer was told
+      // before may be stale, and nothing is cached now: say so, and forget what was announced.
+      if (again) out->all_blocks_cleared();
+#if KVPAGER_HAS_EXCEPTIONS
+    } catch (const std::bad_alloc&) {
+      return status{errc::out_of_memory, "set_kv_event_buffer: no memory for the per-block record",
+                    pool_.num_blocks()};
+    }
+#endif
+    if (again)
+      for (announced& a : announced_) a.live = false;
     sink_.out = out;
+    return ok_status();
+  }
+  /// Cached blocks (0 without a content cache).
+  [[nodiscard]] std::int32_t num_cached() const noexcept {
+    if constexpr (content_cache<S>) return share_.num_cached();
+    return 0;
   }
   [[nodiscard]] kv_event_buffer* events() const noexcept { return sink_.out; }
   /// Records that `b`, just cached (the sharing policy holds it), was stored: its hash as events name it (without
