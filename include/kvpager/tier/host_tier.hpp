@@ -61,6 +61,13 @@ struct host_tier_config {
   std::int32_t num_blocks = 0;          ///< host blocks of the tier (> 0)
   std::int32_t store_threshold = 1;     ///< store only keys looked up at least this many times (1: every key)
   std::int32_t max_tracker_size = 64000;  ///< keys whose lookups are counted (store_threshold >= 2), most recent kept
+  /// Store only blocks of requests whose retention priority (sequence_options::priority) is at least this
+  /// (TensorRT-LLM's secondary offload minimum priority); the lowest int32: every block.
+  std::int32_t min_priority = INT32_MIN;
+  /// Inclusive (vLLM's tier): a loaded block keeps its host copy, so a hot prefix is never copied down twice.
+  /// Exclusive (false): a block leaves the tier when its last load completes (it moved up; the host block is free
+  /// again), which holds more distinct content at the price of a store when it is evicted from the device again.
+  bool inclusive = true;
 };
 
 /// How the KV cache events name a block: its chained hash and its KV cache group (a tier keyed by
@@ -95,6 +102,8 @@ struct host_tier_stats {
   std::int64_t loads = 0;           ///< blocks loads were prepared for
   std::int64_t evicted = 0;
   std::int64_t refused_stores = 0;  ///< prepare_store calls that found no room (host_pool_full)
+  std::int64_t below_priority = 0;  ///< blocks not stored for their request's priority (min_priority)
+  std::int64_t moved_up = 0;        ///< blocks that left an exclusive tier when their load completed
   friend bool operator==(const host_tier_stats&, const host_tier_stats&) = default;
 };
 
@@ -240,10 +249,12 @@ class host_tier {
     return ok_status();
   }
 
-  /// Unpins the host blocks of `keys` (a load prepared for each is complete, or abandoned). Error:
+  /// Unpins the host blocks of `keys` (a load prepared for each is complete: `loaded`; or failed or abandoned); in an
+  /// exclusive tier a block whose last load completed with `loaded` leaves it (a removal on the host medium), one
+  /// whose load failed stays. Error:
   /// errc::invalid_block (a key not held or with no load in flight; counted over the call, so a key listed more
   /// often than it was loaded fails too; detail = its index): nothing changed.
-  status complete_load(std::span<const std::uint64_t> keys) noexcept {
+  status complete_load(std::span<const std::uint64_t> keys, bool loaded = true) noexcept {
     std::size_t i = 0;
     for (; i < keys.size(); ++i) {
       const std::int32_t s = policy_.find(keys[i]);
@@ -263,6 +274,17 @@ class host_tier {
       }
     }
     for (const std::uint64_t k : keys) protect_[static_cast<std::size_t>(policy_.find(k))] = 0;
+    if (!cfg_.inclusive && loaded) {  // exclusive: a block whose last load completed moved up; its host block is free
+      for (const std::uint64_t k : keys) {
+        const std::int32_t s = policy_.find(k);
+        if (s < 0 || state_[static_cast<std::size_t>(s)] != 0) continue;
+        announce_removed(s);
+        policy_.remove(k);
+        free_.push_back(s);
+        --stats_.held;
+        ++stats_.moved_up;
+      }
+    }
     return ok_status();
   }
 
@@ -271,15 +293,20 @@ class host_tier {
   /// Plans the stores of `keys` (the blocks a request offloads) into `plan` (cleared first): the keys not held
   /// (with store_threshold >= 2, only those looked up that often), in order, each with its host block, now being
   /// written; evicting the shortfall of free blocks (plan.evicted). A key listed twice is stored once. `names`
-  /// (empty, or one per key): how the events name each block. Errors: errc::host_pool_full when not enough blocks
+  /// (empty, or one per key): how the events name each block. `priority`: the request's retention priority; below
+  /// min_priority nothing is stored. Errors: errc::host_pool_full when not enough blocks
   /// can be evicted (detail = blocks short), errc::invalid_argument (names neither empty nor one per key): nothing
   /// changed.
   status prepare_store(std::span<const std::uint64_t> keys, tier_store_plan& plan,
-                       std::span<const kv_block_name> names = {}) noexcept {
+                       std::span<const kv_block_name> names = {}, std::int32_t priority = 0) noexcept {
     plan.clear();
     if (!names.empty() && names.size() != keys.size())
       return status{errc::invalid_argument, "host_tier::prepare_store: names must be empty or one per key",
                     static_cast<std::int64_t>(names.size())};
+    if (priority < cfg_.min_priority) {  // not worth keeping: nothing stored, nothing evicted
+      stats_.below_priority += static_cast<std::int64_t>(keys.size());
+      return ok_status();
+    }
     // Keys to store: not held, past the threshold, first occurrence. `seen_` marks them (no allocation: at most
     // num_blocks are kept; more than that cannot fit anyway and is refused below).
     std::int32_t want = 0;
