@@ -157,6 +157,48 @@ def main():
     if len(gseen) != len(gexpected) * len(gdoc):
         errors.append(f"group samples: {len(gseen)} of {len(gexpected) * len(gdoc)}")
 
+    # A host tier's families (tier.prom against the tier's raw figures in tier.json).
+    with open(os.path.join(work, "tier.prom"), encoding="utf-8") as f:
+        ttext = f.read()
+    with open(os.path.join(work, "tier.json"), encoding="utf-8") as f:
+        t = json.load(f)
+    bs, bb = t["block_size"], t["bytes_per_block"]
+    texpected = {
+        ("kvpager:external_prefix_cache_queries_total", ()): ("counter", t["lookups"] * bs),
+        ("kvpager:external_prefix_cache_hits_total", ()): ("counter", t["hits"] * bs),
+        ("kvpager:kv_offload_total_bytes_total", (("transfer_type", "gpu_to_cpu"),)): ("counter", t["stored"] * bb),
+        ("kvpager:kv_offload_total_bytes_total", (("transfer_type", "cpu_to_gpu"),)): ("counter", t["loads"] * bb),
+        ("kvpager:host_tier_capacity_blocks", ()): ("gauge", t["num_blocks"]),
+        ("kvpager:host_tier_blocks", (("state", "held"),)): ("gauge", t["held"]),
+        ("kvpager:host_tier_blocks", (("state", "writing"),)): ("gauge", t["writing"]),
+        ("kvpager:host_tier_blocks", (("state", "reading"),)): ("gauge", t["reading"]),
+        ("kvpager:host_tier_stored_blocks_total", ()): ("counter", t["stored"]),
+        ("kvpager:host_tier_loaded_blocks_total", ()): ("counter", t["loads"]),
+        ("kvpager:host_tier_evictions_total", ()): ("counter", t["evicted"]),
+        ("kvpager:host_tier_failed_stores_total", ()): ("counter", t["failed_stores"]),
+        ("kvpager:host_tier_refused_stores_total", ()): ("counter", t["refused_stores"]),
+        ("kvpager:host_tier_pending_hits_total", ()): ("counter", t["pending_hits"]),
+        ("kvpager:host_tier_moved_up_blocks_total", ()): ("counter", t["moved_up"]),
+        ("kvpager:host_tier_below_priority_blocks_total", ()): ("counter", t["below_priority"]),
+    }
+    tseen = set()
+    for family in text_string_to_metric_families(ttext):
+        for sample in family.samples:
+            key = (sample.name, tuple(sorted(sample.labels.items())))
+            if key not in texpected:
+                errors.append(f"unexpected tier sample {key}")
+                continue
+            typ, want = texpected[key]
+            if family.type != typ or not family.documentation:
+                errors.append(f"{sample.name}: type {family.type} (expected {typ}) or empty HELP")
+            if sample.value != float(want):
+                errors.append(f"{key} = {sample.value!r}, expected {want}")
+            tseen.add(key)
+            checked += 1
+    for key in texpected:
+        if key not in tseen:
+            errors.append(f"missing tier sample {key}")
+
     # The snapshot is consistent with itself (the JSON alone): the figures that are derived from others.
     usage = lookup(doc, "kv_cache.usage")
     if usage != lookup(doc, "kv_cache.used_blocks") / lookup(doc, "kv_cache.usable_blocks"):
