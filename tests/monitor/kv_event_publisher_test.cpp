@@ -25,26 +25,8 @@ namespace {
 std::vector<std::string> recv_all(void* socket, int timeout_ms) {
   std::vector<std::string> frames;
   zmq_pollitem_t item{socket, 0, ZMQ_POLLIN, 0};
-  if (zmq_poll(&item, 1, timeout_ms) <= 0) return frames;
-  for (;;) {
-    zmq_msg_t m;
-    zmq_msg_init(&m);
-    if (zmq_msg_recv(&m, socket, 0) < 0) {
-      zmq_msg_close(&m);
-      break;
-    }
-    frames.emplace_back(static_cast<const char*>(zmq_msg_data(&m)), zmq_msg_size(&m));
-    const bool more = zmq_msg_more(&m) != 0;
-    zmq_msg_close(&m);
-    if (!more) break;
-  }
+  if (zmq_poll(&item, 1, timeout_ms) > 0) detail::receive_frames(socket, frames);
   return frames;
-}
-
-std::string be8(std::uint64_t v) {
-  std::string s(8, '\0');
-  for (int i = 0; i < 8; ++i) s[static_cast<std::size_t>(i)] = static_cast<char>(v >> (8 * (7 - i)));
-  return s;
 }
 
 /// A free loopback port: bind a socket to an ephemeral port and read it back.
@@ -161,8 +143,7 @@ TEST(KvEventPublisher, FramesAndReplayAreVllms) {
     ASSERT_EQ(f.size(), 3u);
     EXPECT_EQ(f[0], "kv");
     ASSERT_EQ(f[1].size(), 8u);
-    std::uint64_t seq = 0;
-    for (const char ch : f[1]) seq = (seq << 8) | static_cast<std::uint8_t>(ch);
+    const std::uint64_t seq = detail::get_be64(f[1]);
     ASSERT_LT(seq, 5u);
     EXPECT_EQ(f[2], sent[seq]) << "batch " << seq;  // the payload, its rank 0 included
   }
@@ -171,9 +152,10 @@ TEST(KvEventPublisher, FramesAndReplayAreVllms) {
   void* req = zmq_socket(ctx, ZMQ_DEALER);
   zmq_setsockopt(req, ZMQ_LINGER, &linger, sizeof linger);
   ASSERT_EQ(zmq_connect(req, c.replay_endpoint.c_str()), 0);
-  const std::string start = be8(0);
+  std::uint8_t start[8];
+  detail::put_be64(0, start);
   zmq_send(req, "", 0, ZMQ_SNDMORE);
-  zmq_send(req, start.data(), 8, 0);
+  zmq_send(req, start, 8, 0);
   std::vector<std::uint64_t> replayed;
   bool ended = false;
   for (int i = 0; i < 10 && !ended; ++i) {
@@ -185,8 +167,7 @@ TEST(KvEventPublisher, FramesAndReplayAreVllms) {
       ended = true;
       break;
     }
-    std::uint64_t seq = 0;
-    for (const char ch : f[1]) seq = (seq << 8) | static_cast<std::uint8_t>(ch);
+    const std::uint64_t seq = detail::get_be64(f[1]);
     replayed.push_back(seq);
     EXPECT_EQ(f[2], sent[seq]);
   }

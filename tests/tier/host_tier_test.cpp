@@ -42,7 +42,9 @@ struct reference_tier {
   bool inclusive = true;
 
   static void erase(std::list<std::uint64_t>& l, std::uint64_t k) { l.erase(std::find(l.begin(), l.end(), k)); }
-  static bool in(const std::list<std::uint64_t>& l, std::uint64_t k) { return std::find(l.begin(), l.end(), k) != l.end(); }
+  static bool in(const std::list<std::uint64_t>& l, std::uint64_t k) {
+    return std::find(l.begin(), l.end(), k) != l.end();
+  }
   std::int64_t count_of(std::uint64_t k) const {
     for (const auto& [key, n] : counts)
       if (key == k) return n;
@@ -189,6 +191,16 @@ struct reference_tier {
   static void erase_if_in(std::list<std::uint64_t>& l, std::uint64_t k) {
     if (in(l, k)) erase(l, k);
   }
+  /// Forgets a held key with no history (vLLM's policy remove: no ghost) and frees its block.
+  void drop(std::map<std::uint64_t, std::pair<std::int32_t, std::int32_t>>::iterator it) {
+    free_list.push_back(it->second.second);
+    if (in(lru, it->first)) {
+      erase(lru, it->first);
+    } else {
+      erase_if_in(t2, it->first);
+    }
+    blocks.erase(it);
+  }
   void complete_store(const std::vector<std::uint64_t>& keys, bool ok) {
     for (auto k : keys) {
       auto it = blocks.find(k);
@@ -196,13 +208,7 @@ struct reference_tier {
       if (ok) {
         it->second.first = 0;
       } else {
-        free_list.push_back(it->second.second);
-        if (in(lru, k)) {
-          erase(lru, k);
-        } else {
-          erase_if_in(t2, k);
-        }
-        blocks.erase(it);
+        drop(it);
       }
     }
   }
@@ -212,13 +218,7 @@ struct reference_tier {
     for (auto k : keys) {
       auto it = blocks.find(k);
       if (it == blocks.end() || it->second.first != 0) continue;
-      free_list.push_back(it->second.second);
-      if (in(lru, k)) {
-        erase(lru, k);
-      } else {
-        erase_if_in(t2, k);
-      }
-      blocks.erase(it);
+      drop(it);
     }
   }
   void reset() {

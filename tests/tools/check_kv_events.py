@@ -48,6 +48,11 @@ def fail(msg):
     sys.exit(1)
 
 
+def check_hashes(hashes, where):
+    if not hashes or not all(isinstance(h, int) and 0 <= h < U64 for h in hashes):
+        fail(f"{where}: block_hashes must be a non-empty list of unsigned 64-bit integers: {hashes!r}")
+
+
 def check_event(ev, where):
     if not isinstance(ev, list) or not ev or not isinstance(ev[0], str):
         fail(f"{where}: an event is not a tagged array: {ev!r}")
@@ -56,8 +61,7 @@ def check_event(ev, where):
         if len(ev) != 12:
             fail(f"{where}: BlockStored has {len(ev) - 1} fields, vLLM 0.22.0 has 11")
         _, hashes, parent, tokens, block_size, lora_id, medium, lora_name, extra, group, kind, window = ev
-        if not hashes or not all(isinstance(h, int) and 0 <= h < U64 for h in hashes):
-            fail(f"{where}: block_hashes must be unsigned 64-bit integers: {hashes!r}")
+        check_hashes(hashes, where)
         if parent is not None and not (isinstance(parent, int) and 0 <= parent < U64):
             fail(f"{where}: parent_block_hash {parent!r}")
         if not isinstance(block_size, int) or block_size <= 0 or len(tokens) != len(hashes) * block_size:
@@ -72,8 +76,7 @@ def check_event(ev, where):
         if len(ev) != 4:
             fail(f"{where}: BlockRemoved has {len(ev) - 1} fields, vLLM 0.22.0 has 3")
         _, hashes, medium, group = ev
-        if not hashes or not all(isinstance(h, int) and 0 <= h < U64 for h in hashes):
-            fail(f"{where}: block_hashes must be unsigned 64-bit integers")
+        check_hashes(hashes, where)
         if medium != "GPU" or group != 0:
             fail(f"{where}: medium {medium!r}, group_idx {group!r}")
     elif tag == "AllBlocksCleared":

@@ -217,7 +217,8 @@ class paged_kv_cache : public detail::cache_exports<paged_kv_cache<A, E, S, W>> 
   /// record, 16 bytes a block, allocated on the first attach); nothing changed.
   status set_kv_event_buffer(kv_event_buffer* out) {
     if constexpr (content_cache<S> && !prehashed_content_cache<S>) {
-      if (out != nullptr) return status{errc::unsupported, "set_kv_event_buffer: the sharing policy gives no block hashes"};
+      if (out != nullptr)
+        return status{errc::unsupported, "set_kv_event_buffer: the sharing policy gives no block hashes"};
     }
     return blocks_.attach_events(out);
   }
@@ -277,6 +278,10 @@ class paged_kv_cache : public detail::cache_exports<paged_kv_cache<A, E, S, W>> 
     } else {
       (void)s, (void)b, (void)i, (void)tokens;
     }
+  }
+  /// The commit hook of sequence `s` (prefix_cursors::commit_prompt, extend): announce_stored of each block.
+  [[nodiscard]] auto announcer(const seq_state& s) noexcept {
+    return [this, &s](block_id b, std::int32_t i, std::span<const token_id> t) { announce_stored(s, b, i, t); };
   }
 
   [[nodiscard]] bool exceeds_table_limit(std::int64_t blocks) const noexcept {
@@ -426,8 +431,7 @@ KVPAGER_OUT_OF_LINE auto paged_kv_cache<A, E, S, W>::append_tokens(seq_id id, st
   const std::int32_t first = seqs_[*h].num_tokens;
   if (status st = grow(*h, static_cast<std::int32_t>(tokens.size())); !st) return st;
   seq_state& s = seqs_[*h];
-  cursors_.extend(blocks_.sharing(), s, tokens, first,
-                  [this, &s](block_id b, std::int32_t i, std::span<const token_id> t) { announce_stored(s, b, i, t); });
+  cursors_.extend(blocks_.sharing(), s, tokens, first, announcer(s));
   return ok_status();
 }
 
@@ -601,9 +605,8 @@ KVPAGER_OUT_OF_LINE auto paged_kv_cache<A, E, S, W>::add_impl(seq_id id, std::in
   s.extra_key = options.extra_key;
   const auto hit_tokens = static_cast<std::int32_t>(hits_.size()) * cfg_.block_size;
   if (!tokens.empty()) {
-    cursors_.commit_prompt(
-        blocks_.sharing(), s, cur, tokens, static_cast<std::int32_t>(hits_.size()), ph,
-        [this, &s](block_id b, std::int32_t i, std::span<const token_id> t) { announce_stored(s, b, i, t); });
+    cursors_.commit_prompt(blocks_.sharing(), s, cur, tokens, static_cast<std::int32_t>(hits_.size()), ph,
+                           announcer(s));
     counts_.prefix_query_tokens += n;
     counts_.prefix_hit_tokens += hit_tokens;
   }

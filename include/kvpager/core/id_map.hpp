@@ -43,12 +43,6 @@ class id_map {
     if (want != slots_.size()) rehash(want);
   }
 
-  /// Removes every key, keeping the table's size.
-  void clear() noexcept {
-    for (entry& e : slots_) e = entry{};
-    size_ = 0;
-  }
-
   /// Removes `key` if present; returns whether it was.
   bool erase(std::uint64_t key) noexcept {
     std::size_t i = home(key);

@@ -55,6 +55,37 @@ struct kv_event_publisher_config {
   std::int32_t close_linger_ms = 0;
 };
 
+namespace detail {
+
+/// `v` as 8 bytes big-endian (a batch's sequence number on the wire).
+inline void put_be64(std::uint64_t v, std::uint8_t (&out)[8]) noexcept {
+  for (int i = 0; i < 8; ++i) out[i] = static_cast<std::uint8_t>(v >> (8 * (7 - i)));
+}
+/// The 8 bytes big-endian of `bytes` (at least 8) as a number.
+[[nodiscard]] inline std::uint64_t get_be64(std::string_view bytes) noexcept {
+  std::uint64_t v = 0;
+  for (std::size_t i = 0; i < 8; ++i) v = (v << 8) | static_cast<std::uint8_t>(bytes[i]);
+  return v;
+}
+/// Receives one whole multipart message from `socket` into `frames` (cleared first); stops early if a receive fails.
+inline void receive_frames(void* socket, std::vector<std::string>& frames) {
+  frames.clear();
+  for (;;) {
+    zmq_msg_t m;
+    zmq_msg_init(&m);
+    if (zmq_msg_recv(&m, socket, 0) < 0) {
+      zmq_msg_close(&m);
+      return;
+    }
+    frames.emplace_back(static_cast<const char*>(zmq_msg_data(&m)), zmq_msg_size(&m));
+    const bool more = zmq_msg_more(&m) != 0;
+    zmq_msg_close(&m);
+    if (!more) return;
+  }
+}
+
+}  // namespace detail
+
 /// vLLM's rule: whether the PUB socket binds `endpoint` (else it connects).
 [[nodiscard]] inline bool binds_endpoint(std::string_view endpoint) noexcept {
   return endpoint.find('*') != std::string_view::npos || endpoint.find("::") != std::string_view::npos ||
@@ -135,26 +166,23 @@ class kv_event_publisher {
     encode_kv_event_batch(buf, ts, payload_, cfg_.data_parallel_rank);  // an int, as vLLM's publisher fills it
     const std::uint64_t seq = next_seq_;  // this thread is its only writer
     std::uint8_t seq_bytes[8];
-    for (int i = 0; i < 8; ++i) seq_bytes[i] = static_cast<std::uint8_t>(seq >> (8 * (7 - i)));
+    detail::put_be64(seq, seq_bytes);
     status st = ok_status();
     if (zmq_send(pub_, cfg_.topic.data(), cfg_.topic.size(), ZMQ_SNDMORE) < 0 ||
         zmq_send(pub_, seq_bytes, 8, ZMQ_SNDMORE) < 0 || zmq_send(pub_, payload_.data(), payload_.size(), 0) < 0)
       st = status{errc::device_error, "kv_event_publisher::publish: zmq_send failed", zmq_errno()};
     {
       std::lock_guard<std::mutex> lock(ring_mutex_);
-      kept& k = ring_[static_cast<std::size_t>(seq % ring_.size())];
-      k.seq = seq;
-      k.payload.assign(payload_);  // reuses the slot's capacity
+      ring_[static_cast<std::size_t>(seq % ring_.size())].assign(payload_);  // reuses the slot's capacity
       if (kept_ < ring_.size()) ++kept_;
       next_seq_ = seq + 1;
     }
-    ++batches_;
     events_ += buf.events.size();
     return st;
   }
 
   /// Batches published so far (the next sequence number).
-  [[nodiscard]] std::uint64_t batches() const noexcept { return batches_; }
+  [[nodiscard]] std::uint64_t batches() const noexcept { return next_seq_; }  // written by this thread only
   /// Events published so far, over all batches.
   [[nodiscard]] std::uint64_t events() const noexcept { return events_; }
   /// Replay requests answered so far.
@@ -162,11 +190,6 @@ class kv_event_publisher {
   [[nodiscard]] const kv_event_publisher_config& config() const noexcept { return cfg_; }
 
  private:
-  struct kept {
-    std::uint64_t seq = 0;
-    std::string payload;
-  };
-
   explicit kv_event_publisher(const kv_event_publisher_config& cfg)
       : cfg_(cfg), ring_(static_cast<std::size_t>(cfg.buffer_steps)) {}
 
@@ -233,22 +256,9 @@ class kv_event_publisher {
     while (!stop_.load()) {
       zmq_pollitem_t item{router_, 0, ZMQ_POLLIN, 0};
       if (zmq_poll(&item, 1, 100) <= 0 || (item.revents & ZMQ_POLLIN) == 0) continue;
-      frames.clear();
-      for (;;) {  // one request: all its frames
-        zmq_msg_t m;
-        zmq_msg_init(&m);
-        if (zmq_msg_recv(&m, router_, 0) < 0) {
-          zmq_msg_close(&m);
-          break;
-        }
-        frames.emplace_back(static_cast<const char*>(zmq_msg_data(&m)), zmq_msg_size(&m));
-        const bool more = zmq_msg_more(&m) != 0;
-        zmq_msg_close(&m);
-        if (!more) break;
-      }
+      detail::receive_frames(router_, frames);  // one request: all its frames
       if (frames.size() != 3 || !frames[1].empty() || frames[2].size() != 8) continue;  // not a replay request
-      std::uint64_t start = 0;
-      for (const char c : frames[2]) start = (start << 8) | static_cast<std::uint8_t>(c);
+      const std::uint64_t start = detail::get_be64(frames[2]);
       // One batch at a time under the lock, so publish() waits for one copy at most; a batch overwritten meanwhile
       // (the ring moved on) is skipped: replay goes on from the oldest still kept, as vLLM's does.
       const std::string& id = frames[0];
@@ -259,11 +269,10 @@ class kv_event_publisher {
           const std::uint64_t next = next_seq_;
           if (s >= next) break;
           if (s < next - kept_) s = next - kept_;  // older than the oldest kept
-          const kept& k = ring_[static_cast<std::size_t>(s % ring_.size())];
-          payload.assign(k.payload);
+          payload.assign(ring_[static_cast<std::size_t>(s % ring_.size())]);
         }
         std::uint8_t seq[8];
-        for (int i = 0; i < 8; ++i) seq[i] = static_cast<std::uint8_t>(s >> (8 * (7 - i)));
+        detail::put_be64(s, seq);
         if (!(sent = send_to(id, seq, payload))) break;
       }
       const std::uint8_t end[8] = {0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff};
@@ -289,10 +298,9 @@ class kv_event_publisher {
   void* router_ = nullptr;
   std::string payload_;
   std::mutex ring_mutex_;
-  std::vector<kept> ring_;           ///< the last buffer_steps batches, by sequence modulo the size
+  std::vector<std::string> ring_;    ///< the last buffer_steps batches' payloads, by sequence modulo the size
   std::size_t kept_ = 0;             ///< batches in ring_ (guarded by ring_mutex_)
   std::uint64_t next_seq_ = 0;       ///< written under ring_mutex_ (the replay thread reads it there)
-  std::uint64_t batches_ = 0;
   std::uint64_t events_ = 0;
   std::atomic<std::uint64_t> replays_{0};
   std::atomic<bool> stop_{false};

@@ -44,41 +44,43 @@ inline void append_tier_prometheus(std::string& out, const host_tier_stats& s, s
     number(v);
     out.push_back('\n');
   };
+  const auto single = [&family, &sample](const char* name, const char* type, const char* help, std::int64_t v) {
+    family(name, type, help);
+    sample(name, "", v);
+  };
   const std::int64_t bs = block_size;
-  family("kvpager:external_prefix_cache_queries_total", "counter",
-         "Tokens looked up in the host tier (blocks looked up x block size), vLLM's external prefix cache queries.");
-  sample("kvpager:external_prefix_cache_queries_total", "", s.lookups * bs);
-  family("kvpager:external_prefix_cache_hits_total", "counter",
-         "Tokens the host tier had ready when looked up (blocks x block size), vLLM's external prefix cache hits.");
-  sample("kvpager:external_prefix_cache_hits_total", "", s.hits * bs);
+  single("kvpager:external_prefix_cache_queries_total", "counter",
+         "Tokens looked up in the host tier (blocks looked up x block size), vLLM's external prefix cache queries.",
+         s.lookups * bs);
+  single("kvpager:external_prefix_cache_hits_total", "counter",
+         "Tokens the host tier had ready when looked up (blocks x block size), vLLM's external prefix cache hits.",
+         s.hits * bs);
   family("kvpager:kv_offload_total_bytes_total", "counter",
          "Bytes the host tier's stores (gpu_to_cpu) and loads (cpu_to_gpu) move, as planned.");
   sample("kvpager:kv_offload_total_bytes_total", "{transfer_type=\"gpu_to_cpu\"}", s.stored * bytes_per_block);
   sample("kvpager:kv_offload_total_bytes_total", "{transfer_type=\"cpu_to_gpu\"}", s.loads * bytes_per_block);
-  family("kvpager:host_tier_capacity_blocks", "gauge", "Host blocks of the tier.");
-  sample("kvpager:host_tier_capacity_blocks", "", s.num_blocks);
+  single("kvpager:host_tier_capacity_blocks", "gauge",
+         "Host blocks of the tier.", s.num_blocks);
   family("kvpager:host_tier_blocks", "gauge", "Host blocks holding content, by state (written: ready or being read).");
   sample("kvpager:host_tier_blocks", "{state=\"held\"}", s.held);
   sample("kvpager:host_tier_blocks", "{state=\"writing\"}", s.writing);
   sample("kvpager:host_tier_blocks", "{state=\"reading\"}", s.reading);
-  family("kvpager:host_tier_stored_blocks_total", "counter", "Blocks whose store completed.");
-  sample("kvpager:host_tier_stored_blocks_total", "", s.stored);
-  family("kvpager:host_tier_loaded_blocks_total", "counter", "Blocks loads were prepared for.");
-  sample("kvpager:host_tier_loaded_blocks_total", "", s.loads);
-  family("kvpager:host_tier_evictions_total", "counter", "Ready blocks evicted to make room for stores.");
-  sample("kvpager:host_tier_evictions_total", "", s.evicted);
-  family("kvpager:host_tier_failed_stores_total", "counter", "Blocks whose store failed (forgotten; recomputed).");
-  sample("kvpager:host_tier_failed_stores_total", "", s.failed_stores);
-  family("kvpager:host_tier_refused_stores_total", "counter", "Stores refused for want of evictable blocks.");
-  sample("kvpager:host_tier_refused_stores_total", "", s.refused_stores);
-  family("kvpager:host_tier_pending_hits_total", "counter", "Lookups that found a block whose store was not complete.");
-  sample("kvpager:host_tier_pending_hits_total", "", s.pending_hits);
-  family("kvpager:host_tier_moved_up_blocks_total", "counter",
-         "Blocks an exclusive tier let go when their load completed.");
-  sample("kvpager:host_tier_moved_up_blocks_total", "", s.moved_up);
-  family("kvpager:host_tier_below_priority_blocks_total", "counter",
-         "Blocks not stored for their request's retention priority.");
-  sample("kvpager:host_tier_below_priority_blocks_total", "", s.below_priority);
+  single("kvpager:host_tier_stored_blocks_total", "counter",
+         "Blocks whose store completed.", s.stored);
+  single("kvpager:host_tier_loaded_blocks_total", "counter",
+         "Blocks loads were prepared for.", s.loads);
+  single("kvpager:host_tier_evictions_total", "counter",
+         "Ready blocks evicted to make room for stores.", s.evicted);
+  single("kvpager:host_tier_failed_stores_total", "counter",
+         "Blocks whose store failed (forgotten; recomputed).", s.failed_stores);
+  single("kvpager:host_tier_refused_stores_total", "counter",
+         "Stores refused for want of evictable blocks.", s.refused_stores);
+  single("kvpager:host_tier_pending_hits_total", "counter",
+         "Lookups that found a block whose store was not complete.", s.pending_hits);
+  single("kvpager:host_tier_moved_up_blocks_total", "counter",
+         "Blocks an exclusive tier let go when their load completed.", s.moved_up);
+  single("kvpager:host_tier_below_priority_blocks_total", "counter",
+         "Blocks not stored for their request's retention priority.", s.below_priority);
 }
 
 KVPAGER_NAMESPACE_END

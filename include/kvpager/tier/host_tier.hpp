@@ -236,15 +236,10 @@ class host_tier {
         return status{errc::invalid_block, "host_tier::prepare_load: a key whose store is not complete",
                       static_cast<std::int64_t>(i)};
     }
-    for (std::size_t i = 0; i < keys.size(); ++i) host_blocks[i] = policy_.find(keys[i]);
-    for (const block_id s : host_blocks) {  // each block that had no reader counted once, however often listed
-      if (state_[static_cast<std::size_t>(s)] == 0 && protect_[static_cast<std::size_t>(s)] == 0) {
-        protect_[static_cast<std::size_t>(s)] = 1;
-        ++stats_.reading;
-      }
+    for (std::size_t i = 0; i < keys.size(); ++i) {
+      host_blocks[i] = policy_.find(keys[i]);
+      if (state_[static_cast<std::size_t>(host_blocks[i])]++ == 0) ++stats_.reading;  // its first reader
     }
-    for (const block_id s : host_blocks) protect_[static_cast<std::size_t>(s)] = 0;
-    for (const block_id s : host_blocks) ++state_[static_cast<std::size_t>(s)];
     stats_.loads += static_cast<std::int64_t>(keys.size());
     return ok_status();
   }
@@ -256,32 +251,24 @@ class host_tier {
   /// often than it was loaded fails too; detail = its index): nothing changed.
   status complete_load(std::span<const std::uint64_t> keys, bool loaded = true) noexcept {
     std::size_t i = 0;
+    std::int32_t done = 0;  // blocks whose last reader this call is
     for (; i < keys.size(); ++i) {
       const std::int32_t s = policy_.find(keys[i]);
       if (s < 0 || state_[static_cast<std::size_t>(s)] <= 0) break;
-      --state_[static_cast<std::size_t>(s)];
+      if (--state_[static_cast<std::size_t>(s)] == 0) ++done;
     }
     if (i < keys.size()) {
       for (std::size_t j = 0; j < i; ++j) ++state_[static_cast<std::size_t>(policy_.find(keys[j]))];
       return status{errc::invalid_block, "host_tier::complete_load: a key with no load in flight",
                     static_cast<std::int64_t>(i)};
     }
-    for (const std::uint64_t k : keys) {
-      const std::int32_t s = policy_.find(k);
-      if (state_[static_cast<std::size_t>(s)] == 0 && protect_[static_cast<std::size_t>(s)] == 0) {
-        protect_[static_cast<std::size_t>(s)] = 1;  // counted once per block
-        --stats_.reading;
-      }
-    }
-    for (const std::uint64_t k : keys) protect_[static_cast<std::size_t>(policy_.find(k))] = 0;
+    stats_.reading -= done;
     if (!cfg_.inclusive && loaded) {  // exclusive: a block whose last load completed moved up; its host block is free
       for (const std::uint64_t k : keys) {
         const std::int32_t s = policy_.find(k);
         if (s < 0 || state_[static_cast<std::size_t>(s)] != 0) continue;
         announce_removed(s);
-        policy_.remove(k);
-        free_.push_back(s);
-        --stats_.held;
+        release(k, s);
         ++stats_.moved_up;
       }
     }
@@ -375,10 +362,8 @@ class host_tier {
           events_->block_stored_unchained(kv_medium::host, n.group, n.hash);
         }
       } else {
-        policy_.remove(k);
         state_[static_cast<std::size_t>(s)] = 0;
-        free_.push_back(s);
-        --stats_.held;
+        release(k, s);
         ++stats_.failed_stores;
       }
     }
@@ -422,6 +407,12 @@ class host_tier {
   [[nodiscard]] std::int64_t lookups_of(std::uint64_t key) const noexcept {
     const std::int32_t n = counts_index_.find(key);
     return n < 0 ? 0 : counts_[static_cast<std::size_t>(n)];
+  }
+  /// Key `k` no longer holds host block `s` (state 0), which is free again.
+  void release(std::uint64_t k, std::int32_t s) noexcept {
+    policy_.remove(k);
+    free_.push_back(s);
+    --stats_.held;
   }
   void announce_removed(std::int32_t s) {
     if (events_ == nullptr) return;

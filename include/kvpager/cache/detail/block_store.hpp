@@ -191,8 +191,7 @@ class block_store {
   /// the content and the eviction policy the per-content state it keeps (hits, first-use stamp), so the block's
   /// next content starts afresh. `b` is not in the eviction index.
   void drop_content(block_id b) noexcept {
-    share_.uncache(b);
-    if constexpr (detail::forgets_content<E>) evict_.forget(b);
+    forget_content(b);
     if (sink_.out != nullptr) {
       announced& a = announced_[static_cast<std::size_t>(b)];
       if (a.live) sink_.out->block_removed(kv_medium::device, a.group, a.hash);
@@ -214,8 +213,7 @@ class block_store {
           recycle = true;
         }
       }
-      share_.uncache(b);
-      if constexpr (detail::forgets_content<E>) evict_.forget(b);
+      forget_content(b);
       if (recycle) pool_.recycle(b);
       if (sink_.out != nullptr) announced_[static_cast<std::size_t>(b)].live = false;
     }
@@ -245,6 +243,12 @@ class block_store {
 
  private:
   block_pool<A> pool_;
+  /// The sharing policy forgets `b`'s content and the eviction policy its per-content state (both discards).
+  void forget_content(block_id b) noexcept {
+    share_.uncache(b);
+    if constexpr (detail::forgets_content<E>) evict_.forget(b);
+  }
+
   [[no_unique_address]] E evict_;
   [[no_unique_address]] S share_;
   std::int64_t evictions_ = 0;
