@@ -25,6 +25,7 @@
 #include "kvpager/concepts/sharing_policy.hpp"
 #include "kvpager/concepts/swap_policy.hpp"
 #include "kvpager/concepts/group_kind.hpp"
+#include "kvpager/concepts/tier_policy.hpp"
 
 #include "kvpager/allocator/free_list_allocator.hpp"
 #include "kvpager/allocator/lifo_allocator.hpp"
@@ -41,6 +42,9 @@
 #include "kvpager/swap/hybrid_swap.hpp"
 #include "kvpager/swap/no_swap.hpp"
 #include "kvpager/swap/recompute.hpp"
+#include "kvpager/tier/arc_tier.hpp"
+#include "kvpager/tier/host_tier.hpp"
+#include "kvpager/tier/lru_tier.hpp"
 #include "kvpager/groups/agreed_hit.hpp"
 #include "kvpager/groups/group_kind_variant.hpp"
 #include "kvpager/groups/group_kinds.hpp"

@@ -39,15 +39,27 @@ template <class Cache, bool TokenMode = false>
 class model_runner {
  public:
   model_runner(std::int32_t num_blocks, std::int32_t block_size, std::uint32_t seed,
-               typename Cache::sharing_policy_type sharing = {}, std::int32_t host_blocks = 0)
-      : cache_(std::move(*Cache::create({block_size, num_blocks, 1, 0, host_blocks}, {.sharing = std::move(sharing)}))),
+               typename Cache::sharing_policy_type sharing = {}, std::int32_t host_blocks = 0,
+               host_tier_options tier = {})
+      : cache_(std::move(*Cache::create(config(block_size, num_blocks, host_blocks, tier),
+                                        {.sharing = std::move(sharing)}))),
         bs_(block_size),
         mem_(static_cast<std::size_t>(num_blocks) * static_cast<std::size_t>(block_size), 0),
         rng_(seed) {
     const std::int32_t host = cache_.stats().host_total;
-    host_mem_.assign(static_cast<std::size_t>(host) * static_cast<std::size_t>(block_size), 0);
+    // The executor's host pool: the swap pool, then the host tier's blocks (from host block `host` on).
+    const auto pool = static_cast<std::size_t>(cache_.config().host_pool_blocks());
+    host_mem_.assign(pool * static_cast<std::size_t>(block_size), 0);
+    tier_stored_.assign(pool, 0);
     swapping_ = host > 0;
   }
+  static cache_config config(std::int32_t block_size, std::int32_t num_blocks, std::int32_t host_blocks,
+                             host_tier_options tier) {
+    cache_config cfg{block_size, num_blocks, 1, 0, host_blocks};
+    cfg.host_tier = tier;
+    return cfg;
+  }
+  static constexpr bool tiered = !std::same_as<typename Cache::tier_policy_type, no_tier>;
 
   void run(std::int64_t ops) {
     for (std::int64_t op = 0; op < ops && !::testing::Test::HasFatalFailure(); ++op) {
@@ -55,6 +67,7 @@ class model_runner {
       check_invariants();
     }
     execute_and_verify();
+    if constexpr (tiered) execute_and_verify();  // the stores write-through planned at the last begin_step run too
     const cache_stats end = cache_.stats();
     std::printf("model: %lld ops, %lld ok, %lld out_of_blocks, %lld steps verified, %lld cow copies, %lld fork copies, "
                 "%lld prefix hit tokens, %lld evictions\n",
@@ -62,6 +75,20 @@ class model_runner {
                 static_cast<long long>(steps_), static_cast<long long>(end.cow_copies),
                 static_cast<long long>(end.fork_copies), static_cast<long long>(end.prefix_hit_tokens),
                 static_cast<long long>(end.evictions));
+    if constexpr (tiered) {
+      const host_tier_stats t = cache_.tier().stats();
+      std::printf("       host tier: %lld blocks stored, %lld loaded, %lld host hit tokens, %lld evicted, %lld "
+                  "refused stores, %lld below priority\n",
+                  static_cast<long long>(end.tier_stored_blocks), static_cast<long long>(end.tier_loaded_blocks),
+                  static_cast<long long>(end.prefix_hit_tokens_host), static_cast<long long>(t.evicted),
+                  static_cast<long long>(t.refused_stores), static_cast<long long>(t.below_priority));
+      EXPECT_GT(end.tier_loaded_blocks, 0) << "the host tier should serve hits";
+      EXPECT_EQ(end.prefix_hit_tokens_host, end.tier_loaded_blocks * bs_);
+      EXPECT_EQ(t.loads, end.tier_loaded_blocks);
+      EXPECT_EQ(t.stored + t.writing, end.tier_stored_blocks) << "every store planned completes with its step";
+      EXPECT_EQ(t.writing, 0);
+      EXPECT_EQ(t.reading, 0);
+    }
     if (swapping_) {
       std::printf("       swapped out %lld blocks, in %lld\n", static_cast<long long>(end.swapped_out_blocks),
                   static_cast<long long>(end.swapped_in_blocks));
@@ -273,6 +300,8 @@ class model_runner {
     const bool full = rng_() % 8 == 0;
     const auto before = full ? snapshot() : kvtest::cache_snapshot{};
     const cache_stats stats_before = cache_.stats();
+    host_tier_stats tier_before{};
+    if constexpr (tiered) tier_before = cache_.tier().stats();
     const status st = call();
     if (st.ok()) {
       ++successes_;
@@ -282,6 +311,9 @@ class model_runner {
     ASSERT_TRUE(st.code() == errc::out_of_blocks || st.code() == also_allowed) << st.message();
     ++out_of_blocks_;
     ASSERT_EQ(cache_.stats(), stats_before);
+    if constexpr (tiered) {
+      ASSERT_EQ(cache_.tier().stats(), tier_before) << "a failed call changed the host tier";
+    }
     if (full) {
       ASSERT_TRUE(snapshot() == before) << "a failed call changed the cache";
     }
@@ -306,12 +338,21 @@ class model_runner {
     const step_plan& plan = cache_.plan();
     // (1) swap-outs, (2) swap-ins, each block and each destination once.
     std::set<block_id> seen;
+    const block_id tier_base = cache_.config().num_host_blocks;
     for (const block_swap& w : plan.swap_outs()) {  // a device block may be read twice (shared, swapped apart)
       ASSERT_TRUE(seen.insert(w.host).second) << "a host block written twice";
+      if (w.host >= tier_base) {
+        ASSERT_LT(w.host, static_cast<block_id>(tier_stored_.size())) << "a store past the host tier";
+      }
       std::copy_n(mem_.begin() + w.device * bs_, bs_, host_mem_.begin() + w.host * bs_);
     }
+    const std::set<block_id> written = seen;
     seen.clear();
     for (const block_swap& w : plan.swap_ins()) {
+      if (w.host >= tier_base) {  // a load: its store completed in an earlier step, none of this step rewrote it
+        ASSERT_TRUE(tier_stored_[static_cast<std::size_t>(w.host)] != 0) << "a load of a host block never stored";
+        ASSERT_FALSE(written.count(w.host)) << "a load of a host block whose store is in this step";
+      }
       ASSERT_TRUE(seen.insert(w.device).second) << "a device block swapped in twice";
       std::copy_n(host_mem_.begin() + w.host * bs_, bs_, mem_.begin() + w.device * bs_);
     }
@@ -352,6 +393,8 @@ class model_runner {
       }
     }
     freed_pending_.clear();
+    for (const block_id h : written)
+      if (h >= tier_base) tier_stored_[static_cast<std::size_t>(h)] = 1;
     cache_.begin_step();
     ++steps_;
     for (auto& [id, s] : model_) {
@@ -443,7 +486,8 @@ class model_runner {
   Cache cache_;
   std::int32_t bs_;
   std::vector<std::uint64_t> mem_;  // emulated KV pool: one value per slot
-  std::vector<std::uint64_t> host_mem_;  // emulated host (swap) pool
+  std::vector<std::uint64_t> host_mem_;
+  std::vector<std::uint8_t> tier_stored_;  // per host block: written by a store of an earlier step  // emulated host (swap) pool
   bool swapping_ = false;
   std::unordered_map<seq_id, model_seq> model_;
   std::vector<seq_id> live_;  // the keys of model_, for O(1) random picks
@@ -484,6 +528,46 @@ TEST(ModelTest, SwapCopyingFork) {
 TEST(ModelTest, SwapWithPrefixCaching) {
   using cache_t = paged_kv_cache<free_list_allocator, lru_eviction, prefix_caching, host_swap>;
   model_runner<cache_t, true>(40, 4, 33, {}, 30).run(300'000);
+}
+
+// A host tier below the device pool: loads (host to device) and stores (device to host) are swaps of the step plan
+// into the tier's host blocks, run by the emulated executor; every sequence read back after each step shows that a
+// loaded block holds exactly the content its hash names. Write-through and write-back, LRU and ARC, inclusive and
+// exclusive, selective storing and a priority floor, beside a swap pool in the same host memory.
+TEST(ModelTest, HostTierLruWriteThrough) {
+  model_runner<tiered_cache_with<lru_tier, no_swap>, true>(40, 4, 41, {}, 0, {.num_blocks = 24}).run(300'000);
+}
+TEST(ModelTest, HostTierArcWriteBack) {
+  model_runner<tiered_cache_with<arc_tier, no_swap>, true>(40, 4, 42, {}, 0,
+                                                          {.num_blocks = 16, .write = tier_write::back})
+      .run(300'000);
+}
+TEST(ModelTest, HostTierExclusive) {
+  model_runner<tiered_cache_with<lru_tier, no_swap>, true>(
+      32, 4, 43, {}, 0, {.num_blocks = 12, .write = tier_write::back, .inclusive = false})
+      .run(200'000);
+}
+TEST(ModelTest, HostTierSelectiveWithPriorityFloor) {
+  model_runner<tiered_cache_with<arc_tier, no_swap>, true>(
+      40, 4, 44, {}, 0, {.num_blocks = 20, .store_threshold = 2, .min_priority = 1})
+      .run(200'000);
+}
+TEST(ModelTest, HostTierBesideSwapPool) {
+  model_runner<tiered_cache_with<lru_tier, host_swap>, true>(40, 4, 45, {}, 30,
+                                                            {.num_blocks = 20, .write = tier_write::back})
+      .run(300'000);
+}
+
+// Issue 25, point 3: ten million operations over both tiers (the reduced presets run fewer, under the sanitizers).
+#if defined(KVPAGER_TEST_REDUCED)
+constexpr std::int64_t two_tier_ops = 200'000;
+#else
+constexpr std::int64_t two_tier_ops = 10'000'000;
+#endif
+TEST(ModelTest, HostTierTenMillionOps) {
+  model_runner<tiered_cache_with<lru_tier, hybrid_swap>, true>(40, 4, 46, {}, 16,
+                                                              {.num_blocks = 24, .write = tier_write::back})
+      .run(two_tier_ops);
 }
 
 // Token mode: prefix caching under every eviction policy.

@@ -7,6 +7,9 @@
   sim_check.py compute EXE     --compute cpu on a small workload (fp32 and bf16, with swaps and copies): exit 0, every
                                row checked and matching
   sim_check.py corruption EXE  --compute cpu with a KV value overwritten mid-run: exit 2 and the mismatch named
+  sim_check.py host_tier EXE   --host-tier-blocks on the multi-turn workload: the tier serves what the small pool
+                               evicted (hits by tier, loads, stores), every attention row still exact with its loads
+                               run by the CPU executor (--compute cpu), bad tier options exit 2
 """
 import csv
 import json
@@ -167,6 +170,67 @@ def multiturn(exe):
                                                                                     big["prefix_hit_rate"]))
 
 
+def host_tier(exe):
+    """--host-tier-blocks: a host tier below the device pool on the multi-turn workload."""
+    base = [exe, "--quiet", "--json", "--workload", "multiturn", "--requests", "400"]
+    p = run(base)
+    check(p.returncode == 0, "no tier: exit %d: %s" % (p.returncode, p.stderr))
+    none = json.loads(p.stdout)["paged"]
+    p = run(base + ["--blocks", "8000"])
+    check(p.returncode == 0, "--blocks 8000: exit %d: %s" % (p.returncode, p.stderr))
+    roomy = json.loads(p.stdout)["paged"]
+    check(none["prefix_hit_tokens_host"] == 0 and none["tier_loads"] == 0 and none["tier_stores"] == 0,
+          "a host tier without --host-tier-blocks: %s" % none)
+    figures = {}
+    for policy in ("lru", "arc"):
+        for write in ("through", "back"):
+            p = run(base + ["--host-tier-blocks", "4000", "--host-tier-policy", policy, "--host-tier-write", write])
+            check(p.returncode == 0, "%s %s: exit %d: %s" % (policy, write, p.returncode, p.stderr))
+            d = json.loads(p.stdout)
+            g = d["paged"]
+            check(d["settings"]["host_tier_policy"] == policy and d["settings"]["host_tier_write"] == write,
+                  "settings not reported: %s" % d["settings"])
+            check(g["completed"] == 400, "%s %s: turns lost" % (policy, write))
+            # The device tier decides as before; the host tier serves part of what the device evicted.
+            check(g["prefix_hit_tokens_device"] == none["prefix_hit_tokens_device"],
+                  "the tier changed the device's hits: %d against %d" % (g["prefix_hit_tokens_device"],
+                                                                        none["prefix_hit_tokens_device"]))
+            check(g["prefix_hit_tokens_host"] > 0.2 * g["prefix_query_tokens"],
+                  "%s %s: the host tier served only %d of %d prompt tokens" % (
+                      policy, write, g["prefix_hit_tokens_host"], g["prefix_query_tokens"]))
+            check(g["prefix_hit_tokens"] == g["prefix_hit_tokens_device"] + g["prefix_hit_tokens_host"],
+                  "hits by tier do not add up")
+            # A tier that holds everything closes the gap to a device pool with room for everything.
+            check(g["prefix_hit_tokens"] >= roomy["prefix_hit_tokens"] - 0.01 * g["prefix_query_tokens"],
+                  "%s %s: %d tokens hit with the tier, %d with room for everything" % (
+                      policy, write, g["prefix_hit_tokens"], roomy["prefix_hit_tokens"]))
+            check(g["prefix_hit_tokens_host"] == 16 * g["tier_loads"], "host hit tokens are not loads x block size")
+            check(g["prompt_tokens_computed"] == g["prefix_query_tokens"] - g["prefix_hit_tokens"],
+                  "computed prompt tokens")
+            check(0 < g["tier_stores_per_reused_block"] <= 1.0,
+                  "%s %s: %.3f stores per reused block" % (policy, write, g["tier_stores_per_reused_block"]))
+            figures[(policy, write)] = g["prefix_hit_tokens_host"] / g["prefix_query_tokens"]
+    # End to end: the loads and stores run on real KV pools by the CPU executor, every attention row checked.
+    p = run([exe, "--quiet", "--json", "--workload", "multiturn", "--requests", "100", "--blocks", "300",
+             "--host-tier-blocks", "600", "--host-tier-write", "back", "--compute", "cpu"])
+    check(p.returncode == 0, "--compute cpu with a host tier: exit %d: %s" % (p.returncode, p.stderr))
+    d = json.loads(p.stdout)
+    c, g = d["compute"], d["paged"]
+    check(c["mismatches"] == 0 and c["rows_checked"] > 10000 and c["requests_checked"] == 100,
+          "--compute cpu: %s" % c)
+    check(g["tier_loads"] > 100 and c["blocks_swapped_in"] >= g["tier_loads"],
+          "--compute cpu: %d loads, %d blocks moved in" % (g["tier_loads"], c["blocks_swapped_in"]))
+    for bad, what in ((["--host-tier-blocks", "-1"], "--host-tier-blocks"),
+                      (["--host-tier-blocks", "100", "--composition", "vllm_v1"], "--host-tier-blocks"),
+                      (["--host-tier-blocks", "100", "--host-tier-policy", "fifo"], "--host-tier-policy"),
+                      (["--host-tier-blocks", "100", "--host-tier-write", "around"], "--host-tier-write"),
+                      (["--host-tier-blocks", "100", "--host-tier-store-threshold", "0"], "--host-tier-store-threshold")):
+        p = run([exe, "--quiet"] + bad)
+        check(p.returncode == 2 and what in p.stderr, "%s: exit %d, %s" % (bad, p.returncode, p.stderr))
+    print("ok host_tier: host hits %s; --compute cpu exact with %d loads" % (
+        ", ".join("%s/%s %.3f" % (k[0], k[1], v) for k, v in sorted(figures.items())), g["tier_loads"]))
+
+
 if __name__ == "__main__":
     {"report": report, "compute": compute, "corruption": corruption, "layers": layers,
-     "multiturn": multiturn}[sys.argv[1]](sys.argv[2])
+     "multiturn": multiturn, "host_tier": host_tier}[sys.argv[1]](sys.argv[2])

@@ -73,6 +73,10 @@ struct settings {
   std::int32_t block_size = 0;
   std::int32_t max_model_len = 0;
   std::int32_t host_blocks = -1;  // -1: a quarter of the device pool (hybrid_swap)
+  std::int32_t host_tier_blocks = 0;  // --host-tier-blocks: the prefix cache's host tier (0: none)
+  std::string host_tier_policy = "lru";
+  std::string host_tier_write = "through";
+  std::int32_t host_tier_store_threshold = 1;
   std::string preemption = "cache_policy";
   std::string admission = "watermark";
   std::string tuning = "on";
@@ -174,10 +178,13 @@ int run_composition(const kvpager::cache_config& cc, const settings& s, const kv
     return 1;
   }
   if (compute) {
-    auto pools = kvpager::host_kv_pools::create(cache->geometry(), cc.num_host_blocks);
+    // The host pool: the swap pool's blocks, then the host tier's (cache_config::host_pool_blocks).
+    auto pools = kvpager::host_kv_pools::create(cache->geometry(), static_cast<std::int32_t>(cc.host_pool_blocks()));
     if (!pools) {
-      std::fprintf(stderr, "kvpager-sim: --compute cpu: cannot create the KV pools: %s\n", pools.error().message());
-      return 1;
+      std::fprintf(stderr, "kvpager-sim: --compute cpu: cannot create the KV pools (%lld host blocks with "
+                           "--host-blocks and --host-tier-blocks): %s\n",
+                   static_cast<long long>(cc.host_pool_blocks()), pools.error().message());
+      return pools.error().code() == kvpager::errc::out_of_memory ? kvtools::exit_bad_input : 1;
     }
     attn = std::make_unique<kvsim::attention_compute>(std::move(*pools), s.seed);
     attn->corrupt_at(s.corrupt_step);
@@ -215,6 +222,18 @@ int run_main(int argc, char** argv) {
       ->check(int_range(1, kvsim::max_model_len_limit));
   app.add_option("--host-blocks", s.host_blocks, "host (swap) pool blocks of hybrid_swap (default: blocks / 4)")
       ->check(int_range(0, 1 << 24));
+  app.add_option("--host-tier-blocks", s.host_tier_blocks,
+                 "host tier of the prefix cache below the device pool, in blocks (default 0: none; hybrid_swap)")
+      ->check(int_range(0, 1 << 24));
+  app.add_option("--host-tier-policy", s.host_tier_policy, "the host tier's eviction: lru or arc (default lru)")
+      ->check(CLI::IsMember({"lru", "arc"}));
+  app.add_option("--host-tier-write", s.host_tier_write,
+                 "when blocks go to the host tier: through (when cached) or back (when the device evicts them); "
+                 "default through")
+      ->check(CLI::IsMember({"through", "back"}));
+  app.add_option("--host-tier-store-threshold", s.host_tier_store_threshold,
+                 "store only blocks looked up in the host tier at least this often (default 1: every block)")
+      ->check(int_range(1, 1 << 20));
   app.add_option("--preemption", s.preemption, "cache_policy, recompute, swap or adaptive (default cache_policy)")
       ->check(CLI::IsMember({"cache_policy", "recompute", "swap", "adaptive"}));
   app.add_option("--admission", s.admission, "watermark (1% kept free) or headroom (the seed's free >= 1.1 x needed)")
@@ -271,6 +290,12 @@ int run_main(int argc, char** argv) {
   if (s.composition != "hybrid_swap" && s.composition != "vllm_v1") {
     std::fprintf(stderr, "kvpager-sim: unknown composition '%s'; choose one of: %s\n", s.composition.c_str(),
                  compositions);
+    return kvtools::exit_bad_input;
+  }
+
+  if (s.host_tier_blocks > 0 && (s.composition != "hybrid_swap" || !s.layers.empty())) {
+    std::fprintf(stderr, "kvpager-sim: --host-tier-blocks runs with --composition hybrid_swap and without --layers "
+                         "(for vllm_v1's behaviour add --host-blocks 0)\n");
     return kvtools::exit_bad_input;
   }
 
@@ -416,19 +441,29 @@ int run_main(int argc, char** argv) {
   // The paged run, over the chosen composition (one reserved null block, as vLLM); the pool's geometry is the
   // --compute cpu layer's (kvsim::attention_compute), stated once here.
   const kvpager::kv_dtype dtype = s.dtype == "bf16" ? kvpager::kv_dtype::bf16 : kvpager::kv_dtype::f32;
-  const kvpager::cache_config cc{.block_size = w.block_size,
-                                 .num_blocks = w.num_blocks + 1,
-                                 .reserved_blocks = 1,
-                                 .max_blocks_per_seq = max_blocks_per_seq,
-                                 .num_host_blocks = host_blocks,
-                                 .num_kv_heads = kvsim::attention_compute::kv_heads,
-                                 .head_dim = kvsim::attention_compute::head_dim,
-                                 .dtype = dtype};
+  const kvpager::cache_config cc{
+      .block_size = w.block_size,
+      .num_blocks = w.num_blocks + 1,
+      .reserved_blocks = 1,
+      .max_blocks_per_seq = max_blocks_per_seq,
+      .num_host_blocks = host_blocks,
+      .num_kv_heads = kvsim::attention_compute::kv_heads,
+      .head_dim = kvsim::attention_compute::head_dim,
+      .dtype = dtype,
+      .host_tier = {.num_blocks = s.host_tier_blocks,
+                    .write = s.host_tier_write == "back" ? kvpager::tier_write::back : kvpager::tier_write::through,
+                    .store_threshold = s.host_tier_store_threshold}};
   std::unique_ptr<kvsim::attention_compute> attn;
   outcome paged;
-  const int rc = s.composition == "vllm_v1"
-                     ? run_composition<kvpager::vllm_v1_cache>(cc, s, w, po, paged, attn)
-                     : run_composition<kvpager::hybrid_swap_cache>(cc, s, w, po, paged, attn);
+  int rc = 0;
+  if (s.composition == "vllm_v1")
+    rc = run_composition<kvpager::vllm_v1_cache>(cc, s, w, po, paged, attn);
+  else if (s.host_tier_blocks == 0)
+    rc = run_composition<kvpager::hybrid_swap_cache>(cc, s, w, po, paged, attn);
+  else if (s.host_tier_policy == "arc")
+    rc = run_composition<kvpager::arc_tier_cache>(cc, s, w, po, paged, attn);
+  else
+    rc = run_composition<kvpager::lru_tier_cache>(cc, s, w, po, paged, attn);
   progress.end();
   if (rc != 0 && !paged.extras.error.empty())
     std::fprintf(stderr, "kvpager-sim: --compute cpu: %s\n", paged.extras.error.c_str());
@@ -506,6 +541,10 @@ int run_main(int argc, char** argv) {
                        {"blocks", w.num_blocks},
                        {"block_size", w.block_size},
                        {"host_blocks", host_blocks},
+                       {"host_tier_blocks", s.host_tier_blocks},
+                       {"host_tier_policy", s.host_tier_blocks > 0 ? s.host_tier_policy : std::string("none")},
+                       {"host_tier_write", s.host_tier_write},
+                       {"host_tier_store_threshold", s.host_tier_store_threshold},
                        {"max_model_len", w.max_model_len},
                        {"max_num_seqs", w.max_num_seqs},
                        {"max_num_batched_tokens", w.max_num_batched_tokens},

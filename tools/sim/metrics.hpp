@@ -55,6 +55,11 @@ struct run_summary {
   std::int64_t swap_outs = 0, swap_ins = 0;
   double prefix_hit_rate = 0;
   std::int64_t prefix_hit_tokens = 0, prefix_query_tokens = 0;
+  /// The prefix hits by tier (prefix_hit_tokens = device + host), and the host tier's block moves (paged, with
+  /// --host-tier-blocks): loads (host to device, each a reused block) and stores (device to host).
+  std::int64_t prefix_hit_tokens_device = 0, prefix_hit_tokens_host = 0;
+  std::int64_t tier_loads = 0, tier_stores = 0;
+  std::int64_t bytes_per_block = 0;  ///< KV bytes of a block over all layers (what a load or store moves)
   std::array<std::int64_t, 4> health_steps{};  ///< steps at each health level (OK, GOOD, WARNING, CRITICAL)
   double wall_s = 0;
 };

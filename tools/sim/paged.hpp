@@ -188,6 +188,14 @@ run_summary run_paged(const workload& w, Cache& cache, const paged_options& o, s
   s.swap_ins = extras.last.swap_ins;
   s.prefix_hit_tokens = fin.prefix.hit_tokens;
   s.prefix_query_tokens = fin.prefix.query_tokens;
+  s.prefix_hit_tokens_host = fin.prefix.host_hit_tokens;
+  s.prefix_hit_tokens_device = fin.prefix.hit_tokens - fin.prefix.host_hit_tokens;
+  {
+    const kvpager::cache_stats cs = cache.stats();
+    s.tier_loads = cs.tier_loaded_blocks;
+    s.tier_stores = cs.tier_stored_blocks;
+  }
+  s.bytes_per_block = o.bytes_per_block;
   s.prefix_hit_rate = extras.last.prefix_hit_rate;
   if (o.sched.advise_block_size) {
     if (const auto b = sched.tuning().block_sizes().recommend(); b) extras.advised_block_size = *b;

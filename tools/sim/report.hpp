@@ -42,6 +42,17 @@ using ordered_json = nlohmann::ordered_json;
   j["prefix_hit_rate"] = s.prefix_hit_rate;
   j["prefix_hit_tokens"] = s.prefix_hit_tokens;
   j["prefix_query_tokens"] = s.prefix_query_tokens;
+  j["prefix_hit_tokens_device"] = s.prefix_hit_tokens_device;
+  j["prefix_hit_tokens_host"] = s.prefix_hit_tokens_host;
+  // Prompt tokens computed: neither tier served them (recomputed where an earlier turn had computed them).
+  j["prompt_tokens_computed"] = s.prefix_query_tokens - s.prefix_hit_tokens;
+  j["tier_loads"] = s.tier_loads;
+  j["tier_stores"] = s.tier_stores;
+  // Device-to-host copies per block loaded back (a store that is never reused is the tier's cost), and all bytes
+  // moved by the tier (stores and loads) per reused block.
+  j["tier_stores_per_reused_block"] = s.tier_loads > 0 ? double(s.tier_stores) / double(s.tier_loads) : 0.0;
+  j["tier_bytes_per_reused_block"] =
+      s.tier_loads > 0 ? double(s.tier_stores + s.tier_loads) * double(s.bytes_per_block) / double(s.tier_loads) : 0.0;
   ordered_json h;
   for (std::size_t i = 0; i < s.health_steps.size(); ++i)
     h[kvpager::to_string(static_cast<kvpager::health_level>(i))] = s.health_steps[i];
@@ -85,6 +96,10 @@ inline void print_table(std::initializer_list<std::pair<const char*, const run_s
   });
   row("swaps (out / in)", [&](S p) { return i64(p.swap_outs) + " / " + i64(p.swap_ins); });
   row("prefix hit rate (tokens)", [&](S p) { return pct(p.prefix_hit_rate); });
+  row("prefix hit tokens, device / host", [&](S p) {
+    return i64(p.prefix_hit_tokens_device) + " / " + i64(p.prefix_hit_tokens_host);
+  });
+  row("host tier blocks, stored / loaded", [&](S p) { return i64(p.tier_stores) + " / " + i64(p.tier_loads); });
   row("health levels seen", [&](S p) { return levels_seen(p); });
   row("aborted or rejected", [&](S p) { return i64(p.aborted); });
   row("wall time", [&](S p) { return num(p.wall_s, "%.2f s"); });

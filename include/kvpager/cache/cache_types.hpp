@@ -10,6 +10,7 @@
 #include <span>
 #include <vector>
 
+#include "kvpager/concepts/tier_policy.hpp"
 #include "kvpager/core/checked_math.hpp"
 #include "kvpager/core/config.hpp"
 #include "kvpager/core/geometry.hpp"
@@ -17,6 +18,30 @@
 #include "kvpager/core/types.hpp"
 
 KVPAGER_NAMESPACE_BEGIN
+
+/// When a cache with a host tier copies prefix-cache blocks to it (cache_config::host_tier).
+enum class tier_write : std::uint8_t {
+  /// On commit: a block is stored at the begin_step after it was cached (its bytes are in place then), whether or not
+  /// the device ever evicts it (vLLM's offloading connector, SGLang HiCache's write_through).
+  through,
+  /// On eviction: a block is stored in the step the device pool reuses it, before its new owner writes it (SGLang
+  /// HiCache's write_back); blocks that never leave the device are never copied.
+  back,
+};
+
+/// The host tier of a paged_kv_cache whose fifth policy is a tier policy (tier/lru_tier.hpp, tier/arc_tier.hpp):
+/// its size and what it stores (docs/host_tier.md). Its host blocks follow the swap pool's in the executors' host
+/// pool: tier block i is host block num_host_blocks + i in the step plan.
+struct host_tier_options {
+  std::int32_t num_blocks = 0;         ///< host blocks of the tier (> 0 with a tier policy, 0 without one)
+  tier_write write = tier_write::through;
+  std::int32_t store_threshold = 1;    ///< store only blocks looked up in the tier at least this often (1: all)
+  std::int32_t max_tracker_size = 64000;  ///< keys whose lookups are counted (store_threshold >= 2)
+  /// Store only blocks of sequences whose retention priority is at least this (the lowest int32: every block).
+  std::int32_t min_priority = INT32_MIN;
+  /// Inclusive: a loaded block keeps its host copy. Exclusive (false; with tier_write::back only): it leaves the tier.
+  bool inclusive = true;
+};
 
 /// Run-time configuration of a paged_kv_cache.
 /// The cache's configuration. Block size and pool size are the cache's; with the KV shape after them (KV heads, head
@@ -32,6 +57,12 @@ struct cache_config {
   std::int32_t num_kv_heads = 1;        ///< KV heads of one layer's pool (geometry(); > 0)
   std::int32_t head_dim = 128;          ///< elements per head (geometry(); > 0)
   kv_dtype dtype = kv_dtype::f16;       ///< element type of the pool (geometry())
+  host_tier_options host_tier{};        ///< the prefix cache's host tier (paged_kv_cache with a tier policy)
+
+  /// Host blocks the executors' host pool needs: the swap pool's, then the host tier's.
+  [[nodiscard]] constexpr std::int64_t host_pool_blocks() const noexcept {
+    return std::int64_t{num_host_blocks} + host_tier.num_blocks;
+  }
 
   /// The pool's geometry: num_blocks, block_size, num_kv_heads, head_dim, dtype.
   [[nodiscard]] constexpr kv_geometry geometry() const noexcept {
@@ -63,7 +94,9 @@ struct geometry_check {
 
 /// The checks of paged_kv_cache::create on `cfg` alone (the pool sizes are block_pool::create's):
 /// errc::invalid_block_size (not a positive power of two), errc::invalid_argument (negative max_blocks_per_seq,
-/// num_kv_heads or head_dim not positive), errc::invalid_pool_size (negative num_host_blocks).
+/// num_kv_heads or head_dim not positive; host tier options that contradict: store_threshold < 1, an exclusive
+/// tier written through), errc::invalid_pool_size (negative num_host_blocks or host_tier.num_blocks, or host blocks
+/// past 2^29 together).
 [[nodiscard]] constexpr status validate(const cache_config& cfg) noexcept {
   if (cfg.block_size <= 0 || !std::has_single_bit(static_cast<std::uint32_t>(cfg.block_size)))
     return status{errc::invalid_block_size, "paged_kv_cache::create: block_size must be a positive power of two",
@@ -77,6 +110,19 @@ struct geometry_check {
   if (cfg.num_host_blocks < 0)
     return status{errc::invalid_pool_size, "paged_kv_cache::create: num_host_blocks must be >= 0",
                   cfg.num_host_blocks};
+  const host_tier_options& t = cfg.host_tier;
+  if (t.num_blocks < 0 || cfg.host_pool_blocks() > INT32_MAX / 4)
+    return status{errc::invalid_pool_size,
+                  "paged_kv_cache::create: host_tier.num_blocks must be >= 0 and, with num_host_blocks, below 2^29",
+                  t.num_blocks};
+  if (t.store_threshold < 1 || (t.store_threshold >= 2 && t.max_tracker_size < 1))
+    return status{errc::invalid_argument,
+                  "paged_kv_cache::create: host_tier.store_threshold must be >= 1 (and max_tracker_size >= 1 with it)",
+                  t.store_threshold};
+  if (!t.inclusive && t.write == tier_write::through)
+    return status{errc::invalid_argument,
+                  "paged_kv_cache::create: an exclusive host tier (inclusive = false) stores on eviction "
+                  "(tier_write::back): write-through would copy every loaded block back at once"};
   return ok_status();
 }
 
@@ -98,6 +144,9 @@ struct cache_stats {
   std::int32_t cached = 0;              ///< blocks whose content the sharing policy caches (in use or not)
   std::int64_t prefix_query_tokens = 0; ///< tokens of successful token-id admissions (vLLM prefix_cache_queries)
   std::int64_t prefix_hit_tokens = 0;   ///< of those, tokens served from the prefix cache (prefix_cache_hits)
+  std::int64_t prefix_hit_tokens_host = 0;  ///< of those, tokens loaded from the host tier (after the device hits)
+  std::int64_t tier_loaded_blocks = 0;  ///< host tier blocks copied to the device (loads planned), cumulative
+  std::int64_t tier_stored_blocks = 0;  ///< device blocks copied to the host tier (stores planned), cumulative
   std::int32_t swapped = 0;             ///< sequences swapped out to host memory (counted in `sequences` too)
   std::int32_t host_total = 0;          ///< host (swap) blocks in all
   std::int32_t host_free = 0;           ///< host blocks free (blocks released in this step count from the next)
@@ -141,12 +190,13 @@ struct token_count {
 
 /// The policy objects a paged_kv_cache is created with, by name; each one left out is default-constructed:
 /// `cache_t::create(cfg, {.sharing = prefix_caching(hasher), .swap = hybrid_swap{}})`.
-template <class A, class E, class S, class W>
+template <class A, class E, class S, class W, class T = no_tier>
 struct cache_policies {
   A allocator{};  ///< the block_allocator (free set order)
   E eviction{};   ///< the eviction_policy (cached, unreferenced blocks)
   S sharing{};    ///< the sharing_policy (forks, prefix caching)
   W swap{};       ///< the swap_policy (preemption: swap or recompute)
+  T tier{};       ///< the host tier's policy (no_tier: none; lru_tier, arc_tier)
 };
 
 /// Per-sequence options for sequences added with their token ids.
@@ -160,9 +210,12 @@ struct sequence_options {
 
 /// What a prefix-cache lookup found for a prompt.
 struct prefix_match {
-  std::int32_t blocks = 0;              ///< leading full blocks served from the cache
-  std::int32_t tokens = 0;              ///< blocks x block_size
+  std::int32_t blocks = 0;              ///< leading full blocks served from the (device) cache
+  std::int32_t tokens = 0;              ///< (blocks + host_blocks) x block_size
   std::int64_t blocks_to_allocate = 0;  ///< what adding the prompt takes from available_blocks()
+  /// Full blocks after those loaded from the host tier (a cache with a tier; `tokens` counts them too: every
+  /// token of the match is served, none computed).
+  std::int32_t host_blocks = 0;
   friend bool operator==(const prefix_match&, const prefix_match&) = default;
 };
 
@@ -194,6 +247,7 @@ struct prefix_hit {
   std::uint64_t miss_hash = 0;
   std::int32_t miss_at = -1;  ///< -1: no miss hashed
   std::uint64_t generation = 0;  ///< the sharing policy's generation at the lookup
+  std::uint64_t tier_generation = 0;  ///< the host tier's generation at the lookup (a cache with a tier)
   std::uint64_t extra_key = 0;   ///< the key the lookup used
   std::int32_t num_tokens = 0;   ///< tokens looked up (0: no lookup yet)
 };

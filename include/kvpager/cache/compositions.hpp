@@ -23,6 +23,8 @@
 #include "kvpager/swap/host_swap.hpp"
 #include "kvpager/swap/hybrid_swap.hpp"
 #include "kvpager/swap/no_swap.hpp"
+#include "kvpager/tier/arc_tier.hpp"
+#include "kvpager/tier/lru_tier.hpp"
 
 KVPAGER_NAMESPACE_BEGIN
 
@@ -44,6 +46,14 @@ using vllm_v1_cache = vllm_v1_cache_with<no_swap>;
 using hybrid_swap_cache = vllm_v1_cache_with<hybrid_swap>;
 /// vllm_v1_cache with a host pool that every victim is swapped to (refused when it is full).
 using host_swap_cache = vllm_v1_cache_with<host_swap>;
+/// vllm_v1_cache_with<Swap> with a host tier below the device pool (cache_config::host_tier; docs/host_tier.md), its
+/// eviction decided by `Tier` as vLLM's CPU offloading manager decides it (kvpager-sim --host-tier-blocks).
+template <class Tier, class Swap = hybrid_swap>
+using tiered_cache_with = paged_kv_cache<free_list_allocator, lru_eviction, prefix_caching, Swap, Tier>;
+/// hybrid_swap_cache with an LRU host tier (vLLM's offloading connector with its default LRU policy).
+using lru_tier_cache = tiered_cache_with<lru_tier>;
+/// hybrid_swap_cache with an ARC host tier (vLLM's offloading connector with `eviction_policy: arc`).
+using arc_tier_cache = tiered_cache_with<arc_tier>;
 /// vLLM v1's manager without prefix caching (kvpager-replay's `enable_caching 0`).
 using vllm_v1_no_caching_cache = no_caching_cache_with<no_swap>;
 

@@ -31,10 +31,12 @@
 #include "kvpager/cache/detail/sequence_table.hpp"
 #include "kvpager/cache/detail/step_ledger.hpp"
 #include "kvpager/cache/detail/swap_book.hpp"
+#include "kvpager/cache/detail/tier_link.hpp"
 #include "kvpager/concepts/block_allocator.hpp"
 #include "kvpager/concepts/eviction_policy.hpp"
 #include "kvpager/concepts/sharing_policy.hpp"
 #include "kvpager/concepts/swap_policy.hpp"
+#include "kvpager/concepts/tier_policy.hpp"
 #include "kvpager/core/block_pool.hpp"
 #include "kvpager/core/config.hpp"
 #include "kvpager/core/kv_events.hpp"
@@ -54,13 +56,17 @@ KVPAGER_NAMESPACE_BEGIN
 /// exports) comes from its base detail::cache_exports (detail/exports.hpp). The parts live in cache/detail/
 /// (namespace kvpager::detail): implementation, tested alone, not API. Every public operation validates first, then mutates.
 template <block_allocator A = free_list_allocator, eviction_policy E = no_eviction,
-          sharing_policy S = refcount_sharing, swap_policy W = no_swap>
-class paged_kv_cache : public detail::cache_exports<paged_kv_cache<A, E, S, W>> {
+          sharing_policy S = refcount_sharing, swap_policy W = no_swap, cache_tier T = no_tier>
+class paged_kv_cache : public detail::cache_exports<paged_kv_cache<A, E, S, W, T>> {
   friend class detail::cache_exports<paged_kv_cache>;
   static_assert(detail::free_order_fits<A, E>,
                 "this eviction policy evicts in the allocator's free order: pair it with the allocator it names "
                 "(lru_eviction needs free_list_allocator)");
+  static_assert(std::same_as<T, no_tier> || chained_content_cache<S>,
+                "a host tier keeps prefix-cache blocks by their chained hashes: pair it with prefix_caching (a "
+                "chained_content_cache)");
 
+  using tier_type = detail::tier_link<T>;
   using cursor_type = detail::prefix_cursor_t<S>;
   using cursor_ops = detail::prefix_cursors<S>;
   using table_type = detail::sequence_table<cursor_type>;
@@ -71,8 +77,9 @@ class paged_kv_cache : public detail::cache_exports<paged_kv_cache<A, E, S, W>> 
   using eviction_policy_type = E;
   using sharing_policy_type = S;
   using swap_policy_type = W;
+  using tier_policy_type = T;
   /// The policy objects create takes, by name (cache_types.hpp).
-  using policies = cache_policies<A, E, S, W>;
+  using policies = cache_policies<A, E, S, W, T>;
 
   /// Validates `cfg` and builds an empty cache from the policy objects `p`, by name, defaults for those left out
   /// (`create(cfg, {.sharing = prefix_caching(h)})`); never throws (an exception other than an allocation failure
@@ -220,15 +227,25 @@ class paged_kv_cache : public detail::cache_exports<paged_kv_cache<A, E, S, W>> 
       if (out != nullptr)
         return status{errc::unsupported, "set_kv_event_buffer: the sharing policy gives no block hashes"};
     }
-    return blocks_.attach_events(out);
+    status st = blocks_.attach_events(out);
+    if constexpr (tier_type::enabled) {
+      if (st) tier_.set_events(out);
+    }
+    return st;
   }
 
   /// Forgets every cached block (vLLM's reset_prefix_cache): their content is discarded and they return to the
-  /// free blocks; the events report one all_blocks_cleared. Only when no block is in use: errc::invalid_block
-  /// while a sequence is live or a block waits for a planned copy (call begin_step first); nothing changed.
+  /// free blocks; the events report one all_blocks_cleared. A host tier forgets its blocks too. Only when no block is
+  /// in use: errc::invalid_block while a sequence is live, a block waits for a planned copy or a host tier load or
+  /// store is in flight (call begin_step first); nothing changed.
   status reset_prefix_cache() {
     if (seqs_.size() > 0 || ledger_.pending_free() > 0)
       return status{errc::invalid_block, "reset_prefix_cache: blocks are in use", stats().used};
+    if constexpr (tier_type::enabled) {
+      if (tier_.in_flight())
+        return status{errc::invalid_block, "reset_prefix_cache: host tier loads or stores are in flight (begin_step)"};
+      tier_.reset();
+    }
     if constexpr (content_cache<S>) blocks_.clear_content();
     return ok_status();
   }
@@ -261,11 +278,18 @@ class paged_kv_cache : public detail::cache_exports<paged_kv_cache<A, E, S, W>> 
   [[nodiscard]] const E& eviction() const noexcept { return blocks_.eviction(); }
   [[nodiscard]] const S& sharing() const noexcept { return blocks_.sharing(); }
   [[nodiscard]] const W& swap() const noexcept { return book_.policy(); }
+  /// The host tier (a cache with a tier policy): which content it holds, its states and counts (host_tier_stats).
+  /// Its host blocks are the executors' host blocks num_host_blocks + i (cache_config::host_pool_blocks()).
+  [[nodiscard]] const auto& tier() const noexcept
+    requires tier_type::enabled
+  {
+    return tier_.tier();
+  }
   /// The host (swap) pool, whose refcounts are the references of swapped-out tables; nullptr without one.
   [[nodiscard]] const block_pool<lifo_allocator>* host_pool() const noexcept { return book_.host_pool(); }
 
  private:
-  paged_kv_cache(cache_config cfg, block_pool<A> pool, E e, S s, W w);
+  paged_kv_cache(cache_config cfg, block_pool<A> pool, E e, S s, W w, detail::tier_link<T> t);
   /// Reports block `b` (block `i` of `s`), just committed, to the KV cache events (if attached and it was cached).
   void announce_stored(const seq_state& s, block_id b, std::int32_t i, std::span<const token_id> tokens) noexcept {
     if constexpr (prehashed_content_cache<S>) {
@@ -281,7 +305,57 @@ class paged_kv_cache : public detail::cache_exports<paged_kv_cache<A, E, S, W>> 
   }
   /// The commit hook of sequence `s` (prefix_cursors::commit_prompt, extend): announce_stored of each block.
   [[nodiscard]] auto announcer(const seq_state& s) noexcept {
-    return [this, &s](block_id b, std::int32_t i, std::span<const token_id> t) { announce_stored(s, b, i, t); };
+    return [this, &s](block_id b, std::int32_t i, std::span<const token_id> t) {
+      announce_stored(s, b, i, t);
+      if constexpr (tier_type::enabled) tier_.committed(b, s.priority);
+    };
+  }
+
+  /// The host tier's part of a prompt's lookup: the chained hashes of its full blocks after the device's `k` hits
+  /// (`last_hit` the last of them), below the cap that keeps the last token computed, each passed to `visit(key)`
+  /// until it returns false. `ph`: hashes known from the request or the device lookup (not computed again).
+  template <class Visit>
+  void tier_keys(std::span<const token_id> tokens, std::uint64_t extra_key, std::int32_t k, block_id last_hit,
+                 const prompt_hashes& ph, Visit&& visit) const {
+    if constexpr (tier_type::enabled) {
+      const S& share = blocks_.sharing();
+      const std::int32_t cap = (static_cast<std::int32_t>(tokens.size()) - 1) / cfg_.block_size;
+      std::uint64_t prev = k > 0 ? share.block_hash(last_hit) : 0;
+      for (std::int32_t i = k; i < cap; ++i) {
+        const auto t = cursors_.block_tokens(tokens, i);
+        const std::uint64_t* known = ph.find(i);
+        const std::uint64_t h = known != nullptr ? *known
+                                : i == 0         ? share.hash(share.first_cursor(extra_key), t)
+                                                 : share.chained_hash(prev, t);
+        if (!visit(h)) return;
+        prev = h;
+      }
+    } else {
+      (void)tokens, (void)extra_key, (void)k, (void)last_hit, (void)ph, (void)visit;
+    }
+  }
+
+  /// Adds the host tier's part to device lookup `m` (its last hit block `last_hit`): the blocks after the device's
+  /// that the tier can load now.
+  void add_tier_part(prefix_match& m, std::span<const token_id> tokens, std::uint64_t extra_key, block_id last_hit,
+                     const prompt_hashes& ph) const {
+    if constexpr (tier_type::enabled) {
+      std::int32_t t = 0;
+      tier_keys(tokens, extra_key, m.blocks, last_hit, ph, [&](std::uint64_t h) {
+        if (!tier_.ready(h)) return false;
+        ++t;
+        return true;
+      });
+      m.host_blocks = t;
+      m.tokens = (m.blocks + t) * cfg_.block_size;
+    } else {
+      (void)m, (void)tokens, (void)extra_key, (void)last_hit, (void)ph;
+    }
+  }
+
+  /// After an operation that took device blocks: the host tier stores what was evicted for them (write-back).
+  void tier_evicted() {
+    if constexpr (tier_type::enabled) tier_.evicted(blocks_, ledger_, counts_);
   }
 
   [[nodiscard]] bool exceeds_table_limit(std::int64_t blocks) const noexcept {
@@ -313,28 +387,29 @@ class paged_kv_cache : public detail::cache_exports<paged_kv_cache<A, E, S, W>> 
   cursor_ops cursors_;
   std::vector<block_id> hits_;  ///< scratch for add_sequence's lookup
   cache_stats counts_;           ///< the counters of stats() the composer keeps (tokens, copies, prefix, preempts)
+  tier_type tier_;               ///< the host tier (empty without one)
 };
 
 // ------------------------------------------------------------------------------------------------ definitions
 
-template <block_allocator A, eviction_policy E, sharing_policy S, swap_policy W>
-KVPAGER_OUT_OF_LINE paged_kv_cache<A, E, S, W>::paged_kv_cache(const paged_kv_cache&) = default;
-template <block_allocator A, eviction_policy E, sharing_policy S, swap_policy W>
-KVPAGER_OUT_OF_LINE paged_kv_cache<A, E, S, W>::paged_kv_cache(paged_kv_cache&&) noexcept = default;
-template <block_allocator A, eviction_policy E, sharing_policy S, swap_policy W>
-KVPAGER_OUT_OF_LINE auto paged_kv_cache<A, E, S, W>::operator=(const paged_kv_cache&) -> paged_kv_cache& = default;
-template <block_allocator A, eviction_policy E, sharing_policy S, swap_policy W>
-KVPAGER_OUT_OF_LINE auto paged_kv_cache<A, E, S, W>::operator=(paged_kv_cache&&) noexcept -> paged_kv_cache& = default;
-template <block_allocator A, eviction_policy E, sharing_policy S, swap_policy W>
-KVPAGER_OUT_OF_LINE paged_kv_cache<A, E, S, W>::~paged_kv_cache() = default;
+template <block_allocator A, eviction_policy E, sharing_policy S, swap_policy W, cache_tier T>
+KVPAGER_OUT_OF_LINE paged_kv_cache<A, E, S, W, T>::paged_kv_cache(const paged_kv_cache&) = default;
+template <block_allocator A, eviction_policy E, sharing_policy S, swap_policy W, cache_tier T>
+KVPAGER_OUT_OF_LINE paged_kv_cache<A, E, S, W, T>::paged_kv_cache(paged_kv_cache&&) noexcept = default;
+template <block_allocator A, eviction_policy E, sharing_policy S, swap_policy W, cache_tier T>
+KVPAGER_OUT_OF_LINE auto paged_kv_cache<A, E, S, W, T>::operator=(const paged_kv_cache&) -> paged_kv_cache& = default;
+template <block_allocator A, eviction_policy E, sharing_policy S, swap_policy W, cache_tier T>
+KVPAGER_OUT_OF_LINE auto paged_kv_cache<A, E, S, W, T>::operator=(paged_kv_cache&&) noexcept -> paged_kv_cache& = default;
+template <block_allocator A, eviction_policy E, sharing_policy S, swap_policy W, cache_tier T>
+KVPAGER_OUT_OF_LINE paged_kv_cache<A, E, S, W, T>::~paged_kv_cache() = default;
 
-template <block_allocator A, eviction_policy E, sharing_policy S, swap_policy W>
-KVPAGER_OUT_OF_LINE auto paged_kv_cache<A, E, S, W>::create(cache_config cfg, policies p) -> result<paged_kv_cache> {
+template <block_allocator A, eviction_policy E, sharing_policy S, swap_policy W, cache_tier T>
+KVPAGER_OUT_OF_LINE auto paged_kv_cache<A, E, S, W, T>::create(cache_config cfg, policies p) -> result<paged_kv_cache> {
   return create(cfg, geometry_check{nullptr}, std::move(p));
 }
 
-template <block_allocator A, eviction_policy E, sharing_policy S, swap_policy W>
-KVPAGER_OUT_OF_LINE auto paged_kv_cache<A, E, S, W>::create(cache_config cfg, geometry_check check, policies p)
+template <block_allocator A, eviction_policy E, sharing_policy S, swap_policy W, cache_tier T>
+KVPAGER_OUT_OF_LINE auto paged_kv_cache<A, E, S, W, T>::create(cache_config cfg, geometry_check check, policies p)
     -> result<paged_kv_cache> {
   if (status st = validate(cfg); !st) return st;
   if (check.fn != nullptr) {
@@ -343,9 +418,12 @@ KVPAGER_OUT_OF_LINE auto paged_kv_cache<A, E, S, W>::create(cache_config cfg, ge
 #if KVPAGER_HAS_EXCEPTIONS
   try {
 #endif
+    auto link = tier_type::create(cfg, std::move(p.tier));
+    if (!link) return link.error();
     auto pool = block_pool<A>::create({cfg.num_blocks, cfg.reserved_blocks}, std::move(p.allocator));
     if (!pool) return pool.error();
-    return paged_kv_cache(cfg, std::move(*pool), std::move(p.eviction), std::move(p.sharing), std::move(p.swap));
+    return paged_kv_cache(cfg, std::move(*pool), std::move(p.eviction), std::move(p.sharing), std::move(p.swap),
+                          std::move(*link));
 #if KVPAGER_HAS_EXCEPTIONS
   } catch (const std::bad_alloc&) {
     return status{errc::out_of_memory, "paged_kv_cache::create: not enough host memory for the cache's bookkeeping",
@@ -354,31 +432,35 @@ KVPAGER_OUT_OF_LINE auto paged_kv_cache<A, E, S, W>::create(cache_config cfg, ge
 #endif
 }
 
-template <block_allocator A, eviction_policy E, sharing_policy S, swap_policy W>
-KVPAGER_OUT_OF_LINE auto paged_kv_cache<A, E, S, W>::add_sequence(seq_id id, std::int32_t num_tokens) -> status {
+template <block_allocator A, eviction_policy E, sharing_policy S, swap_policy W, cache_tier T>
+KVPAGER_OUT_OF_LINE auto paged_kv_cache<A, E, S, W, T>::add_sequence(seq_id id, std::int32_t num_tokens) -> status {
   if (num_tokens <= 0)
     return status{errc::invalid_argument, "add_sequence: num_tokens must be positive", num_tokens};
   return add_impl(id, num_tokens, {}, sequence_options{}, nullptr);
 }
 
-template <block_allocator A, eviction_policy E, sharing_policy S, swap_policy W>
-KVPAGER_OUT_OF_LINE auto paged_kv_cache<A, E, S, W>::add_sequence(seq_id id, std::span<const token_id> tokens,
+template <block_allocator A, eviction_policy E, sharing_policy S, swap_policy W, cache_tier T>
+KVPAGER_OUT_OF_LINE auto paged_kv_cache<A, E, S, W, T>::add_sequence(seq_id id, std::span<const token_id> tokens,
                                                                   sequence_options options, prefix_match* hit,
                                                                   std::span<const std::uint64_t> known) -> status {
   if (status st = cursor_ops::template check_prompt<"add_sequence">(tokens); !st) return st;
   return add_impl(id, static_cast<std::int32_t>(tokens.size()), tokens, options, hit, nullptr, known);
 }
 
-template <block_allocator A, eviction_policy E, sharing_policy S, swap_policy W>
-KVPAGER_OUT_OF_LINE auto paged_kv_cache<A, E, S, W>::match_prefix(std::span<const token_id> tokens,
+template <block_allocator A, eviction_policy E, sharing_policy S, swap_policy W, cache_tier T>
+KVPAGER_OUT_OF_LINE auto paged_kv_cache<A, E, S, W, T>::match_prefix(std::span<const token_id> tokens,
                                                                   sequence_options options)
     const noexcept -> result<prefix_match> {
   if (status st = cursor_ops::template check_prompt<"match_prefix">(tokens); !st) return st;
-  return cursors_.match(blocks_.sharing(), tokens, options.extra_key, consumes(), [](block_id) noexcept {});
+  block_id last = no_block;
+  prefix_match m =
+      cursors_.match(blocks_.sharing(), tokens, options.extra_key, consumes(), [&last](block_id b) noexcept { last = b; });
+  add_tier_part(m, tokens, options.extra_key, last, {});
+  return m;
 }
 
-template <block_allocator A, eviction_policy E, sharing_policy S, swap_policy W>
-KVPAGER_OUT_OF_LINE auto paged_kv_cache<A, E, S, W>::match_prefix(std::span<const token_id> tokens,
+template <block_allocator A, eviction_policy E, sharing_policy S, swap_policy W, cache_tier T>
+KVPAGER_OUT_OF_LINE auto paged_kv_cache<A, E, S, W, T>::match_prefix(std::span<const token_id> tokens,
                                                                   sequence_options options, prefix_hit& hit,
                                                                   std::span<const std::uint64_t> known)
     const -> status {
@@ -391,17 +473,21 @@ KVPAGER_OUT_OF_LINE auto paged_kv_cache<A, E, S, W>::match_prefix(std::span<cons
       blocks_.sharing(), tokens, options.extra_key, consumes(), [&](block_id b) { hit.blocks.push_back(b); }, &ph);
   hit.miss_hash = ph.miss;
   hit.miss_at = ph.miss_at;
+  add_tier_part(hit.match, tokens, options.extra_key, hit.blocks.empty() ? no_block : hit.blocks.back(), ph);
   hit.generation = cursor_ops::generation(blocks_.sharing());
+  if constexpr (tier_type::enabled) hit.tier_generation = tier_.generation();
   hit.extra_key = options.extra_key;
   hit.num_tokens = static_cast<std::int32_t>(tokens.size());
   return ok_status();
 }
 
-template <block_allocator A, eviction_policy E, sharing_policy S, swap_policy W>
-KVPAGER_OUT_OF_LINE auto paged_kv_cache<A, E, S, W>::add_sequence(seq_id id, std::span<const token_id> tokens,
+template <block_allocator A, eviction_policy E, sharing_policy S, swap_policy W, cache_tier T>
+KVPAGER_OUT_OF_LINE auto paged_kv_cache<A, E, S, W, T>::add_sequence(seq_id id, std::span<const token_id> tokens,
                                                                   sequence_options options, const prefix_hit& hit,
                                                                   prefix_match* out) -> status {
-  if (!cursor_ops::fresh(blocks_.sharing(), hit, tokens.size(), options.extra_key))
+  bool tier_fresh = true;
+  if constexpr (tier_type::enabled) tier_fresh = hit.tier_generation == tier_.generation();
+  if (!tier_fresh || !cursor_ops::fresh(blocks_.sharing(), hit, tokens.size(), options.extra_key))
     return status{errc::stale_prefix_hit, "add_sequence: the prefix hit is stale (the cache changed since "
                                           "match_prefix) or was made for other tokens or options"};
   if (status st = cursor_ops::template check_prompt<"add_sequence">(tokens); !st) return st;
@@ -410,8 +496,8 @@ KVPAGER_OUT_OF_LINE auto paged_kv_cache<A, E, S, W>::add_sequence(seq_id id, std
                   cursor_ops::has_generation ? &hit : nullptr);
 }
 
-template <block_allocator A, eviction_policy E, sharing_policy S, swap_policy W>
-KVPAGER_OUT_OF_LINE auto paged_kv_cache<A, E, S, W>::append_tokens(seq_id id, token_count n) -> status {
+template <block_allocator A, eviction_policy E, sharing_policy S, swap_policy W, cache_tier T>
+KVPAGER_OUT_OF_LINE auto paged_kv_cache<A, E, S, W, T>::append_tokens(seq_id id, token_count n) -> status {
   if (n.value <= 0) return status{errc::invalid_argument, "append_tokens: token count must be positive", n.value};
   const auto h = seqs_.template checked<"append_tokens">(id);
   if (!h) return h.error();
@@ -420,8 +506,8 @@ KVPAGER_OUT_OF_LINE auto paged_kv_cache<A, E, S, W>::append_tokens(seq_id id, to
   return ok_status();
 }
 
-template <block_allocator A, eviction_policy E, sharing_policy S, swap_policy W>
-KVPAGER_OUT_OF_LINE auto paged_kv_cache<A, E, S, W>::append_tokens(seq_id id, std::span<const token_id> tokens)
+template <block_allocator A, eviction_policy E, sharing_policy S, swap_policy W, cache_tier T>
+KVPAGER_OUT_OF_LINE auto paged_kv_cache<A, E, S, W, T>::append_tokens(seq_id id, std::span<const token_id> tokens)
     -> status {
   if (tokens.empty() || tokens.size() > static_cast<std::size_t>(INT32_MAX))
     return status{errc::invalid_argument, "append_tokens: token count must be positive",
@@ -435,8 +521,8 @@ KVPAGER_OUT_OF_LINE auto paged_kv_cache<A, E, S, W>::append_tokens(seq_id id, st
   return ok_status();
 }
 
-template <block_allocator A, eviction_policy E, sharing_policy S, swap_policy W>
-KVPAGER_OUT_OF_LINE auto paged_kv_cache<A, E, S, W>::fork(seq_id parent, seq_id child, std::int32_t num_tokens)
+template <block_allocator A, eviction_policy E, sharing_policy S, swap_policy W, cache_tier T>
+KVPAGER_OUT_OF_LINE auto paged_kv_cache<A, E, S, W, T>::fork(seq_id parent, seq_id child, std::int32_t num_tokens)
     -> status {
   const auto ph = seqs_.template checked<"fork">(parent, detail::residency::any);
   if (!ph) return ph.error();
@@ -461,6 +547,7 @@ KVPAGER_OUT_OF_LINE auto paged_kv_cache<A, E, S, W>::fork(seq_id parent, seq_id 
   const seq_state& ps = seqs_[*ph];
   c.blocks.resize(k);
   counts_.fork_copies += fork_blocks<S::fork>(blocks_, ledger_, ps.blocks, c.blocks);
+  tier_evicted();
   if constexpr (S::fork == fork_mode::copy) c.append_step = ledger_.step();  // bytes arrive with the copies
   c.num_tokens = tokens;
   c.priority = ps.priority;
@@ -469,8 +556,8 @@ KVPAGER_OUT_OF_LINE auto paged_kv_cache<A, E, S, W>::fork(seq_id parent, seq_id 
   return ok_status();
 }
 
-template <block_allocator A, eviction_policy E, sharing_policy S, swap_policy W>
-KVPAGER_OUT_OF_LINE auto paged_kv_cache<A, E, S, W>::free_sequence(seq_id id) -> status {
+template <block_allocator A, eviction_policy E, sharing_policy S, swap_policy W, cache_tier T>
+KVPAGER_OUT_OF_LINE auto paged_kv_cache<A, E, S, W, T>::free_sequence(seq_id id) -> status {
   const auto h = seqs_.template checked<"free_sequence">(id, detail::residency::any);
   if (!h) return h.error();
   seq_state& s = seqs_[*h];
@@ -492,8 +579,8 @@ KVPAGER_OUT_OF_LINE auto paged_kv_cache<A, E, S, W>::free_sequence(seq_id id) ->
   return ok_status();
 }
 
-template <block_allocator A, eviction_policy E, sharing_policy S, swap_policy W>
-KVPAGER_OUT_OF_LINE auto paged_kv_cache<A, E, S, W>::swap_out(std::span<const seq_id> group) -> status {
+template <block_allocator A, eviction_policy E, sharing_policy S, swap_policy W, cache_tier T>
+KVPAGER_OUT_OF_LINE auto paged_kv_cache<A, E, S, W, T>::swap_out(std::span<const seq_id> group) -> status {
   if (!book_.has_host_pool())
     return status{errc::unsupported, "swap_out: the cache has no host pool (num_host_blocks 0)"};
   if (status st = seqs_.template checked_group<"swap_out">(group, detail::residency::device, ledger_.step()); !st) return st;
@@ -503,21 +590,23 @@ KVPAGER_OUT_OF_LINE auto paged_kv_cache<A, E, S, W>::swap_out(std::span<const se
   return ok_status();
 }
 
-template <block_allocator A, eviction_policy E, sharing_policy S, swap_policy W>
-KVPAGER_OUT_OF_LINE auto paged_kv_cache<A, E, S, W>::swap_in(std::span<const seq_id> group) -> status {
+template <block_allocator A, eviction_policy E, sharing_policy S, swap_policy W, cache_tier T>
+KVPAGER_OUT_OF_LINE auto paged_kv_cache<A, E, S, W, T>::swap_in(std::span<const seq_id> group) -> status {
   if (status st = seqs_.template checked_group<"swap_in">(group, detail::residency::swapped, ledger_.step()); !st) return st;
-  return book_.swap_in(group, seqs_, blocks_, ledger_);
+  status st = book_.swap_in(group, seqs_, blocks_, ledger_);
+  if (st) tier_evicted();
+  return st;
 }
 
-template <block_allocator A, eviction_policy E, sharing_policy S, swap_policy W>
-KVPAGER_OUT_OF_LINE auto paged_kv_cache<A, E, S, W>::preempt_decision(seq_id id) const -> result<preempt_action> {
+template <block_allocator A, eviction_policy E, sharing_policy S, swap_policy W, cache_tier T>
+KVPAGER_OUT_OF_LINE auto paged_kv_cache<A, E, S, W, T>::preempt_decision(seq_id id) const -> result<preempt_action> {
   const auto h = seqs_.template checked<"preempt">(id);
   if (!h) return h.error();
   return book_.decide(static_cast<std::int32_t>(seqs_[*h].blocks.size()));
 }
 
-template <block_allocator A, eviction_policy E, sharing_policy S, swap_policy W>
-KVPAGER_OUT_OF_LINE auto paged_kv_cache<A, E, S, W>::preempt(seq_id id) -> result<preempt_action> {
+template <block_allocator A, eviction_policy E, sharing_policy S, swap_policy W, cache_tier T>
+KVPAGER_OUT_OF_LINE auto paged_kv_cache<A, E, S, W, T>::preempt(seq_id id) -> result<preempt_action> {
   const auto d = preempt_decision(id);
   if (!d) return d;
   const preempt_action a = *d;
@@ -535,16 +624,25 @@ KVPAGER_OUT_OF_LINE auto paged_kv_cache<A, E, S, W>::preempt(seq_id id) -> resul
   }
 }
 
-template <block_allocator A, eviction_policy E, sharing_policy S, swap_policy W>
-KVPAGER_OUT_OF_LINE auto paged_kv_cache<A, E, S, W>::begin_step() -> void {
+template <block_allocator A, eviction_policy E, sharing_policy S, swap_policy W, cache_tier T>
+KVPAGER_OUT_OF_LINE auto paged_kv_cache<A, E, S, W, T>::begin_step() -> void {
   ledger_.begin_step([this](block_id b, retention_hint hint) {
     if (blocks_.refcount(b) == 0) blocks_.settle(b, hint);  // a prefix hit may have revived it
   });
   book_.begin_step();
+  if constexpr (tier_type::enabled) {
+    tier_.begin_step(
+        [this](block_id b, std::uint64_t& key) {
+          if (!blocks_.is_cached(b)) return false;
+          key = blocks_.sharing().block_hash(b);
+          return true;
+        },
+        ledger_, counts_);
+  }
 }
 
-template <block_allocator A, eviction_policy E, sharing_policy S, swap_policy W>
-KVPAGER_OUT_OF_LINE auto paged_kv_cache<A, E, S, W>::stats() const noexcept -> cache_stats {
+template <block_allocator A, eviction_policy E, sharing_policy S, swap_policy W, cache_tier T>
+KVPAGER_OUT_OF_LINE auto paged_kv_cache<A, E, S, W, T>::stats() const noexcept -> cache_stats {
   cache_stats s = counts_;
   s.block_size = cfg_.block_size;
   s.pending_free = ledger_.pending_free();
@@ -554,17 +652,22 @@ KVPAGER_OUT_OF_LINE auto paged_kv_cache<A, E, S, W>::stats() const noexcept -> c
   return s;
 }
 
-template <block_allocator A, eviction_policy E, sharing_policy S, swap_policy W>
-KVPAGER_OUT_OF_LINE paged_kv_cache<A, E, S, W>::paged_kv_cache(cache_config cfg, block_pool<A> pool, E e, S s, W w)
-    : cfg_(cfg), blocks_(std::move(pool), std::move(e), std::move(s)), book_(std::move(w)), cursors_{cfg.block_size} {
+template <block_allocator A, eviction_policy E, sharing_policy S, swap_policy W, cache_tier T>
+KVPAGER_OUT_OF_LINE paged_kv_cache<A, E, S, W, T>::paged_kv_cache(cache_config cfg, block_pool<A> pool, E e, S s, W w,
+                                                                 detail::tier_link<T> t)
+    : cfg_(cfg), blocks_(std::move(pool), std::move(e), std::move(s)), book_(std::move(w)), cursors_{cfg.block_size},
+      tier_(std::move(t)) {
   const pool_geometry g{cfg.num_blocks, cfg.block_size, cfg.reserved_blocks};
   blocks_.reset(g);
+  if constexpr (tier_type::enabled) {
+    if (cfg.host_tier.write == tier_write::back) blocks_.log_evictions();
+  }
   book_.reset(g, cfg.num_host_blocks);
   ledger_.reset(cfg.num_blocks);
 }
 
-template <block_allocator A, eviction_policy E, sharing_policy S, swap_policy W>
-KVPAGER_OUT_OF_LINE auto paged_kv_cache<A, E, S, W>::add_impl(seq_id id, std::int32_t n,
+template <block_allocator A, eviction_policy E, sharing_policy S, swap_policy W, cache_tier T>
+KVPAGER_OUT_OF_LINE auto paged_kv_cache<A, E, S, W, T>::add_impl(seq_id id, std::int32_t n,
                                                               std::span<const token_id> tokens,
                                                               sequence_options options, prefix_match* hit,
                                                               const prefix_hit* given,
@@ -590,6 +693,20 @@ KVPAGER_OUT_OF_LINE auto paged_kv_cache<A, E, S, W>::add_impl(seq_id id, std::in
   }
   if (needed > available_blocks())
     return status{errc::out_of_blocks, "add_sequence: not enough free blocks for the prompt", needed};
+  // The host tier's part (no mutation yet): the blocks after the device hits it can load, and the key it missed.
+  std::int32_t loads = 0;
+  if constexpr (tier_type::enabled) {
+    std::vector<std::uint64_t>& keys = tier_.keys();
+    keys.clear();
+    if (!tokens.empty())
+      tier_keys(tokens, options.extra_key, static_cast<std::int32_t>(hits_.size()),
+                hits_.empty() ? no_block : hits_.back(), ph, [&](std::uint64_t key) {
+                  keys.push_back(key);
+                  if (!tier_.ready(key)) return false;
+                  ++loads;
+                  return true;
+                });
+  }
 
   const std::int32_t h = seqs_.insert(id);
   seq_state& s = seqs_[h];
@@ -603,22 +720,28 @@ KVPAGER_OUT_OF_LINE auto paged_kv_cache<A, E, S, W>::add_impl(seq_id id, std::in
   s.num_tokens = n;
   s.priority = options.priority;
   s.extra_key = options.extra_key;
-  const auto hit_tokens = static_cast<std::int32_t>(hits_.size()) * cfg_.block_size;
+  const auto device_tokens = static_cast<std::int32_t>(hits_.size()) * cfg_.block_size;
+  const std::int32_t hit_tokens = device_tokens + loads * cfg_.block_size;  // served: not computed
   if (!tokens.empty()) {
     cursors_.commit_prompt(blocks_.sharing(), s, cur, tokens, static_cast<std::int32_t>(hits_.size()), ph,
                            announcer(s));
+    if constexpr (tier_type::enabled)  // the loaded blocks, committed above, get their bytes from the host tier
+      tier_.load(std::span<const block_id>(s.blocks).subspan(hits_.size(), static_cast<std::size_t>(loads)), ledger_,
+                 counts_);
     counts_.prefix_query_tokens += n;
-    counts_.prefix_hit_tokens += hit_tokens;
+    counts_.prefix_hit_tokens += device_tokens;
+    counts_.prefix_hit_tokens_host += hit_tokens - device_tokens;
   }
   counts_.tokens += n;
   s.append_step = ledger_.record_append(h, id, hit_tokens, n - hit_tokens);
+  tier_evicted();
   if (hit != nullptr)
-    *hit = prefix_match{static_cast<std::int32_t>(hits_.size()), hit_tokens, static_cast<std::int64_t>(needed)};
+    *hit = prefix_match{static_cast<std::int32_t>(hits_.size()), hit_tokens, static_cast<std::int64_t>(needed), loads};
   return ok_status();
 }
 
-template <block_allocator A, eviction_policy E, sharing_policy S, swap_policy W>
-KVPAGER_OUT_OF_LINE auto paged_kv_cache<A, E, S, W>::grow(std::int32_t h, std::int32_t n) -> status {
+template <block_allocator A, eviction_policy E, sharing_policy S, swap_policy W, cache_tier T>
+KVPAGER_OUT_OF_LINE auto paged_kv_cache<A, E, S, W, T>::grow(std::int32_t h, std::int32_t n) -> status {
   seq_state& s = seqs_[h];
   const auto blocks = detail::blocks_after_growth(s.num_tokens, n, cfg_.block_size, cfg_.max_blocks_per_seq);
   if (!blocks) return blocks.error();
@@ -630,14 +753,15 @@ KVPAGER_OUT_OF_LINE auto paged_kv_cache<A, E, S, W>::grow(std::int32_t h, std::i
       !st)
     return st;
   if (g.copied) ++counts_.cow_copies;
+  tier_evicted();
   s.append_step = ledger_.record_append(h, s.id, s.num_tokens, n);
   s.num_tokens = static_cast<std::int32_t>(new_total);
   counts_.tokens += n;
   return ok_status();
 }
 
-template <block_allocator A, eviction_policy E, sharing_policy S, swap_policy W>
-KVPAGER_OUT_OF_LINE auto paged_kv_cache<A, E, S, W>::release(block_id b, retention_hint hint) -> void {
+template <block_allocator A, eviction_policy E, sharing_policy S, swap_policy W, cache_tier T>
+KVPAGER_OUT_OF_LINE auto paged_kv_cache<A, E, S, W, T>::release(block_id b, retention_hint hint) -> void {
   blocks_.release(b, hint, [this](block_id x, retention_hint xh) { return ledger_.park(x, xh); });
 }
 

@@ -236,4 +236,13 @@ concept stamped_content_cache = prehashed_content_cache<S> && requires(const S& 
   { cs.commits() } noexcept -> std::same_as<std::uint64_t>;
 };
 
+/// chained_content_cache: a prehashed content cache that hashes a block after any chained hash, cached or not
+/// (`cs.chained_hash(parent, tokens)`, the hash lookup and commit would compute after a block whose hash is
+/// `parent`). A paged_kv_cache with a host tier needs it: the tier is looked up past the device's last hit.
+template <class S>
+concept chained_content_cache =
+    prehashed_content_cache<S> && requires(const S& cs, std::uint64_t h, std::span<const token_id> t) {
+      { cs.chained_hash(h, t) } noexcept -> std::same_as<std::uint64_t>;
+    };
+
 KVPAGER_NAMESPACE_END

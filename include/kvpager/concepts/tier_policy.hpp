@@ -23,6 +23,7 @@
 #include <cstdint>
 #include <vector>
 
+#include "kvpager/concepts/value_concepts.hpp"
 #include "kvpager/core/config.hpp"
 
 KVPAGER_NAMESPACE_BEGIN
@@ -38,7 +39,7 @@ struct tier_evictable {
 };
 
 template <class P>
-concept tier_policy = std::default_initializable<P> && std::movable<P> &&
+concept tier_policy = detail::default_value<P> && detail::movable_value<P> &&
                       requires(P& p, const P& cp, std::uint64_t k, std::int32_t s, bool ready,
                                const tier_evictable& ok, std::vector<std::int32_t>& out) {
                         { p.reset(s) } -> std::same_as<void>;
@@ -65,5 +66,13 @@ struct tier_policy_archetype {
   void clear() noexcept;
 };
 static_assert(tier_policy<tier_policy_archetype>);
+
+/// The fifth policy of a paged_kv_cache without a host tier (the default).
+struct no_tier {};
+
+/// What a paged_kv_cache takes as its fifth policy: no_tier, or a tier policy (the cache then owns a
+/// host_tier<T>, tier/host_tier.hpp).
+template <class T>
+concept cache_tier = std::same_as<T, no_tier> || tier_policy<T>;
 
 KVPAGER_NAMESPACE_END

@@ -755,6 +755,7 @@ KVPAGER_OUT_OF_LINE auto scheduler<Cache>::admit_front(bool count) -> admit_outc
   c.query_tokens += n;
   c.hit_tokens += hit.tokens;
   c.hit_blocks += hit.blocks;
+  c.host_hit_tokens += std::int64_t{hit.host_blocks} * cache_.block_size();
   waiting_.pop_front();
   push_running(id, s);
   r.prefilling = true;

@@ -162,8 +162,9 @@ struct step_output {
 struct prefix_counters {
   std::int64_t admissions = 0;    ///< successful admissions (one lookup each)
   std::int64_t query_tokens = 0;  ///< their tokens at admission (prompt, plus outputs for a resumed request)
-  std::int64_t hit_tokens = 0;    ///< of those, tokens served from the prefix cache
-  std::int64_t hit_blocks = 0;    ///< the same hits in blocks
+  std::int64_t hit_tokens = 0;    ///< of those, tokens served from the prefix cache (device and host tier)
+  std::int64_t hit_blocks = 0;    ///< the device's hits in blocks
+  std::int64_t host_hit_tokens = 0;  ///< of hit_tokens, those loaded from the host tier (a cache with one)
   friend bool operator==(const prefix_counters&, const prefix_counters&) = default;
 };
 

@@ -129,6 +129,11 @@ class basic_prefix_caching {
   [[nodiscard]] std::uint64_t hash(const cursor& c, std::span<const token_id> tokens) const noexcept {
     return hasher_(c.hash, tokens);
   }
+  /// The chained hash of a block holding `tokens` after a block whose chained hash is `parent` (cached or not: a
+  /// host tier is looked up past the device's last hit this way).
+  [[nodiscard]] std::uint64_t chained_hash(std::uint64_t parent, std::span<const token_id> tokens) const noexcept {
+    return hasher_(parent, tokens);
+  }
 
   /// lookup(c, tokens) with the block's hash `h` = hash(c, tokens) already known. Tokens are still compared when
   /// verifying, so a wrong `h` can only miss.

@@ -199,6 +199,13 @@ class host_tier {
     return n;
   }
 
+  /// lookup(key) without counting it (no state changes): what a load could use now.
+  [[nodiscard]] tier_hit peek(std::uint64_t key) const noexcept {
+    const std::int32_t s = policy_.find(key);
+    if (s < 0) return tier_hit::miss;
+    return state_[static_cast<std::size_t>(s)] < 0 ? tier_hit::pending : tier_hit::hit;
+  }
+
   /// Whether `key` is held (in any state), without counting a lookup.
   [[nodiscard]] bool holds(std::uint64_t key) const noexcept { return policy_.find(key) >= 0; }
   /// The host block holding `key`, or no_block.

@@ -180,11 +180,30 @@ class block_store {
     }
   }
 
-  /// Reuses cached block `b` for other content (counted in evictions()).
+  /// Reuses cached block `b` for other content (counted in evictions()); logged (log_evictions) before its content
+  /// is forgotten.
   void evict(block_id b) noexcept {
+    if constexpr (prehashed_content_cache<S>) {
+      if (log_on_ && evicted_.size() < evicted_.capacity())  // bounded: drained after every operation
+        evicted_.push_back(evicted_block{b, share_.block_hash(b)});
+    }
     drop_content(b);
     ++evictions_;
   }
+
+  /// A block whose cached content an eviction discarded, and that content's chained hash.
+  struct evicted_block {
+    block_id block = no_block;
+    std::uint64_t hash = 0;
+  };
+  /// From now on each eviction is logged (a host tier stores on eviction), until clear_evicted() empties the log;
+  /// the log's room for a whole pool is allocated here. A prehashed content cache only (others log nothing).
+  void log_evictions() {
+    evicted_.reserve(static_cast<std::size_t>(pool_.num_blocks()));
+    log_on_ = true;
+  }
+  [[nodiscard]] std::span<const evicted_block> evicted() const noexcept { return evicted_; }
+  void clear_evicted() noexcept { evicted_.clear(); }
 
   /// Every discard of a block's cached content goes through here (eviction, a write into an owned cached block,
   /// an append cancelled before its bytes were written, a release without retention): the sharing policy forgets
@@ -276,6 +295,8 @@ class block_store {
   };
   event_sink sink_;
   std::vector<announced> announced_;
+  std::vector<evicted_block> evicted_;  ///< evictions since clear_evicted (log_evictions)
+  bool log_on_ = false;
 };
 
 }  // namespace detail
