@@ -98,6 +98,31 @@ def pressure(c, mode):
     check(s["finished"] == s["samples"], f"a sample did not finish: {s}")
 
 
+def host_tier(c):
+    """--host-tier-blocks: a conversation's prefix evicted from a small device pool comes back from the host tier;
+    the outputs are the same tokens as without the tier, and --reference holds with the tier's loads."""
+    ck = c.checkpoint("--seed", "29")
+    rng = random.Random(12)
+    shared = [rng.randrange(3, 512) for _ in range(64)]
+    reqs = []
+    for i in range(6):  # a turn over the shared prefix, then traffic that pushes it out of the device pool
+        reqs.append({"id": f"turn{i}", "prompt_ids": shared + [rng.randrange(3, 512) for _ in range(6)],
+                     "max_tokens": 8, "ignore_eos": True})
+        reqs.append({"id": f"other{i}", "prompt_ids": [rng.randrange(3, 512) for _ in range(70)], "max_tokens": 8,
+                     "ignore_eos": True})
+    path = c.requests(reqs)
+    opts = ["--num-blocks", "12", "--block-size", "8", "--max-num-seqs", "1"]
+    s0, o0 = c.reference(ck, path, *opts)
+    s1, o1 = c.reference(ck, path, *opts, "--host-tier-blocks", "64")
+    check(o0 == o1, "the host tier changed the outputs")
+    check(s0["prefix_hit_tokens_host"] == 0, f"host hits without a tier: {s0}")
+    check(s1["prefix_hit_tokens_host"] >= 3 * 64, f"the tier served too little: {s1}")
+    check(s1["host_tier"]["loaded_blocks"] * 8 == s1["prefix_hit_tokens_host"], f"loads and hits disagree: {s1}")
+    check(s1["prefill_tokens"] + s1["prefix_hit_tokens_host"] <= s0["prefill_tokens"],
+          f"loaded tokens were computed too: {s0['prefill_tokens']} -> {s1['prefill_tokens']}")
+    c.generate(ck, path, "--host-tier-blocks", "8", "--composition", "vllm_v1", expect=2)
+
+
 def tiny_budget(c):
     ck = c.checkpoint("--family", "qwen2", "--hidden", "256", "--heads", "4", "--kv-heads", "1")
     reqs = c.requests(batch(random.Random(2), 512, count=6))
@@ -340,7 +365,7 @@ CHECKS = {
     "pressure_swap": lambda c: pressure(c, "swap"),
     "pressure_recompute": lambda c: pressure(c, "recompute"),
     "pressure_hybrid": lambda c: pressure(c, "hybrid"),
-    "tiny_budget": tiny_budget, "prefix": prefix, "fork": fork, "kv_dtypes": kv_dtypes, "vllm_v1": vllm_v1,
+    "tiny_budget": tiny_budget, "prefix": prefix, "host_tier": host_tier, "fork": fork, "kv_dtypes": kv_dtypes, "vllm_v1": vllm_v1,
     "window": window, "determinism": determinism, "eos": eos, "report": report, "bad_input": bad_input,
 }
 

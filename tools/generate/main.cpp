@@ -6,6 +6,7 @@
 //   kvpager-generate MODEL_DIR requests.jsonl [--output FILE] [--logprobs K] [--top-logits K] [--reference]
 //       [--num-blocks N | --kv-bytes B] [--block-size B] [--kv-dtype fp32|fp16|bf16|fp8] [--max-num-batched-tokens T]
 //       [--max-num-seqs S] [--preemption swap|recompute|hybrid] [--num-host-blocks H] [--composition NAME]
+//       [--host-tier-blocks N]
 //       [--threads N] [--json] [--report DIR]
 //
 // Exit status: 0, 1 (--reference found an output that differs, or the run failed), 2 (bad input: the command line, a
@@ -55,6 +56,7 @@ struct settings {
                                                   preemption = "hybrid";
   std::int32_t logprobs = 0, top_logits = 0, block_size = 16, max_num_seqs = 64, threads = 0, max_model_len = 0;
   std::int64_t num_blocks = 0, kv_bytes = 0, num_host_blocks = -1, max_num_batched_tokens = 512;
+  std::int32_t host_tier_blocks = 0;  // the prefix cache's host tier (lru_tier_cache); 0: none
   double k_scale = 1.0, v_scale = 1.0, tolerance = -1;
   bool reference = false, json = false, quiet = false;
 };
@@ -141,7 +143,8 @@ int serve(const settings& s, const kvgen::model_weights& w, const std::vector<kv
                                  .num_host_blocks = static_cast<std::int32_t>(host),
                                  .num_kv_heads = c.num_kv_heads,
                                  .head_dim = c.head_dim,
-                                 .dtype = dtype};
+                                 .dtype = dtype,
+                                 .host_tier = {.num_blocks = s.host_tier_blocks}};
   auto cache = [&] {
     if constexpr (grouped_cache<Cache>) {  // the checkpoint's groups, vLLM's decisions
       if (const kvpager::status st = kvpager::can_implement(cc.geometry()); !st) return kvpager::result<Cache>(st);
@@ -157,7 +160,9 @@ int serve(const settings& s, const kvgen::model_weights& w, const std::vector<kv
   }
   // Each layer's group, so that a swap or copy moves only the layers of the group it names.
   const std::vector<std::int32_t> layer_groups = grouped_cache<Cache> ? lg.layer_group : std::vector<std::int32_t>{};
-  auto pools = kvpager::host_kv_pools::create(cache->geometry(), cc.num_host_blocks, c.num_layers, layer_groups);
+  // The host pool: the swap pool's blocks, then the host tier's (cache_config::host_pool_blocks()).
+  auto pools = kvpager::host_kv_pools::create(cache->geometry(), static_cast<std::int32_t>(cc.host_pool_blocks()),
+                                              c.num_layers, layer_groups);
   if (!pools) {
     std::fprintf(stderr, "kvpager-generate: cannot create the KV pools: %s\n", pools.error().message());
     return 1;
@@ -314,6 +319,13 @@ int serve(const settings& s, const kvgen::model_weights& w, const std::vector<kv
   j["ttft_p99_s"] = percentile(ttft, 0.99);
   j["prefix_hit_rate"] = ss.prefix.query_tokens > 0 ? static_cast<double>(ss.prefix.hit_tokens) / ss.prefix.query_tokens : 0.0;
   j["prefix_hit_tokens"] = ss.prefix.hit_tokens;
+  j["prefix_hit_tokens_host"] = ss.prefix.host_hit_tokens;  // of those, loaded from the host tier
+  if constexpr (!grouped_cache<Cache>) {
+    const kvpager::cache_stats cs = cache->stats();
+    j["host_tier"] = {{"blocks", s.host_tier_blocks},
+                      {"loaded_blocks", cs.tier_loaded_blocks},
+                      {"stored_blocks", cs.tier_stored_blocks}};
+  }
   j["preemptions_swap"] = ss.preempted_swap;
   j["preemptions_recompute"] = ss.preempted_recompute;
   j["swapped_out_blocks"] = st.swap_outs;
@@ -456,6 +468,10 @@ int run_main(int argc, char** argv) {
   app.add_option("--composition", s.composition,
                  "cache composition: auto (kv_groups for checkpoints with sliding-window layers, else hybrid_swap), "
                  "hybrid_swap, vllm_v1, or kv_groups (one KV cache group per attention kind, vLLM's hybrid manager)");
+  app.add_option("--host-tier-blocks", s.host_tier_blocks,
+                 "a host tier of the prefix cache below the device pool, in blocks (LRU; composition hybrid_swap; "
+                 "default 0: none)")
+      ->check(int_range(0, 1 << 24));
   app.add_option("--threads", s.threads, "threads of the GEMMs and the kernels (0: every core)")->check(int_range(0, 1024));
   app.add_flag("--json", s.json, "print the summary as JSON");
   app.add_flag("--quiet", s.quiet, "no progress line");
@@ -493,8 +509,11 @@ int run_main(int argc, char** argv) {
     const auto& wl = w.config.window_left;
     s.composition = std::any_of(wl.begin(), wl.end(), [](std::int32_t x) { return x >= 0; }) ? "kv_groups" : "hybrid_swap";
   }
+  if (s.host_tier_blocks > 0 && s.composition != "hybrid_swap")
+    return bad("--host-tier-blocks: the host tier runs with --composition hybrid_swap, not " + s.composition);
   if (s.composition == "kv_groups")
     return serve<kvpager::kv_groups_swap_cache>(s, w, reqs, dtype, max_model_len, threads);
+  if (s.host_tier_blocks > 0) return serve<kvpager::lru_tier_cache>(s, w, reqs, dtype, max_model_len, threads);
   return s.composition == "vllm_v1" ? serve<kvpager::vllm_v1_cache>(s, w, reqs, dtype, max_model_len, threads)
                                     : serve<kvpager::hybrid_swap_cache>(s, w, reqs, dtype, max_model_len, threads);
 }

@@ -138,6 +138,8 @@ class scheduler : public scheduler_queues {
   /// before the finished requests free theirs, in vLLM's order). The scheduler owns the step boundary: an engine never
   /// calls begin_step() around a scheduler step.
   void plan_executed();
+  /// Ends the cache's step (begin_step) whether or not schedule() opened one.
+  void plan_executed_now();
   /// A token was given (`st` ok): the step ran. A refused token changes nothing, the open step included.
   status taken(status st);
 
@@ -328,7 +330,10 @@ KVPAGER_OUT_OF_LINE auto scheduler<Cache>::check_tokens(std::int64_t num_tokens)
 
 template <class Cache>
 KVPAGER_OUT_OF_LINE auto scheduler<Cache>::schedule() -> const step_output& {
-  cache_.begin_step();
+  // The step boundary, once per step: plan_executed() ended the last step at its first token; a step that gave none
+  // (or the first) ends here. A second begin_step would take the new step's plan (a host tier's write-through stores,
+  // planned at the boundary) as executed before the engine ran it.
+  if (step_open_ || stats_.steps == 0) plan_executed_now();
   out_.clear();
   scheduled_slots_.clear();
   out_.plan = &cache_.plan();
@@ -423,6 +428,11 @@ KVPAGER_OUT_OF_LINE auto scheduler<Cache>::finish(seq_id id) -> status {
 template <class Cache>
 KVPAGER_OUT_OF_LINE auto scheduler<Cache>::plan_executed() -> void {
   if (!step_open_) return;
+  plan_executed_now();
+}
+
+template <class Cache>
+KVPAGER_OUT_OF_LINE auto scheduler<Cache>::plan_executed_now() -> void {
   step_open_ = false;
   cache_.begin_step();
 }
