@@ -211,15 +211,16 @@ def host_tier(exe):
                   "%s %s: %.3f stores per reused block" % (policy, write, g["tier_stores_per_reused_block"]))
             figures[(policy, write)] = g["prefix_hit_tokens_host"] / g["prefix_query_tokens"]
     # End to end: the loads and stores run on real KV pools by the CPU executor, every attention row checked.
-    p = run([exe, "--quiet", "--json", "--workload", "multiturn", "--requests", "100", "--blocks", "300",
-             "--host-tier-blocks", "600", "--host-tier-write", "back", "--compute", "cpu"])
-    check(p.returncode == 0, "--compute cpu with a host tier: exit %d: %s" % (p.returncode, p.stderr))
-    d = json.loads(p.stdout)
-    c, g = d["compute"], d["paged"]
-    check(c["mismatches"] == 0 and c["rows_checked"] > 10000 and c["requests_checked"] == 100,
-          "--compute cpu: %s" % c)
-    check(g["tier_loads"] > 100 and c["blocks_swapped_in"] >= g["tier_loads"],
-          "--compute cpu: %d loads, %d blocks moved in" % (g["tier_loads"], c["blocks_swapped_in"]))
+    for write in ("back", "through"):
+        p = run([exe, "--quiet", "--json", "--workload", "multiturn", "--requests", "100", "--blocks", "300",
+                 "--host-tier-blocks", "600", "--host-tier-write", write, "--compute", "cpu"])
+        check(p.returncode == 0, "--compute cpu with a host tier (%s): exit %d: %s" % (write, p.returncode, p.stderr))
+        d = json.loads(p.stdout)
+        c, g = d["compute"], d["paged"]
+        check(c["mismatches"] == 0 and c["rows_checked"] > 10000 and c["requests_checked"] == 100,
+              "--compute cpu (%s): %s" % (write, c))
+        check(g["tier_loads"] > 100 and c["blocks_swapped_in"] >= g["tier_loads"],
+              "--compute cpu (%s): %d loads, %d blocks moved in" % (write, g["tier_loads"], c["blocks_swapped_in"]))
     for bad, what in ((["--host-tier-blocks", "-1"], "--host-tier-blocks"),
                       (["--host-tier-blocks", "100", "--composition", "vllm_v1"], "--host-tier-blocks"),
                       (["--host-tier-blocks", "100", "--host-tier-policy", "fifo"], "--host-tier-policy"),
