@@ -94,7 +94,11 @@ class paged_kv_cache : public detail::cache_exports<paged_kv_cache<A, E, S, W, T
   /// and no_eviction, about 36 bytes for the heap-ordered indexed policies, 12 bytes for prefix_caching (its
   /// content entries, with block_size token ids each for hit verification, are allocated later, as blocks are
   /// cached: see prefix_caching.hpp); plus 21 bytes per host block (the host block_pool's refcount and links, the
-  /// swap book's maps). Per sequence, its block table and (content caches) the token ids of its last, partial block.
+  /// swap book's maps). With a host tier (T not no_tier): about 37 bytes per device block (the retention priority of
+  /// its content, the write-through queue, scratch for a step's loads and stores) and the tier's own per host block
+  /// (host_tier::create). Errors for the tier (cfg.host_tier, nothing created): errc::invalid_argument (tier blocks
+  /// without a tier policy; options that contradict, validate), errc::invalid_pool_size (a tier policy without
+  /// blocks). Per sequence, its block table and (content caches) the token ids of its last, partial block.
   [[nodiscard]] static result<paged_kv_cache> create(cache_config cfg, policies p = {});
 
   // Copyable and movable (nothrow) as its members are; declared here so that they too are compiled once with the
@@ -120,7 +124,9 @@ class paged_kv_cache : public detail::cache_exports<paged_kv_cache<A, E, S, W, T
 
   /// Prefill with token ids: like the count overload, but first reuses the longest cached prefix of full blocks
   /// (with a content_cache sharing policy; capped so the last token is always computed), takes the remaining
-  /// blocks, and commits every full block to the cache. Only the tokens after the hit get slots in the plan.
+  /// blocks, and commits every full block to the cache. With a host tier, the blocks after the device's hit that
+  /// the tier holds ready are loaded into new blocks (swap-ins of the plan from host blocks num_host_blocks + i),
+  /// within the same cap. Only the tokens after the hit (device and host) get slots in the plan.
   /// `*hit` (if given) receives what the lookup found. `known`: the chained hashes of the tokens' first full
   /// blocks from an earlier admission (block_hashes, before a preemption by recompute), not computed again.
   /// Same errors as the count overload.
