@@ -196,7 +196,10 @@ run_summary run_paged(const workload& w, Cache& cache, const paged_options& o, s
     s.tier_stores = cs.tier_stored_blocks;
   }
   s.bytes_per_block = o.bytes_per_block;
-  s.prefix_hit_rate = extras.last.prefix_hit_rate;
+  // Served by either tier (the device's alone is the snapshot's, extras.last.prefix_hit_rate, as vLLM counts it).
+  s.prefix_hit_rate = fin.prefix.query_tokens > 0 ? static_cast<double>(fin.prefix.hit_tokens) /
+                                                        static_cast<double>(fin.prefix.query_tokens)
+                                                  : 0.0;
   if (o.sched.advise_block_size) {
     if (const auto b = sched.tuning().block_sizes().recommend(); b) extras.advised_block_size = *b;
   }

@@ -79,7 +79,7 @@ struct metrics_snapshot {
 
   // --- prefix cache (counters, in tokens; first admissions, as vLLM's prefix_cache_queries / hits) ---
   std::int64_t prefix_queries = 0;          ///< tokens of first admissions looked up
-  std::int64_t prefix_hits = 0;             ///< of those, tokens served from the prefix cache
+  std::int64_t prefix_hits = 0;             ///< of those, tokens served from the (device) prefix cache
   std::int64_t resumed_prefix_queries = 0;  ///< the same for re-admissions of preempted requests
   std::int64_t resumed_prefix_hits = 0;
   double prefix_hit_rate = 0.0;             ///< prefix_hits / prefix_queries (0 before any query)
@@ -168,9 +168,11 @@ template <class Cache, class Sched>
   m.preemptions_swap = s.preempted_swap;
   m.swap_fallback_recompute = s.swap_fallback_recompute;
   m.prefix_queries = s.prefix.query_tokens;
-  m.prefix_hits = s.prefix.hit_tokens;
+  // The device prefix cache's hits, as vLLM's prefix_cache_hits: a host tier's loads are its external hits
+  // (monitor/tier_metrics.hpp), counted apart.
+  m.prefix_hits = s.prefix.hit_tokens - s.prefix.host_hit_tokens;
   m.resumed_prefix_queries = s.resumed_prefix.query_tokens;
-  m.resumed_prefix_hits = s.resumed_prefix.hit_tokens;
+  m.resumed_prefix_hits = s.resumed_prefix.hit_tokens - s.resumed_prefix.host_hit_tokens;
   m.prefix_hit_rate = detail::metrics_ratio(double(m.prefix_hits), double(m.prefix_queries));
   m.admission_ok = s.answered_ok;
   m.admission_later = s.answered_later;
