@@ -70,7 +70,6 @@ class tier_link<P> {
   }
 
   [[nodiscard]] const tier_type& tier() const noexcept { return tier_; }
-  [[nodiscard]] tier_write write_mode() const noexcept { return write_; }
   /// Changes whenever a lookup's answer may have changed (a store completed, a block left the tier).
   [[nodiscard]] std::uint64_t generation() const noexcept { return generation_; }
   /// Loads and stores planned and not yet complete.
@@ -119,7 +118,8 @@ class tier_link<P> {
   }
 
   /// The previous plan has run: its loads and stores are complete. Then write-through plans the stores of the blocks
-  /// cached in the previous step that are still cached (`hash_of(b)`: their content's key, or nullopt-like false).
+  /// cached in the previous step that are still cached (`hash_of(b, key)`: false when `b` no longer is, else true
+  /// with its content's key in `key`).
   template <class HashOf>
   void begin_step(HashOf&& hash_of, step_ledger& ledger, cache_stats& counts) {
     if (!loading_.empty()) {
