@@ -27,7 +27,11 @@
 
 KVPAGER_NAMESPACE_BEGIN
 
-class arc_tier {
+/// arc_tier. A class template with one defaulted parameter, used as arc_tier: its member functions (and the
+/// standard templates they use) are analysed only in a translation unit that uses them, not in every one that
+/// includes <kvpager/cache.hpp> (a consumer build cost measured in bench/RESULTS.md).
+template <class = void>
+class basic_arc_tier {
  public:
   static constexpr const char* name = "arc";
 
@@ -193,6 +197,8 @@ class arc_tier {
   index_list b1_, b2_;
   std::vector<std::int32_t> ghost_free_;
 };
+
+using arc_tier = basic_arc_tier<>;
 
 static_assert(tier_policy<arc_tier>);
 

@@ -18,7 +18,11 @@
 
 KVPAGER_NAMESPACE_BEGIN
 
-class lru_tier {
+/// lru_tier. A class template with one defaulted parameter, used as lru_tier: its member functions (and the
+/// standard templates they use) are analysed only in a translation unit that uses them, not in every one that
+/// includes <kvpager/cache.hpp> (a consumer build cost measured in bench/RESULTS.md).
+template <class = void>
+class basic_lru_tier {
  public:
   static constexpr const char* name = "lru";
 
@@ -76,6 +80,8 @@ class lru_tier {
   std::vector<std::uint64_t> keys_;  ///< slot -> key
   index_list order_;                 ///< held slots, least recently used first
 };
+
+using lru_tier = basic_lru_tier<>;
 
 static_assert(tier_policy<lru_tier>);
 
