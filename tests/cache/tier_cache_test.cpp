@@ -10,6 +10,8 @@
 
 #include <gtest/gtest.h>
 
+#include "cache/tier_test_support.hpp"
+
 #include <algorithm>
 #include <cstdint>
 #include <numeric>
@@ -22,27 +24,15 @@ namespace {
 using lru_cache = tiered_cache_with<lru_tier, no_swap>;
 using arc_swap_cache = tiered_cache_with<arc_tier, host_swap>;
 
-constexpr std::int32_t bs = 4;
-
-cache_config config(std::int32_t device_blocks, std::int32_t tier_blocks, tier_write w = tier_write::through,
-                    std::int32_t host_blocks = 0) {
-  cache_config c{bs, device_blocks, 1, 0, host_blocks};
-  c.host_tier.num_blocks = tier_blocks;
-  c.host_tier.write = w;
-  return c;
-}
-
-std::vector<token_id> prompt(std::int32_t n, token_id first) {
-  std::vector<token_id> t(static_cast<std::size_t>(n));
-  std::iota(t.begin(), t.end(), first);
-  return t;
-}
+constexpr std::int32_t bs = kvtest::tier_block_size;
+using kvtest::iota_prompt;
+using kvtest::tier_config;
 
 /// Admits and frees prompts of other content until `cache` has evicted everything it cached (a small pool).
 template <class Cache>
 void flush_device(Cache& c, token_id base, std::int32_t rounds) {
   for (std::int32_t r = 0; r < rounds; ++r) {
-    const auto other = prompt(4 * bs + 1, base + 1000 * r);
+    const auto other = iota_prompt(4 * bs + 1, base + 1000 * r);
     const seq_id id = 900'000 + static_cast<seq_id>(r);
     ASSERT_TRUE(c.add_sequence(id, other));
     c.begin_step();
@@ -53,25 +43,25 @@ void flush_device(Cache& c, token_id base, std::int32_t rounds) {
 
 TEST(TierCache, ConfigurationErrors) {
   // host tier blocks without a tier policy, a tier policy without blocks, negative, contradicting options
-  EXPECT_EQ(vllm_v1_cache::create(config(9, 4)).error().code(), errc::invalid_argument);
-  EXPECT_EQ(lru_cache::create(config(9, 0)).error().code(), errc::invalid_pool_size);
-  EXPECT_EQ(lru_cache::create(config(9, -3)).error().code(), errc::invalid_pool_size);
-  cache_config c = config(9, 4);
+  EXPECT_EQ(vllm_v1_cache::create(tier_config(9, 4)).error().code(), errc::invalid_argument);
+  EXPECT_EQ(lru_cache::create(tier_config(9, 0)).error().code(), errc::invalid_pool_size);
+  EXPECT_EQ(lru_cache::create(tier_config(9, -3)).error().code(), errc::invalid_pool_size);
+  cache_config c = tier_config(9, 4);
   c.host_tier.inclusive = false;  // exclusive with write-through: every loaded block would be copied back at once
   EXPECT_EQ(lru_cache::create(c).error().code(), errc::invalid_argument);
   c.host_tier.write = tier_write::back;
   EXPECT_TRUE(lru_cache::create(c));
-  c = config(9, 4);
+  c = tier_config(9, 4);
   c.host_tier.store_threshold = 0;
   EXPECT_EQ(lru_cache::create(c).error().code(), errc::invalid_argument);
-  c = config(9, 1 << 29);  // past what the host block ids allow
+  c = tier_config(9, 1 << 29);  // past what the host block ids allow
   EXPECT_EQ(lru_cache::create(c).error().code(), errc::invalid_pool_size);
-  EXPECT_EQ(config(9, 4, tier_write::through, 3).host_pool_blocks(), 7);
+  EXPECT_EQ(tier_config(9, 4, tier_write::through, 3).host_pool_blocks(), 7);
 }
 
 TEST(TierCache, WriteThroughStoresAtTheNextStepIntoTheTiersHostBlocks) {
-  auto c = *arc_swap_cache::create(config(12, 8, tier_write::through, 5));
-  const auto p = prompt(2 * bs + 1, 10);
+  auto c = *arc_swap_cache::create(tier_config(12, 8, tier_write::through, 5));
+  const auto p = iota_prompt(2 * bs + 1, 10);
   ASSERT_TRUE(c.add_sequence(1, p));
   EXPECT_TRUE(c.plan().swap_outs().empty()) << "the blocks' bytes are not written yet";
   const auto table = *c.block_table(1);
@@ -92,8 +82,8 @@ TEST(TierCache, WriteThroughStoresAtTheNextStepIntoTheTiersHostBlocks) {
 }
 
 TEST(TierCache, LookupWalksTheDeviceThenTheTierAndLoadsIntoNewBlocks) {
-  auto c = *lru_cache::create(config(9, 16));
-  const auto p = prompt(3 * bs + 2, 10);  // 3 full blocks
+  auto c = *lru_cache::create(tier_config(9, 16));
+  const auto p = iota_prompt(3 * bs + 2, 10);  // 3 full blocks
   ASSERT_TRUE(c.add_sequence(1, p));
   c.begin_step();  // stores planned
   ASSERT_TRUE(c.free_sequence(1));
@@ -129,8 +119,8 @@ TEST(TierCache, LookupWalksTheDeviceThenTheTierAndLoadsIntoNewBlocks) {
 }
 
 TEST(TierCache, TheLastTokenIsAlwaysComputed) {
-  auto c = *lru_cache::create(config(9, 16));
-  const auto p = prompt(3 * bs, 10);  // exactly 3 full blocks: at most 2 served
+  auto c = *lru_cache::create(tier_config(9, 16));
+  const auto p = iota_prompt(3 * bs, 10);  // exactly 3 full blocks: at most 2 served
   ASSERT_TRUE(c.add_sequence(1, p));
   c.begin_step();
   ASSERT_TRUE(c.free_sequence(1));
@@ -143,8 +133,8 @@ TEST(TierCache, TheLastTokenIsAlwaysComputed) {
 }
 
 TEST(TierCache, WriteBackStoresWhatTheDeviceEvictsInTheStepItEvicts) {
-  auto c = *lru_cache::create(config(5, 16, tier_write::back));  // 4 usable blocks
-  const auto p = prompt(2 * bs + 1, 10);
+  auto c = *lru_cache::create(tier_config(5, 16, tier_write::back));  // 4 usable blocks
+  const auto p = iota_prompt(2 * bs + 1, 10);
   ASSERT_TRUE(c.add_sequence(1, p));
   const auto t1 = *c.block_table(1);
   const std::vector<block_id> table(t1.begin(), t1.end());
@@ -153,7 +143,7 @@ TEST(TierCache, WriteBackStoresWhatTheDeviceEvictsInTheStepItEvicts) {
   ASSERT_TRUE(c.free_sequence(1));
   c.begin_step();
   // A prompt of 4 blocks takes every block: the two cached ones are evicted and stored before they are rewritten.
-  ASSERT_TRUE(c.add_sequence(2, prompt(4 * bs, 500)));
+  ASSERT_TRUE(c.add_sequence(2, iota_prompt(4 * bs, 500)));
   const auto outs = c.plan().swap_outs();
   ASSERT_EQ(outs.size(), 2U);
   std::vector<block_id> stored{outs[0].device, outs[1].device};
@@ -168,15 +158,15 @@ TEST(TierCache, WriteBackStoresWhatTheDeviceEvictsInTheStepItEvicts) {
 }
 
 TEST(TierCache, ExclusiveTierLetsALoadedBlockGoAndStoresItAgainOnEviction) {
-  cache_config cfg = config(5, 16, tier_write::back);
+  cache_config cfg = tier_config(5, 16, tier_write::back);
   cfg.host_tier.inclusive = false;
   auto c = *lru_cache::create(cfg);
-  const auto p = prompt(2 * bs + 1, 10);
+  const auto p = iota_prompt(2 * bs + 1, 10);
   ASSERT_TRUE(c.add_sequence(1, p));
   c.begin_step();
   ASSERT_TRUE(c.free_sequence(1));
   c.begin_step();
-  ASSERT_TRUE(c.add_sequence(2, prompt(4 * bs, 500)));  // evicts and stores p's 2 blocks
+  ASSERT_TRUE(c.add_sequence(2, iota_prompt(4 * bs, 500)));  // evicts and stores p's 2 blocks
   c.begin_step();
   ASSERT_TRUE(c.free_sequence(2));
   c.begin_step();
@@ -188,22 +178,22 @@ TEST(TierCache, ExclusiveTierLetsALoadedBlockGoAndStoresItAgainOnEviction) {
   EXPECT_EQ(c.tier().stats().moved_up, 2);
   ASSERT_TRUE(c.free_sequence(3));
   c.begin_step();
-  ASSERT_TRUE(c.add_sequence(4, prompt(4 * bs, 900)));
+  ASSERT_TRUE(c.add_sequence(4, iota_prompt(4 * bs, 900)));
   EXPECT_EQ(c.plan().swap_outs().size(), 3U) << "p's 2 cached blocks go down again, and the other prompt's last";
 }
 
 TEST(TierCache, PriorityFloorAndStaleLookups) {
-  cache_config cfg = config(9, 16);
+  cache_config cfg = tier_config(9, 16);
   cfg.host_tier.min_priority = 1;
   auto c = *lru_cache::create(cfg);
-  ASSERT_TRUE(c.add_sequence(1, prompt(2 * bs + 1, 10), {.priority = 0}));
-  ASSERT_TRUE(c.add_sequence(2, prompt(2 * bs + 1, 300), {.priority = 1}));
+  ASSERT_TRUE(c.add_sequence(1, iota_prompt(2 * bs + 1, 10), {.priority = 0}));
+  ASSERT_TRUE(c.add_sequence(2, iota_prompt(2 * bs + 1, 300), {.priority = 1}));
   c.begin_step();
   EXPECT_EQ(c.plan().swap_outs().size(), 2U) << "only the blocks of the request at the floor";
   EXPECT_EQ(c.tier().stats().below_priority, 2);
 
   // A kept lookup goes stale when the tier changes (a store completes), and says so without changing anything.
-  const auto p = prompt(2 * bs + 1, 300);
+  const auto p = iota_prompt(2 * bs + 1, 300);
   ASSERT_TRUE(c.free_sequence(2));
   flush_device(c, 5000, 0);
   prefix_hit kept;
@@ -217,14 +207,14 @@ TEST(TierCache, PriorityFloorAndStaleLookups) {
 }
 
 TEST(TierCache, FailedCallsChangeNothingInEitherTier) {
-  auto c = *lru_cache::create(config(6, 16));
-  const auto p = prompt(3 * bs + 1, 10);
+  auto c = *lru_cache::create(tier_config(6, 16));
+  const auto p = iota_prompt(3 * bs + 1, 10);
   ASSERT_TRUE(c.add_sequence(1, p));
   c.begin_step();
   ASSERT_TRUE(c.free_sequence(1));
   c.begin_step();
   flush_device(c, 5000, 2);
-  ASSERT_TRUE(c.add_sequence(2, prompt(3 * bs, 7000)));  // 3 of the 5 blocks in use
+  ASSERT_TRUE(c.add_sequence(2, iota_prompt(3 * bs, 7000)));  // 3 of the 5 blocks in use
   const cache_stats before = c.stats();
   const host_tier_stats tier_before = c.tier().stats();
   EXPECT_EQ(c.add_sequence(3, p).code(), errc::out_of_blocks);  // needs 4 blocks, 3 of them loads
@@ -234,10 +224,10 @@ TEST(TierCache, FailedCallsChangeNothingInEitherTier) {
 }
 
 TEST(TierCache, ResetForgetsBothTiersOnlyWhenNothingIsInFlight) {
-  auto c = *lru_cache::create(config(9, 16));
+  auto c = *lru_cache::create(tier_config(9, 16));
   kv_event_buffer events;
   ASSERT_TRUE(c.set_kv_event_buffer(&events));
-  ASSERT_TRUE(c.add_sequence(1, prompt(2 * bs + 1, 10)));
+  ASSERT_TRUE(c.add_sequence(1, iota_prompt(2 * bs + 1, 10)));
   c.begin_step();  // stores planned
   ASSERT_TRUE(c.free_sequence(1));
   EXPECT_EQ(c.reset_prefix_cache().code(), errc::invalid_block) << "stores in flight";
@@ -249,7 +239,7 @@ TEST(TierCache, ResetForgetsBothTiersOnlyWhenNothingIsInFlight) {
   EXPECT_EQ(host_stored, 2) << "the tier reports its blocks on the host medium when their stores complete";
   ASSERT_TRUE(c.reset_prefix_cache());
   EXPECT_EQ(c.tier().stats().held, 0);
-  EXPECT_EQ(c.match_prefix(prompt(2 * bs + 1, 10))->tokens, 0);
+  EXPECT_EQ(c.match_prefix(iota_prompt(2 * bs + 1, 10))->tokens, 0);
 }
 
 }  // namespace

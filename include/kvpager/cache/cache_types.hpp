@@ -15,6 +15,7 @@
 #include "kvpager/core/config.hpp"
 #include "kvpager/core/geometry.hpp"
 #include "kvpager/core/status.hpp"
+#include "kvpager/core/step_plan.hpp"
 #include "kvpager/core/types.hpp"
 
 KVPAGER_NAMESPACE_BEGIN
@@ -41,6 +42,30 @@ struct host_tier_options {
   std::int32_t min_priority = INT32_MIN;
   /// Inclusive: a loaded block keeps its host copy. Exclusive (false; with tier_write::back only): it leaves the tier.
   bool inclusive = true;
+  /// Asynchronous transfers: loads and stores complete when the engine reports them
+  /// (paged_kv_cache::complete_tier_transfers), each ok or failed, not at the next begin_step. A sequence admitted
+  /// with host blocks to load then holds only its hit and waits (tier_load_state: loading) until they are in; a
+  /// write-through store keeps its source block from being reused until it completes (docs/host_tier.md).
+  bool async = false;
+  /// With `async`: begin_steps a sequence waits for its loads before they count as failed (it is recomputed; the
+  /// device blocks stay held until the engine reports them). >= 1: a load that never completes cannot hold a request.
+  std::int32_t load_timeout_steps = 64;
+};
+
+/// An asynchronous host tier transfer the engine finished (paged_kv_cache::complete_tier_transfers): the step
+/// plan's entry as it was planned (a load is a swap-in, a store a swap-out, into host blocks num_host_blocks + i),
+/// and whether its bytes arrived.
+struct tier_done {
+  block_swap swap{};
+  bool ok = true;
+  friend bool operator==(const tier_done&, const tier_done&) = default;
+};
+
+/// Where a sequence stands with its host tier loads (paged_kv_cache::tier_load_state).
+enum class tier_load_state : std::uint8_t {
+  none,     ///< no load pending: the sequence runs as any other (its loaded blocks, if any, are in and cached)
+  loading,  ///< admitted with host blocks to load, not all reported yet: it must not be computed (nor appended to)
+  failed,   ///< a load failed or timed out: free the sequence and admit it again (its good prefix is cached)
 };
 
 /// Run-time configuration of a paged_kv_cache.
@@ -95,7 +120,7 @@ struct geometry_check {
 /// The checks of paged_kv_cache::create on `cfg` alone (the pool sizes are block_pool::create's):
 /// errc::invalid_block_size (not a positive power of two), errc::invalid_argument (negative max_blocks_per_seq,
 /// num_kv_heads or head_dim not positive; host tier options that contradict: store_threshold < 1, an exclusive
-/// tier written through), errc::invalid_pool_size (negative num_host_blocks or host_tier.num_blocks, or host blocks
+/// tier written through, async transfers without a load timeout), errc::invalid_pool_size (negative num_host_blocks or host_tier.num_blocks, or host blocks
 /// past 2^29 together).
 [[nodiscard]] constexpr status validate(const cache_config& cfg) noexcept {
   if (cfg.block_size <= 0 || !std::has_single_bit(static_cast<std::uint32_t>(cfg.block_size)))
@@ -119,6 +144,11 @@ struct geometry_check {
     return status{errc::invalid_argument,
                   "paged_kv_cache::create: host_tier.store_threshold must be >= 1 (and max_tracker_size >= 1 with it)",
                   t.store_threshold};
+  if (t.async && t.load_timeout_steps < 1)
+    return status{errc::invalid_argument,
+                  "paged_kv_cache::create: host_tier.load_timeout_steps must be >= 1 with async transfers (a load that "
+                  "never completes would hold its request forever)",
+                  t.load_timeout_steps};
   if (!t.inclusive && t.write == tier_write::through)
     return status{errc::invalid_argument,
                   "paged_kv_cache::create: an exclusive host tier (inclusive = false) stores on eviction "
@@ -147,6 +177,10 @@ struct cache_stats {
   std::int64_t prefix_hit_tokens_host = 0;  ///< of those, tokens loaded from the host tier (after the device hits)
   std::int64_t tier_loaded_blocks = 0;  ///< host tier blocks copied to the device (loads planned), cumulative
   std::int64_t tier_stored_blocks = 0;  ///< device blocks copied to the host tier (stores planned), cumulative
+  std::int64_t tier_failed_loads = 0;   ///< loads reported failed (async): the blocks are recomputed
+  std::int64_t tier_failed_stores = 0;  ///< stores reported failed (async): the content has no host copy
+  std::int64_t tier_load_timeouts = 0;  ///< sequences whose loads passed load_timeout_steps (async)
+  std::int32_t tier_in_flight = 0;      ///< gauge: host tier loads and stores planned and not complete
   std::int32_t swapped = 0;             ///< sequences swapped out to host memory (counted in `sequences` too)
   std::int32_t host_total = 0;          ///< host (swap) blocks in all
   std::int32_t host_free = 0;           ///< host blocks free (blocks released in this step count from the next)

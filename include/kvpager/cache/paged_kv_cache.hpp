@@ -219,6 +219,39 @@ class paged_kv_cache : public detail::cache_exports<paged_kv_cache<A, E, S, W, T
   /// The byte movement planned since the last begin_step().
   [[nodiscard]] const step_plan& plan() const noexcept { return ledger_.plan(); }
 
+  // ------------------------------------------------------------------------------------------------ host tier
+
+  /// Host tier transfers (host_tier_options::async) the engine finished: each entry is a load (a swap-in) or store
+  /// (a swap-out) of the plan into a tier host block, as planned, ok or failed, reported once, in any step after it
+  /// was planned. A store completes (its host copy loadable) or is forgotten (failed: recomputed when needed), and
+  /// a write-through store's source block is released. A load unpins its host block (a failed one's copy is
+  /// forgotten: it is never loaded again); when a waiting sequence's loads are all in, its loaded blocks are
+  /// committed to the prefix cache and tier_load_state says none: it runs as any other; when one fails it says
+  /// failed (the blocks that arrived before are committed): free it and admit it again. The block of a load whose
+  /// sequence was freed is released now. Errors (nothing changed): errc::unsupported (no tier, or synchronous
+  /// transfers), errc::invalid_argument (an entry matching no transfer in flight, or listed twice; detail = its
+  /// index).
+  status complete_tier_transfers(std::span<const tier_done> done) {
+    if constexpr (tier_type::enabled) {
+      if (status st = tier_.check(done); !st) return st;
+      tier_.apply(
+          done, counts_, [this](block_id b, std::int32_t priority) { release(b, retention_hint{priority}); },
+          [this](detail::pending_load& p) { commit_loaded(p); });
+      return ok_status();
+    } else {
+      (void)done;
+      return status{errc::unsupported, "complete_tier_transfers: the cache has no host tier"};
+    }
+  }
+
+  /// Where sequence `id` stands with host tier loads (async transfers; tier_load_state::none otherwise).
+  /// errc::unknown_sequence for an id not live.
+  [[nodiscard]] result<tier_load_state> load_state(seq_id id) const noexcept {
+    if (!seqs_.contains(id)) return status{errc::unknown_sequence, "load_state: unknown sequence id"};
+    if constexpr (tier_type::enabled) return tier_.load_state(id);
+    return tier_load_state::none;
+  }
+
   // ------------------------------------------------------------------------------------------------ KV cache events
 
   /// From now on the cache reports what its prefix cache holds into `*out` (core/kv_events.hpp; nullptr stops it):
@@ -364,6 +397,38 @@ class paged_kv_cache : public detail::cache_exports<paged_kv_cache<A, E, S, W, T
     if constexpr (tier_type::enabled) tier_.evicted(blocks_, ledger_, counts_);
   }
 
+  /// errc::pending_append when sequence `id` waits for host tier loads (async transfers): its bytes are not in.
+  template <detail::call_name Call>
+  [[nodiscard]] status not_waiting(seq_id id) const noexcept {
+    if constexpr (tier_type::enabled) {
+      if (tier_.waits(id))
+        return status{errc::pending_append,
+                      detail::joined<Call, ": the sequence waits for host tier loads (tier_load_state)">::value.data()};
+    } else {
+      (void)id;
+    }
+    return ok_status();
+  }
+
+  /// A sequence's loads are resolved (all in, or one failed or timed out): the blocks that arrived before the first
+  /// that did not are committed to the prefix cache, as its admission would have (their KV cache events too).
+  void commit_loaded(const detail::pending_load& p) {
+    if constexpr (tier_type::enabled) {
+      const std::int32_t g = p.good();
+      if (g == 0) return;
+      seq_state& s = seqs_.at(p.id);
+      const S& share = blocks_.sharing();
+      cursor_type cur = p.first == 0 ? share.first_cursor(p.extra_key)
+                                     : share.cursor_after(s.blocks[static_cast<std::size_t>(p.first - 1)]);
+      const auto tokens = std::span<const token_id>(p.tokens).first(static_cast<std::size_t>(p.first + g) *
+                                                                    static_cast<std::size_t>(cfg_.block_size));
+      cursors_.commit_prompt(blocks_.sharing(), s, cur, tokens, p.first, prompt_hashes{detail::span_of(p.hashes)},
+                             announcer(s));
+    } else {
+      (void)p;
+    }
+  }
+
   [[nodiscard]] bool exceeds_table_limit(std::int64_t blocks) const noexcept {
     return cfg_.max_blocks_per_seq > 0 && blocks > cfg_.max_blocks_per_seq;
   }
@@ -507,6 +572,7 @@ KVPAGER_OUT_OF_LINE auto paged_kv_cache<A, E, S, W, T>::append_tokens(seq_id id,
   if (n.value <= 0) return status{errc::invalid_argument, "append_tokens: token count must be positive", n.value};
   const auto h = seqs_.template checked<"append_tokens">(id);
   if (!h) return h.error();
+  if (status st = not_waiting<"append_tokens">(id); !st) return st;
   if (status st = grow(*h, n.value); !st) return st;
   cursors_.stop(seqs_[*h]);
   return ok_status();
@@ -520,6 +586,7 @@ KVPAGER_OUT_OF_LINE auto paged_kv_cache<A, E, S, W, T>::append_tokens(seq_id id,
                   static_cast<std::int64_t>(tokens.size())};
   const auto h = seqs_.template checked<"append_tokens">(id);
   if (!h) return h.error();
+  if (status st = not_waiting<"append_tokens">(id); !st) return st;
   const std::int32_t first = seqs_[*h].num_tokens;
   if (status st = grow(*h, static_cast<std::int32_t>(tokens.size())); !st) return st;
   seq_state& s = seqs_[*h];
@@ -540,6 +607,7 @@ KVPAGER_OUT_OF_LINE auto paged_kv_cache<A, E, S, W, T>::fork(seq_id parent, seq_
   if (p.swapped) return status{errc::sequence_swapped, "fork: the parent is swapped out; swap it in first"};
   if (p.append_step == ledger_.step())
     return status{errc::pending_append, "fork: the parent has tokens appended in this step; fork after begin_step"};
+  if (status st = not_waiting<"fork">(parent); !st) return st;
   const std::int32_t tokens = num_tokens == 0 ? p.num_tokens : num_tokens;
   const auto k = static_cast<std::size_t>(blocks_for_tokens(tokens, cfg_.block_size));
   if constexpr (S::fork == fork_mode::copy) {
@@ -577,8 +645,10 @@ KVPAGER_OUT_OF_LINE auto paged_kv_cache<A, E, S, W, T>::free_sequence(seq_id id)
             if (blocks_.is_cached(b)) blocks_.drop_content(b);  // its content will never be written
           });
     }
+    if constexpr (tier_type::enabled) tier_.drop_sequence(id, s.blocks);  // loads in flight keep their blocks
     const retention_hint hint{s.priority};
-    for (auto it = s.blocks.rbegin(); it != s.blocks.rend(); ++it) release(*it, hint);
+    for (auto it = s.blocks.rbegin(); it != s.blocks.rend(); ++it)
+      if (*it != no_block) release(*it, hint);
   }
   counts_.tokens -= s.num_tokens;
   seqs_.erase(*h);  // keeps the vectors' capacity for the next sequence in this handle
@@ -590,6 +660,8 @@ KVPAGER_OUT_OF_LINE auto paged_kv_cache<A, E, S, W, T>::swap_out(std::span<const
   if (!book_.has_host_pool())
     return status{errc::unsupported, "swap_out: the cache has no host pool (num_host_blocks 0)"};
   if (status st = seqs_.template checked_group<"swap_out">(group, detail::residency::device, ledger_.step()); !st) return st;
+  for (const seq_id id : group)
+    if (status st = not_waiting<"swap_out">(id); !st) return st;
   const auto release_ref = [this](block_id b, retention_hint hint) { release(b, hint); };
   if (status st = book_.swap_out(group, seqs_, ledger_, release_ref); !st) return st;
   for (const seq_id id : group) cursors_.stop(seqs_.at(id));
@@ -608,6 +680,7 @@ template <block_allocator A, eviction_policy E, sharing_policy S, swap_policy W,
 KVPAGER_OUT_OF_LINE auto paged_kv_cache<A, E, S, W, T>::preempt_decision(seq_id id) const -> result<preempt_action> {
   const auto h = seqs_.template checked<"preempt">(id);
   if (!h) return h.error();
+  if (status st = not_waiting<"preempt">(id); !st) return st;
   return book_.decide(static_cast<std::int32_t>(seqs_[*h].blocks.size()));
 }
 
@@ -643,7 +716,10 @@ KVPAGER_OUT_OF_LINE auto paged_kv_cache<A, E, S, W, T>::begin_step() -> void {
           key = blocks_.sharing().block_hash(b);
           return true;
         },
-        ledger_, counts_);
+        [this](block_id b) {
+          if (blocks_.touch(b)) ledger_.unpark();
+        },
+        [this](detail::pending_load& p) { commit_loaded(p); }, ledger_.step(), ledger_, counts_);
   }
 }
 
@@ -655,6 +731,7 @@ KVPAGER_OUT_OF_LINE auto paged_kv_cache<A, E, S, W, T>::stats() const noexcept -
   s.sequences = seqs_.size();
   blocks_.report(s);
   book_.report(s);
+  if constexpr (tier_type::enabled) s.tier_in_flight = tier_.num_in_flight();
   return s;
 }
 
@@ -714,9 +791,12 @@ KVPAGER_OUT_OF_LINE auto paged_kv_cache<A, E, S, W, T>::add_impl(seq_id id, std:
                 });
   }
 
+  // With async transfers a sequence with loads takes only its hit's blocks for now: it waits for them.
+  bool waits = false;
+  if constexpr (tier_type::enabled) waits = loads > 0 && tier_.async();
   const std::int32_t h = seqs_.insert(id);
   seq_state& s = seqs_[h];
-  s.blocks.resize(static_cast<std::size_t>(total));
+  s.blocks.resize(waits ? hits_.size() + static_cast<std::size_t>(loads) : static_cast<std::size_t>(total));
   // Hits first (they leave the free queue before anything is popped from it), then new blocks.
   for (std::size_t i = 0; i < hits_.size(); ++i) {
     if (blocks_.touch(hits_[i])) ledger_.unpark();
@@ -728,6 +808,26 @@ KVPAGER_OUT_OF_LINE auto paged_kv_cache<A, E, S, W, T>::add_impl(seq_id id, std:
   s.extra_key = options.extra_key;
   const auto device_tokens = static_cast<std::int32_t>(hits_.size()) * cfg_.block_size;
   const std::int32_t hit_tokens = device_tokens + loads * cfg_.block_size;  // served: not computed
+  if constexpr (tier_type::enabled) {
+    if (waits) {  // the sequence holds its hit and waits for the loads (tier_load_state)
+      const auto first = static_cast<std::int32_t>(hits_.size());
+      s.num_tokens = hit_tokens;
+      const auto dst = std::span<const block_id>(s.blocks).subspan(static_cast<std::size_t>(first));
+      tier_.load(dst, ledger_, counts_);
+      tier_.wait_for_loads(
+          id, first, dst, tokens, [this, &s](std::int32_t i) {
+            return blocks_.sharing().block_hash(s.blocks[static_cast<std::size_t>(i)]);
+          },
+          cfg_.block_size, options.extra_key, ledger_.step());
+      counts_.prefix_query_tokens += n;
+      counts_.prefix_hit_tokens += device_tokens;
+      counts_.prefix_hit_tokens_host += hit_tokens - device_tokens;
+      counts_.tokens += hit_tokens;
+      tier_evicted();
+      if (hit != nullptr) *hit = prefix_match{first, hit_tokens, static_cast<std::int64_t>(needed), loads};
+      return ok_status();
+    }
+  }
   if (!tokens.empty()) {
     cursors_.commit_prompt(blocks_.sharing(), s, cur, tokens, static_cast<std::int32_t>(hits_.size()), ph,
                            announcer(s));

@@ -159,6 +159,16 @@ class scheduler : public scheduler_queues {
   /// Forks requested since the last step; their parents' bytes are in place now.
   KVPAGER_NOINLINE void start_forks();
 
+  /// Requests waiting for host tier loads: those whose loads are all in run (their prompt continues as a partial
+  /// prompt) while a running slot is free; those whose loads failed or timed out are freed and queued again at the
+  /// front (recomputed after the blocks that arrived, which the cache has cached).
+  void poll_loads();
+  /// Running slots taken: running requests and those waiting for loads (each holds a slot for when they are in, so
+  /// max_num_seqs bounds the running queue whenever they arrive).
+  [[nodiscard]] std::int64_t occupied() const noexcept {
+    return static_cast<std::int64_t>(running_.size() + loading_.size());
+  }
+
   /// The running queue in order: decodes first; the requests computing a prompt in chunks are set aside and
   /// continue after them.
   KVPAGER_FLATTEN void run_running();
@@ -341,6 +351,7 @@ KVPAGER_OUT_OF_LINE auto scheduler<Cache>::schedule() -> const step_output& {
   start_forks();
   budget_ = cfg_.max_num_batched_tokens;
   max_running_ = tuners_.max_running(cfg_);
+  poll_loads();
   preempted_ = false;
   stop_running_ = false;
   preempt_for_priority();
@@ -460,6 +471,36 @@ auto scheduler<Cache>::start_forks() -> void {
     out_.forked.push_back(child);
   }
   forks_.clear();
+}
+
+template <class Cache>
+auto scheduler<Cache>::poll_loads() -> void {
+  if constexpr (requires { cache_.complete_tier_transfers({}); }) {
+    for (std::size_t i = 0; i < loading_.size();) {
+      const seq_id id = loading_[i];
+      const result<tier_load_state> st = cache_.load_state(id);
+      const bool in = st && *st == tier_load_state::none;
+      if ((st && *st == tier_load_state::loading) ||
+          (in && static_cast<std::int64_t>(running_.size()) >= max_running_)) {  // a tuned limit fell: it waits
+        ++i;
+        continue;
+      }
+      loading_.erase(loading_.begin() + static_cast<std::ptrdiff_t>(i));
+      const slot_type s = reqs_.find(id);
+      sched_request& r = reqs_[s];
+      if (in) {  // all in: a partially computed prompt from here
+        push_running(id, s);
+        continue;
+      }
+      ++stats_.load_failures;
+      r.where = request_state::waiting;
+      r.computed = 0;
+      r.prefilling = false;
+      r.preempted = true;  // its re-admission is a resumed one (resumed_prefix)
+      waiting_.push_front(id);
+      if (const status fr = cache_.free_sequence(id); !fr) fail(id, fr);
+    }
+  }
 }
 
 template <class Cache>
@@ -667,7 +708,7 @@ auto scheduler<Cache>::preempt(seq_id victim) -> void {
 
 template <class Cache>
 auto scheduler<Cache>::swap_in() -> void {
-  while (!swapped_.empty() && static_cast<std::int64_t>(running_.size()) < max_running_ && budget_ > 0) {
+  while (!swapped_.empty() && occupied() < max_running_ && budget_ > 0) {
     const seq_id id = swapped_.front();
     const slot_type s = reqs_.find(id);
     if (const auto why = limit_reached(reqs_[s].num_tokens(), false)) {
@@ -698,7 +739,7 @@ auto scheduler<Cache>::swap_in() -> void {
 template <class Cache>
 auto scheduler<Cache>::admit() -> void {
   order_waiting(cfg_.order);
-  while (!waiting_.empty() && budget_ > 0 && static_cast<std::int64_t>(running_.size()) < max_running_)
+  while (!waiting_.empty() && budget_ > 0 && occupied() < max_running_)
     if (const admit_outcome a = admit_front(true); a == admit_outcome::stopped || a == admit_outcome::budget_stop)
       break;
 }
@@ -766,6 +807,21 @@ KVPAGER_OUT_OF_LINE auto scheduler<Cache>::admit_front(bool count) -> admit_outc
   c.hit_tokens += hit.tokens;
   c.hit_blocks += hit.blocks;
   c.host_hit_tokens += std::int64_t{hit.host_blocks} * cache_.block_size();
+  if constexpr (requires { cache_.complete_tier_transfers({}); }) {
+    if (const auto ls = hit.host_blocks > 0 ? cache_.load_state(id) : tier_load_state::none;
+        ls && *ls == tier_load_state::loading) {  // async loads: it waits
+      waiting_.pop_front();
+      r.where = request_state::loading;
+      loading_.push_back(id);
+      r.computed = hit.tokens;
+      r.prefilling = true;
+      if (!cfg_.priority_preemption) r.aged = 0;
+      r.waited = 0;
+      ++stats_.admitted;
+      ++stats_.load_waits;
+      return admit_outcome::admitted;
+    }
+  }
   waiting_.pop_front();
   push_running(id, s);
   r.prefilling = true;
@@ -783,7 +839,7 @@ auto scheduler<Cache>::preempt_for_priority() -> void {
   const seq_id head = waiting_.front();
   bool displaced = false;
   for (;;) {
-    if (static_cast<std::int64_t>(running_.size()) < max_running_) {
+    if (occupied() < max_running_) {
       if (!displaced) {
         if (head_fits()) return;  // no inversion to resolve: admitted in turn, after the running requests
       } else {

@@ -36,6 +36,8 @@ class basic_scheduler_queues {
   [[nodiscard]] const request_queue& waiting() const noexcept { return waiting_; }
   /// Swapped-out requests, oldest first (the order they are swapped back in).
   [[nodiscard]] const request_queue& swapped() const noexcept { return swapped_; }
+  /// Requests waiting for host tier loads (async transfers), in admission order.
+  [[nodiscard]] std::span<const seq_id> loading() const noexcept { return detail::span_of(loading_); }
   /// Where request `id` is; request_state::unknown for an id that is not a request (a pending fork child is not
   /// one yet).
   [[nodiscard]] request_state state(seq_id id) const noexcept {
@@ -70,6 +72,7 @@ class basic_scheduler_queues {
     s.waiting = static_cast<std::int32_t>(waiting_.size());
     s.running = static_cast<std::int32_t>(running_.size());
     s.swapped = static_cast<std::int32_t>(swapped_.size());
+    s.loading = static_cast<std::int32_t>(loading_.size());
     return s;
   }
 
@@ -94,6 +97,9 @@ class basic_scheduler_queues {
         break;
       case request_state::swapped:
         (void)swapped_.erase(r.id);
+        break;
+      case request_state::loading:
+        if (const auto it = std::find(loading_.begin(), loading_.end(), r.id); it != loading_.end()) loading_.erase(it);
         break;
       default:
         (void)waiting_.erase(r.id);
@@ -200,6 +206,7 @@ class basic_scheduler_queues {
   std::vector<seq_id> running_;
   std::vector<slot_type> running_slots_;  ///< the slot of running_[i] in reqs_
   request_queue swapped_;
+  std::vector<seq_id> loading_;  ///< admitted, waiting for host tier loads (async transfers), in admission order
   std::vector<std::pair<seq_id, seq_id>> forks_;
   std::vector<slot_type> pass_;     ///< scratch: the running queue at the start of the step's pass over it
   std::vector<slot_type> partial_;  ///< scratch: running requests computing a prompt in chunks, in running order

@@ -39,6 +39,9 @@ enum class request_state : std::uint8_t {
   waiting,  ///< queued; holds nothing in the cache
   running,  ///< its blocks are on the device
   swapped,  ///< its blocks are in the host pool
+  /// admitted with host tier blocks to load (async transfers): it holds its hit and is not scheduled until the
+  /// loads are in (then running), or one fails or times out (then waiting again, to be recomputed)
+  loading,
 };
 
 /// A sequence scheduled in a step: it computes tokens [start, start + num_tokens) of scheduler::tokens(id).
@@ -196,6 +199,10 @@ struct scheduler_stats {
   /// Slot allocations for a running request's pending tokens refused for lack of blocks (each answered by a
   /// preemption while running requests are scanned; left pending for a request just swapped in).
   std::int64_t decode_alloc_fail = 0;
+  /// Admissions that waited for host tier loads (async transfers), and of those, requests whose loads failed or
+  /// timed out: freed and queued again at the front, their tokens after the blocks that arrived recomputed.
+  std::int64_t load_waits = 0;
+  std::int64_t load_failures = 0;
   prefix_counters prefix;          ///< first admissions
   prefix_counters resumed_prefix;  ///< re-admissions of requests preempted before
   /// The most device blocks in use (usable blocks minus cache.available_blocks()) right after an allocation the
@@ -204,6 +211,7 @@ struct scheduler_stats {
   std::int32_t waiting = 0;
   std::int32_t running = 0;
   std::int32_t swapped = 0;
+  std::int32_t loading = 0;  ///< requests waiting for host tier loads
 };
 
 KVPAGER_NAMESPACE_END

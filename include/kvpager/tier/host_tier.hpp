@@ -20,6 +20,7 @@
 ///     evicts exactly the shortfall among ready, unread blocks whose keys are not in this store (all of it, or the
 ///     call fails with errc::host_pool_full and nothing changes); complete_store(ok) makes them ready, or (a failed
 ///     copy) forgets and frees them;
+///   - fail_load(keys) completes failed loads and drops their copies; forget(key) drops one ready copy;
 ///   - reset forgets everything (the caller guarantees no load or store is in flight).
 /// Beyond vLLM: bad input is an error value that changes nothing (a load of a key not held or not ready, a
 /// completion of a load never prepared, duplicate keys), and the tier reports KV cache events (medium "CPU") into a
@@ -100,6 +101,7 @@ struct host_tier_stats {
   std::int64_t stored = 0;          ///< stores completed
   std::int64_t failed_stores = 0;   ///< blocks whose store failed (forgotten)
   std::int64_t loads = 0;           ///< blocks loads were prepared for
+  std::int64_t failed_loads = 0;    ///< blocks whose load failed (fail_load)
   std::int64_t evicted = 0;
   std::int64_t refused_stores = 0;  ///< prepare_store calls that found no room (host_pool_full)
   std::int64_t below_priority = 0;  ///< blocks not stored for their request's priority (min_priority)
@@ -374,6 +376,25 @@ class host_tier {
         ++stats_.failed_stores;
       }
     }
+  }
+
+  /// The loads of `keys` failed: complete_load(keys, false), counted in failed_loads, and each copy no other load
+  /// still reads is forgotten (not trusted again: a removal on the host medium). Same error as complete_load.
+  status fail_load(std::span<const std::uint64_t> keys) noexcept {
+    if (status st = complete_load(keys, false); !st) return st;
+    stats_.failed_loads += static_cast<std::int64_t>(keys.size());
+    for (const std::uint64_t k : keys) (void)forget(k);
+    return ok_status();
+  }
+
+  /// Forgets `key`'s copy if it is held, ready and not being read: a removal on the host medium; its block is free.
+  /// Returns whether it did (nothing changes otherwise).
+  bool forget(std::uint64_t key) noexcept {
+    const std::int32_t s = policy_.find(key);
+    if (s < 0 || state_[static_cast<std::size_t>(s)] != 0) return false;
+    announce_removed(s);
+    release(key, s);
+    return true;
   }
 
   /// Forgets every block and all history (vLLM's reset_cache); the caller guarantees that no load or store is in
