@@ -62,6 +62,12 @@ EXPECTED = {
     ("kvpager:admission_answers_total", (("answer", "later"),)): ("admission.later", "counter"),
     ("kvpager:admission_answers_total", (("answer", "never"),)): ("admission.never", "counter"),
     ("kvpager:scheduler_steps_total", ()): ("steps", "counter"),
+    ("kvpager:num_requests_loading", ()): ("requests.loading", "gauge"),
+    ("kvpager:prefix_cache_host_hits_total", ()): ("prefix_cache.host_hits", "counter"),
+    ("kvpager:host_tier_transfers_in_flight", ()): ("host_tier.in_flight", "gauge"),
+    ("kvpager:host_tier_transfer_failures_total", (("direction", "load"),)): ("host_tier.failed_loads", "counter"),
+    ("kvpager:host_tier_transfer_failures_total", (("direction", "store"),)): ("host_tier.failed_stores", "counter"),
+    ("kvpager:host_tier_load_timeouts_total", ()): ("host_tier.load_timeouts", "counter"),
 }
 
 
@@ -176,6 +182,7 @@ def main():
         ("kvpager:host_tier_loaded_blocks_total", ()): ("counter", t["loads"]),
         ("kvpager:host_tier_evictions_total", ()): ("counter", t["evicted"]),
         ("kvpager:host_tier_failed_stores_total", ()): ("counter", t["failed_stores"]),
+        ("kvpager:host_tier_failed_loads_total", ()): ("counter", t["failed_loads"]),
         ("kvpager:host_tier_refused_stores_total", ()): ("counter", t["refused_stores"]),
         ("kvpager:host_tier_pending_hits_total", ()): ("counter", t["pending_hits"]),
         ("kvpager:host_tier_moved_up_blocks_total", ()): ("counter", t["moved_up"]),

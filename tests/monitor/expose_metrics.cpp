@@ -127,6 +127,7 @@ int main(int argc, char** argv) {
   if (!tier.prepare_load(keys{2}, hb)) return 1;
   const bool refused = !tier.prepare_store(keys{10, 11, 12, 13}, plan, {}, 2);  // only block 3 is evictable
   if (!tier.complete_load(keys{2})) return 1;                                // exclusive: 2 moves up
+  if (!tier.prepare_load(keys{3}, hb) || !tier.fail_load(keys{3})) return 1;  // a failed load
   const kvpager::host_tier_stats ts = tier.stats();
   std::string tprom;
   constexpr std::int32_t tier_block_size = 16;
@@ -137,12 +138,13 @@ int main(int argc, char** argv) {
       {"held", ts.held}, {"writing", ts.writing}, {"reading", ts.reading}, {"lookups", ts.lookups},
       {"hits", ts.hits}, {"pending_hits", ts.pending_hits}, {"stored", ts.stored},
       {"failed_stores", ts.failed_stores}, {"loads", ts.loads}, {"evicted", ts.evicted},
-      {"refused_stores", ts.refused_stores}, {"below_priority", ts.below_priority}, {"moved_up", ts.moved_up}};
+      {"refused_stores", ts.refused_stores}, {"below_priority", ts.below_priority}, {"moved_up", ts.moved_up},
+      {"failed_loads", ts.failed_loads}};
   std::ofstream(dir + "/tier.prom", std::ios::binary) << tprom;
   std::ofstream(dir + "/tier.json", std::ios::binary) << tj.dump(2) << '\n';
   std::printf("%s\n", tprom.c_str());
   if (!refused || ts.hits == 0 || ts.pending_hits == 0 || ts.evicted == 0 || ts.failed_stores == 0 ||
-      ts.below_priority == 0 || ts.loads == 0 || ts.moved_up == 0 || ts.writing == 0) {
+      ts.below_priority == 0 || ts.loads == 0 || ts.moved_up == 0 || ts.writing == 0 || ts.failed_loads == 0) {
     std::fprintf(stderr, "expose_metrics: the tier run left a figure at zero: %s\n", tj.dump().c_str());
     ++failed;
   }

@@ -35,13 +35,14 @@ metrics_snapshot extreme_snapshot() {
   constexpr std::int64_t big = std::numeric_limits<std::int64_t>::min();
   constexpr std::int32_t big32 = std::numeric_limits<std::int32_t>::min();
   m.block_size = m.usable_blocks = m.used_blocks = m.free_blocks = m.evictable_blocks = m.cached_blocks = big32;
-  m.running = m.waiting = m.swapped = m.shared_blocks = m.referenced_blocks = big32;
+  m.running = m.waiting = m.swapped = m.shared_blocks = m.referenced_blocks = m.loading = m.tier_in_flight = big32;
   for (std::int64_t* p : {&m.bytes_per_block, &m.swap_outs, &m.swap_ins, &m.swapped_out_blocks, &m.swapped_in_blocks,
                           &m.swapped_out_bytes, &m.swapped_in_bytes, &m.preemptions_recompute, &m.preemptions_swap,
                           &m.swap_fallback_recompute, &m.logical_blocks, &m.prefix_queries, &m.prefix_hits,
                           &m.resumed_prefix_queries, &m.resumed_prefix_hits, &m.evictions, &m.internal_waste_tokens,
                           &m.internal_waste_bytes, &m.admission_ok, &m.admission_later, &m.admission_never,
-                          &m.admitted, &m.steps})
+                          &m.admitted, &m.steps, &m.prefix_host_hits, &m.tier_failed_loads, &m.tier_failed_stores,
+                          &m.tier_load_timeouts})
     *p = big;
   m.preemptions_swap = 0;  // preemptions() must not overflow
   m.kv_cache_usage = -2.2250738585072014e-308;

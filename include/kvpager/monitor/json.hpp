@@ -17,12 +17,14 @@
 /// The document (keys in alphabetical order, as nlohmann's default object keeps them):
 /// \code
 ///   {"admission":{"admitted":..,"later":..,"never":..,"ok":..},
+///    "host_tier":{"failed_loads":..,"failed_stores":..,"in_flight":..,"load_timeouts":..},
 ///    "internal_waste":{"bytes":..,"tokens":..},
 ///    "kv_cache":{"block_bytes":..,"block_size":..,"cached_blocks":..,"evictable_blocks":..,"free_blocks":..,
 ///                "usable_blocks":..,"usage":<fraction>,"used_blocks":..},
 ///    "preemptions":{"recompute":..,"swap":..,"swap_fallback_recompute":..,"total":..},
-///    "prefix_cache":{"evictions":..,"hit_rate":..,"hits":..,"queries":..,"resumed_hits":..,"resumed_queries":..},
-///    "requests":{"running":..,"swapped":..,"waiting":..},
+///    "prefix_cache":{"evictions":..,"hit_rate":..,"hits":..,"host_hits":..,"queries":..,"resumed_hits":..,
+///                    "resumed_queries":..},
+///    "requests":{"loading":..,"running":..,"swapped":..,"waiting":..},
 ///    "sharing":{"logical_blocks":..,"referenced_blocks":..,"shared_blocks":..,"shared_fraction":..,
 ///               "sharing_ratio":..},
 ///    "steps":..,
@@ -65,7 +67,7 @@ using jm = metrics_snapshot;
   json_field { group, key, true, nullptr, [](const jm& m) noexcept -> double { return expr; } }
 
 // clang-format off
-inline constexpr std::array<json_field, 39> json_fields{{
+inline constexpr std::array<json_field, 45> json_fields{{
   KVPAGER_JSON_INT("kv_cache", "block_size", m.block_size),
   KVPAGER_JSON_INT("kv_cache", "block_bytes", m.bytes_per_block),
   KVPAGER_JSON_INT("kv_cache", "usable_blocks", m.usable_blocks),
@@ -105,6 +107,12 @@ inline constexpr std::array<json_field, 39> json_fields{{
   KVPAGER_JSON_INT("admission", "never", m.admission_never),
   KVPAGER_JSON_INT("admission", "admitted", m.admitted),
   KVPAGER_JSON_INT("", "steps", m.steps),
+  KVPAGER_JSON_INT("requests", "loading", m.loading),
+  KVPAGER_JSON_INT("prefix_cache", "host_hits", m.prefix_host_hits),
+  KVPAGER_JSON_INT("host_tier", "in_flight", m.tier_in_flight),
+  KVPAGER_JSON_INT("host_tier", "failed_loads", m.tier_failed_loads),
+  KVPAGER_JSON_INT("host_tier", "failed_stores", m.tier_failed_stores),
+  KVPAGER_JSON_INT("host_tier", "load_timeouts", m.tier_load_timeouts),
 }};
 // clang-format on
 #undef KVPAGER_JSON_INT

@@ -98,6 +98,14 @@ struct metrics_snapshot {
   std::int64_t admitted = 0;         ///< admissions into the running queue (first or resumed)
   std::int64_t steps = 0;            ///< scheduler steps
 
+  // --- the host tier (a cache with one; 0 otherwise; the tier's own figures: monitor/tier_metrics.hpp) ---
+  std::int32_t loading = 0;              ///< requests waiting for host tier loads (gauge; async transfers)
+  std::int64_t prefix_host_hits = 0;     ///< of prefix_queries, tokens loaded from the host tier (counter)
+  std::int32_t tier_in_flight = 0;       ///< host tier loads and stores not complete (gauge)
+  std::int64_t tier_failed_loads = 0;    ///< loads reported failed: their tokens recomputed (counter)
+  std::int64_t tier_failed_stores = 0;   ///< stores reported failed: no host copy (counter)
+  std::int64_t tier_load_timeouts = 0;   ///< sequences whose loads passed the timeout (counter)
+
   friend bool operator==(const metrics_snapshot&, const metrics_snapshot&) = default;
 
   /// Preemptions of either mode (vLLM's num_preemptions), saturated at INT64_MAX.
@@ -148,6 +156,13 @@ template <class Cache>
   m.evictions = c.evictions;
   m.internal_waste_tokens = c.internal_waste_tokens();
   m.internal_waste_bytes = saturating_mul_div(m.internal_waste_tokens, m.bytes_per_block, c.block_size);
+  if constexpr (requires { c.tier_in_flight; }) {
+    m.prefix_host_hits = c.prefix_hit_tokens_host;
+    m.tier_in_flight = c.tier_in_flight;
+    m.tier_failed_loads = c.tier_failed_loads;
+    m.tier_failed_stores = c.tier_failed_stores;
+    m.tier_load_timeouts = c.tier_load_timeouts;
+  }
   return m;
 }
 
@@ -174,6 +189,8 @@ template <class Cache, class Sched>
   m.resumed_prefix_queries = s.resumed_prefix.query_tokens;
   m.resumed_prefix_hits = s.resumed_prefix.hit_tokens - s.resumed_prefix.host_hit_tokens;
   m.prefix_hit_rate = detail::metrics_ratio(double(m.prefix_hits), double(m.prefix_queries));
+  m.prefix_host_hits = s.prefix.host_hit_tokens;
+  if constexpr (requires { s.loading; }) m.loading = s.loading;
   m.admission_ok = s.answered_ok;
   m.admission_later = s.answered_later;
   m.admission_never = s.rejected;

@@ -65,7 +65,7 @@ struct prom_family {
 using ms = metrics_snapshot;
 
 // clang-format off
-inline constexpr std::array<prom_family, 31> prom_families{{
+inline constexpr std::array<prom_family, 36> prom_families{{
   {"kvpager:kv_cache_usage_perc", "gauge",
    "KV-cache usage as a fraction in [0, 1] (1 means 100 percent): used blocks over usable blocks, cached unreferenced blocks counted as free (as vLLM).",
    {{{"", [](const ms& m) noexcept { return prom_double(m.kv_cache_usage); }}}}},
@@ -135,6 +135,17 @@ inline constexpr std::array<prom_family, 31> prom_families{{
      {"{answer=\"never\"}", [](const ms& m) noexcept { return prom_int(m.admission_never); }}}}, 3},
   {"kvpager:scheduler_steps_total", "counter", "Scheduler steps.",
    {{{"", [](const ms& m) noexcept { return prom_int(m.steps); }}}}},
+  {"kvpager:num_requests_loading", "gauge", "Requests waiting for host tier loads (asynchronous transfers).",
+   {{{"", [](const ms& m) noexcept { return prom_int(m.loading); }}}}},
+  {"kvpager:prefix_cache_host_hits_total", "counter", "Of prefix_cache_queries, tokens loaded from the host tier.",
+   {{{"", [](const ms& m) noexcept { return prom_int(m.prefix_host_hits); }}}}},
+  {"kvpager:host_tier_transfers_in_flight", "gauge", "Host tier loads and stores planned and not complete.",
+   {{{"", [](const ms& m) noexcept { return prom_int(m.tier_in_flight); }}}}},
+  {"kvpager:host_tier_transfer_failures_total", "counter", "Host tier transfers reported failed, by direction.",
+   {{{"{direction=\"load\"}", [](const ms& m) noexcept { return prom_int(m.tier_failed_loads); }},
+     {"{direction=\"store\"}", [](const ms& m) noexcept { return prom_int(m.tier_failed_stores); }}}}, 2},
+  {"kvpager:host_tier_load_timeouts_total", "counter", "Requests whose host tier loads passed the load timeout.",
+   {{{"", [](const ms& m) noexcept { return prom_int(m.tier_load_timeouts); }}}}},
 }};
 // clang-format on
 

@@ -8,7 +8,7 @@
 ///   - `kvpager:kv_offload_total_bytes_total{transfer_type="gpu_to_cpu"|"cpu_to_gpu"}`: bytes the tier's stores and
 ///     loads move (vLLM's offloading counter and labels; blocks x bytes per block, as planned);
 /// and the tier's own: blocks held, being written and being read, its capacity, evictions, failed and refused
-/// stores, blocks kept out by the retention-priority floor, lookups that found a store still being written. Appends
+/// stores, failed loads, blocks kept out by the retention-priority floor, lookups that found a store still being written. Appends
 /// to a caller's string (nothing allocated once it has grown). Dependency-free.
 ///
 /// \code
@@ -73,6 +73,8 @@ inline void append_tier_prometheus(std::string& out, const host_tier_stats& s, s
          "Ready blocks evicted to make room for stores.", s.evicted);
   single("kvpager:host_tier_failed_stores_total", "counter",
          "Blocks whose store failed (forgotten; recomputed).", s.failed_stores);
+  single("kvpager:host_tier_failed_loads_total", "counter",
+         "Blocks whose load failed (their tokens recomputed).", s.failed_loads);
   single("kvpager:host_tier_refused_stores_total", "counter",
          "Stores refused for want of evictable blocks.", s.refused_stores);
   single("kvpager:host_tier_pending_hits_total", "counter",
