@@ -808,38 +808,27 @@ KVPAGER_OUT_OF_LINE auto paged_kv_cache<A, E, S, W, T>::add_impl(seq_id id, std:
   s.extra_key = options.extra_key;
   const auto device_tokens = static_cast<std::int32_t>(hits_.size()) * cfg_.block_size;
   const std::int32_t hit_tokens = device_tokens + loads * cfg_.block_size;  // served: not computed
-  if constexpr (tier_type::enabled) {
-    if (waits) {  // the sequence holds its hit and waits for the loads (tier_load_state)
-      const auto first = static_cast<std::int32_t>(hits_.size());
-      s.num_tokens = hit_tokens;
-      const auto dst = std::span<const block_id>(s.blocks).subspan(static_cast<std::size_t>(first));
-      tier_.load(dst, ledger_, counts_);
-      tier_.wait_for_loads(
-          id, first, dst, tokens, [this, &s](std::int32_t i) {
-            return blocks_.sharing().block_hash(s.blocks[static_cast<std::size_t>(i)]);
-          },
-          cfg_.block_size, options.extra_key, ledger_.step());
-      counts_.prefix_query_tokens += n;
-      counts_.prefix_hit_tokens += device_tokens;
-      counts_.prefix_hit_tokens_host += hit_tokens - device_tokens;
-      counts_.tokens += hit_tokens;
-      tier_evicted();
-      if (hit != nullptr) *hit = prefix_match{first, hit_tokens, static_cast<std::int64_t>(needed), loads};
-      return ok_status();
-    }
-  }
+  if (waits) s.num_tokens = hit_tokens;  // it holds its hit and waits for the loads (tier_load_state)
   if (!tokens.empty()) {
-    cursors_.commit_prompt(blocks_.sharing(), s, cur, tokens, static_cast<std::int32_t>(hits_.size()), ph,
-                           announcer(s));
-    if constexpr (tier_type::enabled)  // the loaded blocks, committed above, get their bytes from the host tier
-      tier_.load(std::span<const block_id>(s.blocks).subspan(hits_.size(), static_cast<std::size_t>(loads)), ledger_,
-                 counts_);
+    // A waiting sequence's loaded blocks are committed once they are in (commit_loaded), not now.
+    if (!waits)
+      cursors_.commit_prompt(blocks_.sharing(), s, cur, tokens, static_cast<std::int32_t>(hits_.size()), ph,
+                             announcer(s));
+    if constexpr (tier_type::enabled) {  // the loaded blocks get their bytes from the host tier
+      const auto dst = std::span<const block_id>(s.blocks).subspan(hits_.size(), static_cast<std::size_t>(loads));
+      tier_.load(dst, ledger_, counts_);
+      if (waits)
+        tier_.wait_for_loads(
+            id, static_cast<std::int32_t>(hits_.size()), dst, tokens,
+            [this, &s](std::int32_t i) { return blocks_.sharing().block_hash(s.blocks[static_cast<std::size_t>(i)]); },
+            cfg_.block_size, options.extra_key, ledger_.step());
+    }
     counts_.prefix_query_tokens += n;
     counts_.prefix_hit_tokens += device_tokens;
     counts_.prefix_hit_tokens_host += hit_tokens - device_tokens;
   }
-  counts_.tokens += n;
-  s.append_step = ledger_.record_append(h, id, hit_tokens, n - hit_tokens);
+  counts_.tokens += s.num_tokens;
+  if (!waits) s.append_step = ledger_.record_append(h, id, hit_tokens, n - hit_tokens);
   tier_evicted();
   if (hit != nullptr)
     *hit = prefix_match{static_cast<std::int32_t>(hits_.size()), hit_tokens, static_cast<std::int64_t>(needed), loads};

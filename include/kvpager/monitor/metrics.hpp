@@ -156,13 +156,11 @@ template <class Cache>
   m.evictions = c.evictions;
   m.internal_waste_tokens = c.internal_waste_tokens();
   m.internal_waste_bytes = saturating_mul_div(m.internal_waste_tokens, m.bytes_per_block, c.block_size);
-  if constexpr (requires { c.tier_in_flight; }) {
-    m.prefix_host_hits = c.prefix_hit_tokens_host;
-    m.tier_in_flight = c.tier_in_flight;
-    m.tier_failed_loads = c.tier_failed_loads;
-    m.tier_failed_stores = c.tier_failed_stores;
-    m.tier_load_timeouts = c.tier_load_timeouts;
-  }
+  m.prefix_host_hits = c.prefix_hit_tokens_host;
+  m.tier_in_flight = c.tier_in_flight;
+  m.tier_failed_loads = c.tier_failed_loads;
+  m.tier_failed_stores = c.tier_failed_stores;
+  m.tier_load_timeouts = c.tier_load_timeouts;
   return m;
 }
 
@@ -190,7 +188,7 @@ template <class Cache, class Sched>
   m.resumed_prefix_hits = s.resumed_prefix.hit_tokens - s.resumed_prefix.host_hit_tokens;
   m.prefix_hit_rate = detail::metrics_ratio(double(m.prefix_hits), double(m.prefix_queries));
   m.prefix_host_hits = s.prefix.host_hit_tokens;
-  if constexpr (requires { s.loading; }) m.loading = s.loading;
+  m.loading = s.loading;
   m.admission_ok = s.answered_ok;
   m.admission_later = s.answered_later;
   m.admission_never = s.rejected;

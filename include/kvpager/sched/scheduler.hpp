@@ -493,11 +493,7 @@ auto scheduler<Cache>::poll_loads() -> void {
         continue;
       }
       ++stats_.load_failures;
-      r.where = request_state::waiting;
-      r.computed = 0;
-      r.prefilling = false;
-      r.preempted = true;  // its re-admission is a resumed one (resumed_prefix)
-      waiting_.push_front(id);
+      requeue(r);  // its re-admission is a resumed one (resumed_prefix)
       if (const status fr = cache_.free_sequence(id); !fr) fail(id, fr);
     }
   }
@@ -689,18 +685,15 @@ auto scheduler<Cache>::preempt(seq_id victim) -> void {
   }
   preempted_ = true;
   sched_request& r = reqs_.at_id(victim);
-  r.preempted = true;
   erase_running(victim);
   if (swapped) {
+    r.preempted = true;
     r.where = request_state::swapped;
     swapped_.push_back(victim);
     out_.swapped_out.push_back(victim);
     ++stats_.preempted_swap;
   } else {
-    r.where = request_state::waiting;
-    r.computed = 0;
-    r.prefilling = false;
-    waiting_.push_front(victim);
+    requeue(r);
     out_.preempted_recompute.push_back(victim);
     ++stats_.preempted_recompute;
   }
@@ -807,28 +800,27 @@ KVPAGER_OUT_OF_LINE auto scheduler<Cache>::admit_front(bool count) -> admit_outc
   c.hit_tokens += hit.tokens;
   c.hit_blocks += hit.blocks;
   c.host_hit_tokens += std::int64_t{hit.host_blocks} * cache_.block_size();
+  bool waits = false;  // asynchronous host tier loads: it waits for them, holding a running slot
   if constexpr (requires { cache_.complete_tier_transfers({}); }) {
-    if (const auto ls = hit.host_blocks > 0 ? cache_.load_state(id) : tier_load_state::none;
-        ls && *ls == tier_load_state::loading) {  // async loads: it waits
-      waiting_.pop_front();
-      r.where = request_state::loading;
-      loading_.push_back(id);
-      r.computed = hit.tokens;
-      r.prefilling = true;
-      if (!cfg_.priority_preemption) r.aged = 0;
-      r.waited = 0;
-      ++stats_.admitted;
-      ++stats_.load_waits;
-      return admit_outcome::admitted;
+    if (hit.host_blocks > 0) {
+      const auto ls = cache_.load_state(id);
+      waits = ls && *ls == tier_load_state::loading;
     }
   }
   waiting_.pop_front();
-  push_running(id, s);
+  if (waits) {
+    r.where = request_state::loading;
+    loading_.push_back(id);
+    r.computed = hit.tokens;
+    ++stats_.load_waits;
+  } else {
+    push_running(id, s);
+  }
   r.prefilling = true;
   if (!cfg_.priority_preemption) r.aged = 0;  // with priority preemption a request keeps what it gained waiting
   r.waited = 0;
   ++stats_.admitted;
-  record(r, s, hit.tokens, static_cast<std::int32_t>(end) - hit.tokens);
+  if (!waits) record(r, s, hit.tokens, static_cast<std::int32_t>(end) - hit.tokens);
   return admit_outcome::admitted;
 }
 

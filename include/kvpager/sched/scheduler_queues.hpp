@@ -89,6 +89,16 @@ class basic_scheduler_queues {
     return ok_status();
   }
 
+  /// Request `r`, no longer in the cache, waits again at the front to be computed anew (a recompute victim, or a
+  /// request whose host tier loads failed); its next admission counts as a resumed one.
+  void requeue(sched_request& r) {
+    r.preempted = true;
+    r.where = request_state::waiting;
+    r.computed = 0;
+    r.prefilling = false;
+    waiting_.push_front(r.id);
+  }
+
   /// Takes request `r` off whichever queue holds it (running, swapped or waiting).
   void leave_queue(const sched_request& r) {
     switch (r.where) {
