@@ -43,6 +43,10 @@ using arc_cache = tiered_cache_with<arc_tier, no_swap>;
 
 constexpr std::int32_t bs = kvtest::tier_block_size;
 using kvtest::iota_prompt;
+using kvtest::tier_transfers;
+using kvtest::host_state;
+using kvtest::ref_host_block;
+using kvtest::in_flight;
 
 /// kvtest::tier_config with asynchronous transfers and a load timeout of `timeout` steps.
 cache_config config(std::int32_t device_blocks, std::int32_t tier_blocks, tier_write w = tier_write::through,
@@ -51,18 +55,6 @@ cache_config config(std::int32_t device_blocks, std::int32_t tier_blocks, tier_w
   c.host_tier.async = true;
   c.host_tier.load_timeout_steps = timeout;
   return c;
-}
-
-/// Reports every tier transfer of the current plan (stores: swap-outs, loads: swap-ins into tier blocks) as `ok`.
-template <class Cache>
-std::vector<tier_done> tier_transfers(const Cache& c, bool ok = true) {
-  std::vector<tier_done> d;
-  const block_id base = c.config().num_host_blocks;
-  for (const block_swap& s : c.plan().swap_outs())
-    if (s.host >= base) d.push_back({s, ok});
-  for (const block_swap& s : c.plan().swap_ins())
-    if (s.host >= base) d.push_back({s, ok});
-  return d;
 }
 
 /// Caches prompt `p` in the tier (stored and reported), then evicts it from the device.
@@ -266,21 +258,6 @@ constexpr std::int64_t model_ops = 10'000'000;
 #endif
 
 using kvtest::mix;
-
-/// The reference's view of one host tier block.
-enum class host_state : std::uint8_t { empty, writing, ready, reading };
-struct ref_host_block {
-  host_state state = host_state::empty;
-  std::uint64_t content = 0;  ///< the content id (the emulated value of the block's last token)
-};
-
-/// A transfer the emulated engine has not reported yet.
-struct in_flight {
-  tier_done done;
-  bool load = false;
-  std::int64_t due = 0;           ///< the step from which it may be reported
-  std::vector<std::uint64_t> bytes;  ///< a write-back store: the device block as read when the plan ran
-};
 
 struct ref_seq {
   std::vector<token_id> tokens;

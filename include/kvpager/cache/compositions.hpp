@@ -61,6 +61,16 @@ using vllm_v1_no_caching_cache = no_caching_cache_with<no_swap>;
 /// request and KV cache group, every group of any kind drawing from vLLM v1's free queue, prefix caching agreed
 /// across groups; preemption by recompute (kvpager-replay's traces with `group` records).
 using kv_groups_cache = hybrid_kv_cache<any_group_kind, free_list_allocator, lru_eviction, prefix_caching, no_swap>;
+/// kv_groups_swap_cache (with swap policy `Swap`) with a host tier below the device pool, its eviction decided by
+/// `Tier`: each group's blocks kept under hybrid_kv_cache::cached_key(hash, group) (docs/host_tier.md, "KV cache
+/// groups"; kvpager-sim --layers with --host-tier-blocks).
+template <class Tier, class Swap = hybrid_swap>
+using groups_tiered_cache_with =
+    hybrid_kv_cache<any_group_kind, free_list_allocator, lru_eviction, prefix_caching, Swap, Tier>;
+/// kv_groups_swap_cache with an LRU host tier.
+using kv_groups_lru_tier_cache = groups_tiered_cache_with<lru_tier>;
+/// kv_groups_swap_cache with an ARC host tier.
+using kv_groups_arc_tier_cache = groups_tiered_cache_with<arc_tier>;
 /// kv_groups_cache with prefix caching off (`enable_caching 0`).
 using kv_groups_no_caching_cache =
     hybrid_kv_cache<any_group_kind, free_list_allocator, no_eviction, refcount_sharing, no_swap>;

@@ -61,11 +61,13 @@
 #include "kvpager/cache/detail/sequence_table.hpp"
 #include "kvpager/cache/detail/step_ledger.hpp"
 #include "kvpager/cache/detail/swap_book.hpp"
+#include "kvpager/cache/detail/tier_link.hpp"
 #include "kvpager/concepts/block_allocator.hpp"
 #include "kvpager/concepts/eviction_policy.hpp"
 #include "kvpager/concepts/group_kind.hpp"
 #include "kvpager/concepts/sharing_policy.hpp"
 #include "kvpager/concepts/swap_policy.hpp"
+#include "kvpager/concepts/tier_policy.hpp"
 #include "kvpager/core/block_pool.hpp"
 #include "kvpager/core/config.hpp"
 #include "kvpager/core/kv_events.hpp"
@@ -120,13 +122,17 @@ struct no_group_cursor {
 }  // namespace detail
 
 template <group_kind K = any_group_kind, block_allocator A = free_list_allocator, eviction_policy E = lru_eviction,
-          sharing_policy S = prefix_caching, swap_policy W = no_swap>
+          sharing_policy S = prefix_caching, swap_policy W = no_swap, cache_tier T = no_tier>
 class hybrid_kv_cache {
   static_assert(detail::free_order_fits<A, E>,
                 "this eviction policy evicts in the allocator's free order: pair it with the allocator it names "
                 "(lru_eviction needs free_list_allocator)");
   static constexpr bool caching = prehashed_content_cache<S>;
+  static_assert(std::same_as<T, no_tier> || caching,
+                "a host tier keeps prefix-cache blocks by their hashes: pair it with prefix_caching (a "
+                "prehashed_content_cache)");
   using table_type = detail::sequence_table<detail::no_group_cursor>;
+  using tier_type = detail::tier_link<T>;
 
  public:
   using kind_type = K;
@@ -134,7 +140,8 @@ class hybrid_kv_cache {
   using eviction_policy_type = E;
   using sharing_policy_type = S;
   using swap_policy_type = W;
-  using policies = cache_policies<A, E, S, W>;
+  using tier_policy_type = T;
+  using policies = cache_policies<A, E, S, W, T>;
 
   /// The null block: the entry of a table position a group no longer reads (block 0, reserved).
   static constexpr block_id null_block = 0;
@@ -259,7 +266,48 @@ class hybrid_kv_cache {
   /// blocks are reported per KV cache group (`kv_event::group`), by the chained hash of their tokens (the same in
   /// every group, as vLLM's events carry it, without the group's mixing); a block_stored's parent is the hash of
   /// the block before the first one listed (also when that block is the null block of a window). Same errors.
-  status set_kv_event_buffer(kv_event_buffer* out) { return blocks_.attach_events(out); }
+  status set_kv_event_buffer(kv_event_buffer* out) {
+    status st = blocks_.attach_events(out);
+    if constexpr (tier_type::enabled) {
+      if (st) tier_.set_events(out);
+    }
+    return st;
+  }
+
+  // ------------------------------------------------------------------------------------------------ host tier
+
+  /// The engine's reports of host tier transfers (host_tier_options::async), as paged_kv_cache's: each a load (a
+  /// swap-in) or store (a swap-out) of the plan, naming the group whose layers it moved, as planned, ok or failed,
+  /// once. A waiting sequence's loaded blocks are committed to their groups' caches as they stand when it is
+  /// resolved (all in: it runs; one failed or timed out: tier_load_state::failed, free it and admit it again; the
+  /// loads that arrived are cached). Errors (nothing changed): errc::unsupported (no tier, or synchronous
+  /// transfers), errc::invalid_argument (an entry matching no transfer in flight, or listed twice; detail = its
+  /// index).
+  status complete_tier_transfers(std::span<const tier_done> done) {
+    if constexpr (tier_type::enabled) {
+      return tier_.complete(
+          done, counts_, [this](block_id b, std::int32_t priority) { release(b, retention_hint{priority}); },
+          [this](detail::pending_load& p) { commit_loaded(p); });
+    } else {
+      (void)done;
+      return status{errc::unsupported, "complete_tier_transfers: the cache has no host tier"};
+    }
+  }
+
+  /// Where sequence `id` stands with host tier loads (async transfers; tier_load_state::none otherwise).
+  /// errc::unknown_sequence for an id not live.
+  [[nodiscard]] result<tier_load_state> load_state(seq_id id) const noexcept {
+    if (!contains(id)) return status{errc::unknown_sequence, "load_state: unknown sequence id"};
+    if constexpr (tier_type::enabled) return tier_.load_state(id);
+    return tier_load_state::none;
+  }
+
+  /// The host tier (a cache with a tier policy): keyed by cached_key(hash, group), its states and counts.
+  [[nodiscard]] const auto& tier() const noexcept
+    requires tier_type::enabled
+  {
+    return tier_.tier();
+  }
 
   /// The key group g's block holding the chained hash `h` is cached under in the sharing policy (its
   /// `block_hash`): what a KV cache event's (hash, group) names in this cache.
@@ -270,6 +318,11 @@ class hybrid_kv_cache {
   status reset_prefix_cache() {
     if (num_sequences() > 0 || ledger_.pending_free() > 0)
       return status{errc::invalid_block, "reset_prefix_cache: blocks are in use", stats().used};
+    if constexpr (tier_type::enabled) {
+      if (tier_.in_flight())
+        return status{errc::invalid_block, "reset_prefix_cache: host tier loads or stores are in flight (begin_step)"};
+      tier_.reset();
+    }
     if constexpr (caching) {
       blocks_.clear_content();
       // Kept lookups stay exact: a cleared hit's stamp is gone, and a miss stays a miss (nothing was committed).
@@ -363,7 +416,7 @@ class hybrid_kv_cache {
   };
 
   hybrid_kv_cache(cache_config cfg, std::span<const K> groups, std::vector<vllm_kind> vk, hybrid_options options,
-                  block_pool<A> pool, E e, S s, W w);
+                  block_pool<A> pool, E e, S s, W w, tier_type t);
 
   // ---------------------------------------------------------------- groups of several units
 
@@ -433,6 +486,10 @@ class hybrid_kv_cache {
   /// Group g's index key for a block of chained hash `h`, and its cursor's extra key (so that verification tells
   /// groups apart as well).
   [[nodiscard]] static std::uint64_t group_key(std::uint64_t h, std::int32_t g) noexcept;
+  /// What group_key mixes into group g's hashes (0 for group 0).
+  [[nodiscard]] static constexpr std::uint64_t group_mix(std::int32_t g) noexcept {
+    return std::uint64_t{0xD6E8FEB86659FD93ULL} * static_cast<std::uint64_t>(g);
+  }
   [[nodiscard]] static std::uint64_t group_extra(std::uint64_t extra, std::int32_t g) noexcept;
 
   /// The chained hash of block i (holding `block`) after the hashes of blocks 0 .. i-1, under root key `extra`.
@@ -472,6 +529,34 @@ class hybrid_kv_cache {
   /// Commits sequence h's full blocks from block `from` on in every group (entries not yet committed, not null,
   /// not cached); `tokens` holds the tokens of blocks [from, ...) from its start.
   void commit_full(std::int32_t h, std::size_t from, std::span<const token_id> tokens);
+  /// Commits block `b`, entry i of sequence h's group-g table, holding `block` (chained hashes `hashes`, i + 1 or
+  /// more of them): the prefix cache, its event, the host tier's write-through, the lookup memo's commit log.
+  void commit_entry(std::int32_t h, std::int32_t g, std::size_t i, block_id b, std::span<const std::uint64_t> hashes,
+                    std::span<const token_id> block);
+
+  /// The host tier's part of an admission: the loads of the tier cells of lists_ (hit length len; sequence h's
+  /// tables hold their new blocks), the lookups counted for selective storing, and with async transfers the wait
+  /// record of sequence `id`. `hashes`: the prompt's block hashes.
+  void plan_loads(std::int32_t h, seq_id id, std::int32_t len, bool waits, std::span<const token_id> tokens,
+                  std::span<const std::uint64_t> hashes, std::uint64_t extra);
+  /// A waiting sequence's loads are resolved: the blocks that arrived are committed in their groups.
+  void commit_loaded(const detail::pending_load& p);
+  /// After an operation that took device blocks: the host tier stores what was evicted for them (write-back).
+  void tier_evicted() {
+    if constexpr (tier_type::enabled) tier_.evicted(blocks_, ledger_, counts_);
+  }
+  /// errc::pending_append when sequence `id` waits for host tier loads (async transfers): its bytes are not in.
+  template <detail::call_name Call>
+  [[nodiscard]] status not_waiting(seq_id id) const noexcept {
+    if constexpr (tier_type::enabled) {
+      if (tier_.waits(id))
+        return status{errc::pending_append,
+                      detail::joined<Call, ": the sequence waits for host tier loads (tier_load_state)">::value.data()};
+    } else {
+      (void)id;
+    }
+    return ok_status();
+  }
 
   std::uint64_t record_append(std::int32_t h, seq_id id, std::int32_t first, std::int32_t count);
 
@@ -511,6 +596,8 @@ class hybrid_kv_cache {
   void cancel_appends(std::int32_t h);
 
   static constexpr block_id lookup_pending = -2;
+  /// A hit list's entry for a block the host tier loads (not on the device; a new block takes it).
+  static constexpr block_id tier_cell = -3;
 
   cache_config cfg_;
   hybrid_options options_;  ///< units cleared (the cache's own are units_)
@@ -531,6 +618,7 @@ class hybrid_kv_cache {
   detail::block_store<A, E, S> blocks_;
   detail::step_ledger ledger_;
   detail::swap_book<W> book_;
+  tier_type tier_;                   ///< the host tier (empty without one)
   std::vector<std::uint8_t> owner_;  ///< per block: the group it was last handed to
   std::int64_t peak_used_ = 0;
   cache_stats counts_;
@@ -540,6 +628,9 @@ class hybrid_kv_cache {
   std::vector<block_id> memo_;
   std::vector<std::int32_t> nulls_;
   std::vector<token_id> buffer_;
+  std::vector<block_id> tier_dst_;     ///< an admission's loads: device blocks of one group
+  std::vector<block_id> tier_blocks_;  ///< an admission's loads: their tier blocks, in slot order
+  std::vector<std::int32_t> tier_cells_;  ///< an admission's loads: their table entries (pending_load::cells)
   vllm_hit_scratch vscratch_;
   hit_scratch hscratch_;
   // The last prompt's lookup, kept for the next lookup of the same prompt (keeps_lookups only): memo_ holds what
@@ -569,21 +660,21 @@ class hybrid_kv_cache {
 
 // ------------------------------------------------------------------------------------------------ definitions
 
-template <group_kind K, block_allocator A, eviction_policy E, sharing_policy S, swap_policy W>
-KVPAGER_OUT_OF_LINE hybrid_kv_cache<K, A, E, S, W>::hybrid_kv_cache(const hybrid_kv_cache&) = default;
-template <group_kind K, block_allocator A, eviction_policy E, sharing_policy S, swap_policy W>
-KVPAGER_OUT_OF_LINE hybrid_kv_cache<K, A, E, S, W>::hybrid_kv_cache(hybrid_kv_cache&&) noexcept = default;
-template <group_kind K, block_allocator A, eviction_policy E, sharing_policy S, swap_policy W>
-KVPAGER_OUT_OF_LINE auto hybrid_kv_cache<K, A, E, S, W>::operator=(const hybrid_kv_cache&)
+template <group_kind K, block_allocator A, eviction_policy E, sharing_policy S, swap_policy W, cache_tier T>
+KVPAGER_OUT_OF_LINE hybrid_kv_cache<K, A, E, S, W, T>::hybrid_kv_cache(const hybrid_kv_cache&) = default;
+template <group_kind K, block_allocator A, eviction_policy E, sharing_policy S, swap_policy W, cache_tier T>
+KVPAGER_OUT_OF_LINE hybrid_kv_cache<K, A, E, S, W, T>::hybrid_kv_cache(hybrid_kv_cache&&) noexcept = default;
+template <group_kind K, block_allocator A, eviction_policy E, sharing_policy S, swap_policy W, cache_tier T>
+KVPAGER_OUT_OF_LINE auto hybrid_kv_cache<K, A, E, S, W, T>::operator=(const hybrid_kv_cache&)
     -> hybrid_kv_cache& = default;
-template <group_kind K, block_allocator A, eviction_policy E, sharing_policy S, swap_policy W>
-KVPAGER_OUT_OF_LINE auto hybrid_kv_cache<K, A, E, S, W>::operator=(hybrid_kv_cache&&) noexcept
+template <group_kind K, block_allocator A, eviction_policy E, sharing_policy S, swap_policy W, cache_tier T>
+KVPAGER_OUT_OF_LINE auto hybrid_kv_cache<K, A, E, S, W, T>::operator=(hybrid_kv_cache&&) noexcept
     -> hybrid_kv_cache& = default;
-template <group_kind K, block_allocator A, eviction_policy E, sharing_policy S, swap_policy W>
-KVPAGER_OUT_OF_LINE hybrid_kv_cache<K, A, E, S, W>::~hybrid_kv_cache() = default;
+template <group_kind K, block_allocator A, eviction_policy E, sharing_policy S, swap_policy W, cache_tier T>
+KVPAGER_OUT_OF_LINE hybrid_kv_cache<K, A, E, S, W, T>::~hybrid_kv_cache() = default;
 
-template <group_kind K, block_allocator A, eviction_policy E, sharing_policy S, swap_policy W>
-KVPAGER_OUT_OF_LINE auto hybrid_kv_cache<K, A, E, S, W>::create(cache_config cfg, std::span<const K> groups,
+template <group_kind K, block_allocator A, eviction_policy E, sharing_policy S, swap_policy W, cache_tier T>
+KVPAGER_OUT_OF_LINE auto hybrid_kv_cache<K, A, E, S, W, T>::create(cache_config cfg, std::span<const K> groups,
                                                                 hybrid_options options, policies p)
     -> result<hybrid_kv_cache> {
   if (status st = validate(cfg); !st) return st;
@@ -627,10 +718,19 @@ KVPAGER_OUT_OF_LINE auto hybrid_kv_cache<K, A, E, S, W>::create(cache_config cfg
 #if KVPAGER_HAS_EXCEPTIONS
   try {
 #endif
+    if constexpr (tier_type::enabled) {
+      for (const std::int32_t u : options.units)
+        if (u > 1)
+          return status{errc::invalid_argument,
+                        "hybrid_kv_cache::create: a host tier keeps one block per table entry: groups of several "
+                        "units cannot have one", u};
+    }
+    auto link = tier_type::create(cfg, std::move(p.tier));
+    if (!link) return link.error();
     auto pool = block_pool<A>::create({cfg.num_blocks, cfg.reserved_blocks}, std::move(p.allocator));
     if (!pool) return pool.error();
     return hybrid_kv_cache(cfg, groups, std::move(vk), options, std::move(*pool), std::move(p.eviction),
-                           std::move(p.sharing), std::move(p.swap));
+                           std::move(p.sharing), std::move(p.swap), std::move(*link));
 #if KVPAGER_HAS_EXCEPTIONS
   } catch (const std::bad_alloc&) {
     return status{errc::out_of_memory, "hybrid_kv_cache::create: not enough host memory for the bookkeeping",
@@ -639,22 +739,22 @@ KVPAGER_OUT_OF_LINE auto hybrid_kv_cache<K, A, E, S, W>::create(cache_config cfg
 #endif
 }
 
-template <group_kind K, block_allocator A, eviction_policy E, sharing_policy S, swap_policy W>
-KVPAGER_OUT_OF_LINE auto hybrid_kv_cache<K, A, E, S, W>::add_sequence(seq_id id, std::int32_t num_tokens) -> status {
+template <group_kind K, block_allocator A, eviction_policy E, sharing_policy S, swap_policy W, cache_tier T>
+KVPAGER_OUT_OF_LINE auto hybrid_kv_cache<K, A, E, S, W, T>::add_sequence(seq_id id, std::int32_t num_tokens) -> status {
   if (num_tokens <= 0) return status{errc::invalid_argument, "add_sequence: num_tokens must be positive", num_tokens};
   return add_impl(id, num_tokens, {}, sequence_options{}, nullptr, nullptr, {});
 }
 
-template <group_kind K, block_allocator A, eviction_policy E, sharing_policy S, swap_policy W>
-KVPAGER_OUT_OF_LINE auto hybrid_kv_cache<K, A, E, S, W>::add_sequence(seq_id id, std::span<const token_id> tokens,
+template <group_kind K, block_allocator A, eviction_policy E, sharing_policy S, swap_policy W, cache_tier T>
+KVPAGER_OUT_OF_LINE auto hybrid_kv_cache<K, A, E, S, W, T>::add_sequence(seq_id id, std::span<const token_id> tokens,
                                                                       sequence_options options, prefix_match* hit,
                                                                       std::span<const std::uint64_t> known) -> status {
   if (status st = check_prompt("add_sequence", tokens); !st) return st;
   return add_impl(id, static_cast<std::int32_t>(tokens.size()), tokens, options, hit, nullptr, known);
 }
 
-template <group_kind K, block_allocator A, eviction_policy E, sharing_policy S, swap_policy W>
-KVPAGER_OUT_OF_LINE auto hybrid_kv_cache<K, A, E, S, W>::match_prefix(std::span<const token_id> tokens,
+template <group_kind K, block_allocator A, eviction_policy E, sharing_policy S, swap_policy W, cache_tier T>
+KVPAGER_OUT_OF_LINE auto hybrid_kv_cache<K, A, E, S, W, T>::match_prefix(std::span<const token_id> tokens,
                                                                       sequence_options options)
     -> result<prefix_match> {
   prefix_hit h;
@@ -662,8 +762,8 @@ KVPAGER_OUT_OF_LINE auto hybrid_kv_cache<K, A, E, S, W>::match_prefix(std::span<
   return h.match;
 }
 
-template <group_kind K, block_allocator A, eviction_policy E, sharing_policy S, swap_policy W>
-KVPAGER_OUT_OF_LINE auto hybrid_kv_cache<K, A, E, S, W>::match_prefix(std::span<const token_id> tokens,
+template <group_kind K, block_allocator A, eviction_policy E, sharing_policy S, swap_policy W, cache_tier T>
+KVPAGER_OUT_OF_LINE auto hybrid_kv_cache<K, A, E, S, W, T>::match_prefix(std::span<const token_id> tokens,
                                                                       sequence_options options, prefix_hit& hit,
                                                                       std::span<const std::uint64_t> known) -> status {
   hit.blocks.clear();
@@ -675,18 +775,26 @@ KVPAGER_OUT_OF_LINE auto hybrid_kv_cache<K, A, E, S, W>::match_prefix(std::span<
   hash_blocks(tokens, options.extra_key, hit.known_hashes);
   std::int64_t need = 0;
   const std::int32_t len = find_hit(tokens, options.extra_key, detail::span_of(hit.known_hashes), hit.blocks, need, n);
-  hit.match = prefix_match{len, len * cfg_.block_size, need};
+  std::int32_t d = len;  // entries before the first the host tier loads in some group
+  if constexpr (tier_type::enabled) {
+    for (std::size_t j = 0; j < hit.blocks.size(); ++j)
+      if (hit.blocks[j] == tier_cell) d = std::min(d, static_cast<std::int32_t>(j % static_cast<std::size_t>(len)));
+    hit.tier_generation = tier_.generation();
+  }
+  hit.match = prefix_match{d, len * cfg_.block_size, need, len - d};
   hit.generation = generation();
   hit.extra_key = options.extra_key;
   hit.num_tokens = n;
   return ok_status();
 }
 
-template <group_kind K, block_allocator A, eviction_policy E, sharing_policy S, swap_policy W>
-KVPAGER_OUT_OF_LINE auto hybrid_kv_cache<K, A, E, S, W>::add_sequence(seq_id id, std::span<const token_id> tokens,
+template <group_kind K, block_allocator A, eviction_policy E, sharing_policy S, swap_policy W, cache_tier T>
+KVPAGER_OUT_OF_LINE auto hybrid_kv_cache<K, A, E, S, W, T>::add_sequence(seq_id id, std::span<const token_id> tokens,
                                                                       sequence_options options, const prefix_hit& hit,
                                                                       prefix_match* out) -> status {
-  if (hit.generation != generation() || hit.extra_key != options.extra_key ||
+  bool tier_fresh = true;
+  if constexpr (tier_type::enabled) tier_fresh = hit.tier_generation == tier_.generation();
+  if (!tier_fresh || hit.generation != generation() || hit.extra_key != options.extra_key ||
       tokens.size() > static_cast<std::size_t>(hit.num_tokens) || hit.num_tokens == 0)
     return status{errc::stale_prefix_hit, "add_sequence: the prefix hit is stale (the cache changed since "
                                           "match_prefix) or was made for other tokens or options"};
@@ -695,31 +803,34 @@ KVPAGER_OUT_OF_LINE auto hybrid_kv_cache<K, A, E, S, W>::add_sequence(seq_id id,
                   detail::span_of(hit.known_hashes));
 }
 
-template <group_kind K, block_allocator A, eviction_policy E, sharing_policy S, swap_policy W>
-KVPAGER_OUT_OF_LINE auto hybrid_kv_cache<K, A, E, S, W>::append_tokens(seq_id id, token_count n) -> status {
+template <group_kind K, block_allocator A, eviction_policy E, sharing_policy S, swap_policy W, cache_tier T>
+KVPAGER_OUT_OF_LINE auto hybrid_kv_cache<K, A, E, S, W, T>::append_tokens(seq_id id, token_count n) -> status {
   if (n.value <= 0) return status{errc::invalid_argument, "append_tokens: token count must be positive", n.value};
   const auto h = primary().template checked<"append_tokens">(id);
   if (!h) return h.error();
+  if (status st = not_waiting<"append_tokens">(id); !st) return st;
   return grow(*h, n.value, {});
 }
 
-template <group_kind K, block_allocator A, eviction_policy E, sharing_policy S, swap_policy W>
-KVPAGER_OUT_OF_LINE auto hybrid_kv_cache<K, A, E, S, W>::append_tokens(seq_id id, std::span<const token_id> tokens)
+template <group_kind K, block_allocator A, eviction_policy E, sharing_policy S, swap_policy W, cache_tier T>
+KVPAGER_OUT_OF_LINE auto hybrid_kv_cache<K, A, E, S, W, T>::append_tokens(seq_id id, std::span<const token_id> tokens)
     -> status {
   if (tokens.empty() || tokens.size() > static_cast<std::size_t>(INT32_MAX))
     return status{errc::invalid_argument, "append_tokens: token count must be positive",
                   static_cast<std::int64_t>(tokens.size())};
   const auto h = primary().template checked<"append_tokens">(id);
   if (!h) return h.error();
+  if (status st = not_waiting<"append_tokens">(id); !st) return st;
   if (tokens.size() == 1 && append_one_in_place(*h, tokens[0])) return ok_status();
   return grow(*h, static_cast<std::int32_t>(tokens.size()), tokens);
 }
 
-template <group_kind K, block_allocator A, eviction_policy E, sharing_policy S, swap_policy W>
-KVPAGER_OUT_OF_LINE auto hybrid_kv_cache<K, A, E, S, W>::fork(seq_id parent, seq_id child, std::int32_t num_tokens)
+template <group_kind K, block_allocator A, eviction_policy E, sharing_policy S, swap_policy W, cache_tier T>
+KVPAGER_OUT_OF_LINE auto hybrid_kv_cache<K, A, E, S, W, T>::fork(seq_id parent, seq_id child, std::int32_t num_tokens)
     -> status {
   const auto ph = primary().template checked<"fork">(parent);
   if (!ph) return ph.error();
+  if (status st = not_waiting<"fork">(parent); !st) return st;
   if (child == parent || primary().contains(child))
     return status{errc::duplicate_sequence, "fork: child sequence id is already live"};
   const auto& parent_state = primary()[*ph];
@@ -780,16 +891,23 @@ KVPAGER_OUT_OF_LINE auto hybrid_kv_cache<K, A, E, S, W>::fork(seq_id parent, seq
   ce.step_base = tokens;
   counts_.tokens += tokens;
   if constexpr (S::fork == fork_mode::copy) note_allocation();
+  tier_evicted();
   return ok_status();
 }
 
-template <group_kind K, block_allocator A, eviction_policy E, sharing_policy S, swap_policy W>
-KVPAGER_OUT_OF_LINE auto hybrid_kv_cache<K, A, E, S, W>::free_sequence(seq_id id) -> status {
+template <group_kind K, block_allocator A, eviction_policy E, sharing_policy S, swap_policy W, cache_tier T>
+KVPAGER_OUT_OF_LINE auto hybrid_kv_cache<K, A, E, S, W, T>::free_sequence(seq_id id) -> status {
   const auto hh = primary().template checked<"free_sequence">(id, detail::residency::any);
   if (!hh) return hh.error();
   const std::int32_t h = *hh;
   const bool swapped = primary()[h].swapped;
   if (!swapped && primary()[h].append_step == ledger_.step()) cancel_appends(h);
+  if constexpr (tier_type::enabled) {  // loads in flight keep their blocks (released when reported)
+    tier_.drop_sequence_with(id, [this, h](const detail::pending_load& p, std::int32_t j) noexcept {
+      const std::int32_t c = p.cells[static_cast<std::size_t>(j)];
+      tables_[ix(c % max_groups)][h].blocks[static_cast<std::size_t>(c / max_groups)] = null_block;
+    });
+  }
   const retention_hint hint{primary()[h].priority};
   for (std::int32_t g = 0; g < num_groups(); ++g) {
     const auto& t = tables_[ix(g)][h].blocks;
@@ -811,13 +929,15 @@ KVPAGER_OUT_OF_LINE auto hybrid_kv_cache<K, A, E, S, W>::free_sequence(seq_id id
   return ok_status();
 }
 
-template <group_kind K, block_allocator A, eviction_policy E, sharing_policy S, swap_policy W>
-KVPAGER_OUT_OF_LINE auto hybrid_kv_cache<K, A, E, S, W>::swap_out(std::span<const seq_id> group) -> status {
+template <group_kind K, block_allocator A, eviction_policy E, sharing_policy S, swap_policy W, cache_tier T>
+KVPAGER_OUT_OF_LINE auto hybrid_kv_cache<K, A, E, S, W, T>::swap_out(std::span<const seq_id> group) -> status {
   if (!book_.has_host_pool())
     return status{errc::unsupported, "swap_out: the cache has no host pool (num_host_blocks 0)"};
   if (status st = primary().template checked_group<"swap_out">(group, detail::residency::device, ledger_.step());
       !st)
     return st;
+  for (const seq_id id : group)
+    if (status st = not_waiting<"swap_out">(id); !st) return st;
   const auto release_ref = [this](block_id b, retention_hint hint) { release(b, hint); };
   if (status st = book_.swap_out(group, std::span<table_type>(tables_), ledger_, release_ref, null_block); !st)
     return st;
@@ -829,8 +949,8 @@ KVPAGER_OUT_OF_LINE auto hybrid_kv_cache<K, A, E, S, W>::swap_out(std::span<cons
   return ok_status();
 }
 
-template <group_kind K, block_allocator A, eviction_policy E, sharing_policy S, swap_policy W>
-KVPAGER_OUT_OF_LINE auto hybrid_kv_cache<K, A, E, S, W>::swap_in(std::span<const seq_id> group) -> status {
+template <group_kind K, block_allocator A, eviction_policy E, sharing_policy S, swap_policy W, cache_tier T>
+KVPAGER_OUT_OF_LINE auto hybrid_kv_cache<K, A, E, S, W, T>::swap_in(std::span<const seq_id> group) -> status {
   if (status st = primary().template checked_group<"swap_in">(group, detail::residency::swapped, ledger_.step());
       !st)
     return st;
@@ -862,19 +982,21 @@ KVPAGER_OUT_OF_LINE auto hybrid_kv_cache<K, A, E, S, W>::swap_in(std::span<const
       return st;
     reattach(group);
   }
+  tier_evicted();
   note_allocation();
   return ok_status();
 }
 
-template <group_kind K, block_allocator A, eviction_policy E, sharing_policy S, swap_policy W>
-KVPAGER_OUT_OF_LINE auto hybrid_kv_cache<K, A, E, S, W>::preempt_decision(seq_id id) const -> result<preempt_action> {
+template <group_kind K, block_allocator A, eviction_policy E, sharing_policy S, swap_policy W, cache_tier T>
+KVPAGER_OUT_OF_LINE auto hybrid_kv_cache<K, A, E, S, W, T>::preempt_decision(seq_id id) const -> result<preempt_action> {
   const auto h = primary().template checked<"preempt">(id);
   if (!h) return h.error();
+  if (status st = not_waiting<"preempt">(id); !st) return st;
   return book_.decide(static_cast<std::int32_t>(held_blocks(*h)));
 }
 
-template <group_kind K, block_allocator A, eviction_policy E, sharing_policy S, swap_policy W>
-KVPAGER_OUT_OF_LINE auto hybrid_kv_cache<K, A, E, S, W>::preempt(seq_id id) -> result<preempt_action> {
+template <group_kind K, block_allocator A, eviction_policy E, sharing_policy S, swap_policy W, cache_tier T>
+KVPAGER_OUT_OF_LINE auto hybrid_kv_cache<K, A, E, S, W, T>::preempt(seq_id id) -> result<preempt_action> {
   const auto d = preempt_decision(id);
   if (!d) return d;
   switch (*d) {
@@ -891,8 +1013,8 @@ KVPAGER_OUT_OF_LINE auto hybrid_kv_cache<K, A, E, S, W>::preempt(seq_id id) -> r
   }
 }
 
-template <group_kind K, block_allocator A, eviction_policy E, sharing_policy S, swap_policy W>
-KVPAGER_OUT_OF_LINE auto hybrid_kv_cache<K, A, E, S, W>::host_block_table(std::int32_t g, seq_id id)
+template <group_kind K, block_allocator A, eviction_policy E, sharing_policy S, swap_policy W, cache_tier T>
+KVPAGER_OUT_OF_LINE auto hybrid_kv_cache<K, A, E, S, W, T>::host_block_table(std::int32_t g, seq_id id)
     const noexcept -> result<std::span<const block_id>> {
   if (status st = check_group("host_block_table", g); !st) return st;
   const auto h = primary().template checked<"host_block_table">(id, detail::residency::swapped);
@@ -900,60 +1022,70 @@ KVPAGER_OUT_OF_LINE auto hybrid_kv_cache<K, A, E, S, W>::host_block_table(std::i
   return std::span<const block_id>(tables_[ix(g)][*h].blocks);
 }
 
-template <group_kind K, block_allocator A, eviction_policy E, sharing_policy S, swap_policy W>
-KVPAGER_OUT_OF_LINE auto hybrid_kv_cache<K, A, E, S, W>::host_block_table(seq_id)
+template <group_kind K, block_allocator A, eviction_policy E, sharing_policy S, swap_policy W, cache_tier T>
+KVPAGER_OUT_OF_LINE auto hybrid_kv_cache<K, A, E, S, W, T>::host_block_table(seq_id)
     const noexcept -> result<std::span<const block_id>> {
   return per_group("host_block_table");
 }
 
-template <group_kind K, block_allocator A, eviction_policy E, sharing_policy S, swap_policy W>
-KVPAGER_OUT_OF_LINE auto hybrid_kv_cache<K, A, E, S, W>::swap_in_blocks(seq_id id)
+template <group_kind K, block_allocator A, eviction_policy E, sharing_policy S, swap_policy W, cache_tier T>
+KVPAGER_OUT_OF_LINE auto hybrid_kv_cache<K, A, E, S, W, T>::swap_in_blocks(seq_id id)
     const noexcept -> result<std::int64_t> {
   const auto h = primary().template checked<"swap_in_blocks">(id, detail::residency::swapped);
   if (!h) return h.error();
   return held_blocks(*h);
 }
 
-template <group_kind K, block_allocator A, eviction_policy E, sharing_policy S, swap_policy W>
-KVPAGER_OUT_OF_LINE auto hybrid_kv_cache<K, A, E, S, W>::host_pool()
+template <group_kind K, block_allocator A, eviction_policy E, sharing_policy S, swap_policy W, cache_tier T>
+KVPAGER_OUT_OF_LINE auto hybrid_kv_cache<K, A, E, S, W, T>::host_pool()
     const noexcept -> const typename detail::swap_book<W>::host_pool_type* {
   return book_.host_pool();
 }
 
-template <group_kind K, block_allocator A, eviction_policy E, sharing_policy S, swap_policy W>
-KVPAGER_OUT_OF_LINE auto hybrid_kv_cache<K, A, E, S, W>::begin_step() -> void {
+template <group_kind K, block_allocator A, eviction_policy E, sharing_policy S, swap_policy W, cache_tier T>
+KVPAGER_OUT_OF_LINE auto hybrid_kv_cache<K, A, E, S, W, T>::begin_step() -> void {
   ledger_.begin_step([this](block_id b, retention_hint hint) {
     if (blocks_.refcount(b) != 0) return;
     blocks_.settle(b, hint);
     if (multi()) spare_ += attached_[static_cast<std::size_t>(b)];  // a parked lead is free or evictable now
   });
   book_.begin_step();
+  if constexpr (tier_type::enabled) {
+    tier_.begin_step(
+        [this](block_id b, std::uint64_t& key) {
+          if (!blocks_.is_cached(b)) return false;
+          key = blocks_.sharing().block_hash(b);
+          return true;
+        },
+        [this](block_id b) { touch(owner_[static_cast<std::size_t>(b)], b); },  // a store's source, held
+        [this](detail::pending_load& p) { commit_loaded(p); }, ledger_.step(), ledger_, counts_);
+  }
 }
 
-template <group_kind K, block_allocator A, eviction_policy E, sharing_policy S, swap_policy W>
-KVPAGER_OUT_OF_LINE auto hybrid_kv_cache<K, A, E, S, W>::is_swapped(seq_id id) const noexcept -> bool {
+template <group_kind K, block_allocator A, eviction_policy E, sharing_policy S, swap_policy W, cache_tier T>
+KVPAGER_OUT_OF_LINE auto hybrid_kv_cache<K, A, E, S, W, T>::is_swapped(seq_id id) const noexcept -> bool {
   const auto h = primary().template checked<"is_swapped">(id, detail::residency::any);
   return h && primary()[*h].swapped;
 }
 
-template <group_kind K, block_allocator A, eviction_policy E, sharing_policy S, swap_policy W>
-KVPAGER_OUT_OF_LINE auto hybrid_kv_cache<K, A, E, S, W>::owner_group(block_id b) const noexcept -> std::int32_t {
+template <group_kind K, block_allocator A, eviction_policy E, sharing_policy S, swap_policy W, cache_tier T>
+KVPAGER_OUT_OF_LINE auto hybrid_kv_cache<K, A, E, S, W, T>::owner_group(block_id b) const noexcept -> std::int32_t {
   return b >= 0 && b < cfg_.num_blocks ? owner_[static_cast<std::size_t>(lead_of(b))] : -1;
 }
 
-template <group_kind K, block_allocator A, eviction_policy E, sharing_policy S, swap_policy W>
-KVPAGER_OUT_OF_LINE auto hybrid_kv_cache<K, A, E, S, W>::blocks_needed(std::int64_t num_tokens)
+template <group_kind K, block_allocator A, eviction_policy E, sharing_policy S, swap_policy W, cache_tier T>
+KVPAGER_OUT_OF_LINE auto hybrid_kv_cache<K, A, E, S, W, T>::blocks_needed(std::int64_t num_tokens)
     const noexcept -> std::int64_t {
   return blocks_for_tokens(num_tokens, cfg_.block_size) * num_tables();
 }
 
-template <group_kind K, block_allocator A, eviction_policy E, sharing_policy S, swap_policy W>
-KVPAGER_OUT_OF_LINE auto hybrid_kv_cache<K, A, E, S, W>::used_blocks() const noexcept -> std::int64_t {
+template <group_kind K, block_allocator A, eviction_policy E, sharing_policy S, swap_policy W, cache_tier T>
+KVPAGER_OUT_OF_LINE auto hybrid_kv_cache<K, A, E, S, W, T>::used_blocks() const noexcept -> std::int64_t {
   return std::int64_t{cfg_.num_blocks - cfg_.reserved_blocks} - available_blocks();
 }
 
-template <group_kind K, block_allocator A, eviction_policy E, sharing_policy S, swap_policy W>
-KVPAGER_OUT_OF_LINE auto hybrid_kv_cache<K, A, E, S, W>::stats() const noexcept -> cache_stats {
+template <group_kind K, block_allocator A, eviction_policy E, sharing_policy S, swap_policy W, cache_tier T>
+KVPAGER_OUT_OF_LINE auto hybrid_kv_cache<K, A, E, S, W, T>::stats() const noexcept -> cache_stats {
   cache_stats s = counts_;
   s.block_size = cfg_.block_size;
   s.pending_free = ledger_.pending_free();
@@ -965,18 +1097,19 @@ KVPAGER_OUT_OF_LINE auto hybrid_kv_cache<K, A, E, S, W>::stats() const noexcept 
   s.used -= static_cast<std::int32_t>(idle_);
   s.logical -= idle_;
   book_.report(s);
+  if constexpr (tier_type::enabled) s.tier_in_flight = tier_.num_in_flight();
   return s;
 }
 
-template <group_kind K, block_allocator A, eviction_policy E, sharing_policy S, swap_policy W>
-KVPAGER_OUT_OF_LINE auto hybrid_kv_cache<K, A, E, S, W>::num_tokens(seq_id id) const noexcept -> result<std::int32_t> {
+template <group_kind K, block_allocator A, eviction_policy E, sharing_policy S, swap_policy W, cache_tier T>
+KVPAGER_OUT_OF_LINE auto hybrid_kv_cache<K, A, E, S, W, T>::num_tokens(seq_id id) const noexcept -> result<std::int32_t> {
   const auto h = primary().template checked<"num_tokens">(id, detail::residency::any);
   if (!h) return h.error();
   return primary()[*h].num_tokens;
 }
 
-template <group_kind K, block_allocator A, eviction_policy E, sharing_policy S, swap_policy W>
-KVPAGER_OUT_OF_LINE auto hybrid_kv_cache<K, A, E, S, W>::block_table(std::int32_t g, seq_id id)
+template <group_kind K, block_allocator A, eviction_policy E, sharing_policy S, swap_policy W, cache_tier T>
+KVPAGER_OUT_OF_LINE auto hybrid_kv_cache<K, A, E, S, W, T>::block_table(std::int32_t g, seq_id id)
     const noexcept -> result<std::span<const block_id>> {
   if (status st = check_group("block_table", g); !st) return st;
   const auto h = primary().template checked<"block_table">(id);
@@ -984,8 +1117,8 @@ KVPAGER_OUT_OF_LINE auto hybrid_kv_cache<K, A, E, S, W>::block_table(std::int32_
   return std::span<const block_id>(tables_[ix(g)][*h].blocks);
 }
 
-template <group_kind K, block_allocator A, eviction_policy E, sharing_policy S, swap_policy W>
-KVPAGER_OUT_OF_LINE auto hybrid_kv_cache<K, A, E, S, W>::block_hashes(seq_id id, std::vector<std::uint64_t>& out)
+template <group_kind K, block_allocator A, eviction_policy E, sharing_policy S, swap_policy W, cache_tier T>
+KVPAGER_OUT_OF_LINE auto hybrid_kv_cache<K, A, E, S, W, T>::block_hashes(seq_id id, std::vector<std::uint64_t>& out)
     const -> status {
   const auto h = primary().template checked<"block_hashes">(id);
   if (!h) return h.error();
@@ -994,8 +1127,8 @@ KVPAGER_OUT_OF_LINE auto hybrid_kv_cache<K, A, E, S, W>::block_hashes(seq_id id,
   return ok_status();
 }
 
-template <group_kind K, block_allocator A, eviction_policy E, sharing_policy S, swap_policy W>
-KVPAGER_OUT_OF_LINE auto hybrid_kv_cache<K, A, E, S, W>::export_block_table(std::int32_t g,
+template <group_kind K, block_allocator A, eviction_policy E, sharing_policy S, swap_policy W, cache_tier T>
+KVPAGER_OUT_OF_LINE auto hybrid_kv_cache<K, A, E, S, W, T>::export_block_table(std::int32_t g,
                                                                             std::span<const seq_id> seqs,
                                                                             std::span<std::int32_t> table,
                                                                             std::int32_t row_stride,
@@ -1005,15 +1138,15 @@ KVPAGER_OUT_OF_LINE auto hybrid_kv_cache<K, A, E, S, W>::export_block_table(std:
   return detail::export_block_table(tables_[ix(g)], seqs, table, row_stride, seq_lens);
 }
 
-template <group_kind K, block_allocator A, eviction_policy E, sharing_policy S, swap_policy W>
-KVPAGER_OUT_OF_LINE auto hybrid_kv_cache<K, A, E, S, W>::csr_size(std::int32_t g, std::span<const seq_id> seqs)
+template <group_kind K, block_allocator A, eviction_policy E, sharing_policy S, swap_policy W, cache_tier T>
+KVPAGER_OUT_OF_LINE auto hybrid_kv_cache<K, A, E, S, W, T>::csr_size(std::int32_t g, std::span<const seq_id> seqs)
     const noexcept -> result<std::int64_t> {
   if (status st = check_group("csr_size", g); !st) return st;
   return detail::csr_size(tables_[ix(g)], seqs);
 }
 
-template <group_kind K, block_allocator A, eviction_policy E, sharing_policy S, swap_policy W>
-KVPAGER_OUT_OF_LINE auto hybrid_kv_cache<K, A, E, S, W>::export_csr(std::int32_t g, std::span<const seq_id> seqs,
+template <group_kind K, block_allocator A, eviction_policy E, sharing_policy S, swap_policy W, cache_tier T>
+KVPAGER_OUT_OF_LINE auto hybrid_kv_cache<K, A, E, S, W, T>::export_csr(std::int32_t g, std::span<const seq_id> seqs,
                                                                     std::span<std::int32_t> indptr,
                                                                     std::span<std::int32_t> indices,
                                                                     std::span<std::int32_t> last_page_len)
@@ -1022,20 +1155,20 @@ KVPAGER_OUT_OF_LINE auto hybrid_kv_cache<K, A, E, S, W>::export_csr(std::int32_t
   return detail::export_csr(tables_[ix(g)], cfg_.block_size, seqs, indptr, indices, last_page_len);
 }
 
-template <group_kind K, block_allocator A, eviction_policy E, sharing_policy S, swap_policy W>
-KVPAGER_OUT_OF_LINE auto hybrid_kv_cache<K, A, E, S, W>::export_csr(std::span<const seq_id>, std::span<std::int32_t>,
+template <group_kind K, block_allocator A, eviction_policy E, sharing_policy S, swap_policy W, cache_tier T>
+KVPAGER_OUT_OF_LINE auto hybrid_kv_cache<K, A, E, S, W, T>::export_csr(std::span<const seq_id>, std::span<std::int32_t>,
                                                                     std::span<std::int32_t>, std::span<std::int32_t>)
     const noexcept -> status {
   return per_group("export_csr");
 }
 
-template <group_kind K, block_allocator A, eviction_policy E, sharing_policy S, swap_policy W>
-KVPAGER_OUT_OF_LINE auto hybrid_kv_cache<K, A, E, S, W>::slot_mapping_size() const noexcept -> std::int64_t {
+template <group_kind K, block_allocator A, eviction_policy E, sharing_policy S, swap_policy W, cache_tier T>
+KVPAGER_OUT_OF_LINE auto hybrid_kv_cache<K, A, E, S, W, T>::slot_mapping_size() const noexcept -> std::int64_t {
   return ledger_.plan().num_append_tokens() * num_tables();
 }
 
-template <group_kind K, block_allocator A, eviction_policy E, sharing_policy S, swap_policy W>
-KVPAGER_OUT_OF_LINE auto hybrid_kv_cache<K, A, E, S, W>::export_slot_mapping(std::int32_t g,
+template <group_kind K, block_allocator A, eviction_policy E, sharing_policy S, swap_policy W, cache_tier T>
+KVPAGER_OUT_OF_LINE auto hybrid_kv_cache<K, A, E, S, W, T>::export_slot_mapping(std::int32_t g,
                                                                              std::span<std::int64_t> out)
     const noexcept -> status {
   if (status st = check_group("export_slot_mapping", g); !st) return st;
@@ -1046,8 +1179,8 @@ KVPAGER_OUT_OF_LINE auto hybrid_kv_cache<K, A, E, S, W>::export_slot_mapping(std
   return ok_status();
 }
 
-template <group_kind K, block_allocator A, eviction_policy E, sharing_policy S, swap_policy W>
-KVPAGER_OUT_OF_LINE auto hybrid_kv_cache<K, A, E, S, W>::export_slot_mapping(std::span<std::int64_t> out)
+template <group_kind K, block_allocator A, eviction_policy E, sharing_policy S, swap_policy W, cache_tier T>
+KVPAGER_OUT_OF_LINE auto hybrid_kv_cache<K, A, E, S, W, T>::export_slot_mapping(std::span<std::int64_t> out)
     const noexcept -> status {
   if (static_cast<std::int64_t>(out.size()) < slot_mapping_size())
     return status{errc::buffer_too_small, "export_slot_mapping: buffer is shorter than slot_mapping_size()",
@@ -1058,10 +1191,10 @@ KVPAGER_OUT_OF_LINE auto hybrid_kv_cache<K, A, E, S, W>::export_slot_mapping(std
   return ok_status();
 }
 
-template <group_kind K, block_allocator A, eviction_policy E, sharing_policy S, swap_policy W>
-KVPAGER_OUT_OF_LINE hybrid_kv_cache<K, A, E, S, W>::hybrid_kv_cache(cache_config cfg, std::span<const K> groups,
+template <group_kind K, block_allocator A, eviction_policy E, sharing_policy S, swap_policy W, cache_tier T>
+KVPAGER_OUT_OF_LINE hybrid_kv_cache<K, A, E, S, W, T>::hybrid_kv_cache(cache_config cfg, std::span<const K> groups,
                                                                     std::vector<vllm_kind> vk, hybrid_options options,
-                                                                    block_pool<A> pool, E e, S s, W w)
+                                                                    block_pool<A> pool, E e, S s, W w, tier_type t)
     : cfg_(cfg),
       options_(options),
       kinds_(groups.begin(), groups.end()),
@@ -1070,7 +1203,8 @@ KVPAGER_OUT_OF_LINE hybrid_kv_cache<K, A, E, S, W>::hybrid_kv_cache(cache_config
       vkinds_(std::move(vk)),
       gstats_(groups.size()),
       blocks_(std::move(pool), std::move(e), std::move(s)),
-      book_(std::move(w)) {
+      book_(std::move(w)),
+      tier_(std::move(t)) {
   options_.units = {};
   std::int32_t extra_tables = 0;
   for (std::size_t i = 0; i < options.units.size(); ++i) {
@@ -1091,39 +1225,45 @@ KVPAGER_OUT_OF_LINE hybrid_kv_cache<K, A, E, S, W>::hybrid_kv_cache(cache_config
   ledger_.reset(cfg.num_blocks);
   owner_.assign(static_cast<std::size_t>(cfg.num_blocks), 0);
   nulls_.resize(groups.size());
+  if constexpr (tier_type::enabled) {
+    if (cfg.host_tier.write == tier_write::back) blocks_.log_evictions();
+    tier_.name_blocks([](std::uint64_t key, std::int32_t group) noexcept {
+      return kv_block_name{key ^ group_mix(group), group};  // group_key undone: the events' (hash, group)
+    });
+  }
 }
 
-template <group_kind K, block_allocator A, eviction_policy E, sharing_policy S, swap_policy W>
-KVPAGER_OUT_OF_LINE auto hybrid_kv_cache<K, A, E, S, W>::write_slots(std::int32_t g, std::span<std::int64_t> out)
+template <group_kind K, block_allocator A, eviction_policy E, sharing_policy S, swap_policy W, cache_tier T>
+KVPAGER_OUT_OF_LINE auto hybrid_kv_cache<K, A, E, S, W, T>::write_slots(std::int32_t g, std::span<std::int64_t> out)
     const noexcept -> void {
   (void)ledger_.export_slot_mapping(
       out, cfg_.block_size, [this, g](std::int32_t h) { return tables_[ix(g)][h].blocks.data(); }, g);
 }
 
-template <group_kind K, block_allocator A, eviction_policy E, sharing_policy S, swap_policy W>
-KVPAGER_OUT_OF_LINE auto hybrid_kv_cache<K, A, E, S, W>::held_blocks(std::int32_t h) const noexcept -> std::int64_t {
+template <group_kind K, block_allocator A, eviction_policy E, sharing_policy S, swap_policy W, cache_tier T>
+KVPAGER_OUT_OF_LINE auto hybrid_kv_cache<K, A, E, S, W, T>::held_blocks(std::int32_t h) const noexcept -> std::int64_t {
   std::int64_t n = 0;
   for (const table_type& t : tables_)
     for (const block_id b : t[h].blocks) n += b != null_block ? 1 : 0;
   return n;
 }
 
-template <group_kind K, block_allocator A, eviction_policy E, sharing_policy S, swap_policy W>
-KVPAGER_OUT_OF_LINE auto hybrid_kv_cache<K, A, E, S, W>::per_group(const char* call) noexcept -> status {
+template <group_kind K, block_allocator A, eviction_policy E, sharing_policy S, swap_policy W, cache_tier T>
+KVPAGER_OUT_OF_LINE auto hybrid_kv_cache<K, A, E, S, W, T>::per_group(const char* call) noexcept -> status {
   (void)call;
   return status{errc::unsupported, "hybrid_kv_cache: export tables and slot mappings per group (pass the group)"};
 }
 
-template <group_kind K, block_allocator A, eviction_policy E, sharing_policy S, swap_policy W>
-KVPAGER_OUT_OF_LINE auto hybrid_kv_cache<K, A, E, S, W>::check_group(const char* call, std::int32_t g)
+template <group_kind K, block_allocator A, eviction_policy E, sharing_policy S, swap_policy W, cache_tier T>
+KVPAGER_OUT_OF_LINE auto hybrid_kv_cache<K, A, E, S, W, T>::check_group(const char* call, std::int32_t g)
     const noexcept -> status {
   (void)call;
   if (g < 0 || g >= num_tables()) return status{errc::invalid_argument, "hybrid_kv_cache: no such table", g};
   return ok_status();
 }
 
-template <group_kind K, block_allocator A, eviction_policy E, sharing_policy S, swap_policy W>
-KVPAGER_OUT_OF_LINE auto hybrid_kv_cache<K, A, E, S, W>::check_prompt(const char* call,
+template <group_kind K, block_allocator A, eviction_policy E, sharing_policy S, swap_policy W, cache_tier T>
+KVPAGER_OUT_OF_LINE auto hybrid_kv_cache<K, A, E, S, W, T>::check_prompt(const char* call,
                                                                       std::span<const token_id> tokens)
     noexcept -> status {
   (void)call;
@@ -1133,14 +1273,14 @@ KVPAGER_OUT_OF_LINE auto hybrid_kv_cache<K, A, E, S, W>::check_prompt(const char
   return ok_status();
 }
 
-template <group_kind K, block_allocator A, eviction_policy E, sharing_policy S, swap_policy W>
-KVPAGER_OUT_OF_LINE auto hybrid_kv_cache<K, A, E, S, W>::exceeds_table_limit(std::int64_t blocks)
+template <group_kind K, block_allocator A, eviction_policy E, sharing_policy S, swap_policy W, cache_tier T>
+KVPAGER_OUT_OF_LINE auto hybrid_kv_cache<K, A, E, S, W, T>::exceeds_table_limit(std::int64_t blocks)
     const noexcept -> bool {
   return cfg_.max_blocks_per_seq > 0 && blocks > cfg_.max_blocks_per_seq;
 }
 
-template <group_kind K, block_allocator A, eviction_policy E, sharing_policy S, swap_policy W>
-KVPAGER_OUT_OF_LINE auto hybrid_kv_cache<K, A, E, S, W>::generation() const noexcept -> std::uint64_t {
+template <group_kind K, block_allocator A, eviction_policy E, sharing_policy S, swap_policy W, cache_tier T>
+KVPAGER_OUT_OF_LINE auto hybrid_kv_cache<K, A, E, S, W, T>::generation() const noexcept -> std::uint64_t {
   if constexpr (caching) {
     return blocks_.sharing().generation();
   } else {
@@ -1148,8 +1288,8 @@ KVPAGER_OUT_OF_LINE auto hybrid_kv_cache<K, A, E, S, W>::generation() const noex
   }
 }
 
-template <group_kind K, block_allocator A, eviction_policy E, sharing_policy S, swap_policy W>
-KVPAGER_OUT_OF_LINE auto hybrid_kv_cache<K, A, E, S, W>::insert(seq_id id) -> std::int32_t {
+template <group_kind K, block_allocator A, eviction_policy E, sharing_policy S, swap_policy W, cache_tier T>
+KVPAGER_OUT_OF_LINE auto hybrid_kv_cache<K, A, E, S, W, T>::insert(seq_id id) -> std::int32_t {
   std::int32_t h = -1;
   for (table_type& t : tables_) h = t.insert(id);
   if (extra_.size() <= static_cast<std::size_t>(h)) extra_.resize(static_cast<std::size_t>(h) + 1);
@@ -1161,14 +1301,14 @@ KVPAGER_OUT_OF_LINE auto hybrid_kv_cache<K, A, E, S, W>::insert(seq_id id) -> st
   return h;
 }
 
-template <group_kind K, block_allocator A, eviction_policy E, sharing_policy S, swap_policy W>
-KVPAGER_OUT_OF_LINE auto hybrid_kv_cache<K, A, E, S, W>::count_up(std::int32_t g, block_id b) noexcept -> void {
+template <group_kind K, block_allocator A, eviction_policy E, sharing_policy S, swap_policy W, cache_tier T>
+KVPAGER_OUT_OF_LINE auto hybrid_kv_cache<K, A, E, S, W, T>::count_up(std::int32_t g, block_id b) noexcept -> void {
   owner_[static_cast<std::size_t>(b)] = static_cast<std::uint8_t>(g);
   gstats_[static_cast<std::size_t>(g)].blocks += multi() ? units_[static_cast<std::size_t>(g)] : 1;
 }
 
-template <group_kind K, block_allocator A, eviction_policy E, sharing_policy S, swap_policy W>
-KVPAGER_OUT_OF_LINE auto hybrid_kv_cache<K, A, E, S, W>::take(std::int32_t g, std::span<block_id> out)
+template <group_kind K, block_allocator A, eviction_policy E, sharing_policy S, swap_policy W, cache_tier T>
+KVPAGER_OUT_OF_LINE auto hybrid_kv_cache<K, A, E, S, W, T>::take(std::int32_t g, std::span<block_id> out)
     noexcept -> void {
   if (multi()) {
     for (block_id& b : out) take_multi(g, b);
@@ -1178,15 +1318,15 @@ KVPAGER_OUT_OF_LINE auto hybrid_kv_cache<K, A, E, S, W>::take(std::int32_t g, st
   for (const block_id b : out) count_up(g, b);
 }
 
-template <group_kind K, block_allocator A, eviction_policy E, sharing_policy S, swap_policy W>
-KVPAGER_OUT_OF_LINE auto hybrid_kv_cache<K, A, E, S, W>::touch(std::int32_t g, block_id b) noexcept -> void {
+template <group_kind K, block_allocator A, eviction_policy E, sharing_policy S, swap_policy W, cache_tier T>
+KVPAGER_OUT_OF_LINE auto hybrid_kv_cache<K, A, E, S, W, T>::touch(std::int32_t g, block_id b) noexcept -> void {
   if (multi()) touch_units(b);
   if (blocks_.refcount(b) == 0) count_up(g, b);
   if (blocks_.touch(b)) ledger_.unpark();
 }
 
-template <group_kind K, block_allocator A, eviction_policy E, sharing_policy S, swap_policy W>
-KVPAGER_OUT_OF_LINE auto hybrid_kv_cache<K, A, E, S, W>::release(block_id b, retention_hint hint) -> void {
+template <group_kind K, block_allocator A, eviction_policy E, sharing_policy S, swap_policy W, cache_tier T>
+KVPAGER_OUT_OF_LINE auto hybrid_kv_cache<K, A, E, S, W, T>::release(block_id b, retention_hint hint) -> void {
   if (multi()) {
     release_units(b, hint);
     return;
@@ -1195,13 +1335,13 @@ KVPAGER_OUT_OF_LINE auto hybrid_kv_cache<K, A, E, S, W>::release(block_id b, ret
   drop(b, hint);
 }
 
-template <group_kind K, block_allocator A, eviction_policy E, sharing_policy S, swap_policy W>
-KVPAGER_OUT_OF_LINE auto hybrid_kv_cache<K, A, E, S, W>::drop(block_id b, retention_hint hint) -> void {
+template <group_kind K, block_allocator A, eviction_policy E, sharing_policy S, swap_policy W, cache_tier T>
+KVPAGER_OUT_OF_LINE auto hybrid_kv_cache<K, A, E, S, W, T>::drop(block_id b, retention_hint hint) -> void {
   blocks_.release(b, hint, [this](block_id x, retention_hint xh) { return ledger_.park(x, xh); });
 }
 
-template <group_kind K, block_allocator A, eviction_policy E, sharing_policy S, swap_policy W>
-auto hybrid_kv_cache<K, A, E, S, W>::release_units(block_id b, retention_hint hint) -> void {
+template <group_kind K, block_allocator A, eviction_policy E, sharing_policy S, swap_policy W, cache_tier T>
+auto hybrid_kv_cache<K, A, E, S, W, T>::release_units(block_id b, retention_hint hint) -> void {
   if (lead_of_[static_cast<std::size_t>(b)] >= 0) return;  // a companion goes with its lead
   const bool last = blocks_.refcount(b) == 1;
   if (last) gstats_[owner_[static_cast<std::size_t>(b)]].blocks -= units_[owner_[static_cast<std::size_t>(b)]];
@@ -1214,16 +1354,16 @@ auto hybrid_kv_cache<K, A, E, S, W>::release_units(block_id b, retention_hint hi
   }
 }
 
-template <group_kind K, block_allocator A, eviction_policy E, sharing_policy S, swap_policy W>
-auto hybrid_kv_cache<K, A, E, S, W>::touch_units(block_id b) noexcept -> void {
+template <group_kind K, block_allocator A, eviction_policy E, sharing_policy S, swap_policy W, cache_tier T>
+auto hybrid_kv_cache<K, A, E, S, W, T>::touch_units(block_id b) noexcept -> void {
   if (attached_[static_cast<std::size_t>(b)] > 0 && blocks_.refcount(b) == 0) {
     idle_ -= attached_[static_cast<std::size_t>(b)];  // a hit on an unreferenced lead takes its companions too
     if (!ledger_.busy(b)) spare_ -= attached_[static_cast<std::size_t>(b)];  // (busy: parked, not counted)
   }
 }
 
-template <group_kind K, block_allocator A, eviction_policy E, sharing_policy S, swap_policy W>
-auto hybrid_kv_cache<K, A, E, S, W>::detach(block_id b) noexcept -> void {
+template <group_kind K, block_allocator A, eviction_policy E, sharing_policy S, swap_policy W, cache_tier T>
+auto hybrid_kv_cache<K, A, E, S, W, T>::detach(block_id b) noexcept -> void {
   const std::int32_t n = attached_[static_cast<std::size_t>(b)];
   if (n == 0) return;
   spare_ -= n;
@@ -1237,8 +1377,8 @@ auto hybrid_kv_cache<K, A, E, S, W>::detach(block_id b) noexcept -> void {
   }
 }
 
-template <group_kind K, block_allocator A, eviction_policy E, sharing_policy S, swap_policy W>
-auto hybrid_kv_cache<K, A, E, S, W>::take_multi(std::int32_t g, block_id& b) noexcept -> void {
+template <group_kind K, block_allocator A, eviction_policy E, sharing_policy S, swap_policy W, cache_tier T>
+auto hybrid_kv_cache<K, A, E, S, W, T>::take_multi(std::int32_t g, block_id& b) noexcept -> void {
   blocks_.take(std::span<block_id>(&b, 1));
   detach(b);
   if (g < 0) return;
@@ -1254,37 +1394,37 @@ auto hybrid_kv_cache<K, A, E, S, W>::take_multi(std::int32_t g, block_id& b) noe
   attached_[static_cast<std::size_t>(b)] = static_cast<std::uint8_t>(u - 1);
 }
 
-template <group_kind K, block_allocator A, eviction_policy E, sharing_policy S, swap_policy W>
-KVPAGER_OUT_OF_LINE auto hybrid_kv_cache<K, A, E, S, W>::note_allocation() noexcept -> void {
+template <group_kind K, block_allocator A, eviction_policy E, sharing_policy S, swap_policy W, cache_tier T>
+KVPAGER_OUT_OF_LINE auto hybrid_kv_cache<K, A, E, S, W, T>::note_allocation() noexcept -> void {
   peak_used_ = std::max(peak_used_, used_blocks());
   for (group_stats& s : gstats_) s.peak_blocks = std::max(s.peak_blocks, s.blocks);
 }
 
-template <group_kind K, block_allocator A, eviction_policy E, sharing_policy S, swap_policy W>
-KVPAGER_OUT_OF_LINE auto hybrid_kv_cache<K, A, E, S, W>::group_key(std::uint64_t h, std::int32_t g)
+template <group_kind K, block_allocator A, eviction_policy E, sharing_policy S, swap_policy W, cache_tier T>
+KVPAGER_OUT_OF_LINE auto hybrid_kv_cache<K, A, E, S, W, T>::group_key(std::uint64_t h, std::int32_t g)
     noexcept -> std::uint64_t {
   // The chained hash apart per group by a constant of its own (group 0's is 0: its key is the hash itself, as its
   // extra key is the request's). Keys only need to differ: the index mixes them itself (id_map::home), and every
   // entry found is verified against its tokens and group extra key.
-  return h ^ (std::uint64_t{0xD6E8FEB86659FD93ULL} * static_cast<std::uint64_t>(g));
+  return h ^ group_mix(g);
 }
 
-template <group_kind K, block_allocator A, eviction_policy E, sharing_policy S, swap_policy W>
-KVPAGER_OUT_OF_LINE auto hybrid_kv_cache<K, A, E, S, W>::group_extra(std::uint64_t extra, std::int32_t g)
+template <group_kind K, block_allocator A, eviction_policy E, sharing_policy S, swap_policy W, cache_tier T>
+KVPAGER_OUT_OF_LINE auto hybrid_kv_cache<K, A, E, S, W, T>::group_extra(std::uint64_t extra, std::int32_t g)
     noexcept -> std::uint64_t {
   return g == 0 ? extra : splitmix64(extra + std::uint64_t{0xA0761D6478BD642FULL} * static_cast<std::uint64_t>(g));
 }
 
-template <group_kind K, block_allocator A, eviction_policy E, sharing_policy S, swap_policy W>
-KVPAGER_OUT_OF_LINE auto hybrid_kv_cache<K, A, E, S, W>::chain_hash(std::span<const std::uint64_t> hashes,
+template <group_kind K, block_allocator A, eviction_policy E, sharing_policy S, swap_policy W, cache_tier T>
+KVPAGER_OUT_OF_LINE auto hybrid_kv_cache<K, A, E, S, W, T>::chain_hash(std::span<const std::uint64_t> hashes,
                                                                     std::size_t i, std::uint64_t extra,
                                                                     std::span<const token_id> block)
     noexcept -> std::uint64_t {
   return xxh3_hasher{}(i == 0 ? splitmix64(extra) : hashes[i - 1], block);
 }
 
-template <group_kind K, block_allocator A, eviction_policy E, sharing_policy S, swap_policy W>
-KVPAGER_OUT_OF_LINE auto hybrid_kv_cache<K, A, E, S, W>::hash_blocks(std::span<const token_id> tokens,
+template <group_kind K, block_allocator A, eviction_policy E, sharing_policy S, swap_policy W, cache_tier T>
+KVPAGER_OUT_OF_LINE auto hybrid_kv_cache<K, A, E, S, W, T>::hash_blocks(std::span<const token_id> tokens,
                                                                      std::uint64_t extra,
                                                                      std::vector<std::uint64_t>& hashes) const -> void {
   if constexpr (caching) {
@@ -1301,8 +1441,8 @@ KVPAGER_OUT_OF_LINE auto hybrid_kv_cache<K, A, E, S, W>::hash_blocks(std::span<c
   }
 }
 
-template <group_kind K, block_allocator A, eviction_policy E, sharing_policy S, swap_policy W>
-KVPAGER_OUT_OF_LINE auto hybrid_kv_cache<K, A, E, S, W>::find_hit(std::span<const token_id> tokens, std::uint64_t extra,
+template <group_kind K, block_allocator A, eviction_policy E, sharing_policy S, swap_policy W, cache_tier T>
+KVPAGER_OUT_OF_LINE auto hybrid_kv_cache<K, A, E, S, W, T>::find_hit(std::span<const token_id> tokens, std::uint64_t extra,
                                                                   std::span<const std::uint64_t> hashes,
                                                                   std::vector<block_id>& lists, std::int64_t& need,
                                                                   std::int32_t n) -> std::int32_t {
@@ -1332,12 +1472,15 @@ KVPAGER_OUT_OF_LINE auto hybrid_kv_cache<K, A, E, S, W>::find_hit(std::span<cons
         lists[i] = b;
         need -= blocks_.consumes_capacity(b) ? 0 : u0;
       }
+      if constexpr (tier_type::enabled) {  // then the blocks the host tier can load (new blocks)
+        for (; i < m && tier_.ready(group_key(hashes[i], 0)); ++i) lists[i] = tier_cell;
+      }
       lists.resize(i);
       nulls_[0] = 0;
       return static_cast<std::int32_t>(i);
     }
     bool unchanged = false;  // every cell the last lookup read answers as it did: its result stands
-    if constexpr (keeps_lookups) {
+    if constexpr (keeps_lookups && !tier_type::enabled) {  // a tier's cells change with it: looked up each time
       unchanged = keep_lookup(tokens, extra, hashes.first(m), max_tokens);
     } else {
       memo_.assign(G * m, lookup_pending);
@@ -1363,6 +1506,9 @@ KVPAGER_OUT_OF_LINE auto hybrid_kv_cache<K, A, E, S, W>::find_hit(std::span<cons
             memo_cells_.push_back(static_cast<std::int32_t>(cell));
             if (static_cast<std::size_t>(i) >= memo_end_) remember_blocks(tokens, hashes, static_cast<std::size_t>(i) + 1);
           }
+        }
+        if constexpr (tier_type::enabled) {  // not on the device: the host tier may load it
+          if (slot == no_block && tier_.ready(group_key(hashes[static_cast<std::size_t>(i)], g))) slot = tier_cell;
         }
       }
       return slot;
@@ -1417,8 +1563,8 @@ KVPAGER_OUT_OF_LINE auto hybrid_kv_cache<K, A, E, S, W>::find_hit(std::span<cons
   return len;
 }
 
-template <group_kind K, block_allocator A, eviction_policy E, sharing_policy S, swap_policy W>
-auto hybrid_kv_cache<K, A, E, S, W>::keep_lookup(std::span<const token_id> tokens, std::uint64_t extra,
+template <group_kind K, block_allocator A, eviction_policy E, sharing_policy S, swap_policy W, cache_tier T>
+auto hybrid_kv_cache<K, A, E, S, W, T>::keep_lookup(std::span<const token_id> tokens, std::uint64_t extra,
                                                  std::span<const std::uint64_t> hashes, std::int64_t max_tokens)
     -> bool {
   if constexpr (keeps_lookups) {
@@ -1502,8 +1648,8 @@ auto hybrid_kv_cache<K, A, E, S, W>::keep_lookup(std::span<const token_id> token
   }
 }
 
-template <group_kind K, block_allocator A, eviction_policy E, sharing_policy S, swap_policy W>
-auto hybrid_kv_cache<K, A, E, S, W>::remember_blocks(std::span<const token_id> tokens,
+template <group_kind K, block_allocator A, eviction_policy E, sharing_policy S, swap_policy W, cache_tier T>
+auto hybrid_kv_cache<K, A, E, S, W, T>::remember_blocks(std::span<const token_id> tokens,
                                                      std::span<const std::uint64_t> hashes, std::size_t end) -> void {
   const auto bs = static_cast<std::size_t>(cfg_.block_size);
   std::copy(hashes.begin() + static_cast<std::ptrdiff_t>(memo_end_), hashes.begin() + static_cast<std::ptrdiff_t>(end),
@@ -1513,19 +1659,26 @@ auto hybrid_kv_cache<K, A, E, S, W>::remember_blocks(std::span<const token_id> t
   memo_end_ = end;
 }
 
-template <group_kind K, block_allocator A, eviction_policy E, sharing_policy S, swap_policy W>
-KVPAGER_OUT_OF_LINE auto hybrid_kv_cache<K, A, E, S, W>::admission_need(std::int64_t total, std::int32_t len,
+template <group_kind K, block_allocator A, eviction_policy E, sharing_policy S, swap_policy W, cache_tier T>
+KVPAGER_OUT_OF_LINE auto hybrid_kv_cache<K, A, E, S, W, T>::admission_need(std::int64_t total, std::int32_t len,
                                                                         std::span<const block_id> lists)
     const noexcept -> std::int64_t {
   std::int64_t need = (total - len) * num_tables();
   const auto n = static_cast<std::size_t>(len);
-  for (std::size_t i = 0; i < lists.size(); ++i)  // group-major, len entries each; a hit takes its companions too
+  for (std::size_t i = 0; i < lists.size(); ++i) {  // group-major, len entries each; a hit takes its companions too
+    if constexpr (tier_type::enabled) {
+      if (lists[i] == tier_cell) {  // loaded into a new block (a cache with a tier has one unit per group)
+        ++need;
+        continue;
+      }
+    }
     if (lists[i] != null_block && blocks_.consumes_capacity(lists[i])) need += multi() ? units_[i / n] : 1;
+  }
   return need;
 }
 
-template <group_kind K, block_allocator A, eviction_policy E, sharing_policy S, swap_policy W>
-KVPAGER_OUT_OF_LINE auto hybrid_kv_cache<K, A, E, S, W>::add_impl(seq_id id, std::int32_t n,
+template <group_kind K, block_allocator A, eviction_policy E, sharing_policy S, swap_policy W, cache_tier T>
+KVPAGER_OUT_OF_LINE auto hybrid_kv_cache<K, A, E, S, W, T>::add_impl(seq_id id, std::int32_t n,
                                                                   std::span<const token_id> tokens,
                                                                   sequence_options options, prefix_match* out,
                                                                   const prefix_hit* given,
@@ -1540,8 +1693,8 @@ KVPAGER_OUT_OF_LINE auto hybrid_kv_cache<K, A, E, S, W>::add_impl(seq_id id, std
   hashes_.assign(known.begin(), known.end());
   if (content) hash_blocks(tokens, options.extra_key, hashes_);
   if (given != nullptr && given->match.tokens <= n - 1 &&
-      given->blocks.size() == static_cast<std::size_t>(given->match.blocks) * kinds_.size()) {
-    len = given->match.blocks;  // the lookup is done: its lists, its need for n tokens
+      given->blocks.size() == static_cast<std::size_t>(given->match.blocks + given->match.host_blocks) * kinds_.size()) {
+    len = given->match.blocks + given->match.host_blocks;  // the lookup is done: its lists, its need for n tokens
     lists_.assign(given->blocks.begin(), given->blocks.end());
     need = admission_need(total, len, lists_);
   } else if (content) {
@@ -1553,24 +1706,47 @@ KVPAGER_OUT_OF_LINE auto hybrid_kv_cache<K, A, E, S, W>::add_impl(seq_id id, std
   if (need > available_blocks())
     return status{errc::out_of_blocks, "add_sequence: not enough free blocks for the prompt", need};
 
+  // The host tier's loads: entries the tier serves (tier_cell) in some group; the first d entries have none.
+  std::int32_t d = len;
+  bool loads = false;
+  if constexpr (tier_type::enabled) {
+    for (std::size_t j = 0; j < lists_.size(); ++j)
+      if (lists_[j] == tier_cell) {
+        loads = true;
+        d = std::min(d, static_cast<std::int32_t>(j % static_cast<std::size_t>(len)));
+      }
+  }
+  // With async transfers a sequence with loads takes only its hit's entries for now: it waits for them.
+  bool waits = false;
+  if constexpr (tier_type::enabled) waits = loads && tier_.async();
+  const std::int64_t rows = waits ? len : total;
+  const std::int32_t hit_tokens = len * cfg_.block_size;  // served: not computed
+  const std::int32_t held_tokens = waits ? hit_tokens : n;
+
   const std::int32_t h = insert(id);
   // Hits first in every group (they leave the free queue before anything is popped), then new blocks group by
-  // group (vLLM's order: an earlier group's allocation cannot evict a later group's hits).
+  // group (vLLM's order: an earlier group's allocation cannot evict a later group's hits); the blocks the host tier
+  // loads are new blocks, taken first in their group.
   for (std::int32_t g = 0; g < num_groups(); ++g) {
     auto& t = tables_[ix(g)][h].blocks;
-    t.resize(static_cast<std::size_t>(total));
+    t.resize(static_cast<std::size_t>(rows));
     for (std::int32_t i = 0; i < len; ++i) {
       const block_id b = lists_[static_cast<std::size_t>(g) * static_cast<std::size_t>(len) + static_cast<std::size_t>(i)];
       t[static_cast<std::size_t>(i)] = b;
-      if (b == null_block) continue;
+      if (b == null_block || b == tier_cell) continue;
       touch(g, b);
       ++gstats_[ix(g)].hit_blocks;
     }
   }
   for (std::int32_t g = 0; g < num_groups(); ++g) {
-    take(g, std::span<block_id>(tables_[ix(g)][h].blocks).subspan(static_cast<std::size_t>(len)));
-    tables_[ix(g)][h].num_tokens = n;
-    gstats_[ix(g)].table_entries += total;
+    auto& t = tables_[ix(g)][h].blocks;
+    if (loads) {
+      for (std::int32_t i = 0; i < len; ++i)
+        if (t[static_cast<std::size_t>(i)] == tier_cell) take(g, std::span<block_id>(t).subspan(static_cast<std::size_t>(i), 1));
+    }
+    take(g, std::span<block_id>(t).subspan(static_cast<std::size_t>(len)));
+    tables_[ix(g)][h].num_tokens = held_tokens;
+    gstats_[ix(g)].table_entries += rows;
     mirror(h, g, 0);
   }
   auto& s = primary()[h];
@@ -1578,55 +1754,60 @@ KVPAGER_OUT_OF_LINE auto hybrid_kv_cache<K, A, E, S, W>::add_impl(seq_id id, std
   s.extra_key = options.extra_key;
   extra_state& e = extra_[static_cast<std::size_t>(h)];
   e.content = content;
-  const std::int32_t hit_tokens = len * cfg_.block_size;
+  // The tier's loads are pinned before write-back stores what the device evicted (which may evict in the tier), and
+  // those stores are planned before the new blocks are committed (each store takes its block's group and priority).
+  if constexpr (tier_type::enabled) {
+    if (content) plan_loads(h, id, len, waits, tokens, detail::span_of(hashes_), options.extra_key);
+  }
+  tier_evicted();
   if (content) {
     e.hashes.swap(hashes_);
-    // The hit blocks are cached (or the null block): commit from the first new block on.
-    std::fill(e.committed.begin(), e.committed.end(), len);
-    commit_full(h, 0, tokens);
-    const std::size_t tail = tokens.size() % static_cast<std::size_t>(cfg_.block_size);
-    s.partial.assign(tokens.end() - static_cast<std::ptrdiff_t>(tail), tokens.end());
+    // The hit blocks are cached (or the null block): commit from the first new block on, and, unless the
+    // sequence waits for them (committed as they arrive), the blocks the host tier loads.
+    for (std::int32_t g = 0; g < num_groups(); ++g) {
+      std::int32_t c = len;
+      if (loads && !waits) {
+        const auto& t = lists_;
+        for (std::int32_t i = 0; i < len && c == len; ++i)
+          if (t[static_cast<std::size_t>(g) * static_cast<std::size_t>(len) + static_cast<std::size_t>(i)] == tier_cell) c = i;
+      }
+      e.committed[ix(g)] = c;
+    }
+    if (waits) {
+      e.hashes.resize(static_cast<std::size_t>(len));  // the rest comes with its append, once the loads are in
+      s.partial.clear();
+    } else {
+      commit_full(h, 0, tokens);
+      const std::size_t tail = tokens.size() % static_cast<std::size_t>(cfg_.block_size);
+      s.partial.assign(tokens.end() - static_cast<std::ptrdiff_t>(tail), tokens.end());
+    }
     counts_.prefix_query_tokens += n;
-    counts_.prefix_hit_tokens += hit_tokens;
+    counts_.prefix_hit_tokens += d * cfg_.block_size;
+    counts_.prefix_hit_tokens_host += (len - d) * cfg_.block_size;
   }
-  counts_.tokens += n;
+  counts_.tokens += held_tokens;
   e.step_base = hit_tokens;
-  s.append_step = record_append(h, id, hit_tokens, n - hit_tokens);
+  if (!waits) s.append_step = record_append(h, id, hit_tokens, n - hit_tokens);
   note_allocation();
-  if (out != nullptr) *out = prefix_match{len, hit_tokens, need};
+  if (out != nullptr) *out = prefix_match{d, hit_tokens, need, len - d};
   return ok_status();
 }
 
-template <group_kind K, block_allocator A, eviction_policy E, sharing_policy S, swap_policy W>
-KVPAGER_OUT_OF_LINE auto hybrid_kv_cache<K, A, E, S, W>::commit_full(std::int32_t h, std::size_t from,
+template <group_kind K, block_allocator A, eviction_policy E, sharing_policy S, swap_policy W, cache_tier T>
+KVPAGER_OUT_OF_LINE auto hybrid_kv_cache<K, A, E, S, W, T>::commit_full(std::int32_t h, std::size_t from,
                                                                      std::span<const token_id> tokens) -> void {
   if constexpr (caching) {
     extra_state& e = extra_[static_cast<std::size_t>(h)];
     const auto bs = static_cast<std::size_t>(cfg_.block_size);
     const std::size_t full = e.hashes.size();
-    S& share = blocks_.sharing();
-    const std::uint64_t extra = primary()[h].extra_key;
+    const S& share = blocks_.sharing();
     for (std::int32_t g = 0; g < num_groups(); ++g) {
       auto& t = tables_[ix(g)][h].blocks;
       const std::size_t start = std::max<std::size_t>(from, static_cast<std::size_t>(e.committed[ix(g)]));
       for (std::size_t i = start; i < full; ++i) {
         const block_id b = t[i];
         if (b == null_block || share.is_cached(b)) continue;
-        auto c = share.first_cursor(group_extra(extra, g));
-        const std::uint64_t key = group_key(e.hashes[i], g);
-        share.commit(b, c, key, tokens.subspan((i - from) * bs, bs));
-        if (blocks_.events() != nullptr)
-          blocks_.announce_stored(b, e.hashes[i], i > 0, i > 0 ? e.hashes[i - 1] : 0, g,
-                                  tokens.subspan((i - from) * bs, bs));
-        if constexpr (keeps_lookups) {
-          if (memo_stage_ == 2) {  // a prompt's cells are kept: its misses stand unless their key is committed
-            if (commit_log_size_ < commit_log_capacity) {
-              commit_log_[commit_log_size_++] = key;
-            } else {
-              commit_log_size_ = commit_log_capacity + 1;
-            }
-          }
-        }
+        commit_entry(h, g, i, b, detail::span_of(e.hashes), tokens.subspan((i - from) * bs, bs));
       }
       e.committed[ix(g)] = static_cast<std::int32_t>(std::max<std::size_t>(full, static_cast<std::size_t>(e.committed[ix(g)])));
     }
@@ -1637,14 +1818,97 @@ KVPAGER_OUT_OF_LINE auto hybrid_kv_cache<K, A, E, S, W>::commit_full(std::int32_
   }
 }
 
-template <group_kind K, block_allocator A, eviction_policy E, sharing_policy S, swap_policy W>
-KVPAGER_OUT_OF_LINE auto hybrid_kv_cache<K, A, E, S, W>::record_append(std::int32_t h, seq_id id, std::int32_t first,
+template <group_kind K, block_allocator A, eviction_policy E, sharing_policy S, swap_policy W, cache_tier T>
+KVPAGER_OUT_OF_LINE auto hybrid_kv_cache<K, A, E, S, W, T>::commit_entry(std::int32_t h, std::int32_t g, std::size_t i,
+                                                                       block_id b,
+                                                                       std::span<const std::uint64_t> hashes,
+                                                                       std::span<const token_id> block) -> void {
+  if constexpr (caching) {
+    S& share = blocks_.sharing();
+    auto c = share.first_cursor(group_extra(primary()[h].extra_key, g));
+    const std::uint64_t key = group_key(hashes[i], g);
+    share.commit(b, c, key, block);
+    if (blocks_.events() != nullptr)
+      blocks_.announce_stored(b, hashes[i], i > 0, i > 0 ? hashes[i - 1] : 0, g, block);
+    if constexpr (tier_type::enabled) tier_.committed(b, primary()[h].priority, g);
+    if constexpr (keeps_lookups) {
+      if (memo_stage_ == 2) {  // a prompt's cells are kept: its misses stand unless their key is committed
+        if (commit_log_size_ < commit_log_capacity) {
+          commit_log_[commit_log_size_++] = key;
+        } else {
+          commit_log_size_ = commit_log_capacity + 1;
+        }
+      }
+    }
+  } else {
+    (void)h, (void)g, (void)i, (void)b, (void)hashes, (void)block;
+  }
+}
+
+template <group_kind K, block_allocator A, eviction_policy E, sharing_policy S, swap_policy W, cache_tier T>
+KVPAGER_OUT_OF_LINE auto hybrid_kv_cache<K, A, E, S, W, T>::plan_loads(std::int32_t h, seq_id id, std::int32_t len,
+                                                                     bool waits, std::span<const token_id> tokens,
+                                                                     std::span<const std::uint64_t> hashes,
+                                                                     std::uint64_t extra) -> void {
+  if constexpr (tier_type::enabled) {
+    tier_blocks_.clear();
+    tier_cells_.clear();
+    const auto n = static_cast<std::size_t>(len);
+    // The blocks the lookup can take below the cap that keeps the last token computed.
+    const std::size_t m = std::min((tokens.size() - 1) / static_cast<std::size_t>(cfg_.block_size), hashes.size());
+    std::int32_t slot = 0;
+    for (std::int32_t g = 0; g < num_groups(); ++g) {
+      std::vector<std::uint64_t>& keys = tier_.keys();
+      keys.clear();
+      tier_dst_.clear();
+      const auto& t = tables_[ix(g)][h].blocks;
+      for (std::size_t i = 0; i < n; ++i) {
+        if (lists_[static_cast<std::size_t>(g) * n + i] != tier_cell) continue;
+        keys.push_back(group_key(hashes[i], g));
+        tier_dst_.push_back(t[i]);
+        tier_cells_.push_back(static_cast<std::int32_t>(i) * max_groups + g);
+      }
+      // The block after the hit is looked up too (a miss, as the walk past the hit of a lookup of one group).
+      if (n < m) keys.push_back(group_key(hashes[n], g));
+      tier_.load(detail::span_of(tier_dst_), ledger_, counts_, g, slot);
+      tier_blocks_.insert(tier_blocks_.end(), tier_.loaded().begin(), tier_.loaded().end());
+      slot += static_cast<std::int32_t>(tier_dst_.size());
+    }
+    if (waits)
+      tier_.wait_for_cells(id, detail::span_of(tier_blocks_), detail::span_of(tier_cells_),
+                           tokens.first(n * static_cast<std::size_t>(cfg_.block_size)), hashes.first(n), extra,
+                           ledger_.step());
+  } else {
+    (void)h, (void)id, (void)len, (void)waits, (void)tokens, (void)hashes, (void)extra;
+  }
+}
+
+template <group_kind K, block_allocator A, eviction_policy E, sharing_policy S, swap_policy W, cache_tier T>
+KVPAGER_OUT_OF_LINE auto hybrid_kv_cache<K, A, E, S, W, T>::commit_loaded(const detail::pending_load& p) -> void {
+  if constexpr (tier_type::enabled) {
+    const std::int32_t h = *primary().template checked<"complete_tier_transfers">(p.id);
+    const auto bs = static_cast<std::size_t>(cfg_.block_size);
+    for (std::size_t j = 0; j < static_cast<std::size_t>(p.count); ++j) {
+      if (p.done[j] != 1) continue;  // in flight or failed: never cached
+      const std::int32_t g = p.cells[j] % max_groups;
+      const auto i = static_cast<std::size_t>(p.cells[j] / max_groups);
+      const block_id b = tables_[ix(g)][h].blocks[i];
+      if (blocks_.is_cached(b)) continue;
+      commit_entry(h, g, i, b, detail::span_of(p.hashes), std::span<const token_id>(p.tokens).subspan(i * bs, bs));
+    }
+  } else {
+    (void)p;
+  }
+}
+
+template <group_kind K, block_allocator A, eviction_policy E, sharing_policy S, swap_policy W, cache_tier T>
+KVPAGER_OUT_OF_LINE auto hybrid_kv_cache<K, A, E, S, W, T>::record_append(std::int32_t h, seq_id id, std::int32_t first,
                                                                        std::int32_t count) -> std::uint64_t {
   return ledger_.record_append(h, id, first, count);
 }
 
-template <group_kind K, block_allocator A, eviction_policy E, sharing_policy S, swap_policy W>
-KVPAGER_OUT_OF_LINE auto hybrid_kv_cache<K, A, E, S, W>::grow(std::int32_t h, std::int32_t n,
+template <group_kind K, block_allocator A, eviction_policy E, sharing_policy S, swap_policy W, cache_tier T>
+KVPAGER_OUT_OF_LINE auto hybrid_kv_cache<K, A, E, S, W, T>::grow(std::int32_t h, std::int32_t n,
                                                               std::span<const token_id> tokens) -> status {
   auto& s = primary()[h];
   const auto blocks = detail::blocks_after_growth(s.num_tokens, n, cfg_.block_size, cfg_.max_blocks_per_seq);
@@ -1706,11 +1970,12 @@ KVPAGER_OUT_OF_LINE auto hybrid_kv_cache<K, A, E, S, W>::grow(std::int32_t h, st
     tables_[ix(g)][h].num_tokens = static_cast<std::int32_t>(new_total);
     mirror(h, g, writes_last ? old - 1 : old);
   }
+  tier_evicted();
   return finish_append(h, first, n, pending, tokens, true);
 }
 
-template <group_kind K, block_allocator A, eviction_policy E, sharing_policy S, swap_policy W>
-KVPAGER_OUT_OF_LINE auto hybrid_kv_cache<K, A, E, S, W>::append_one_in_place(std::int32_t h, token_id token) -> bool {
+template <group_kind K, block_allocator A, eviction_policy E, sharing_policy S, swap_policy W, cache_tier T>
+KVPAGER_OUT_OF_LINE auto hybrid_kv_cache<K, A, E, S, W, T>::append_one_in_place(std::int32_t h, token_id token) -> bool {
   auto& s = primary()[h];
   const std::int32_t bs = cfg_.block_size;
   if (s.num_tokens % bs == 0 || s.num_tokens == INT32_MAX) return false;
@@ -1731,8 +1996,8 @@ KVPAGER_OUT_OF_LINE auto hybrid_kv_cache<K, A, E, S, W>::append_one_in_place(std
   return true;
 }
 
-template <group_kind K, block_allocator A, eviction_policy E, sharing_policy S, swap_policy W>
-KVPAGER_OUT_OF_LINE auto hybrid_kv_cache<K, A, E, S, W>::fill_block(std::int32_t h, std::size_t i) -> void {
+template <group_kind K, block_allocator A, eviction_policy E, sharing_policy S, swap_policy W, cache_tier T>
+KVPAGER_OUT_OF_LINE auto hybrid_kv_cache<K, A, E, S, W, T>::fill_block(std::int32_t h, std::size_t i) -> void {
   auto& s = primary()[h];
   extra_state& e = extra_[static_cast<std::size_t>(h)];
   if constexpr (caching) {
@@ -1748,8 +2013,8 @@ KVPAGER_OUT_OF_LINE auto hybrid_kv_cache<K, A, E, S, W>::fill_block(std::int32_t
   s.partial.clear();
 }
 
-template <group_kind K, block_allocator A, eviction_policy E, sharing_policy S, swap_policy W>
-KVPAGER_OUT_OF_LINE auto hybrid_kv_cache<K, A, E, S, W>::in_place(std::int32_t h, std::int64_t from)
+template <group_kind K, block_allocator A, eviction_policy E, sharing_policy S, swap_policy W, cache_tier T>
+KVPAGER_OUT_OF_LINE auto hybrid_kv_cache<K, A, E, S, W, T>::in_place(std::int32_t h, std::int64_t from)
     const noexcept -> bool {
   for (std::int32_t g = 0; g < num_groups(); ++g) {
     const auto& t = tables_[ix(g)][h].blocks;
@@ -1761,8 +2026,8 @@ KVPAGER_OUT_OF_LINE auto hybrid_kv_cache<K, A, E, S, W>::in_place(std::int32_t h
   return true;
 }
 
-template <group_kind K, block_allocator A, eviction_policy E, sharing_policy S, swap_policy W>
-KVPAGER_OUT_OF_LINE auto hybrid_kv_cache<K, A, E, S, W>::finish_append(std::int32_t h, std::int32_t first,
+template <group_kind K, block_allocator A, eviction_policy E, sharing_policy S, swap_policy W, cache_tier T>
+KVPAGER_OUT_OF_LINE auto hybrid_kv_cache<K, A, E, S, W, T>::finish_append(std::int32_t h, std::int32_t first,
                                                                        std::int32_t n, bool pending,
                                                                        std::span<const token_id> tokens, bool allocated)
     -> status {
@@ -1781,15 +2046,15 @@ KVPAGER_OUT_OF_LINE auto hybrid_kv_cache<K, A, E, S, W>::finish_append(std::int3
   return ok_status();
 }
 
-template <group_kind K, block_allocator A, eviction_policy E, sharing_policy S, swap_policy W>
-KVPAGER_OUT_OF_LINE auto hybrid_kv_cache<K, A, E, S, W>::release_end(std::int32_t g, std::int64_t from, std::size_t len)
+template <group_kind K, block_allocator A, eviction_policy E, sharing_policy S, swap_policy W, cache_tier T>
+KVPAGER_OUT_OF_LINE auto hybrid_kv_cache<K, A, E, S, W, T>::release_end(std::int32_t g, std::int64_t from, std::size_t len)
     const noexcept -> std::size_t {
   const std::int64_t sk = kinds_[static_cast<std::size_t>(g)].skipped_tokens(from) / cfg_.block_size;
   return std::min(static_cast<std::size_t>(sk), len);
 }
 
-template <group_kind K, block_allocator A, eviction_policy E, sharing_policy S, swap_policy W>
-KVPAGER_OUT_OF_LINE auto hybrid_kv_cache<K, A, E, S, W>::release_window(std::int32_t h, std::int64_t from,
+template <group_kind K, block_allocator A, eviction_policy E, sharing_policy S, swap_policy W, cache_tier T>
+KVPAGER_OUT_OF_LINE auto hybrid_kv_cache<K, A, E, S, W, T>::release_window(std::int32_t h, std::int64_t from,
                                                                         retention_hint hint) -> void {
   for (std::int32_t g = 0; g < num_groups(); ++g) {
     auto& t = tables_[ix(g)][h].blocks;
@@ -1802,8 +2067,8 @@ KVPAGER_OUT_OF_LINE auto hybrid_kv_cache<K, A, E, S, W>::release_window(std::int
   }
 }
 
-template <group_kind K, block_allocator A, eviction_policy E, sharing_policy S, swap_policy W>
-KVPAGER_OUT_OF_LINE auto hybrid_kv_cache<K, A, E, S, W>::extend_content(std::int32_t h, std::int32_t first,
+template <group_kind K, block_allocator A, eviction_policy E, sharing_policy S, swap_policy W, cache_tier T>
+KVPAGER_OUT_OF_LINE auto hybrid_kv_cache<K, A, E, S, W, T>::extend_content(std::int32_t h, std::int32_t first,
                                                                         std::span<const token_id> tokens) -> void {
   auto& s = primary()[h];
   extra_state& e = extra_[static_cast<std::size_t>(h)];
@@ -1829,8 +2094,8 @@ KVPAGER_OUT_OF_LINE auto hybrid_kv_cache<K, A, E, S, W>::extend_content(std::int
   s.partial.assign(buffer_.end() - static_cast<std::ptrdiff_t>(tail), buffer_.end());
 }
 
-template <group_kind K, block_allocator A, eviction_policy E, sharing_policy S, swap_policy W>
-KVPAGER_OUT_OF_LINE auto hybrid_kv_cache<K, A, E, S, W>::cancel_appends(std::int32_t h) -> void {
+template <group_kind K, block_allocator A, eviction_policy E, sharing_policy S, swap_policy W, cache_tier T>
+KVPAGER_OUT_OF_LINE auto hybrid_kv_cache<K, A, E, S, W, T>::cancel_appends(std::int32_t h) -> void {
   ledger_.cancel_appends(
       h, num_tables(), [this, h](std::int32_t t) { return std::span<const block_id>(tables_[ix(t)][h].blocks); },
       cfg_.block_size, [this](block_id b) { return b != null_block && blocks_.refcount(lead_of(b)) > 1; },
@@ -1839,8 +2104,8 @@ KVPAGER_OUT_OF_LINE auto hybrid_kv_cache<K, A, E, S, W>::cancel_appends(std::int
       });
 }
 
-template <group_kind K, block_allocator A, eviction_policy E, sharing_policy S, swap_policy W>
-auto hybrid_kv_cache<K, A, E, S, W>::mirror_units(std::int32_t h, std::int32_t g, std::size_t from) -> void {
+template <group_kind K, block_allocator A, eviction_policy E, sharing_policy S, swap_policy W, cache_tier T>
+auto hybrid_kv_cache<K, A, E, S, W, T>::mirror_units(std::int32_t h, std::int32_t g, std::size_t from) -> void {
   const std::int32_t n = units_[ix(g)];
   const auto& lead = tables_[ix(g)][h];
   for (std::int32_t u = 1; u < n; ++u) {
@@ -1852,8 +2117,8 @@ auto hybrid_kv_cache<K, A, E, S, W>::mirror_units(std::int32_t h, std::int32_t g
   }
 }
 
-template <group_kind K, block_allocator A, eviction_policy E, sharing_policy S, swap_policy W>
-auto hybrid_kv_cache<K, A, E, S, W>::reattach(std::span<const seq_id> seqs) noexcept -> void {
+template <group_kind K, block_allocator A, eviction_policy E, sharing_policy S, swap_policy W, cache_tier T>
+auto hybrid_kv_cache<K, A, E, S, W, T>::reattach(std::span<const seq_id> seqs) noexcept -> void {
   for (const seq_id id : seqs) {
     const std::int32_t h = *primary().template checked<"swap_in">(id, detail::residency::any);
     for (std::int32_t g = 0; g < num_groups(); ++g) {
@@ -1874,8 +2139,8 @@ auto hybrid_kv_cache<K, A, E, S, W>::reattach(std::span<const seq_id> seqs) noex
   }
 }
 
-template <group_kind K, block_allocator A, eviction_policy E, sharing_policy S, swap_policy W>
-KVPAGER_OUT_OF_LINE auto hybrid_kv_cache<K, A, E, S, W>::plan_copy(std::int32_t g, block_id src, block_id dst)
+template <group_kind K, block_allocator A, eviction_policy E, sharing_policy S, swap_policy W, cache_tier T>
+KVPAGER_OUT_OF_LINE auto hybrid_kv_cache<K, A, E, S, W, T>::plan_copy(std::int32_t g, block_id src, block_id dst)
     -> void {
   ledger_.plan_copy(src, dst, g);
   for (std::int32_t u = 1; u < units_[ix(g)]; ++u)

@@ -233,11 +233,9 @@ class paged_kv_cache : public detail::cache_exports<paged_kv_cache<A, E, S, W, T
   /// index).
   status complete_tier_transfers(std::span<const tier_done> done) {
     if constexpr (tier_type::enabled) {
-      if (status st = tier_.check(done); !st) return st;
-      tier_.apply(
+      return tier_.complete(
           done, counts_, [this](block_id b, std::int32_t priority) { release(b, retention_hint{priority}); },
           [this](detail::pending_load& p) { commit_loaded(p); });
-      return ok_status();
     } else {
       (void)done;
       return status{errc::unsupported, "complete_tier_transfers: the cache has no host tier"};
@@ -810,10 +808,6 @@ KVPAGER_OUT_OF_LINE auto paged_kv_cache<A, E, S, W, T>::add_impl(seq_id id, std:
   const std::int32_t hit_tokens = device_tokens + loads * cfg_.block_size;  // served: not computed
   if (waits) s.num_tokens = hit_tokens;  // it holds its hit and waits for the loads (tier_load_state)
   if (!tokens.empty()) {
-    // A waiting sequence's loaded blocks are committed once they are in (commit_loaded), not now.
-    if (!waits)
-      cursors_.commit_prompt(blocks_.sharing(), s, cur, tokens, static_cast<std::int32_t>(hits_.size()), ph,
-                             announcer(s));
     if constexpr (tier_type::enabled) {  // the loaded blocks get their bytes from the host tier
       const auto dst = std::span<const block_id>(s.blocks).subspan(hits_.size(), static_cast<std::size_t>(loads));
       tier_.load(dst, ledger_, counts_);
@@ -823,13 +817,20 @@ KVPAGER_OUT_OF_LINE auto paged_kv_cache<A, E, S, W, T>::add_impl(seq_id id, std:
             [this, &s](std::int32_t i) { return blocks_.sharing().block_hash(s.blocks[static_cast<std::size_t>(i)]); },
             cfg_.block_size, options.extra_key, ledger_.step());
     }
+    // Write-back stores what the device evicted for the new blocks after the loads are pinned (a store may evict in
+    // the tier) and before the new blocks are committed (each store takes its block's old retention priority).
+    tier_evicted();
+    // A waiting sequence's loaded blocks are committed once they are in (commit_loaded), not now.
+    if (!waits)
+      cursors_.commit_prompt(blocks_.sharing(), s, cur, tokens, static_cast<std::int32_t>(hits_.size()), ph,
+                             announcer(s));
     counts_.prefix_query_tokens += n;
     counts_.prefix_hit_tokens += device_tokens;
     counts_.prefix_hit_tokens_host += hit_tokens - device_tokens;
   }
   counts_.tokens += s.num_tokens;
   if (!waits) s.append_step = ledger_.record_append(h, id, hit_tokens, n - hit_tokens);
-  tier_evicted();
+  if (tokens.empty()) tier_evicted();
   if (hit != nullptr)
     *hit = prefix_match{static_cast<std::int32_t>(hits_.size()), hit_tokens, static_cast<std::int64_t>(needed), loads};
   return ok_status();

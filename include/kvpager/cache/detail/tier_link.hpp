@@ -57,6 +57,9 @@ struct pending_load {
   std::vector<block_id> tier_blocks;    ///< per loaded block: its tier block
   std::vector<token_id> tokens;         ///< the prompt's first (first + count) x block_size tokens
   std::vector<std::uint64_t> hashes;    ///< the chained hashes of those blocks
+  /// hybrid_kv_cache: per loaded block, its table entry (position x max groups + group); empty for paged_kv_cache,
+  /// whose loaded blocks are entries [first, first + count) of its one table.
+  std::vector<std::int32_t> cells;
 
   /// Loaded blocks reported in, before the first that is not.
   [[nodiscard]] std::int32_t good() const noexcept {
@@ -116,21 +119,40 @@ class tier_link<P> {
   std::vector<std::uint64_t>& keys() noexcept { return keys_; }
 
   /// An admission took device blocks `dst` for the first dst.size() keys (all ready): counts the lookups of keys()
-  /// for selective storing, pins the host blocks and plans their loads, marks them used.
-  void load(std::span<const block_id> dst, step_ledger& ledger, cache_stats& counts) {
+  /// for selective storing, pins the host blocks and plans their loads (of KV cache group `group`'s layers), marks
+  /// them used. loaded() then lists their tier blocks; `slot` is the first one's index in a later wait record.
+  void load(std::span<const block_id> dst, step_ledger& ledger, cache_stats& counts, std::int32_t group = 0,
+            std::int32_t slot = 0) {
     (void)tier_.lookup_prefix(keys_);
     const std::span<const std::uint64_t> loaded = std::span<const std::uint64_t>(keys_).first(dst.size());
+    host_.clear();
     if (loaded.empty()) return;
     host_.resize(loaded.size());
     [[maybe_unused]] const status st = tier_.prepare_load(loaded, host_);
     KVPAGER_ASSERT(st.ok(), "tier_link::load: a key that was ready is not loadable");
     tier_.touch(loaded);
     for (std::size_t i = 0; i < dst.size(); ++i) {
-      ledger.plan_swap_in(block_swap{dst[i], base_ + host_[i]});
-      fly(host_[i], flight{loaded[i], dst[i], -1, static_cast<std::int32_t>(i), -1, kind::load, false});
+      ledger.plan_swap_in(block_swap{dst[i], base_ + host_[i], group});
+      fly(host_[i], flight{loaded[i], dst[i], -1, slot + static_cast<std::int32_t>(i), -1, group, kind::load, false});
     }
     counts.tier_loaded_blocks += static_cast<std::int64_t>(dst.size());
     if (opts_.async) ++generation_;  // pinned: no longer ready for another lookup until it is in
+  }
+
+  /// The tier blocks of the last load(), in its order. (Made from data() and size(): a span's range constructor
+  /// here costs every unit that includes the cache 2% more to compile, its concepts checked where it is parsed.)
+  [[nodiscard]] std::span<const block_id> loaded() const noexcept { return {host_.data(), host_.size()}; }
+
+  /// With async transfers, after the loads of a hybrid_kv_cache admission: sequence `id` waits for the blocks of
+  /// tier blocks `tier_blocks` loaded into table entries `cells` (pending_load::cells; in the loads' slot order);
+  /// `tokens` and `hashes` are those of the prompt's blocks up to the last entry of its hit.
+  void wait_for_cells(seq_id id, std::span<const block_id> tier_blocks, std::span<const std::int32_t> cells,
+                      std::span<const token_id> tokens, std::span<const std::uint64_t> hashes, std::uint64_t extra_key,
+                      std::uint64_t now) {
+    pending_load& p = record(id, static_cast<std::int32_t>(tier_blocks.size()), 0, extra_key, now, tier_blocks);
+    p.tokens.assign(tokens.begin(), tokens.end());
+    p.hashes.assign(hashes.begin(), hashes.end());
+    p.cells.assign(cells.begin(), cells.end());
   }
 
   /// With async transfers, after load(dst, ...): sequence `id` waits for them. `first` device hits precede them
@@ -139,28 +161,13 @@ class tier_link<P> {
   template <class HitHash>
   void wait_for_loads(seq_id id, std::int32_t first, std::span<const block_id> dst, std::span<const token_id> tokens,
                       HitHash&& hit_hash, std::int32_t block_size, std::uint64_t extra_key, std::uint64_t now) {
-    std::int32_t r = 0;
-    while (r < static_cast<std::int32_t>(pending_.size()) && pending_[static_cast<std::size_t>(r)].state !=
-                                                                 tier_load_state::none)
-      ++r;
-    if (r == static_cast<std::int32_t>(pending_.size())) pending_.emplace_back();
-    pending_load& p = pending_[static_cast<std::size_t>(r)];
     const auto n = static_cast<std::int32_t>(dst.size());
-    p.id = id;
-    p.first = first;
-    p.count = n;
-    p.outstanding = n;
-    p.state = tier_load_state::loading;
-    p.deadline = now + static_cast<std::uint64_t>(opts_.load_timeout_steps);
-    p.extra_key = extra_key;
-    p.done.assign(static_cast<std::size_t>(n), 0);
-    p.tier_blocks.assign(host_.begin(), host_.begin() + n);
+    pending_load& p = record(id, n, first, extra_key, now, host_);
     p.tokens.assign(tokens.begin(), tokens.begin() + static_cast<std::ptrdiff_t>(first + n) * block_size);
     p.hashes.clear();
     for (std::int32_t i = 0; i < first; ++i) p.hashes.push_back(hit_hash(i));
     p.hashes.insert(p.hashes.end(), keys_.begin(), keys_.begin() + n);
-    for (const block_id h : p.tier_blocks) flight_[static_cast<std::size_t>(h)].owner = r;
-    ++waiting_;
+    p.cells.clear();
   }
 
   /// Where sequence `id` stands with its loads.
@@ -176,22 +183,38 @@ class tier_link<P> {
   /// the transfers (set to no_block in `blocks`: not released now; released when the engine reports them) and its
   /// record goes.
   void drop_sequence(seq_id id, std::span<block_id> blocks) noexcept {
+    drop_sequence_with(id, [blocks](const pending_load& p, std::int32_t j) noexcept {
+      blocks[static_cast<std::size_t>(p.first + j)] = no_block;
+    });
+  }
+  /// drop_sequence with the table entry of each load in flight left out by `leave(record, j)` (the j-th loaded
+  /// block).
+  template <class Leave>
+  void drop_sequence_with(seq_id id, Leave&& leave) noexcept {
     if (waiting_ == 0) return;
     pending_load* p = find(id);
     if (p == nullptr) return;
     for (std::int32_t j = 0; j < p->count; ++j) {
       if (p->done[static_cast<std::size_t>(j)] != 0) continue;
       flight_[static_cast<std::size_t>(p->tier_blocks[static_cast<std::size_t>(j)])].owner = -1;
-      blocks[static_cast<std::size_t>(p->first + j)] = no_block;
+      leave(*p, j);
     }
     p->state = tier_load_state::none;
     --waiting_;
   }
 
-  /// Block `b` was just cached by a sequence of retention priority `priority`: write-through stores it at the next
-  /// begin_step (its bytes are in place then).
-  void committed(block_id b, std::int32_t priority) {
+  /// A hybrid_kv_cache's tier: its keys are cached_key(hash, group); `unmix(key, group)` gives the name KV cache
+  /// events report (the hash and group), and each device block's group (committed) names the layers a store moves.
+  void name_blocks(kv_block_name (*unmix)(std::uint64_t, std::int32_t)) {
+    unmix_ = unmix;
+    group_.assign(priority_.size(), 0);
+  }
+
+  /// Block `b` (of KV cache group `group`) was just cached by a sequence of retention priority `priority`:
+  /// write-through stores it at the next begin_step (its bytes are in place then).
+  void committed(block_id b, std::int32_t priority, std::int32_t group = 0) {
     priority_[static_cast<std::size_t>(b)] = priority;
+    if (!group_.empty()) group_[static_cast<std::size_t>(b)] = static_cast<std::uint8_t>(group);
     if (opts_.write != tier_write::through) return;
     std::uint8_t& q = queued_[static_cast<std::size_t>(b)];
     if (q != 0) return;
@@ -237,7 +260,7 @@ class tier_link<P> {
   }
 
   /// errc::invalid_argument unless each of `done` names a transfer in flight as it was planned (its device and
-  /// host blocks), once; errc::unsupported with synchronous transfers. Changes nothing.
+  /// host blocks and its group), once; errc::unsupported with synchronous transfers. Changes nothing.
   [[nodiscard]] status check(std::span<const tier_done> done) const noexcept {
     if (!opts_.async)
       return status{errc::unsupported,
@@ -246,7 +269,8 @@ class tier_link<P> {
       const std::int64_t h = std::int64_t{done[i].swap.host} - base_;
       if (h < 0 || h >= static_cast<std::int64_t>(flight_.size()) ||
           flight_[static_cast<std::size_t>(h)].what == kind::none ||
-          flight_[static_cast<std::size_t>(h)].device != done[i].swap.device)
+          flight_[static_cast<std::size_t>(h)].device != done[i].swap.device ||
+          flight_[static_cast<std::size_t>(h)].group != done[i].swap.group)
         return status{errc::invalid_argument,
                       "complete_tier_transfers: no host tier transfer in flight between these blocks",
                       static_cast<std::int64_t>(i)};
@@ -293,6 +317,14 @@ class tier_link<P> {
     }
   }
 
+  /// complete_tier_transfers of either cache: check(done), then apply it. Nothing changed on an error.
+  template <class Release, class Resolve>
+  status complete(std::span<const tier_done> done, cache_stats& counts, Release&& release, Resolve&& resolve) {
+    if (status st = check(done); !st) return st;
+    apply(done, counts, release, resolve);
+    return ok_status();
+  }
+
   /// Forgets every host block (reset_prefix_cache); the caller has checked that nothing is in flight.
   void reset() noexcept {
     tier_.reset();
@@ -311,6 +343,7 @@ class tier_link<P> {
     std::int32_t owner = -1;  ///< a load's pending_load (async), -1 when none waits for it
     std::int32_t slot = 0;    ///< its block in that record
     std::int32_t pos = -1;    ///< its index in flying_
+    std::int32_t group = 0;   ///< the KV cache group whose layers it moves (block_swap::group)
     kind what = kind::none;
     bool pinned = false;      ///< a store holding its source block (async write-through)
   };
@@ -324,6 +357,29 @@ class tier_link<P> {
   }
   [[nodiscard]] pending_load* find(seq_id id) noexcept {
     return const_cast<pending_load*>(static_cast<const tier_link*>(this)->find(id));
+  }
+
+  /// A free wait record for sequence `id`: `n` loads of tier blocks `tier_blocks` after `first` device hits.
+  pending_load& record(seq_id id, std::int32_t n, std::int32_t first, std::uint64_t extra_key, std::uint64_t now,
+                       std::span<const block_id> tier_blocks) {
+    std::int32_t r = 0;
+    while (r < static_cast<std::int32_t>(pending_.size()) && pending_[static_cast<std::size_t>(r)].state !=
+                                                                 tier_load_state::none)
+      ++r;
+    if (r == static_cast<std::int32_t>(pending_.size())) pending_.emplace_back();
+    pending_load& p = pending_[static_cast<std::size_t>(r)];
+    p.id = id;
+    p.first = first;
+    p.count = n;
+    p.outstanding = n;
+    p.state = tier_load_state::loading;
+    p.deadline = now + static_cast<std::uint64_t>(opts_.load_timeout_steps);
+    p.extra_key = extra_key;
+    p.done.assign(static_cast<std::size_t>(n), 0);
+    p.tier_blocks.assign(tier_blocks.begin(), tier_blocks.begin() + n);
+    for (const block_id h : p.tier_blocks) flight_[static_cast<std::size_t>(h)].owner = r;
+    ++waiting_;
+    return p;
   }
 
   void fly(block_id h, flight f) {
@@ -356,15 +412,17 @@ class tier_link<P> {
   /// Stores device block `b` holding content `key` unless the tier holds it already (or refuses it: full of blocks
   /// being read or written, below min_priority, under store_threshold; counted by the tier). Returns whether it did.
   bool store(block_id b, std::uint64_t key, bool pinned, step_ledger& ledger, cache_stats& counts) {
-    if (!tier_.prepare_store(std::span<const std::uint64_t>(&key, 1), plan_, {},
+    const std::int32_t group = group_.empty() ? 0 : group_[static_cast<std::size_t>(b)];
+    const kv_block_name name = unmix_ != nullptr ? unmix_(key, group) : kv_block_name{key, 0};
+    if (!tier_.prepare_store(std::span<const std::uint64_t>(&key, 1), plan_, std::span<const kv_block_name>(&name, 1),
                              priority_[static_cast<std::size_t>(b)]))
       return false;
     if (!plan_.evicted.empty()) ++generation_;
     if (plan_.host_blocks.empty()) return false;
     const block_id h = plan_.host_blocks.front();
-    ledger.plan_swap_out(block_swap{b, base_ + h});
+    ledger.plan_swap_out(block_swap{b, base_ + h, group});
     ++counts.tier_stored_blocks;
-    fly(h, flight{key, b, -1, 0, -1, kind::store, pinned});
+    fly(h, flight{key, b, -1, 0, -1, group, kind::store, pinned});
     return true;
   }
 
@@ -373,6 +431,8 @@ class tier_link<P> {
   host_tier_options opts_{};
   std::uint64_t generation_ = 0;
   std::vector<std::int32_t> priority_;  ///< per device block: the retention priority of the sequence that cached it
+  std::vector<std::uint8_t> group_;     ///< per device block: its KV cache group (name_blocks; empty: group 0)
+  kv_block_name (*unmix_)(std::uint64_t, std::int32_t) = nullptr;  ///< name_blocks' (nullptr: a key is its hash)
   std::vector<std::uint8_t> queued_;    ///< per device block: listed in committed_
   std::vector<block_id> committed_;     ///< blocks cached in this step (write-through)
   std::vector<std::uint64_t> keys_;     ///< scratch (keys())
