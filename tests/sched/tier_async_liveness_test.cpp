@@ -37,6 +37,16 @@
 // rejected) within a bound, and with every transfer delivered nothing leaks: no block used, none in flight, the tier
 // neither reading nor writing. Each configuration checks that the paths ran: waits for loads, load failures, failed
 // loads and stores, timeouts, host prefix hits, cancels with loads in flight, swap and recompute preemptions.
+//
+// The same runs drive a hybrid_kv_cache with KV cache groups (groups_tiered_cache_with: full attention and a sliding
+// window of 2 blocks + 1 token, native or vLLM conventions): the emulated engine keeps one memory plane per group's
+// layers (device and host), writes each token through its group's slot mapping (the step's slot mapping is
+// table-major) with the token's value mixed with the group, and moves a swap's or copy's bytes in the plane of the
+// group it names; so a block loaded, swapped or copied into the wrong group, or a swap naming the wrong group, is
+// read back wrong. Each group's table is checked: the null block (0, never moved, never written) only where the
+// group no longer reads (before a window), never in a slot of the step, nor as a swap's or copy's block (host
+// block 0 of the swap pool is reserved as well); a load reads a host block stored from its own group, a swap-in a
+// swap-pool block swapped out from its own group.
 #include <kvpager/kvpager.hpp>
 
 #include <gtest/gtest.h>
@@ -80,6 +90,7 @@ struct tier_case {
   bool inclusive = true;
   std::int32_t timeout = 6;  ///< load_timeout_steps
   std::uint32_t seed = 1;
+  hybrid_conventions conv = hybrid_conventions::native;  ///< a cache with KV cache groups: its conventions
 };
 
 /// What became of a submitted request.
@@ -113,6 +124,10 @@ struct totals {
 
 template <class Cache>
 class tier_async_run {
+  /// A cache with KV cache groups (hybrid_kv_cache): a block table and a slot mapping per group, swaps and copies
+  /// naming their group, the null block in a window group's table before its window.
+  static constexpr bool grouped = requires(const Cache& c) { c.num_groups(); };
+
  public:
   tier_async_run(const tier_case& c, std::uint32_t seed) : case_(c), rng_(seed) {
     // Per run: the pool a few blocks either way, the token budget, the batch, the transfers' usual delay, the
@@ -142,17 +157,23 @@ class tier_async_run {
   }
 
   void run(totals& tot) {
-    auto made = Cache::create(ccfg_);
+    auto made = create();
     ASSERT_TRUE(made) << made.error().message();
     Cache cache = std::move(*made);
     cache_ = &cache;
     scheduler<Cache> s(cache, cfg_);
     sched_ = &s;
     nh_ = ccfg_.num_host_blocks;
-    mem_.assign(static_cast<std::size_t>(ccfg_.num_blocks) * block_size, 0);
-    host_mem_.assign(static_cast<std::size_t>(ccfg_.host_pool_blocks()) * block_size, 0);
+    tables_ = scheduler<Cache>::groups_of(cache);
+    ASSERT_EQ(tables_, grouped ? 2 : 1);
+    const auto planes = static_cast<std::size_t>(tables_);
+    mem_.assign(planes, std::vector<std::uint64_t>(static_cast<std::size_t>(ccfg_.num_blocks) * block_size, 0));
+    host_mem_.assign(planes,
+                     std::vector<std::uint64_t>(static_cast<std::size_t>(ccfg_.host_pool_blocks()) * block_size, 0));
     host_valid_.assign(static_cast<std::size_t>(case_.tier_blocks), 0);
-    usable_tokens_ = std::int64_t{cache.stats().total} * block_size;
+    host_group_.assign(static_cast<std::size_t>(ccfg_.host_pool_blocks()), -1);
+    // A prompt takes its blocks in every table at admission: longer than this it can never run.
+    usable_tokens_ = std::int64_t{cache.stats().total} / tables_ * block_size;
 
     std::int64_t bound = 0;
     for (step_ = 0;; ++step_) {
@@ -197,7 +218,14 @@ class tier_async_run {
     EXPECT_LE(ts.held, ts.num_blocks);
     EXPECT_EQ(cs.tier_failed_stores, ts.failed_stores);
     EXPECT_EQ(cs.tier_loaded_blocks, ts.loads);
-    EXPECT_EQ(cs.prefix_hit_tokens_host, cs.tier_loaded_blocks * block_size);
+    if constexpr (grouped) {
+      // The host hit is the agreed hit past the device's own, in tokens; its blocks are loaded per group (every one
+      // for full attention, a window's last ones only), so there is a load exactly when there is a host hit.
+      EXPECT_EQ(cs.prefix_hit_tokens_host % block_size, 0);
+      EXPECT_EQ(cs.prefix_hit_tokens_host > 0, cs.tier_loaded_blocks > 0) << describe();
+    } else {
+      EXPECT_EQ(cs.prefix_hit_tokens_host, cs.tier_loaded_blocks * block_size);
+    }
     EXPECT_LE(st.load_failures, st.load_waits);
     for (const auto& [id, r] : model_) EXPECT_NE(r.f, fate::pending) << "request " << id;
     if (std::getenv("KVPAGER_LIVENESS_VERBOSE") != nullptr)
@@ -235,11 +263,54 @@ class tier_async_run {
 
   std::int32_t pick(std::int32_t n) { return static_cast<std::int32_t>(rng_() % static_cast<std::uint32_t>(n)); }
 
+  result<Cache> create() const {
+    if constexpr (grouped) {
+      const any_group_kind groups[] = {full_attention{}, sliding_window{2 * block_size + 1}};
+      return Cache::create(ccfg_, std::span<const any_group_kind>(groups), hybrid_options{case_.conv});
+    } else {
+      return Cache::create(ccfg_);
+    }
+  }
+
+  /// Table t (a KV cache group; 0 without groups) of live sequence `id`, on the device or (swapped) on the host.
+  std::span<const block_id> table(std::int32_t t, seq_id id) const {
+    if constexpr (grouped) {
+      return *cache_->block_table(t, id);
+    } else {
+      return *cache_->block_table(id);
+    }
+  }
+  std::span<const block_id> host_table(std::int32_t t, seq_id id) const {
+    if constexpr (grouped) {
+      return *cache_->host_block_table(t, id);
+    } else {
+      return *cache_->host_block_table(id);
+    }
+  }
+  /// Tokens table t no longer reads once a sequence has `n` computed: those before a window group's window, where
+  /// its table may hold the null block; none for full attention and without groups.
+  std::int64_t skipped(std::int32_t t, std::int64_t n) const {
+    if constexpr (grouped) {
+      return cache_->kind(t).skipped_tokens(n);
+    } else {
+      (void)t;
+      (void)n;
+      return 0;
+    }
+  }
+  /// Table t's emulated K/V of a token whose value is v (group 0's and the only table's: v itself).
+  static std::uint64_t gv(std::uint64_t v, std::int32_t t) {
+    return t == 0 ? v : mix(v, 77 + static_cast<std::uint64_t>(t));
+  }
+
   std::string describe() const {
     char buf[256];
     std::snprintf(buf, sizeof buf,
-                  "device %d tier %d swap pool %d write %s %s timeout %d delay %d budget %lld seqs %d mode %d victim "
-                  "%d seed %u step %lld",
+                  "%sdevice %d tier %d swap pool %d write %s %s timeout %d delay %d budget %lld seqs %d mode %d "
+                  "victim %d seed %u step %lld",
+                  !grouped                                   ? ""
+                  : case_.conv == hybrid_conventions::native ? "groups native: "
+                                                             : "groups vllm: ",
                   ccfg_.num_blocks, case_.tier_blocks, case_.swap_blocks,
                   case_.write == tier_write::through ? "through" : "back", case_.inclusive ? "inclusive" : "exclusive",
                   case_.timeout, max_delay_, static_cast<long long>(cfg_.max_num_batched_tokens), cfg_.max_num_seqs,
@@ -353,10 +424,11 @@ class tier_async_run {
       const seq_id id = s.loading()[static_cast<std::size_t>(pick(static_cast<std::int32_t>(s.loading().size())))];
       const auto ls = cache_->load_state(id);
       ASSERT_TRUE(ls);
-      // Its blocks whose loads are still in flight: held by the transfers after the request is gone.
+      // Its blocks (in every group) whose loads are still in flight: held by the transfers after the request is gone.
       std::vector<block_id> flying;
-      for (const block_id b : *cache_->block_table(id))
-        if (inflight_load_device(b)) flying.push_back(b);
+      for (std::int32_t t = 0; t < tables_; ++t)
+        for (const block_id b : table(t, id))
+          if (inflight_load_device(b)) flying.push_back(b);
       if (!flying.empty()) ++orphaned_loads_;
       ASSERT_TRUE(s.finish(id));
       ASSERT_FALSE(cache_->contains(id));
@@ -408,6 +480,9 @@ class tier_async_run {
 
     const auto appends = cache.plan().appends();
     ASSERT_EQ(appends.size(), out.scheduled.size());
+    // One slot mapping per table, table-major: table t's slots at [t x n, (t + 1) x n).
+    const auto n = static_cast<std::size_t>(out.num_tokens());
+    ASSERT_EQ(out.slot_mapping.size(), n * static_cast<std::size_t>(tables_));
     std::unordered_set<seq_id> scheduled;
     std::size_t slot = 0;
     std::int64_t budget = cfg_.max_num_batched_tokens;
@@ -425,14 +500,19 @@ class tier_async_run {
       ASSERT_LE(static_cast<std::size_t>(x.start + x.num_tokens), m.tokens.size());
       ASSERT_EQ(x.last_chunk, static_cast<std::size_t>(x.start + x.num_tokens) == m.tokens.size());
       budget -= x.num_tokens;
-      const auto table = *cache.block_table(x.id);
       for (std::int64_t p = x.start; p < x.start + x.num_tokens; ++p, ++slot) {
-        ASSERT_LT(slot, out.slot_mapping.size());
-        ASSERT_EQ(out.slot_mapping[slot],
-                  std::int64_t{table[static_cast<std::size_t>(p / block_size)]} * block_size + p % block_size);
+        ASSERT_LT(slot, n);
+        for (std::int32_t t = 0; t < tables_; ++t) {
+          const block_id b = table(t, x.id)[static_cast<std::size_t>(p / block_size)];
+          // A token computed in this step is read by the step's later tokens: never into the null block.
+          ASSERT_GE(b, ccfg_.reserved_blocks) << "request " << x.id << "'s token " << p << " is computed into block "
+                                              << b << " of table " << t << ": " << describe();
+          ASSERT_EQ(out.slot_mapping[static_cast<std::size_t>(t) * n + slot],
+                    std::int64_t{b} * block_size + p % block_size);
+        }
       }
     }
-    ASSERT_EQ(slot, out.slot_mapping.size());
+    ASSERT_EQ(slot, n);
     ASSERT_GE(budget, 0) << "the token budget was exceeded";
   }
 
@@ -515,16 +595,24 @@ class tier_async_run {
     max_waiting_ = std::max<std::int64_t>(max_waiting_, st.waiting);
   }
 
-  /// The engine's side of a step: swap-outs, swap-ins, copies, then the appended tokens' K/V. Host tier transfers
-  /// are queued (a write-back store reads its device block now).
+  /// The engine's side of a step: swap-outs, swap-ins, copies, then the appended tokens' K/V, each in the memory
+  /// plane of the group it names. Host tier transfers are queued (a write-back store reads its device block now).
   void execute(const step_output& out) {
     const step_plan& plan = cache_->plan();
     const auto tier_end = nh_ + case_.tier_blocks;
-    for (const block_swap& w : plan.swap_outs()) {
-      ASSERT_GE(w.host, 0);
+    // A swap or copy moves a real block of a group: never the null (reserved) device block, nor (with groups) the
+    // swap pool's reserved host block 0.
+    const auto check_swap = [&](const block_swap& w) {
+      ASSERT_GE(w.host, grouped && nh_ > 0 ? 1 : 0);
       ASSERT_LT(w.host, tier_end);
-      ASSERT_GE(w.device, 0);
+      ASSERT_GE(w.device, ccfg_.reserved_blocks);
       ASSERT_LT(w.device, ccfg_.num_blocks);
+      ASSERT_GE(w.group, 0);
+      ASSERT_LT(w.group, tables_);
+    };
+    for (const block_swap& w : plan.swap_outs()) {
+      check_swap(w);
+      if (::testing::Test::HasFatalFailure()) return;
       ASSERT_FALSE(inflight_load_device(w.device)) << "a swap-out of device block " << w.device
                                                    << " whose load is in flight";
       if (w.host >= nh_) {  // a host tier store
@@ -537,12 +625,13 @@ class tier_async_run {
                                            step_ + (stuck ? case_.timeout + 2 + pick(6) : pick(max_delay_ + 1))});
       } else {
         copy_to_host(w);  // a preemption swap: in the step
+        host_group_[static_cast<std::size_t>(w.host)] = w.group;
       }
     }
     std::unordered_set<block_id> loaded;
     for (const block_swap& w : plan.swap_ins()) {
-      ASSERT_GE(w.host, 0);
-      ASSERT_LT(w.host, tier_end);
+      check_swap(w);
+      if (::testing::Test::HasFatalFailure()) return;
       ASSERT_TRUE(loaded.insert(w.device).second) << "device block " << w.device << " swapped in twice";
       ASSERT_FALSE(inflight_load_device(w.device)) << "a swap-in into device block " << w.device
                                                    << " whose load is in flight";
@@ -550,31 +639,44 @@ class tier_async_run {
         const auto h = static_cast<std::size_t>(w.host - nh_);
         ASSERT_FALSE(inflight_.count(w.host)) << "a load of host block " << w.host << " with a transfer in flight";
         ASSERT_EQ(host_valid_[h], 1) << "a load of host block " << w.host << " whose last store was not reported ok";
+        ASSERT_EQ(host_group_[static_cast<std::size_t>(w.host)], w.group)
+            << "a load into group " << w.group << " of host block " << w.host << ", stored from another group";
         const bool stuck = pick(25) == 0;
         inflight_.emplace(w.host, transfer{tier_done{w, pick(100) >= 7}, true,
                                            step_ + (stuck ? case_.timeout + 2 + pick(4) : pick(max_delay_ + 1))});
       } else {
-        std::copy_n(host_mem_.begin() + std::int64_t{w.host} * block_size, block_size,
-                    mem_.begin() + std::int64_t{w.device} * block_size);
+        ASSERT_EQ(host_group_[static_cast<std::size_t>(w.host)], w.group)
+            << "a swap-in into group " << w.group << " of host block " << w.host << ", swapped out from another group";
+        copy_from_host(w);
       }
     }
     std::unordered_set<block_id> dsts;
     for (const block_copy& c : plan.copies()) {
       ASSERT_TRUE(dsts.insert(c.dst).second);
+      ASSERT_GE(std::min(c.src, c.dst), ccfg_.reserved_blocks) << "a copy of the null block";
+      ASSERT_TRUE(c.group >= 0 && c.group < tables_);
       ASSERT_FALSE(inflight_load_device(c.src) || inflight_load_device(c.dst)) << "a copy of a block being loaded";
     }
-    for (const block_copy& c : plan.copies())
-      std::copy_n(mem_.begin() + std::int64_t{c.src} * block_size, block_size,
-                  mem_.begin() + std::int64_t{c.dst} * block_size);
-    std::size_t i = 0;
-    for (const scheduled_sequence& x : out.scheduled) {
-      const request_model& m = model_.at(x.id);
-      for (std::int32_t p = x.start; p < x.start + x.num_tokens; ++p, ++i) {
-        const std::int64_t slot = out.slot_mapping[i];
-        ASSERT_GE(slot, 0);
-        ASSERT_FALSE(inflight_load_device(static_cast<block_id>(slot / block_size)))
-            << "a write into device block " << slot / block_size << " whose load is in flight";
-        mem_[static_cast<std::size_t>(slot)] = m.values[static_cast<std::size_t>(p)];
+    for (const block_copy& c : plan.copies()) {
+      auto& plane = mem_[static_cast<std::size_t>(c.group)];
+      std::copy_n(plane.begin() + std::int64_t{c.src} * block_size, block_size,
+                  plane.begin() + std::int64_t{c.dst} * block_size);
+    }
+    // Table t's slots are at [t x n, (t + 1) x n) of the slot mapping (check_schedule checked them against the
+    // tables): its group's K/V of each token.
+    const auto n = static_cast<std::size_t>(out.num_tokens());
+    for (std::int32_t t = 0; t < tables_; ++t) {
+      std::size_t i = static_cast<std::size_t>(t) * n;
+      for (const scheduled_sequence& x : out.scheduled) {
+        const request_model& m = model_.at(x.id);
+        for (std::int32_t p = x.start; p < x.start + x.num_tokens; ++p, ++i) {
+          const std::int64_t slot = out.slot_mapping[i];
+          ASSERT_GE(slot, std::int64_t{ccfg_.reserved_blocks} * block_size);
+          ASSERT_FALSE(inflight_load_device(static_cast<block_id>(slot / block_size)))
+              << "a write into device block " << slot / block_size << " whose load is in flight";
+          mem_[static_cast<std::size_t>(t)][static_cast<std::size_t>(slot)] =
+              gv(m.values[static_cast<std::size_t>(p)], t);
+        }
       }
     }
     max_in_flight_ = std::max<std::int64_t>(max_in_flight_, static_cast<std::int64_t>(inflight_.size()));
@@ -586,9 +688,16 @@ class tier_async_run {
     return false;
   }
 
+  /// Block w.device's bytes to host block w.host and back, in the plane of group w.group.
   void copy_to_host(const block_swap& w) {
-    std::copy_n(mem_.begin() + std::int64_t{w.device} * block_size, block_size,
-                host_mem_.begin() + std::int64_t{w.host} * block_size);
+    const auto g = static_cast<std::size_t>(w.group);
+    std::copy_n(mem_[g].begin() + std::int64_t{w.device} * block_size, block_size,
+                host_mem_[g].begin() + std::int64_t{w.host} * block_size);
+  }
+  void copy_from_host(const block_swap& w) {
+    const auto g = static_cast<std::size_t>(w.group);
+    std::copy_n(host_mem_[g].begin() + std::int64_t{w.host} * block_size, block_size,
+                mem_[g].begin() + std::int64_t{w.device} * block_size);
   }
   void fill_garbage(std::vector<std::uint64_t>& m, block_id b) {
     for (std::int32_t k = 0; k < block_size; ++k) m[static_cast<std::size_t>(b * block_size + k)] = garbage();
@@ -614,20 +723,21 @@ class tier_async_run {
         const transfer& t = due[k];
         const block_swap& w = t.done.swap;
         const auto h = static_cast<std::size_t>(w.host - nh_);
+        const auto g = static_cast<std::size_t>(w.group);
         if (t.load) {
           if (t.done.ok) {
-            std::copy_n(host_mem_.begin() + std::int64_t{w.host} * block_size, block_size,
-                        mem_.begin() + std::int64_t{w.device} * block_size);
+            copy_from_host(w);
           } else {
-            fill_garbage(mem_, w.device);
+            fill_garbage(mem_[g], w.device);
           }
         } else {
           if (!t.done.ok) {
-            fill_garbage(host_mem_, w.host);
+            fill_garbage(host_mem_[g], w.host);
           } else if (case_.write == tier_write::through) {
             copy_to_host(w);  // the source block is pinned until now
           }
           host_valid_[h] = t.done.ok ? 1 : 0;
+          host_group_[static_cast<std::size_t>(w.host)] = t.done.ok ? w.group : -1;
         }
         batch.push_back(t.done);
       }
@@ -728,26 +838,38 @@ class tier_async_run {
   }
 
   /// After the step: the queues again, every running request's computed tokens read back through its block
-  /// table (and every swapped one's through its host table) are the model's.
+  /// tables (and every swapped one's through its host tables) are the model's.
   void check_step() {
     check_queues(false, step_began_);
     if (::testing::Test::HasFatalFailure()) return;
-    const Cache& cache = *cache_;
     const scheduler<Cache>& s = *sched_;
-    for (const seq_id id : s.running()) check_content(id, *cache.block_table(id), mem_, "");
-    for (const seq_id id : s.swapped()) check_content(id, *cache.host_block_table(id), host_mem_, " (swapped)");
+    for (const seq_id id : s.running()) check_content(id, false);
+    for (const seq_id id : s.swapped()) check_content(id, true);
   }
 
-  template <class Table>
-  void check_content(seq_id id, const Table& table, const std::vector<std::uint64_t>& memory, const char* where) {
+  /// Request `id`'s computed tokens read back through each of its tables (on the host when `swapped`), in that
+  /// table's group's plane: the null block only before a window group's window.
+  void check_content(seq_id id, bool swapped) {
     const request_model& m = model_.at(id);
     const auto n = static_cast<std::size_t>(sched_->num_computed_tokens(id));
     ASSERT_LE(n, m.values.size());
-    for (std::size_t p = 0; p < n; ++p) {
-      const std::size_t slot = static_cast<std::size_t>(table[p / block_size]) * block_size + p % block_size;
-      if (memory[slot] != m.values[p])
-        FAIL() << "request " << id << where << " read back a wrong token at position " << p << " of " << n
-               << " (block " << table[p / block_size] << "): " << describe();
+    const char* where = swapped ? " (swapped)" : "";
+    for (std::int32_t t = 0; t < tables_; ++t) {
+      const std::span<const block_id> tab = swapped ? host_table(t, id) : table(t, id);
+      ASSERT_GE(tab.size() * block_size, n);
+      const std::vector<std::uint64_t>& memory = (swapped ? host_mem_ : mem_)[static_cast<std::size_t>(t)];
+      const std::int64_t first_read = skipped(t, static_cast<std::int64_t>(n));
+      for (std::size_t p = 0; p < n; ++p) {
+        const block_id b = tab[p / block_size];
+        if (grouped && b == 0) {  // the null block (on the host, the swap pool's reserved block 0)
+          if (static_cast<std::int64_t>(p) < first_read) continue;
+          FAIL() << "request " << id << where << "'s table " << t << " holds the null block at position " << p
+                 << " of " << n << ", which its next token reads: " << describe();
+        }
+        if (memory[static_cast<std::size_t>(b) * block_size + p % block_size] != gv(m.values[p], t))
+          FAIL() << "request " << id << where << " read back a wrong token at position " << p << " of " << n
+                 << " in table " << t << " (block " << b << "): " << describe();
+      }
     }
   }
 
@@ -765,9 +887,14 @@ class tier_async_run {
   std::vector<std::vector<token_id>> families_;
   std::unordered_map<seq_id, request_model> model_;
   std::int64_t pending_ = 0;  ///< requests of model_ still pending
-  std::vector<std::uint64_t> mem_;       ///< the emulated device pool: one value per slot
-  std::vector<std::uint64_t> host_mem_;  ///< the emulated host pool: swap pool, then the tier's blocks
+  std::int32_t tables_ = 1;  ///< block tables per sequence: the KV cache groups (1 without groups)
+  /// The emulated device pool, per group's layers (plane): one value per slot.
+  std::vector<std::vector<std::uint64_t>> mem_;
+  /// The emulated host pool, per group's layers: swap pool, then the tier's blocks.
+  std::vector<std::vector<std::uint64_t>> host_mem_;
   std::vector<std::uint8_t> host_valid_;  ///< per tier block: 0 garbage or never written, 1 stored ok, 2 writing
+  /// Per host block (swap pool, then tier): the group whose layers its last swap-out or ok store wrote (-1: none).
+  std::vector<std::int32_t> host_group_;
   std::map<block_id, transfer> inflight_;  ///< undelivered host tier transfers, by host block
   std::int32_t max_delay_ = 3;  ///< a transfer's usual delay: 0 to max_delay_ steps
   bool step_began_ = false;  ///< a sampled token of this step began the cache's next step (begin_step)
@@ -776,10 +903,11 @@ class tier_async_run {
   std::string first_over_max_seqs_;  ///< the first of them
 };
 
+/// `runs` runs of configuration `c` (each with its own seed), then what they reached.
 template <class Cache>
-void run_case(const char* name, const tier_case& c) {
+void run_case(const char* name, const tier_case& c, int runs = runs_per_config) {
   totals t;
-  for (int r = 0; r < runs_per_config && !::testing::Test::HasFailure(); ++r) {
+  for (int r = 0; r < runs && !::testing::Test::HasFailure(); ++r) {
     tier_case rc = c;
     rc.seed = c.seed + 7919U * static_cast<std::uint32_t>(r);
     tier_async_run<Cache>(rc, rc.seed).run(t);
@@ -790,7 +918,7 @@ void run_case(const char* name, const tier_case& c) {
               "timeouts, %lld host hit tokens, at most %lld in flight; %lld cancelled while loading (%lld with loads "
               "in flight); %lld swap-outs, %lld recomputes, %lld finished with a reason, %lld rejected; %lld bad "
               "calls refused\n",
-              name, runs_per_config, static_cast<long long>(t.requests), static_cast<long long>(t.steps),
+              name, runs, static_cast<long long>(t.requests), static_cast<long long>(t.steps),
               t.bound_ratio, static_cast<long long>(t.max_drain), static_cast<long long>(t.max_waiting),
               static_cast<long long>(t.load_waits), static_cast<long long>(t.load_failures),
               static_cast<long long>(t.loaded), static_cast<long long>(t.stored),
@@ -820,6 +948,14 @@ void run_case(const char* name, const tier_case& c) {
 
 using lru_cache = tiered_cache_with<lru_tier, hybrid_swap>;
 using arc_cache = tiered_cache_with<arc_tier, hybrid_swap>;
+// KV cache groups: hybrid_kv_cache<any_group_kind, free_list_allocator, lru_eviction, prefix_caching, hybrid_swap, T>.
+using lru_groups_cache = groups_tiered_cache_with<lru_tier, hybrid_swap>;
+using arc_groups_cache = groups_tiered_cache_with<arc_tier, hybrid_swap>;
+
+// The hybrid cache's runs: half as many per configuration (so that the file keeps to its time), over a pool about
+// twice as large (a prompt takes its blocks in both groups; the window's are given back as it moves on) and a tier
+// and swap pool that hold both groups' blocks.
+constexpr int hybrid_runs = runs_per_config / 2;
 
 }  // namespace
 
@@ -839,6 +975,27 @@ TEST(TierAsyncLiveness, LruWriteBackExclusive) {
   run_case<lru_cache>("lru write-back exclusive",
                       {.device_blocks = 28, .tier_blocks = 48, .swap_blocks = 16, .write = tier_write::back,
                        .inclusive = false, .timeout = 8, .seed = 303});
+}
+
+TEST(TierAsyncLiveness, GroupsLruWriteThroughInclusiveNative) {
+  run_case<lru_groups_cache>("groups lru write-through inclusive native",
+                             {.device_blocks = 56, .tier_blocks = 56, .swap_blocks = 24, .write = tier_write::through,
+                              .inclusive = true, .timeout = 6, .seed = 404, .conv = hybrid_conventions::native},
+                             hybrid_runs);
+}
+
+TEST(TierAsyncLiveness, GroupsArcWriteBackInclusiveVllm) {
+  run_case<arc_groups_cache>("groups arc write-back inclusive vllm",
+                             {.device_blocks = 56, .tier_blocks = 48, .swap_blocks = 20, .write = tier_write::back,
+                              .inclusive = true, .timeout = 5, .seed = 505, .conv = hybrid_conventions::vllm},
+                             hybrid_runs);
+}
+
+TEST(TierAsyncLiveness, GroupsLruWriteBackExclusiveNative) {
+  run_case<lru_groups_cache>("groups lru write-back exclusive native",
+                             {.device_blocks = 52, .tier_blocks = 64, .swap_blocks = 28, .write = tier_write::back,
+                              .inclusive = false, .timeout = 8, .seed = 606, .conv = hybrid_conventions::native},
+                             hybrid_runs);
 }
 
 // Without async transfers there is nothing to report: complete_tier_transfers is errc::unsupported (and changes

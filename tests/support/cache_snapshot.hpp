@@ -1,6 +1,7 @@
 // SPDX-License-Identifier: Apache-2.0
 #pragma once
-// Everything observable about a paged_kv_cache, to check that a failed call changed nothing.
+// Everything observable about a paged_kv_cache (or a hybrid_kv_cache: every table), to check that a failed call
+// changed nothing.
 
 #include <kvpager/kvpager.hpp>
 
@@ -32,17 +33,26 @@ cache_snapshot take_snapshot(const Cache& c, std::span<const kvpager::seq_id> id
   auto drained = pool;  // a copy: drain it to read the allocation order without touching the cache
   s.free_order.resize(static_cast<std::size_t>(drained.num_free()));
   if (!drained.allocate(s.free_order)) s.free_order.clear();
+  // A cache with KV cache groups (hybrid_kv_cache): every table of each probed id, one after the other.
+  constexpr bool grouped = requires { c.num_tables(); };
+  std::int32_t tables = 1;
+  if constexpr (grouped) tables = c.num_tables();
   for (const kvpager::seq_id id : ids) {
-    const auto device = c.block_table(id);
-    const auto host = c.host_block_table(id);  // swapped-out sequences
-    const auto* t = device ? &device : host ? &host : nullptr;
-    if (t != nullptr) {
-      s.tables.emplace_back(device.ok(), std::vector<kvpager::block_id>((*t)->begin(), (*t)->end()));
-      s.tokens.push_back(*c.num_tokens(id));
-    } else {
-      s.tables.emplace_back(false, std::vector<kvpager::block_id>{});
-      s.tokens.push_back(-1);
+    for (std::int32_t g = 0; g < tables; ++g) {
+      const auto device = [&] {
+        if constexpr (grouped) return c.block_table(g, id); else return c.block_table(id);
+      }();
+      const auto host = [&] {  // swapped-out sequences
+        if constexpr (grouped) return c.host_block_table(g, id); else return c.host_block_table(id);
+      }();
+      const auto* t = device ? &device : host ? &host : nullptr;
+      if (t != nullptr) {
+        s.tables.emplace_back(device.ok(), std::vector<kvpager::block_id>((*t)->begin(), (*t)->end()));
+      } else {
+        s.tables.emplace_back(false, std::vector<kvpager::block_id>{});
+      }
     }
+    s.tokens.push_back(c.contains(id) ? *c.num_tokens(id) : -1);
   }
   s.copies.assign(c.plan().copies().begin(), c.plan().copies().end());
   s.appends.assign(c.plan().appends().begin(), c.plan().appends().end());
