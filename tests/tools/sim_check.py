@@ -221,6 +221,36 @@ def host_tier(exe):
               "--compute cpu (%s): %s" % (write, c))
         check(g["tier_loads"] > 100 and c["blocks_swapped_in"] >= g["tier_loads"],
               "--compute cpu (%s): %d loads, %d blocks moved in" % (write, g["tier_loads"], c["blocks_swapped_in"]))
+    # KV cache groups (--layers) with the tier: each group's blocks stored and loaded with their group's layers. The
+    # groups' pool holds more of the conversations (windows free their early blocks), so the tier has less to serve;
+    # with it both runs reach what the tier holds.
+    for spec in ("full:1,swa128:1", "gpt-oss-20b"):
+        for policy in ("lru", "arc"):
+            args = base + ["--layers", spec]
+            p = run(args)
+            check(p.returncode == 0, "--layers %s: exit %d: %s" % (spec, p.returncode, p.stderr))
+            plain = json.loads(p.stdout)["paged_groups"]
+            p = run(args + ["--host-tier-blocks", "4000", "--host-tier-policy", policy])
+            check(p.returncode == 0, "--layers %s with a tier: exit %d: %s" % (spec, p.returncode, p.stderr))
+            d = json.loads(p.stdout)
+            g, one = d["paged_groups"], d["paged"]
+            check(g["completed"] == 400 and plain["completed"] == 400, "--layers %s: turns lost" % spec)
+            check(plain["prefix_hit_tokens_host"] == 0 and plain["tier_loads"] == 0, "a tier without one")
+            check(g["prefix_hit_tokens"] == g["prefix_hit_tokens_device"] + g["prefix_hit_tokens_host"],
+                  "--layers %s: hits by tier do not add up" % spec)
+            check(g["prefix_hit_tokens_host"] > 0 and g["tier_loads"] > 0 and g["tier_stores"] > 0 and
+                  g["prefix_hit_tokens"] > plain["prefix_hit_tokens"] + 0.1 * g["prefix_query_tokens"] and
+                  g["prefix_hit_tokens"] >= 0.99 * one["prefix_hit_tokens"],
+                  "--layers %s %s: %d tokens hit (%d from the tier), %d without the tier, %d by one group with it" % (
+                      spec, policy, g["prefix_hit_tokens"], g["prefix_hit_tokens_host"], plain["prefix_hit_tokens"],
+                      one["prefix_hit_tokens"]))
+            check(g["prompt_tokens_computed"] == g["prefix_query_tokens"] - g["prefix_hit_tokens"],
+                  "--layers %s: computed prompt tokens" % spec)
+            print("ok --layers %s, %s tier: %.3f of prompt tokens hit (%.3f from the tier; %.3f without it), %.2f "
+                  "stores per reused block" % (
+                      spec, policy, g["prefix_hit_tokens"] / g["prefix_query_tokens"],
+                      g["prefix_hit_tokens_host"] / g["prefix_query_tokens"],
+                      plain["prefix_hit_tokens"] / plain["prefix_query_tokens"], g["tier_stores_per_reused_block"]))
     for bad, what in ((["--host-tier-blocks", "-1"], "--host-tier-blocks"),
                       (["--host-tier-blocks", "100", "--composition", "vllm_v1"], "--host-tier-blocks"),
                       (["--host-tier-blocks", "100", "--host-tier-policy", "fifo"], "--host-tier-policy"),

@@ -47,7 +47,11 @@ inline CLI::Validator finite_range(double lo, double hi, bool lo_open = false) {
 
 /// An integer in [lo, hi], refused otherwise with "must be an integer in [lo, hi]".
 inline CLI::Validator int_range(std::int64_t lo, std::int64_t hi) {
-  const std::string range = "[" + std::to_string(lo) + ", " + std::to_string(hi) + "]";
+  std::string range(1, '[');  // appended, not "[" + ...: GCC 12 warns falsely on that at -O3 (bug 105329)
+  range += std::to_string(lo);
+  range += ", ";
+  range += std::to_string(hi);
+  range += ']';
   return CLI::Validator(
       [=](std::string& text) -> std::string {
         long long x = 0;
