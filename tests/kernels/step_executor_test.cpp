@@ -552,6 +552,86 @@ TEST(StepExecutor, BlockMajorPoolsMoveAndReadExactlyAsPerLayerPools) {
   }
 }
 
+TEST(StepExecutor, ABlockMajorPoolOfOneGroupsLayersServesEveryKvCacheGroup) {
+  // KV cache groups of equal size share one pool (hybrid_kv_cache): block b holds the layers of the group it was
+  // handed to. Laid out block-major over a group's layer slots (group g's j-th layer reads slot j), b's bytes for its
+  // group are one run, so a swap or copy moves the whole run whatever group it names: a host tier's load or store of
+  // a group's block is one copy. Checked against per-layer pools with layer_groups (each entry moving only its
+  // group's layers) over random plans whose entries name each block's owner group.
+  constexpr std::int32_t slots = 2, groups = 2, host_blocks = 7;
+  const std::vector<std::int32_t> layer_groups{0, 0, 1, 1};  // group g's layer j is layer g * slots + j
+  auto flat = host_kv_pools::create(geom, host_blocks, slots * groups, layer_groups);
+  auto major = host_kv_pools::create(geom, host_blocks, slots, {}, kv_pool_layout::block_major);
+  ASSERT_TRUE(flat && major);
+  fill(*flat, slots * groups, 23);
+  std::mt19937 rng(9);
+  std::vector<std::int32_t> owner(static_cast<std::size_t>(geom.num_blocks)), host_owner(host_blocks);
+  for (auto& o : owner) o = static_cast<std::int32_t>(rng() % groups);
+  for (auto& o : host_owner) o = static_cast<std::int32_t>(rng() % groups);
+  const auto bb = static_cast<std::size_t>(block_bytes(geom));
+  for (std::int32_t j = 0; j < slots; ++j) {  // the same content: each block's owner group's layers, block-major
+    for (std::int32_t b = 0; b < geom.num_blocks; ++b) {
+      const auto src = layer_block(*flat, false, owner[static_cast<std::size_t>(b)] * slots + j, b);
+      std::memcpy(const_cast<std::byte*>(major_block(*major, false, slots, j, b).data()), src.data(), bb);
+    }
+    for (std::int32_t b = 0; b < host_blocks; ++b) {
+      const auto src = layer_block(*flat, true, host_owner[static_cast<std::size_t>(b)] * slots + j, b);
+      std::memcpy(const_cast<std::byte*>(major_block(*major, true, slots, j, b).data()), src.data(), bb);
+    }
+  }
+  const auto same = [&] {
+    for (std::int32_t j = 0; j < slots; ++j) {
+      for (std::int32_t b = 0; b < geom.num_blocks; ++b) {
+        const auto a = layer_block(*flat, false, owner[static_cast<std::size_t>(b)] * slots + j, b);
+        const auto m = major_block(*major, false, slots, j, b);
+        if (!std::equal(a.begin(), a.end(), m.begin())) return false;
+      }
+      for (std::int32_t b = 0; b < host_blocks; ++b) {
+        const auto a = layer_block(*flat, true, host_owner[static_cast<std::size_t>(b)] * slots + j, b);
+        const auto m = major_block(*major, true, slots, j, b);
+        if (!std::equal(a.begin(), a.end(), m.begin())) return false;
+      }
+    }
+    return true;
+  };
+  ASSERT_TRUE(same());
+  std::int64_t moved_in_group_1 = 0;
+  for (int round = 0; round < 200; ++round) {
+    step_plan plan;
+    std::vector<block_id> dev(static_cast<std::size_t>(geom.num_blocks)), host(host_blocks);
+    for (std::size_t i = 0; i < dev.size(); ++i) dev[i] = static_cast<block_id>(i);
+    for (std::size_t i = 0; i < host.size(); ++i) host[i] = static_cast<block_id>(i);
+    std::shuffle(dev.begin(), dev.end(), rng);
+    std::shuffle(host.begin(), host.end(), rng);
+    const int outs = static_cast<int>(rng() % 3), ins = static_cast<int>(rng() % 3), copies = static_cast<int>(rng() % 3);
+    std::size_t d = 0, h = 0;
+    std::vector<std::int32_t> next = owner, next_host = host_owner;
+    for (int i = 0; i < outs; ++i, ++d, ++h) {  // a store: the host block now holds the device block's group
+      const std::int32_t g = owner[static_cast<std::size_t>(dev[d])];
+      plan.add_swap_out({dev[d], host[h], g});
+      next_host[static_cast<std::size_t>(host[h])] = g;
+      moved_in_group_1 += g;
+    }
+    for (int i = 0; i < ins; ++i, ++d, ++h) {  // a load into a new block of the host block's group
+      const std::int32_t g = host_owner[static_cast<std::size_t>(host[h])];
+      plan.add_swap_in({dev[d], host[h], g});
+      next[static_cast<std::size_t>(dev[d])] = g;
+      moved_in_group_1 += g;
+    }
+    for (int i = 0; i < copies; ++i, d += 2) {
+      const std::int32_t g = owner[static_cast<std::size_t>(dev[d])];
+      plan.add_copy({dev[d], dev[d + 1], g});
+      next[static_cast<std::size_t>(dev[d + 1])] = g;
+    }
+    ASSERT_TRUE(flat->executor().run_plan(plan));
+    ASSERT_TRUE(major->executor().run_plan(plan));
+    owner = next;
+    host_owner = next_host;
+    ASSERT_TRUE(same()) << "round " << round;
+  }
+  EXPECT_GT(moved_in_group_1, 20) << "both groups' blocks should move";
+}
+
 TEST(StepExecutor, BlockMajorPoolsAreCheckedAtCreation) {
   std::vector<std::byte> a(static_cast<std::size_t>(block_bytes(geom)) * 12 * 2), b(a.size());
   void* one[] = {a.data()};

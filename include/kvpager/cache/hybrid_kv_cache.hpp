@@ -184,7 +184,8 @@ class hybrid_kv_cache {
   [[nodiscard]] result<prefix_match> match_prefix(std::span<const token_id> tokens, sequence_options options = {});
 
   /// match_prefix keeping the hit for add_sequence(id, tokens, options, hit): `hit.blocks` holds num_groups()
-  /// lists of match.blocks entries each (group-major, the null block where a group needs nothing), and
+  /// lists of match.blocks + match.host_blocks entries each (group-major, the null block where a group needs
+  /// nothing, -3 where the host tier loads the block), and
   /// `hit.known_hashes` the block hashes of the tokens' full blocks.
   status match_prefix(std::span<const token_id> tokens, sequence_options options, prefix_hit& hit,
                       std::span<const std::uint64_t> known = {});
