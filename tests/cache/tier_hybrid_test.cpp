@@ -389,7 +389,7 @@ class groups_model {
 
   struct expected {
     std::int64_t tokens = 0;
-    std::int32_t device_blocks = 0;  ///< entries before the first some group loads
+    std::int32_t device_blocks = 0;  ///< the hit's entries the device alone would serve (its own agreement)
     std::vector<std::uint8_t> cell;  ///< group-major: 0 null, 1 device, 2 host
   };
 
@@ -415,16 +415,27 @@ class groups_model {
                    ? vllm_agreed_hit(vkinds_, bs, max_tokens - max_tokens % bs, cached, nulls_, vscratch_)
                    : agreed_hit_tokens(G, bs, max_tokens - max_tokens % bs, skipped, cached, hscratch_);
     const auto len = static_cast<std::int32_t>(e.tokens / bs);
-    e.device_blocks = len;
     e.cell.assign(static_cast<std::size_t>(G * len), 0);
+    bool loads = false;
     for (std::int32_t g = 0; g < G; ++g) {
       const auto nulls = std::max<std::int64_t>(nulls_[static_cast<std::size_t>(g)], skipped(g, e.tokens) / bs);
       for (std::int32_t i = 0; i < len; ++i) {
         if (i < nulls) continue;
         const bool dev = on_device(g, i);
         e.cell[static_cast<std::size_t>(g * len + i)] = dev ? 1 : 2;
-        if (!dev) e.device_blocks = std::min(e.device_blocks, i);
+        loads = loads || !dev;
       }
+    }
+    // The device's part: what the same agreement over the device's blocks alone gives.
+    e.device_blocks = len;
+    if (loads) {
+      const std::int64_t alone =
+          conv_ == hybrid_conventions::vllm
+              ? vllm_agreed_hit(vkinds_, bs, max_tokens - max_tokens % bs, on_device, nulls_, vscratch_)
+              : agreed_hit_tokens(G, bs, max_tokens - max_tokens % bs, skipped, on_device, hscratch_);
+      e.device_blocks = static_cast<std::int32_t>(alone / bs);
+      EXPECT_LT(e.device_blocks, len) << "the device alone serves a hit that loads";
+      e.device_blocks = std::min(e.device_blocks, len - 1);
     }
     return e;
   }

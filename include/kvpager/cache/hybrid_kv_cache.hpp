@@ -632,6 +632,7 @@ class hybrid_kv_cache {
   std::vector<block_id> tier_dst_;     ///< an admission's loads: device blocks of one group
   std::vector<block_id> tier_blocks_;  ///< an admission's loads: their tier blocks, in slot order
   std::vector<std::int32_t> tier_cells_;  ///< an admission's loads: their table entries (pending_load::cells)
+  std::int32_t device_hit_ = 0;  ///< find_hit with a tier: the entries of the hit the device alone would serve
   vllm_hit_scratch vscratch_;
   hit_scratch hscratch_;
   // The last prompt's lookup, kept for the next lookup of the same prompt (keeps_lookups only): memo_ holds what
@@ -776,10 +777,9 @@ KVPAGER_OUT_OF_LINE auto hybrid_kv_cache<K, A, E, S, W, T>::match_prefix(std::sp
   hash_blocks(tokens, options.extra_key, hit.known_hashes);
   std::int64_t need = 0;
   const std::int32_t len = find_hit(tokens, options.extra_key, detail::span_of(hit.known_hashes), hit.blocks, need, n);
-  std::int32_t d = len;  // entries before the first the host tier loads in some group
+  std::int32_t d = len;  // the entries the device alone serves: the rest is the host tier's
   if constexpr (tier_type::enabled) {
-    for (std::size_t j = 0; j < hit.blocks.size(); ++j)
-      if (hit.blocks[j] == tier_cell) d = std::min(d, static_cast<std::int32_t>(j % static_cast<std::size_t>(len)));
+    d = device_hit_;
     hit.tier_generation = tier_.generation();
   }
   hit.match = prefix_match{d, len * cfg_.block_size, need, len - d};
@@ -1474,6 +1474,7 @@ KVPAGER_OUT_OF_LINE auto hybrid_kv_cache<K, A, E, S, W, T>::find_hit(std::span<c
         need -= blocks_.consumes_capacity(b) ? 0 : u0;
       }
       if constexpr (tier_type::enabled) {  // then the blocks the host tier can load (new blocks)
+        device_hit_ = static_cast<std::int32_t>(i);
         for (; i < m && tier_.ready(group_key(hashes[i], 0)); ++i) lists[i] = tier_cell;
       }
       lists.resize(i);
@@ -1546,6 +1547,27 @@ KVPAGER_OUT_OF_LINE auto hybrid_kv_cache<K, A, E, S, W, T>::find_hit(std::span<c
           const block_id b = i < nulls_[ix(g)] ? null_block : known != lookup_pending ? known : cached_block(g, i);
           lists[static_cast<std::size_t>(g) * static_cast<std::size_t>(len) + static_cast<std::size_t>(i)] = b;
         }
+      if constexpr (tier_type::enabled) {
+        // What the device alone would have served (the agreement over its blocks only): the hit's tokens past it
+        // are the tier's (prefix_match::host_blocks). Asked only when the hit loads something; nulls_ is not read
+        // after this.
+        device_hit_ = len;
+        if (std::find(lists.begin(), lists.end(), tier_cell) != lists.end()) {
+          const auto on_device = [&](std::int32_t g, std::int64_t i) { return cached_block(g, i) > null_block; };
+          const std::int64_t alone =
+              options_.conventions == hybrid_conventions::vllm
+                  ? vllm_agreed_hit(vkinds_, bs, max_tokens, on_device, nulls_, vscratch_)
+                  : agreed_hit_tokens(
+                        num_groups(), bs, max_tokens,
+                        [this](std::int32_t g, std::int64_t t) noexcept {
+                          return kinds_[static_cast<std::size_t>(g)].skipped_tokens(t);
+                        },
+                        on_device, hscratch_);
+          // A hit that loads has a host part (the scheduler waits for loads where host_blocks > 0): a loaded entry is
+          // one the device cannot serve, so the device's own agreement stops before it.
+          device_hit_ = std::min(len - 1, static_cast<std::int32_t>(alone / bs));
+        }
+      }
       if constexpr (keeps_lookups) {
         if (memo_stage_ == 2) {  // the result of a prompt looked up again, for its next lookup
           memo_len_ = len;
@@ -1707,15 +1729,13 @@ KVPAGER_OUT_OF_LINE auto hybrid_kv_cache<K, A, E, S, W, T>::add_impl(seq_id id, 
   if (need > available_blocks())
     return status{errc::out_of_blocks, "add_sequence: not enough free blocks for the prompt", need};
 
-  // The host tier's loads: entries the tier serves (tier_cell) in some group; the first d entries have none.
+  // The host tier's loads (tier_cell entries); the first d entries the device alone would serve, the rest of the
+  // hit is the tier's (a consumed match_prefix says it in its blocks).
   std::int32_t d = len;
   bool loads = false;
   if constexpr (tier_type::enabled) {
-    for (std::size_t j = 0; j < lists_.size(); ++j)
-      if (lists_[j] == tier_cell) {
-        loads = true;
-        d = std::min(d, static_cast<std::int32_t>(j % static_cast<std::size_t>(len)));
-      }
+    loads = std::find(lists_.begin(), lists_.end(), tier_cell) != lists_.end();
+    d = !loads ? len : given != nullptr ? given->match.blocks : device_hit_;
   }
   // With async transfers a sequence with loads takes only its hit's entries for now: it waits for them.
   bool waits = false;
