@@ -115,12 +115,26 @@ def host_tier(c):
     s0, o0 = c.reference(ck, path, *opts)
     s1, o1 = c.reference(ck, path, *opts, "--host-tier-blocks", "64")
     check(o0 == o1, "the host tier changed the outputs")
+    s1_one = f"{s1['prefix_hit_tokens_host']} prompt tokens loaded from the tier"
     check(s0["prefix_hit_tokens_host"] == 0, f"host hits without a tier: {s0}")
     check(s1["prefix_hit_tokens_host"] >= 3 * 64, f"the tier served too little: {s1}")
     check(s1["host_tier"]["loaded_blocks"] * 8 == s1["prefix_hit_tokens_host"], f"loads and hits disagree: {s1}")
     check(s1["prefill_tokens"] + s1["prefix_hit_tokens_host"] <= s0["prefill_tokens"],
           f"loaded tokens were computed too: {s0['prefill_tokens']} -> {s1['prefill_tokens']}")
     c.generate(ck, path, "--host-tier-blocks", "8", "--composition", "vllm_v1", expect=2)
+    # A sliding-window model (KV cache groups: the window group loads only the blocks its window reads): the same
+    # tokens with the tier, token for token with transformers, its loads served instead of computed.
+    ck = c.checkpoint("--family", "mistral", "--window", "20", "--seed", "31")
+    s0, o0 = c.reference(ck, path, *opts)
+    s1, o1 = c.reference(ck, path, *opts, "--host-tier-blocks", "128")
+    check(o0 == o1, "the host tier changed a windowed model's outputs")
+    check(s1["prefix_hit_tokens_host"] >= 64 and s1["host_tier"]["loaded_blocks"] > 0 and
+          s1["prefix_hit_tokens"] > s0["prefix_hit_tokens"],
+          f"the tier served too little with KV cache groups: {s0['prefix_hit_tokens']} hit tokens without, {s1}")
+    check(s1["prefill_tokens"] + s1["prefix_hit_tokens_host"] <= s0["prefill_tokens"],
+          f"loaded tokens were computed too (groups): {s0['prefill_tokens']} -> {s1['prefill_tokens']}")
+    print(f"ok host_tier: one group {s1_one}; KV cache groups {s0['prefix_hit_tokens']} -> {s1['prefix_hit_tokens']} "
+          f"prompt tokens hit ({s1['prefix_hit_tokens_host']} loaded from the tier), outputs identical")
 
 
 def tiny_budget(c):

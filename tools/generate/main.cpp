@@ -56,7 +56,7 @@ struct settings {
                                                   preemption = "hybrid";
   std::int32_t logprobs = 0, top_logits = 0, block_size = 16, max_num_seqs = 64, threads = 0, max_model_len = 0;
   std::int64_t num_blocks = 0, kv_bytes = 0, num_host_blocks = -1, max_num_batched_tokens = 512;
-  std::int32_t host_tier_blocks = 0;  // the prefix cache's host tier (lru_tier_cache); 0: none
+  std::int32_t host_tier_blocks = 0;  // the prefix cache's host tier (lru_tier_cache, kv_groups_lru_tier_cache); 0: none
   double k_scale = 1.0, v_scale = 1.0, tolerance = -1;
   bool reference = false, json = false, quiet = false;
 };
@@ -320,7 +320,7 @@ int serve(const settings& s, const kvgen::model_weights& w, const std::vector<kv
   j["prefix_hit_rate"] = ss.prefix.query_tokens > 0 ? static_cast<double>(ss.prefix.hit_tokens) / ss.prefix.query_tokens : 0.0;
   j["prefix_hit_tokens"] = ss.prefix.hit_tokens;
   j["prefix_hit_tokens_host"] = ss.prefix.host_hit_tokens;  // of those, loaded from the host tier
-  if constexpr (!grouped_cache<Cache>) {
+  {
     const kvpager::cache_stats cs = cache->stats();
     j["host_tier"] = {{"blocks", s.host_tier_blocks},
                       {"loaded_blocks", cs.tier_loaded_blocks},
@@ -469,7 +469,8 @@ int run_main(int argc, char** argv) {
                  "cache composition: auto (kv_groups for checkpoints with sliding-window layers, else hybrid_swap), "
                  "hybrid_swap, vllm_v1, or kv_groups (one KV cache group per attention kind, vLLM's hybrid manager)");
   app.add_option("--host-tier-blocks", s.host_tier_blocks,
-                 "a host tier of the prefix cache below the device pool, in blocks (LRU; composition hybrid_swap; "
+                 "a host tier of the prefix cache below the device pool, in blocks (LRU; composition hybrid_swap or "
+                 "kv_groups; "
                  "default 0: none)")
       ->check(int_range(0, 1 << 24));
   app.add_option("--threads", s.threads, "threads of the GEMMs and the kernels (0: every core)")->check(int_range(0, 1024));
@@ -509,10 +510,13 @@ int run_main(int argc, char** argv) {
     const auto& wl = w.config.window_left;
     s.composition = std::any_of(wl.begin(), wl.end(), [](std::int32_t x) { return x >= 0; }) ? "kv_groups" : "hybrid_swap";
   }
-  if (s.host_tier_blocks > 0 && s.composition != "hybrid_swap")
-    return bad("--host-tier-blocks: the host tier runs with --composition hybrid_swap, not " + s.composition);
+  if (s.host_tier_blocks > 0 && s.composition != "hybrid_swap" && s.composition != "kv_groups")
+    return bad("--host-tier-blocks: the host tier runs with --composition hybrid_swap or kv_groups, not " +
+               s.composition);
   if (s.composition == "kv_groups")
-    return serve<kvpager::kv_groups_swap_cache>(s, w, reqs, dtype, max_model_len, threads);
+    return s.host_tier_blocks > 0
+               ? serve<kvpager::kv_groups_lru_tier_cache>(s, w, reqs, dtype, max_model_len, threads)
+               : serve<kvpager::kv_groups_swap_cache>(s, w, reqs, dtype, max_model_len, threads);
   if (s.host_tier_blocks > 0) return serve<kvpager::lru_tier_cache>(s, w, reqs, dtype, max_model_len, threads);
   return s.composition == "vllm_v1" ? serve<kvpager::vllm_v1_cache>(s, w, reqs, dtype, max_model_len, threads)
                                     : serve<kvpager::hybrid_swap_cache>(s, w, reqs, dtype, max_model_len, threads);
