@@ -362,7 +362,9 @@ class groups_model {
     if (async_) {
       EXPECT_GT(s.tier_failed_loads, 0);
       EXPECT_GT(s.tier_failed_stores, 0);
+#if !defined(KVPAGER_TEST_REDUCED)  // 1 in 40 loads hangs: a few timeouts in 4x10^4 operations, none in some builds
       EXPECT_GT(s.tier_load_timeouts, 0);
+#endif
     }
   }
 
