@@ -468,6 +468,25 @@ std::span<const std::byte> layer_block(host_kv_pools& p, bool host, std::int32_t
   return (host ? p.host_bytes(l) : p.device_bytes(l)).subspan(static_cast<std::size_t>(x) * bb, bb);
 }
 
+/// A random valid plan over geom's device blocks and `host_blocks` host blocks, as a cache's plan is: up to two
+/// swap-outs, swap-ins and copies each, distinct destinations that are never sources. Each entry names the group
+/// `group(host, block)` gives for its source (a swap-in's host block, else a device block).
+template <class Group>
+step_plan random_plan(std::mt19937& rng, std::int32_t host_blocks, Group&& group) {
+  std::vector<block_id> dev(static_cast<std::size_t>(geom.num_blocks)), host(static_cast<std::size_t>(host_blocks));
+  for (std::size_t i = 0; i < dev.size(); ++i) dev[i] = static_cast<block_id>(i);
+  for (std::size_t i = 0; i < host.size(); ++i) host[i] = static_cast<block_id>(i);
+  std::shuffle(dev.begin(), dev.end(), rng);
+  std::shuffle(host.begin(), host.end(), rng);
+  const int outs = static_cast<int>(rng() % 3), ins = static_cast<int>(rng() % 3), copies = static_cast<int>(rng() % 3);
+  step_plan plan;
+  std::size_t d = 0, h = 0;
+  for (int i = 0; i < outs; ++i, ++d, ++h) plan.add_swap_out({dev[d], host[h], group(false, dev[d])});
+  for (int i = 0; i < ins; ++i, ++d, ++h) plan.add_swap_in({dev[d], host[h], group(true, host[h])});
+  for (int i = 0; i < copies; ++i, d += 2) plan.add_copy({dev[d], dev[d + 1], group(false, dev[d])});
+  return plan;
+}
+
 }  // namespace
 
 TEST(StepExecutor, BlockMajorPoolsMoveAndReadExactlyAsPerLayerPools) {
@@ -503,18 +522,7 @@ TEST(StepExecutor, BlockMajorPoolsMoveAndReadExactlyAsPerLayerPools) {
   ASSERT_TRUE(same());
   std::mt19937 rng(5);
   for (int round = 0; round < 200; ++round) {
-    // A random valid plan: distinct destinations that are never sources, as a cache's plan is.
-    step_plan plan;
-    std::vector<block_id> dev(static_cast<std::size_t>(geom.num_blocks)), host(host_blocks);
-    for (std::size_t i = 0; i < dev.size(); ++i) dev[i] = static_cast<block_id>(i);
-    for (std::size_t i = 0; i < host.size(); ++i) host[i] = static_cast<block_id>(i);
-    std::shuffle(dev.begin(), dev.end(), rng);
-    std::shuffle(host.begin(), host.end(), rng);
-    const int outs = static_cast<int>(rng() % 3), ins = static_cast<int>(rng() % 3), copies = static_cast<int>(rng() % 3);
-    std::size_t d = 0, h = 0;
-    for (int i = 0; i < outs; ++i) plan.add_swap_out({dev[d++], host[h++]});
-    for (int i = 0; i < ins; ++i) plan.add_swap_in({dev[d++], host[h++]});
-    for (int i = 0; i < copies; ++i, d += 2) plan.add_copy({dev[d], dev[d + 1]});
+    const step_plan plan = random_plan(rng, host_blocks, [](bool, block_id) { return 0; });
     ASSERT_TRUE(flat->executor().run_plan(plan));
     ASSERT_TRUE(major->executor().run_plan(plan));
     const std::vector<std::int64_t> slots{static_cast<std::int64_t>(rng() % 192), -1,
@@ -597,36 +605,17 @@ TEST(StepExecutor, ABlockMajorPoolOfOneGroupsLayersServesEveryKvCacheGroup) {
   ASSERT_TRUE(same());
   std::int64_t moved_in_group_1 = 0;
   for (int round = 0; round < 200; ++round) {
-    step_plan plan;
-    std::vector<block_id> dev(static_cast<std::size_t>(geom.num_blocks)), host(host_blocks);
-    for (std::size_t i = 0; i < dev.size(); ++i) dev[i] = static_cast<block_id>(i);
-    for (std::size_t i = 0; i < host.size(); ++i) host[i] = static_cast<block_id>(i);
-    std::shuffle(dev.begin(), dev.end(), rng);
-    std::shuffle(host.begin(), host.end(), rng);
-    const int outs = static_cast<int>(rng() % 3), ins = static_cast<int>(rng() % 3), copies = static_cast<int>(rng() % 3);
-    std::size_t d = 0, h = 0;
-    std::vector<std::int32_t> next = owner, next_host = host_owner;
-    for (int i = 0; i < outs; ++i, ++d, ++h) {  // a store: the host block now holds the device block's group
-      const std::int32_t g = owner[static_cast<std::size_t>(dev[d])];
-      plan.add_swap_out({dev[d], host[h], g});
-      next_host[static_cast<std::size_t>(host[h])] = g;
-      moved_in_group_1 += g;
-    }
-    for (int i = 0; i < ins; ++i, ++d, ++h) {  // a load into a new block of the host block's group
-      const std::int32_t g = host_owner[static_cast<std::size_t>(host[h])];
-      plan.add_swap_in({dev[d], host[h], g});
-      next[static_cast<std::size_t>(dev[d])] = g;
-      moved_in_group_1 += g;
-    }
-    for (int i = 0; i < copies; ++i, d += 2) {
-      const std::int32_t g = owner[static_cast<std::size_t>(dev[d])];
-      plan.add_copy({dev[d], dev[d + 1], g});
-      next[static_cast<std::size_t>(dev[d + 1])] = g;
-    }
+    // Each entry names its source block's owner group; its destination then holds that group's layers.
+    const step_plan plan = random_plan(rng, host_blocks, [&](bool host, block_id b) {
+      return (host ? host_owner : owner)[static_cast<std::size_t>(b)];
+    });
     ASSERT_TRUE(flat->executor().run_plan(plan));
     ASSERT_TRUE(major->executor().run_plan(plan));
-    owner = next;
-    host_owner = next_host;
+    for (const block_swap& w : plan.swap_outs()) host_owner[static_cast<std::size_t>(w.host)] = w.group;
+    for (const block_swap& w : plan.swap_ins()) owner[static_cast<std::size_t>(w.device)] = w.group;
+    for (const block_copy& c : plan.copies()) owner[static_cast<std::size_t>(c.dst)] = c.group;
+    for (const block_swap& w : plan.swap_outs()) moved_in_group_1 += w.group;
+    for (const block_swap& w : plan.swap_ins()) moved_in_group_1 += w.group;
     ASSERT_TRUE(same()) << "round " << round;
   }
   EXPECT_GT(moved_in_group_1, 20) << "both groups' blocks should move";
