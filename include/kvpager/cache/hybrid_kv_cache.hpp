@@ -1784,16 +1784,9 @@ KVPAGER_OUT_OF_LINE auto hybrid_kv_cache<K, A, E, S, W, T>::add_impl(seq_id id, 
   if (content) {
     e.hashes.swap(hashes_);
     // The hit blocks are cached (or the null block): commit from the first new block on, and, unless the
-    // sequence waits for them (committed as they arrive), the blocks the host tier loads.
-    for (std::int32_t g = 0; g < num_groups(); ++g) {
-      std::int32_t c = len;
-      if (loads && !waits) {
-        const auto& t = lists_;
-        for (std::int32_t i = 0; i < len && c == len; ++i)
-          if (t[static_cast<std::size_t>(g) * static_cast<std::size_t>(len) + static_cast<std::size_t>(i)] == tier_cell) c = i;
-      }
-      e.committed[ix(g)] = c;
-    }
+    // sequence waits for them (committed as they arrive), the blocks the host tier loads among the hits
+    // (commit_full skips the cached and null entries).
+    std::fill(e.committed.begin(), e.committed.end(), loads && !waits ? 0 : len);
     if (waits) {
       e.hashes.resize(static_cast<std::size_t>(len));  // the rest comes with its append, once the loads are in
       s.partial.clear();
