@@ -1521,17 +1521,17 @@ KVPAGER_OUT_OF_LINE auto hybrid_kv_cache<K, A, E, S, W, T>::find_hit(std::span<c
       lists.assign(memo_lists_.begin(), memo_lists_.end());
       std::copy(memo_nulls_.begin(), memo_nulls_.end(), nulls_.begin());
     } else {
-      const auto cached = [&](std::int32_t g, std::int64_t i) { return cached_block(g, i) != no_block; };
-      std::int64_t hit = 0;
-      if (options_.conventions == hybrid_conventions::vllm) {
-        hit = vllm_agreed_hit(vkinds_, bs, max_tokens, cached, nulls_, vscratch_);
-      } else {
-        hit = agreed_hit_tokens(
+      // The conventions' agreement over the cells `cached(g, i)` says are served (vLLM's writes nulls_).
+      const auto agree = [&](const auto& cached) -> std::int64_t {
+        if (options_.conventions == hybrid_conventions::vllm)
+          return vllm_agreed_hit(vkinds_, bs, max_tokens, cached, nulls_, vscratch_);
+        std::fill(nulls_.begin(), nulls_.end(), 0);
+        return agreed_hit_tokens(
             num_groups(), bs, max_tokens,
             [this](std::int32_t g, std::int64_t t) noexcept { return kinds_[static_cast<std::size_t>(g)].skipped_tokens(t); },
             cached, hscratch_);
-        std::fill(nulls_.begin(), nulls_.end(), 0);
-      }
+      };
+      const std::int64_t hit = agree([&](std::int32_t g, std::int64_t i) { return cached_block(g, i) != no_block; });
       // The entries the admission skips (those wholly before the window of the hit's first computed token) are the
       // null block whatever the lookup found there: vLLM's lookup for a window of 1 token returns the last cached
       // block, which allocate_slots then skips (not touched, not counted, left in the free queue).
@@ -1553,16 +1553,8 @@ KVPAGER_OUT_OF_LINE auto hybrid_kv_cache<K, A, E, S, W, T>::find_hit(std::span<c
         // after this.
         device_hit_ = len;
         if (std::find(lists.begin(), lists.end(), tier_cell) != lists.end()) {
-          const auto on_device = [&](std::int32_t g, std::int64_t i) { return cached_block(g, i) > null_block; };
           const std::int64_t alone =
-              options_.conventions == hybrid_conventions::vllm
-                  ? vllm_agreed_hit(vkinds_, bs, max_tokens, on_device, nulls_, vscratch_)
-                  : agreed_hit_tokens(
-                        num_groups(), bs, max_tokens,
-                        [this](std::int32_t g, std::int64_t t) noexcept {
-                          return kinds_[static_cast<std::size_t>(g)].skipped_tokens(t);
-                        },
-                        on_device, hscratch_);
+              agree([&](std::int32_t g, std::int64_t i) { return cached_block(g, i) > null_block; });
           // A hit that loads has a host part (the scheduler waits for loads where host_blocks > 0): a loaded entry is
           // one the device cannot serve, so the device's own agreement stops before it.
           device_hit_ = std::min(len - 1, static_cast<std::int32_t>(alone / bs));
