@@ -28,7 +28,7 @@ TEST(Status, CarriesCodeMessageAndDetail) {
 
 TEST(Status, EveryCodeHasADistinctName) {
   std::vector<std::string> names;
-  for (int i = 0; i <= static_cast<int>(errc::stale_prefix_hit); ++i) names.emplace_back(to_string(static_cast<errc>(i)));
+  for (int i = 0; i <= static_cast<int>(errc::timed_out); ++i) names.emplace_back(to_string(static_cast<errc>(i)));
   for (std::size_t i = 0; i < names.size(); ++i)
     for (std::size_t j = i + 1; j < names.size(); ++j) EXPECT_NE(names[i], names[j]);
   EXPECT_EQ(names[1], "out_of_blocks");

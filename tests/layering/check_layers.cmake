@@ -8,7 +8,7 @@
 # tier: the host tier of the prefix cache and its policies)
 # < cache < sched < monitor. The tuning policies (tuning/) speak only core and are used by sched. The kernel API (kernels/) and the C ABI (c/) sit
 # beside them and speak only core; sizing/ (model sizing, tensor-parallel layout and executors, block size advice)
-# sits above the kernel API and below nothing else. The rules are the tables below; a folder missing from them is an
+# sits above the kernel API and below nothing else; transfer/ (KV transfer between caches) sits above sizing. The rules are the tables below; a folder missing from them is an
 # error, so a new folder is placed in a layer on purpose. Prints every violation, then fails.
 
 cmake_minimum_required(VERSION 3.25)
@@ -36,6 +36,9 @@ set(allowed_monitor core concepts ${policy_folders} cache tuning sched)
 set(allowed_kernels core c)
 set(allowed_c "")
 set(allowed_sizing core kernels c)
+# transfer/: KV transfer between caches (the runs a transfer moves, the transport concept, its in-process and UCX
+# models): beside the kernel API, it speaks core, the kernel API's layouts and sizing's tensor-parallel layout.
+set(allowed_transfer core kernels c sizing)
 
 # Folders whose headers may include only the C++ standard library besides kvpager (no third-party headers).
 set(std_only_folders core concepts tuning)

@@ -34,6 +34,8 @@ enum class errc : std::int32_t {
   out_of_memory,       ///< host memory for the library's own bookkeeping could not be allocated; nothing changed
   device_error,        ///< the device (CUDA runtime, driver or a launch) failed; the call may succeed when retried
   stale_prefix_hit,    ///< a prefix_hit from match_prefix no longer describes the cache (it changed since)
+  transport_error,     ///< a KV transport failed: no peer at the address, a peer that is gone, a refused remote key
+  timed_out,           ///< an operation did not finish within its deadline (a transfer, a connection)
 };
 
 /// Stable, human-readable name of an error code.
@@ -56,6 +58,8 @@ enum class errc : std::int32_t {
     case errc::out_of_memory: return "out_of_memory";
     case errc::device_error: return "device_error";
     case errc::stale_prefix_hit: return "stale_prefix_hit";
+    case errc::transport_error: return "transport_error";
+    case errc::timed_out: return "timed_out";
   }
   return "unknown_error";
 }

@@ -3,7 +3,8 @@
 /// \file
 /// kv_layout: byte offsets of one layer's paged KV pool in the kernels' default layout
 /// [num_blocks, 2, num_kv_heads, block_size, head_dim] (K then V in a block), derived from a kv_geometry
-/// (kv_layout::of). Offsets in 64 bits.
+/// (kv_layout::of). Offsets in 64 bits. And how a model's pools lie in memory (kv_pool_layout: one per layer, or one
+/// block-major pool for every layer).
 
 #include <cstddef>
 #include <cstdint>
@@ -40,6 +41,16 @@ struct kv_layout {
     return ((std::int64_t{b} * 2 + kv) * num_kv_heads + head) * std::int64_t{block_size} * row_bytes() +
            std::int64_t{pos} * row_bytes();
   }
+};
+
+/// How a model's KV pools lie in memory.
+enum class kv_pool_layout : std::uint8_t {
+  /// One pool per layer: layer l's block b at b x block_bytes of pool l (vLLM's default).
+  per_layer,
+  /// One pool for all layers, block-major: block b's layers lie together, layer l at (b x num_layers + l) x
+  /// block_bytes, so a block's bytes across all layers move as one run (a swap or copy of n blocks is n runs of
+  /// num_layers x block_bytes, not n x num_layers pieces; vLLM's cross-layer layout for offloading).
+  block_major,
 };
 
 KVPAGER_NAMESPACE_END

@@ -40,16 +40,6 @@
 
 KVPAGER_NAMESPACE_BEGIN
 
-/// How a model's KV pools lie in memory.
-enum class kv_pool_layout : std::uint8_t {
-  /// One pool per layer: layer l's block b at b x block_bytes of pool l (vLLM's default).
-  per_layer,
-  /// One pool for all layers, block-major: block b's layers lie together, layer l at (b x num_layers + l) x
-  /// block_bytes, so a block's bytes across all layers move as one run (a swap or copy of n blocks is n runs of
-  /// num_layers x block_bytes, not n x num_layers pieces; vLLM's cross-layer layout for offloading).
-  block_major,
-};
-
 /// A model's KV memory: one geometry for every layer, each layer's device pool (geometry.num_blocks blocks of
 /// block_bytes(geometry)) and, for swapping, its host pool (num_host_blocks blocks of the same size). With
 /// kv_pool_layout::block_major, `device` and `host` hold one pool each (the host none without host blocks) with
