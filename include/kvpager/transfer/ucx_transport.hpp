@@ -41,6 +41,11 @@ struct ucx_options {
   std::chrono::milliseconds connect_timeout{5000};
   /// Longest wait for one message to leave (send) or, once it has begun to arrive, to be received whole.
   std::chrono::milliseconds message_timeout{5000};
+  /// Reads and messages only over transports that detect a peer that goes away (UCX's peer error handling: TCP,
+  /// RDMA), so a dead peer fails the reads in flight and the engine goes on. false: every transport UCX has,
+  /// shared memory and cma included (faster on one machine), but UCX treats a peer that dies mid-transfer as fatal
+  /// for this process. kvpager-generate keeps the default.
+  bool detect_peer_failure = true;
 };
 
 class ucx_transport {
@@ -122,7 +127,7 @@ class ucx_transport {
       return drop(p, st);
     if (got.size() != 4) return drop(p, status{errc::transport_error, "ucx_transport::accept: a malformed hello"});
     d_->peers[static_cast<std::size_t>(p)]->remote_id = load_u32(got);
-    d_->peers[static_cast<std::size_t>(p)]->ready = true;
+    if (const status st = exchange_addresses(p, until); !st.ok()) return drop(p, st);
     return p;
   }
 
@@ -149,7 +154,7 @@ class ucx_transport {
     if (const status st = send_tagged(p, tag(q.remote_id, kind_hello), as_bytes(static_cast<std::uint32_t>(p)));
         !st.ok())
       return drop(p, st);
-    q.ready = true;
+    if (const status st = exchange_addresses(p, until); !st.ok()) return drop(p, st);
     return p;
   }
 
@@ -174,6 +179,30 @@ class ucx_transport {
       return status{errc::transport_error, "ucx_transport::register_memory: ucp_mem_map failed", s};
     d_->regions.push_back(region{detail::transfer_region{reinterpret_cast<std::uintptr_t>(p), n, true}, h});
     return static_cast<mem_handle>(d_->regions.size() - 1);
+  }
+  /// A region of `n` bytes allocated by UCX and registered, for a KV pool that peers on this machine read through
+  /// shared memory (UCX maps it into the reader: a read is a copy, with no call into this process), as
+  /// ucx_perftest's buffers are. The region's first byte (zeroed), or errc::transport_error. deregister_memory
+  /// frees it.
+  result<std::pair<mem_handle, void*>> allocate_memory(std::size_t n) {
+    if (n == 0) return status{errc::invalid_argument, "ucx_transport::allocate_memory: an empty region"};
+    ucp_mem_map_params_t mp{};
+    mp.field_mask = UCP_MEM_MAP_PARAM_FIELD_ADDRESS | UCP_MEM_MAP_PARAM_FIELD_LENGTH | UCP_MEM_MAP_PARAM_FIELD_FLAGS;
+    mp.address = nullptr;
+    mp.length = n;
+    mp.flags = UCP_MEM_MAP_ALLOCATE;
+    ucp_mem_h h = nullptr;
+    if (const ucs_status_t s = ucp_mem_map(d_->ctx, &mp, &h); s != UCS_OK)
+      return status{errc::transport_error, "ucx_transport::allocate_memory: ucp_mem_map failed", s};
+    ucp_mem_attr_t attr{};
+    attr.field_mask = UCP_MEM_ATTR_FIELD_ADDRESS | UCP_MEM_ATTR_FIELD_LENGTH;
+    if (ucp_mem_query(h, &attr) != UCS_OK || attr.length < n) {
+      ucp_mem_unmap(d_->ctx, h);
+      return status{errc::transport_error, "ucx_transport::allocate_memory: ucp_mem_query failed"};
+    }
+    std::memset(attr.address, 0, n);
+    d_->regions.push_back(region{detail::transfer_region{reinterpret_cast<std::uintptr_t>(attr.address), n, true}, h});
+    return std::pair<mem_handle, void*>{static_cast<mem_handle>(d_->regions.size() - 1), attr.address};
   }
   status deregister_memory(mem_handle m) {
     if (!local_live(m))
@@ -208,7 +237,7 @@ class ucx_transport {
       return status{errc::transport_error, "ucx_transport::import_remote: not a region description",
                     static_cast<std::int64_t>(bytes.size())};
     ucp_rkey_h rkey = nullptr;
-    if (const ucs_status_t s = ucp_ep_rkey_unpack(d_->peers[static_cast<std::size_t>(p)]->ep, bytes.data() + 16, &rkey);
+    if (const ucs_status_t s = ucp_ep_rkey_unpack(d_->peers[static_cast<std::size_t>(p)]->data, bytes.data() + 16, &rkey);
         s != UCS_OK)
       return status{errc::transport_error, "ucx_transport::import_remote: the remote key is not valid here", s};
     d_->remotes.push_back(remote{p, detail::get_u64(bytes, 0), detail::get_u64(bytes, 8), rkey});
@@ -222,64 +251,53 @@ class ucx_transport {
     return status{};
   }
 
-  /// Posts one get per run from the peer's regions, then a flush of the connection: the read is done when the
-  /// flush completes. Errors, nothing posted: errc::transport_error for a peer that is gone; errc::invalid_argument
-  /// for a run outside its regions or a region not imported from this peer.
+  /// Posts one get per run from the peer's regions; the read is done when every get has completed (each counted
+  /// by its completion callback). Errors, nothing posted: errc::transport_error for a peer that is gone;
+  /// errc::invalid_argument for a run outside its regions or a region not imported from this peer.
   result<transfer_handle> read(peer_handle p, std::span<const kv_run> runs, std::span<const remote_handle> src,
                                std::span<const mem_handle> dst) {
     if (!alive(p)) return no_peer(p);
     for (const remote_handle r : src)
       if (!remote_live(r) || d_->remotes[static_cast<std::size_t>(r)].from != p)
         return status{errc::invalid_argument, "ucx_transport::read: a source region not imported from this peer", r};
-    std::vector<detail::transfer_region> local;
-    local.reserve(d_->regions.size());
-    for (const region& r : d_->regions) local.push_back(r.span);
+    d_->scratch.clear();
+    for (const region& r : d_->regions) d_->scratch.push_back(r.span);
     const auto remote_len = [this](remote_handle r) {
       return static_cast<std::int64_t>(d_->remotes[static_cast<std::size_t>(r)].bytes);
     };
-    if (const status st = detail::check_runs(runs, src, dst, local, remote_len); !st.ok()) return st;
-    ucp_ep_h ep = d_->peers[static_cast<std::size_t>(p)]->ep;
-    ucp_request_param_t none{};
-    bool failed = false;
+    if (const status st = detail::check_runs(runs, src, dst, d_->scratch, remote_len); !st.ok()) return st;
+    ucp_ep_h ep = d_->peers[static_cast<std::size_t>(p)]->data;
+    auto f = std::make_unique<flight>();
+    f->id = d_->next++;
+    f->from = p;
+    ucp_request_param_t cb{};
+    cb.op_attr_mask = UCP_OP_ATTR_FIELD_CALLBACK | UCP_OP_ATTR_FIELD_USER_DATA;
+    cb.cb.send = &impl::on_get;
+    cb.user_data = f.get();
     for (const kv_run& run : runs) {
       if (run.bytes == 0) continue;
       const remote& from = d_->remotes[static_cast<std::size_t>(src[static_cast<std::size_t>(run.src_region)])];
       const region& to = d_->regions[static_cast<std::size_t>(dst[static_cast<std::size_t>(run.dst_region)])];
       ucs_status_ptr_t q = ucp_get_nbx(ep, reinterpret_cast<void*>(to.span.base + static_cast<std::uintptr_t>(run.dst_offset)),
                                        static_cast<std::size_t>(run.bytes), from.base + static_cast<std::uint64_t>(run.src_offset),
-                                       from.rkey, &none);
+                                       from.rkey, &cb);
       if (UCS_PTR_IS_ERR(q)) {
-        failed = true;
+        f->failed = true;  // the gets posted before still complete (or fail) and are counted
         break;
       }
-      if (q != nullptr) ucp_request_free(q);  // completes inside UCX; the flush below waits for it
+      if (q != nullptr) ++f->pending;
     }
-    flight f{d_->next++, p, nullptr, failed ? transfer_state::failed : transfer_state::in_flight};
-    if (!failed) {
-      ucs_status_ptr_t q = ucp_ep_flush_nbx(ep, &none);
-      if (UCS_PTR_IS_ERR(q))
-        f.state = transfer_state::failed;
-      else if (q == nullptr)
-        f.state = transfer_state::done;
-      else
-        f.req = q;
-    }
-    d_->flights.push_back(f);
-    return f.id;
+    d_->flights.push_back(std::move(f));
+    return d_->flights.back()->id;
   }
+  /// The read's state: in_flight while any of its gets has not completed; then done, or failed when one failed.
   result<transfer_state> poll(transfer_handle x) {
     progress();
     for (std::size_t i = 0; i < d_->flights.size(); ++i) {
-      flight& f = d_->flights[i];
+      const flight& f = *d_->flights[i];
       if (f.id != x) continue;
-      if (f.req != nullptr) {
-        const ucs_status_t s = ucp_request_check_status(f.req);
-        if (s == UCS_INPROGRESS) return transfer_state::in_flight;
-        ucp_request_free(f.req);
-        f.req = nullptr;
-        f.state = s == UCS_OK ? transfer_state::done : transfer_state::failed;
-      }
-      const transfer_state s = f.state;
+      if (f.pending > 0) return transfer_state::in_flight;
+      const transfer_state s = f.failed ? transfer_state::failed : transfer_state::done;
       d_->flights.erase(d_->flights.begin() + static_cast<std::ptrdiff_t>(i));
       return s;
     }
@@ -321,10 +339,12 @@ class ucx_transport {
   static constexpr std::uint32_t unassigned = 0xFFFFFFFFU;
   static constexpr std::uint32_t kind_hello = 1;
   static constexpr std::uint32_t kind_message = 2;
+  static constexpr std::uint32_t kind_address = 3;
   static constexpr ucp_tag_t full_mask = ~ucp_tag_t{0};
 
   struct peer {
-    ucp_ep_h ep = nullptr;
+    ucp_ep_h ep = nullptr;       ///< the connection's endpoint (set-up messages)
+    ucp_ep_h data = nullptr;     ///< to the peer's worker address: every transport UCX has to it (shared memory too)
     bool alive = false;
     bool ready = false;             ///< the hello exchange is done
     std::uint32_t remote_id = 0;    ///< the peer's id for this side (the tag of what goes to it)
@@ -342,8 +362,8 @@ class ucx_transport {
   struct flight {
     transfer_handle id = 0;
     peer_handle from = -1;
-    void* req = nullptr;
-    transfer_state state = transfer_state::in_flight;
+    std::int64_t pending = 0;  ///< gets posted and not completed
+    bool failed = false;
   };
   struct impl {
     ucx_options options;
@@ -354,11 +374,18 @@ class ucx_transport {
     std::vector<std::unique_ptr<peer>> peers;  // stable addresses: the error handler's argument
     std::vector<region> regions;
     std::vector<remote> remotes;
-    std::vector<flight> flights;
+    std::vector<std::unique_ptr<flight>> flights;  // stable addresses: the gets' callbacks count on them
+    std::vector<detail::transfer_region> scratch;
     transfer_handle next = 1;
 
     static void on_connection(ucp_conn_request_h req, void* arg) { static_cast<impl*>(arg)->pending.push_back(req); }
     static void on_error(void* arg, ucp_ep_h, ucs_status_t) { static_cast<peer*>(arg)->alive = false; }
+    static void on_get(void* request, ucs_status_t s, void* arg) {
+      auto* f = static_cast<flight*>(arg);
+      --f->pending;
+      if (s != UCS_OK) f->failed = true;
+      ucp_request_free(request);
+    }
 
     /// A new peer over endpoint parameters `ep` (error handling added): its handle, or -1.
     peer_handle new_peer(ucp_ep_params_t& ep) {
@@ -373,27 +400,27 @@ class ucx_transport {
     }
     /// Closes a peer's endpoint (forcibly: the peer may be gone), waiting at most the connect timeout.
     void close(peer& q) {
-      if (q.ep == nullptr) return;
-      ucp_request_param_t p{};
-      p.op_attr_mask = UCP_OP_ATTR_FIELD_FLAGS;
-      p.flags = UCP_EP_CLOSE_FLAG_FORCE;
-      ucs_status_ptr_t r = ucp_ep_close_nbx(q.ep, &p);
-      if (UCS_PTR_IS_PTR(r)) {
-        const auto until = std::chrono::steady_clock::now() + options.connect_timeout;
-        while (ucp_request_check_status(r) == UCS_INPROGRESS && std::chrono::steady_clock::now() < until)
-          ucp_worker_progress(worker);
-        ucp_request_free(r);
+      for (ucp_ep_h* e : {&q.data, &q.ep}) {
+        if (*e == nullptr) continue;
+        ucp_request_param_t p{};
+        p.op_attr_mask = UCP_OP_ATTR_FIELD_FLAGS;
+        p.flags = UCP_EP_CLOSE_FLAG_FORCE;
+        ucs_status_ptr_t r = ucp_ep_close_nbx(*e, &p);
+        if (UCS_PTR_IS_PTR(r)) {
+          const auto until = std::chrono::steady_clock::now() + options.connect_timeout;
+          while (ucp_request_check_status(r) == UCS_INPROGRESS && std::chrono::steady_clock::now() < until)
+            ucp_worker_progress(worker);
+          ucp_request_free(r);
+        }
+        *e = nullptr;
       }
-      q.ep = nullptr;
       q.alive = false;
       q.ready = false;
     }
     ~impl() {
-      for (flight& f : flights)
-        if (f.req != nullptr) ucp_request_free(f.req);
+      for (auto& q : peers) close(*q);  // gets in flight end here (their callbacks still find their flights)
       for (remote& r : remotes)
         if (r.rkey != nullptr) ucp_rkey_destroy(r.rkey);
-      for (auto& q : peers) close(*q);
       for (ucp_conn_request_h r : pending) ucp_listener_reject(listener, r);
       if (listener != nullptr) ucp_listener_destroy(listener);
       for (region& r : regions)
@@ -456,6 +483,38 @@ class ucx_transport {
     return st;
   }
 
+  /// The second half of a set-up: each side sends its worker address over the connection and opens an endpoint to
+  /// the other's (`data`), over which UCX may use every transport it has to that process (shared memory and cma on
+  /// one machine; the connection's own endpoint has only what the connection manager wires: TCP here). Reads,
+  /// remote keys and messages then go over it.
+  status exchange_addresses(peer_handle p, std::chrono::steady_clock::time_point until) {
+    peer& q = *d_->peers[static_cast<std::size_t>(p)];
+    ucp_address_t* addr = nullptr;
+    std::size_t len = 0;
+    if (const ucs_status_t s = ucp_worker_get_address(d_->worker, &addr, &len); s != UCS_OK)
+      return status{errc::transport_error, "ucx_transport: ucp_worker_get_address failed", s};
+    const auto* a = reinterpret_cast<const std::byte*>(addr);
+    const std::vector<std::byte> mine(a, a + len);
+    ucp_worker_release_address(d_->worker, addr);
+    if (const status st = send_tagged(p, tag(q.remote_id, kind_address), mine); !st.ok()) return st;
+    std::vector<std::byte> theirs;
+    if (const status st = wait_message(p, tag(static_cast<std::uint32_t>(p), kind_address), theirs, until); !st.ok())
+      return st;
+    ucp_ep_params_t ep{};
+    ep.field_mask = UCP_EP_PARAM_FIELD_REMOTE_ADDRESS | UCP_EP_PARAM_FIELD_ERR_HANDLING_MODE |
+                    UCP_EP_PARAM_FIELD_ERR_HANDLER;
+    ep.address = reinterpret_cast<const ucp_address_t*>(theirs.data());
+    ep.err_mode = d_->options.detect_peer_failure ? UCP_ERR_HANDLING_MODE_PEER : UCP_ERR_HANDLING_MODE_NONE;
+    ep.err_handler.cb = &impl::on_error;
+    ep.err_handler.arg = &q;
+    if (const ucs_status_t s = ucp_ep_create(d_->worker, &ep, &q.data); s != UCS_OK) {
+      q.data = nullptr;
+      return status{errc::transport_error, "ucx_transport: ucp_ep_create to the peer's worker address failed", s};
+    }
+    q.ready = true;
+    return status{};
+  }
+
   /// Waits for `r` (a UCX request or an immediate status) until `until`; cancels it on the deadline.
   status wait(ucs_status_ptr_t r, std::chrono::steady_clock::time_point until, const char* what) {
     if (r == nullptr) return status{};
@@ -475,7 +534,8 @@ class ucx_transport {
   }
   status send_tagged(peer_handle p, ucp_tag_t t, std::span<const std::byte> bytes) {
     ucp_request_param_t none{};
-    ucs_status_ptr_t r = ucp_tag_send_nbx(d_->peers[static_cast<std::size_t>(p)]->ep, bytes.data(), bytes.size(), t, &none);
+    const peer& q = *d_->peers[static_cast<std::size_t>(p)];
+    ucs_status_ptr_t r = ucp_tag_send_nbx(q.data != nullptr ? q.data : q.ep, bytes.data(), bytes.size(), t, &none);
     return wait(r, std::chrono::steady_clock::now() + d_->options.message_timeout, "ucx_transport: a send failed");
   }
   status receive_probed(ucp_tag_message_h msg, const ucp_tag_recv_info_t& info, std::vector<std::byte>& out,
