@@ -19,10 +19,20 @@ contiguous K/V without the cache): the outputs must match it, and the summary mu
                    --json
   bad_input        every malformed checkpoint, config and request: exit 2 and a message naming the file, tensor or
                    field (and FILE:LINE for the requests), never a crash
+  disaggregated    --role prefill in one process, --role decode in one or two others (UCX over the loopback, block
+                   sizes differing): the decode side's outputs are exactly a single process's, checked against
+                   --reference too, every prompt's KV read and every held request released
+  disaggregated_faults   the prefill process killed (the decode side computes what it did not get, same outputs), the
+                   decode process killed (the prefill side releases everything and exits), nothing listening, bad
+                   options; every process reaped
 """
 import json
 import os
 import random
+import signal
+import socket
+import subprocess
+import time
 import shutil
 import struct
 import sys
@@ -30,7 +40,7 @@ import tempfile
 import xml.etree.ElementTree as ET
 
 
-from check_util import check, run  # tests/tools/check_util.py
+from check_util import check, fail, run  # tests/tools/check_util.py
 
 
 class Ctx:
@@ -375,12 +385,182 @@ def bad_input(c):
         check(p.returncode == 2 and want in p.stderr, f"{opts}: exit {p.returncode}: {p.stderr.strip()}")
 
 
+def free_port():
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+class Procs:
+    """Processes a check starts: each reaped (killed first if it still runs) when the check ends."""
+
+    def __init__(self):
+        self.procs = []
+
+    def start(self, args):
+        p = subprocess.Popen(args, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        self.procs.append(p)
+        return p
+
+    def finish(self, p, timeout=300):
+        try:
+            out, err = p.communicate(timeout=timeout)
+        except subprocess.TimeoutExpired:
+            p.kill()
+            out, err = p.communicate()
+            fail(f"{' '.join(p.args[:4])}... did not end within {timeout} s:\n{err[-2000:]}")
+        return p.returncode, out, err
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        for p in self.procs:
+            if p.poll() is None:
+                p.kill()
+            p.communicate()
+
+
+def tcp_state(port, state):
+    """Whether /proc/net/tcp lists a socket on loopback port `port` in `state` (0A: listening, 01: established)."""
+    try:
+        lines = open("/proc/net/tcp").read().splitlines()[1:]
+    except OSError:
+        return False
+    for line in lines:
+        f = line.split()
+        local, remote, st = f[1], f[2], f[3]
+        if st == state and (int(local.split(":")[1], 16) == port or int(remote.split(":")[1], 16) == port):
+            return True
+    return False
+
+
+def wait_for(cond, what, timeout=60):
+    end = time.time() + timeout
+    while not cond():
+        check(time.time() < end, f"{what} did not happen within {timeout} s")
+        time.sleep(0.01)
+
+
+def read_outputs(path):
+    return {o["id"]: [(x["token_ids"], x["finish_reason"]) for x in o["samples"]]
+            for o in (json.loads(line) for line in open(path))}
+
+
+def disagg_batch():
+    reqs = batch(random.Random(5), 512, count=9, shared_len=60, tail=(5, 70), gen=(5, 20))
+    reqs[3]["n"] = 3  # forks on the decode side, sampled with a seed
+    reqs[3].update({"temperature": 0.9, "seed": 7})
+    return reqs
+
+
+def disaggregated(c):
+    ck = c.checkpoint("--layers", "2", "--seed", "21")
+    reqs = c.requests(disagg_batch())
+    _, single = c.generate(ck, reqs, "--num-blocks", "40")
+    want = {k: [(x["token_ids"], x["finish_reason"]) for x in v] for k, v in single.items()}
+    for decoders in (1, 2):
+        port = free_port()
+        with Procs() as ps:
+            pre = ps.start([c.gen, ck, reqs, "--role", "prefill", "--kv-listen", f"127.0.0.1:{port}", "--kv-peers",
+                            str(decoders), "--json", "--quiet", "--num-blocks", "64", "--kv-timeout-ms", "20000"])
+            decs, outs = [], []
+            for k in range(decoders):
+                out = os.path.join(c.tmp, f"decode{decoders}_{k}.jsonl")
+                outs.append(out)
+                decs.append(ps.start([c.gen, ck, reqs, "--role", "decode", "--kv-connect", f"127.0.0.1:{port}",
+                                      "--kv-peers", str(decoders), "--kv-peer-index", str(k), "--output", out,
+                                      "--reference", "--block-size", "32", "--num-blocks", "40", "--json", "--quiet",
+                                      "--kv-timeout-ms", "20000"]))
+            got, received, bytes_ = {}, 0, 0
+            for d, out in zip(decs, outs):
+                rc, so, se = ps.finish(d)
+                check(rc == 0, f"decode exited {rc}: {se[-3000:]}")
+                summ = json.loads(so)
+                check(summ["reference"]["matched"], f"decode side against --reference: {summ['reference']}")
+                received += summ["kv_transfer"]["received"]
+                bytes_ += summ["kv_transfer_bytes"]
+                check(summ["kv_transfer"]["failed"] == 0 and summ["kv_transfer"]["recomputed_locally"] == 0,
+                      f"a transfer failed: {summ['kv_transfer']}")
+                check(summ["kv_transfer_s"] > 0 and 0 < summ["kv_transfer"]["mean_share_of_ttft"] < 1,
+                      f"transfer time: {summ['kv_transfer']}")
+                got.update(read_outputs(out))
+            rc, so, se = ps.finish(pre)
+            check(rc == 0, f"prefill exited {rc}: {se[-3000:]}")
+            pre_s = json.loads(so)["kv_transfer"]
+        check(got == want, f"{decoders} decode instance(s): outputs differ from a single process's")
+        check(pre_s["offered"] == 9 and pre_s["released"] == 9, f"prefill side: {pre_s}")
+        check(received >= 7 and bytes_ > 0, f"KV read for {received} requests, {bytes_} bytes")
+
+
+def disaggregated_faults(c):
+    ck = c.checkpoint("--layers", "2", "--seed", "21")
+    reqs = c.requests(disagg_batch())
+    _, single = c.generate(ck, reqs, "--num-blocks", "40")
+    want = {k: [(x["token_ids"], x["finish_reason"]) for x in v] for k, v in single.items()}
+    common = ["--json", "--quiet", "--num-blocks", "40", "--kv-timeout-ms", "3000"]
+    # The prefill process killed while it is still computing prompts (a budget of 16 tokens a step makes it slow):
+    # the decode side computes what it did not get; its outputs are still exactly a single process's.
+    big = c.checkpoint("--layers", "4", "--hidden", "512", "--heads", "8", "--kv-heads", "2", "--intermediate",
+                       "1024", "--vocab", "2048", "--seed", "3")
+    rng = random.Random(9)
+    long_reqs = c.requests([{"id": i, "prompt_ids": [rng.randrange(3, 2048) for _ in range(200)], "max_tokens": 4,
+                             "ignore_eos": True} for i in range(24)], "long.jsonl")
+    _, single_long = c.generate(big, long_reqs, "--num-blocks", "400")
+    want_long = {k: [(x["token_ids"], x["finish_reason"]) for x in v] for k, v in single_long.items()}
+    port = free_port()
+    with Procs() as ps:
+        pre = ps.start([c.gen, big, long_reqs, "--role", "prefill", "--kv-listen", f"127.0.0.1:{port}", "--json",
+                        "--quiet", "--num-blocks", "400", "--max-num-batched-tokens", "16", "--threads", "1"])
+        wait_for(lambda: tcp_state(port, "0A") or pre.poll() is not None, "the prefill process listening")
+        out = os.path.join(c.tmp, "faults_decode.jsonl")
+        dec = ps.start([c.gen, big, long_reqs, "--role", "decode", "--kv-connect", f"127.0.0.1:{port}", "--output",
+                        out, "--json", "--quiet", "--num-blocks", "400", "--kv-timeout-ms", "3000"])
+        wait_for(lambda: tcp_state(port, "01") or dec.poll() is not None, "the decode process connected")
+        time.sleep(0.2)
+        pre.send_signal(signal.SIGKILL)
+        rc, so, se = ps.finish(dec)
+        check(rc == 0, f"decode after the prefill process died: exit {rc}: {se[-3000:]}")
+        kt = json.loads(so)["kv_transfer"]
+        check(read_outputs(out) == want_long, "decode after the prefill process died: outputs differ")
+        check(kt["recomputed_locally"] + kt["failed"] > 0,
+              f"the prefill process was killed after it had offered everything (too fast to test): {kt}")
+        print(f"prefill killed: {kt}")
+        ps.finish(pre)
+    # The decode process killed: the prefill side releases what it held for it and exits.
+    port = free_port()
+    with Procs() as ps:
+        pre = ps.start([c.gen, ck, reqs, "--role", "prefill", "--kv-listen", f"127.0.0.1:{port}"] + common)
+        dec = ps.start([c.gen, ck, reqs, "--role", "decode", "--kv-connect", f"127.0.0.1:{port}"] + common)
+        time.sleep(0.3)
+        dec.send_signal(signal.SIGKILL)
+        rc, so, se = ps.finish(pre, timeout=120)
+        check(rc == 0, f"prefill after the decode process died: exit {rc}: {se[-3000:]}")
+        kt = json.loads(so)["kv_transfer"]
+        check(kt["released"] == kt["offered"], f"prefill after the decode process died: {kt}")
+        ps.finish(dec)
+    # Nothing listening: a bounded wait, then a message naming the option.
+    t0 = time.time()
+    p = run([c.gen, ck, reqs, "--role", "decode", "--kv-connect", f"127.0.0.1:{free_port()}", "--quiet",
+             "--kv-timeout-ms", "1500"])
+    check(p.returncode == 1 and "--kv-connect" in p.stderr, f"nothing listening: exit {p.returncode}: {p.stderr}")
+    check(time.time() - t0 < 60, "nothing listening: the wait was not bounded")
+    for opts, want_msg in [(["--role", "middle"], "--role"), (["--role", "prefill"], "--kv-listen"),
+                           (["--role", "decode"], "--kv-connect"),
+                           (["--role", "decode", "--kv-connect", "localhost"], "HOST:PORT"),
+                           (["--role", "decode", "--kv-connect", "127.0.0.1:1", "--kv-peers", "2",
+                             "--kv-peer-index", "2"], "--kv-peer-index")]:
+        p = run([c.gen, ck, reqs, "--quiet"] + opts)
+        check(p.returncode == 2 and want_msg in p.stderr, f"{opts}: exit {p.returncode}: {p.stderr.strip()}")
+
+
 CHECKS = {
     "pressure_swap": lambda c: pressure(c, "swap"),
     "pressure_recompute": lambda c: pressure(c, "recompute"),
     "pressure_hybrid": lambda c: pressure(c, "hybrid"),
     "tiny_budget": tiny_budget, "prefix": prefix, "host_tier": host_tier, "fork": fork, "kv_dtypes": kv_dtypes, "vllm_v1": vllm_v1,
     "window": window, "determinism": determinism, "eos": eos, "report": report, "bad_input": bad_input,
+    "disaggregated": disaggregated, "disaggregated_faults": disaggregated_faults,
 }
 
 

@@ -83,12 +83,13 @@ struct kv_rank {
   }
 
   /// Writes the request's content for the heads this rank holds into `into` (regions of this rank's layout).
-  void write_request(std::vector<std::vector<std::byte>>& into, const model& m, std::int64_t tokens) const {
+  void write_request(std::vector<std::vector<std::byte>>& into, const model& m, std::int64_t tokens,
+                     std::int64_t first = 0) const {
     const kv_geometry& g = side.rank.geometry;
     const std::int32_t eb = elem_bytes(g.dtype);
     for (std::int32_t l = 0; l < m.num_layers; ++l) {
       const std::size_t grp = layer_groups.empty() ? 0 : static_cast<std::size_t>(layer_groups[static_cast<std::size_t>(l)]);
-      for (std::int64_t t = 0; t < tokens; ++t) {
+      for (std::int64_t t = first; t < tokens; ++t) {
         const block_id b = tables[grp][static_cast<std::size_t>(t / g.block_size)];
         if (b == null_block) continue;
         for (std::int32_t kv = 0; kv < 2; ++kv)
@@ -105,18 +106,19 @@ struct kv_rank {
   }
   void fill_request(const model& m, std::int64_t tokens) { write_request(regions, m, tokens); }
 
-  /// The regions hold exactly the request's content for this rank's heads, and the sentinel everywhere else.
-  [[nodiscard]] bool request_matches(const model& m, std::int64_t tokens) const {
+  /// The regions hold exactly the request's content of tokens [first, tokens) for this rank's heads, and the
+  /// sentinel everywhere else.
+  [[nodiscard]] bool request_matches(const model& m, std::int64_t tokens, std::int64_t first = 0) const {
     std::vector<std::vector<std::byte>> expect;
     for (const auto& reg : regions) expect.emplace_back(reg.size(), sentinel);
-    write_request(expect, m, tokens);
+    write_request(expect, m, tokens, first);
     return expect == regions;
   }
 };
 
-/// Moves the request's first `tokens` tokens from sender `s` into receiver `d` over a new inproc connection:
+/// Moves the request's tokens [first, tokens) from sender `s` into receiver `d` over a new inproc connection:
 /// plan_kv_runs, then one read. The bytes moved.
-inline std::int64_t move_request(kv_rank& s, kv_rank& d, std::int64_t tokens) {
+inline std::int64_t move_request(kv_rank& s, kv_rank& d, std::int64_t tokens, std::int64_t first = 0) {
   const auto [sp, dp] = inproc_transport::connect(s.transport, d.transport);
   (void)sp;
   std::vector<remote_handle> remotes;
@@ -128,7 +130,7 @@ inline std::int64_t move_request(kv_rank& s, kv_rank& d, std::int64_t tokens) {
     remotes.push_back(*r);
   }
   std::vector<kv_run> runs;
-  const status st = plan_kv_runs(s.side, s.tables_view(), d.side, d.tables_view(), tokens, runs);
+  const status st = plan_kv_runs(s.side, s.tables_view(), d.side, d.tables_view(), first, tokens - first, runs);
   EXPECT_TRUE(st.ok()) << st.message();
   const result<transfer_handle> x = d.transport.read(dp, runs, remotes, d.handles);
   EXPECT_TRUE(x.ok()) << x.error().message();

@@ -19,6 +19,9 @@
 #include <chrono>
 #include <cstdint>
 #include <functional>
+#include <map>
+#include <set>
+#include <thread>
 #include <string>
 #include <unordered_map>
 #include <vector>
@@ -29,6 +32,9 @@
 #include "model.hpp"
 #include "paged_attention.hpp"
 #include "results.hpp"
+#if KVPAGER_GENERATE_HAS_UCX
+#include "disagg.hpp"
+#endif
 
 namespace kvgen {
 
@@ -57,6 +63,13 @@ struct engine_stats {
 
 template <class Cache>
 class engine {
+  /// The cache takes KV from outside (sequence_options::external_tokens): a paged_kv_cache; the disaggregated roles
+  /// need it (a cache with KV cache groups does not take it yet).
+  static constexpr bool external_kv = requires(Cache& c, kvpager::seq_id id) {
+    c.complete_external(id, true);
+    c.block_table(id);
+  };
+
  public:
   engine(transformer& m, Cache& cache, kvpager::step_executor& exec, paged_attention& attn,
          const kvpager::scheduler_config& cfg, engine_options o)
@@ -64,6 +77,11 @@ class engine {
 
   [[nodiscard]] const kvpager::scheduler<Cache>& scheduler() const noexcept { return sched_; }
   [[nodiscard]] const engine_stats& stats() const noexcept { return st_; }
+#if KVPAGER_GENERATE_HAS_UCX
+  /// Runs as one instance of a disaggregated pair (disagg.hpp): a prefill instance holds and offers each request
+  /// once its prompt is computed; a decode instance takes its requests from the offers it receives.
+  void set_link(disagg_link* link) noexcept { link_ = link; }
+#endif
 
   /// Runs every request to its end. Returns "" or the error that stopped the run (a kernel or executor error).
   std::string run(const std::vector<gen_request>& reqs, std::vector<request_result>& results) {
@@ -78,19 +96,28 @@ class engine {
         for (sample_result& s : results[r].samples) s.finish_reason = "length";
         continue;
       }
+#if KVPAGER_GENERATE_HAS_UCX
+      if (link_ != nullptr && link_->options().role == kv_role::decode) {  // its KV comes from the prefill instance
+        if (link_->ours(r)) remote_pending_.push_back(r);
+        continue;
+      }
+#endif
       const kvpager::seq_id id = new_seq(static_cast<std::int32_t>(r), 0);
       seqs_[id].forks_pending = reqs[r].n > 1;
       add(id, reqs, results);
     }
+    last_link_event_ = clock::now();
     std::vector<std::int32_t> rows;
     std::vector<float> logits;
     std::int64_t idle = 0;
-    while (live_ > 0) {
+    while (live_ > 0 || link_waits()) {
       auto t = clock::now();
       const auto step_start = t;
       std::int64_t step_prefill = 0, step_decode = 0;
+      if (std::string e = link_before_step(reqs, results); !e.empty()) return e;
       const kvpager::step_output& out = sched_.schedule();
       st_.schedule_s += std::chrono::duration<double>(clock::now() - t).count();
+      if (std::string e = link_after_schedule(out); !e.empty()) return e;
       ++st_.steps;
       t = clock::now();
       if (const kvpager::status s = exec_.run_plan(*out.plan); !s) return std::string("step plan: ") + s.message();
@@ -194,6 +221,10 @@ class engine {
       }
       if (o_.on_step) o_.on_step(st_.steps, snap, done_, total_);
       idle = out.num_tokens() == 0 && given == 0 && out.forked.empty() ? idle + 1 : 0;
+      if (idle > 0 && link_waits()) {  // waiting for the other instance, not stuck: bounded by its timeouts
+        idle = 0;
+        std::this_thread::sleep_for(std::chrono::microseconds(200));
+      }
       if (idle > 1000) return "no progress in 1000 steps (" + std::to_string(live_) + " samples left)";
     }
     st_.wall_s = since();
@@ -216,10 +247,11 @@ class engine {
     return id;
   }
 
-  void add(kvpager::seq_id id, const std::vector<gen_request>& reqs, std::vector<request_result>& results) {
+  void add(kvpager::seq_id id, const std::vector<gen_request>& reqs, std::vector<request_result>& results,
+           std::int32_t external_tokens = 0) {
     const seq& s = seqs_.at(id);
     const gen_request& r = reqs[static_cast<std::size_t>(s.req)];
-    const auto a = sched_.add_request(id, r.prompt, 0);
+    const auto a = sched_.add_request(id, r.prompt, kvpager::sequence_options{.external_tokens = external_tokens});
     if (!a || *a == kvpager::admission::never) {
       // Refused whole: its prompt cannot fit even an empty cache (or the cache's table limit).
       std::string why = !a ? std::string("rejected: ") + a.error().message()
@@ -233,6 +265,9 @@ class engine {
       return;
     }
     ++live_;
+#if KVPAGER_GENERATE_HAS_UCX
+    if (link_ != nullptr && link_->options().role == kv_role::prefill) (void)sched_.hold(id);
+#endif
   }
 
   void end(kvpager::seq_id id, const std::vector<gen_request>& reqs, std::vector<request_result>& results,
@@ -269,12 +304,155 @@ class engine {
     if (!st) return "complete(" + std::to_string(id) + "): " + st.message();
     if (fin) {
       out.finish_reason = why;
+#if KVPAGER_GENERATE_HAS_UCX
+      if constexpr (external_kv) {
+        if (link_ != nullptr && link_->options().role == kv_role::prefill) {  // held: offer its KV
+          const auto table = cache_.block_table(id);
+          if (!table) return "block_table(" + std::to_string(id) + "): " + table.error().message();
+          held_[static_cast<std::size_t>(s.req)] = id;
+          if (std::string e = link_->offer(static_cast<std::size_t>(s.req), r.prompt, *table); !e.empty()) return e;
+          last_link_event_ = std::chrono::steady_clock::now();
+        }
+      }
+#endif
       seqs_.erase(id);
       --live_;
       ++done_;
     }
     return "";
   }
+
+  /// Whether the loop must go on for the other instance: a prefill instance until every held request is released
+  /// (or its decode instance is gone, or silent past the timeout); a decode instance until every request of its
+  /// share has arrived (or been given up on) and no read is in flight.
+  [[nodiscard]] bool link_waits() const {
+#if KVPAGER_GENERATE_HAS_UCX
+    if (link_ == nullptr) return false;
+    if (link_->options().role == kv_role::prefill) return !held_.empty();
+    return !remote_pending_.empty() || link_->reads_in_flight() > 0;
+#else
+    return false;
+#endif
+  }
+
+  std::string link_before_step(const std::vector<gen_request>& reqs, std::vector<request_result>& results) {
+#if KVPAGER_GENERATE_HAS_UCX
+    if constexpr (external_kv) return link_before_step_external(reqs, results);
+#endif
+    (void)reqs, (void)results;
+    return "";
+  }
+
+#if KVPAGER_GENERATE_HAS_UCX
+  std::string link_before_step_external(const std::vector<gen_request>& reqs, std::vector<request_result>& results) {
+    if (link_ == nullptr) return "";
+    const auto now = std::chrono::steady_clock::now();
+    const bool silent = now - last_link_event_ > link_->options().timeout;
+    if (link_->options().role == kv_role::prefill) {
+      std::vector<kvpager::seq_id> done;
+      std::vector<std::size_t> gone;
+      link_->poll_done(done, gone);
+      if (!done.empty()) last_link_event_ = now;
+      for (const kvpager::seq_id r : done) release_held(static_cast<std::size_t>(r));
+      for (const std::size_t k : gone)  // a decode instance that is gone reads nothing more
+        for (std::size_t r = 0; r < reqs.size(); ++r)
+          if (link_->peer_of(r) == k) release_held(r);
+      if (silent && live_ == 0)  // every request offered, nothing heard for the timeout: stop holding them
+        while (!held_.empty()) release_held(held_.begin()->first);
+      return "";
+    }
+    std::vector<kvpager::kv_received> ended;
+    link_->progress(ended);
+    for (const kvpager::kv_received& r : ended) {
+      last_link_event_ = now;
+      const auto it = external_.find(static_cast<std::size_t>(r.id));
+      if (it == external_.end()) continue;
+      if (const kvpager::status st = cache_.complete_external(it->second, r.ok); !st)
+        return "complete_external: " + std::string(st.message());
+      external_.erase(it);
+      started_.erase(static_cast<std::size_t>(r.id));
+    }
+    std::vector<kvpager::kv_offer> offers;
+    bool gone = false;
+    if (std::string e = link_->poll_offers(offers, gone); !e.empty()) return e;
+    for (const kvpager::kv_offer& o : offers) {
+      last_link_event_ = now;
+      const auto at = std::find(remote_pending_.begin(), remote_pending_.end(), static_cast<std::size_t>(o.id));
+      const std::size_t r = static_cast<std::size_t>(o.id);
+      if (at == remote_pending_.end() || o.tokens != reqs[r].prompt) {  // not ours, twice, or another prompt
+        link_->decline(o.id);
+        continue;
+      }
+      remote_pending_.erase(at);
+      const kvpager::seq_id id = new_seq(static_cast<std::int32_t>(r), 0);
+      seqs_[id].forks_pending = reqs[r].n > 1;
+      external_[r] = id;
+      add(id, reqs, results, static_cast<std::int32_t>(o.computed));
+    }
+    if (gone || silent) {  // no more offers will come: compute the rest here
+      for (const std::size_t r : remote_pending_) {
+        ++link_->stats().recomputed_locally;
+        const kvpager::seq_id id = new_seq(static_cast<std::int32_t>(r), 0);
+        seqs_[id].forks_pending = reqs[r].n > 1;
+        add(id, reqs, results);
+      }
+      remote_pending_.clear();
+    }
+    return "";
+  }
+#endif
+
+  std::string link_after_schedule(const kvpager::step_output& out) {
+#if KVPAGER_GENERATE_HAS_UCX
+    if constexpr (external_kv) return link_after_schedule_external(out);
+#endif
+    (void)out;
+    return "";
+  }
+
+#if KVPAGER_GENERATE_HAS_UCX
+  std::string link_after_schedule_external(const kvpager::step_output& out) {
+    if (link_ == nullptr) return "";
+    for (const kvpager::seq_id id : out.external) {
+      const auto x = cache_.external_blocks(id);
+      const auto table = cache_.block_table(id);
+      if (!x || !table) return "external_blocks(" + std::to_string(id) + "): the cache lost it";
+      const std::int64_t bs = cache_.block_size();
+      const auto r = static_cast<kvpager::seq_id>(seqs_.at(id).req);
+      if (std::string e = link_->start(r, *table, x->first * bs, x->count * bs); !e.empty()) {
+        // Not started (the offer is gone with its sender): computed here instead.
+        if (const kvpager::status st = cache_.complete_external(id, false); !st) return e;
+        external_.erase(static_cast<std::size_t>(r));
+      } else {
+        started_.insert(static_cast<std::size_t>(r));
+      }
+    }
+    // An offered request admitted without waiting (its own prefix cache already had those blocks, or the prompt
+    // has no full block to take) computes here: the sender need not hold it any longer.
+    for (const kvpager::scheduled_sequence& e : out.scheduled) {
+      const auto r = static_cast<std::size_t>(seqs_.at(e.id).req);
+      const auto it = external_.find(r);
+      if (it == external_.end() || it->second != e.id) continue;
+      if (started_.erase(r) == 0) link_->decline(static_cast<kvpager::seq_id>(r));
+      external_.erase(it);
+    }
+    return "";
+  }
+
+  void release_held(std::size_t r) {
+    const auto it = held_.find(r);
+    if (it == held_.end()) return;
+    (void)sched_.release(it->second);
+    held_.erase(it);
+    ++link_->stats().released;
+  }
+  disagg_link* link_ = nullptr;
+  std::map<std::size_t, kvpager::seq_id> held_;      ///< prefill: request -> its held sequence
+  std::map<std::size_t, kvpager::seq_id> external_;  ///< decode: request -> its sequence waiting for its KV
+  std::set<std::size_t> started_;                    ///< decode: requests whose read is started
+  std::vector<std::size_t> remote_pending_;          ///< decode: requests of this share not offered yet
+#endif
+  std::chrono::steady_clock::time_point last_link_event_{};
 
   transformer& m_;
   Cache& cache_;

@@ -8,6 +8,8 @@
 //       [--max-num-seqs S] [--preemption swap|recompute|hybrid] [--num-host-blocks H] [--composition NAME]
 //       [--host-tier-blocks N]
 //       [--threads N] [--json] [--report DIR]
+//       [--role single|prefill|decode --kv-listen HOST:PORT | --kv-connect HOST:PORT [--kv-peers N]
+//        [--kv-peer-index K] [--kv-timeout-ms MS]]
 //
 // Exit status: 0, 1 (--reference found an output that differs, or the run failed), 2 (bad input: the command line, a
 // checkpoint file, tensor or field, a requests line), each with a message naming what was wrong.
@@ -59,7 +61,27 @@ struct settings {
   std::int32_t host_tier_blocks = 0;  // the prefix cache's host tier (lru_tier_cache, kv_groups_lru_tier_cache); 0: none
   double k_scale = 1.0, v_scale = 1.0, tolerance = -1;
   bool reference = false, json = false, quiet = false;
+  // Disaggregated serving (disagg.hpp): the role, the address, the decode instances and this one's share.
+  std::string role = "single", kv_listen, kv_connect;
+  std::int32_t kv_peers = 1, kv_peer_index = 0, kv_timeout_ms = 30000;
 };
+
+#if KVPAGER_GENERATE_HAS_UCX
+/// HOST:PORT of --kv-listen or --kv-connect: false for anything else.
+bool split_address(const std::string& a, std::string& host, std::uint16_t& port) {
+  const auto colon = a.rfind(':');
+  if (colon == std::string::npos || colon == 0 || colon + 1 == a.size()) return false;
+  host = a.substr(0, colon);
+  std::int64_t p = 0;
+  for (std::size_t i = colon + 1; i < a.size(); ++i) {
+    if (a[i] < '0' || a[i] > '9') return false;
+    p = p * 10 + (a[i] - '0');
+    if (p > 65535) return false;
+  }
+  port = static_cast<std::uint16_t>(p);
+  return true;
+}
+#endif
 
 double percentile(std::vector<double> v, double p) {
   if (v.empty()) return 0;
@@ -232,6 +254,46 @@ int serve(const settings& s, const kvgen::model_weights& w, const std::vector<kv
                    100.0 * m.kv_cache_usage);
   };
   kvgen::engine<Cache> eng(model, *cache, pools->executor(), attn, sc, eo);
+#if KVPAGER_GENERATE_HAS_UCX
+  // Disaggregated: this instance's pools registered with UCX, then the connection to the other role.
+  kvgen::disagg_link link;
+  if (s.role != "single") {
+    if constexpr (grouped_cache<Cache>) {
+      std::fprintf(stderr, "kvpager-generate: --role %s: checkpoints with KV cache groups (sliding-window layers) "
+                           "cannot be disaggregated yet\n", s.role.c_str());
+      return kvtools::exit_bad_input;
+    } else {
+      kvgen::disagg_options o;
+      o.role = s.role == "prefill" ? kvgen::kv_role::prefill : kvgen::kv_role::decode;
+      const std::string& addr = o.role == kvgen::kv_role::prefill ? s.kv_listen : s.kv_connect;
+      if (!split_address(addr, o.host, o.port)) {
+        std::fprintf(stderr, "kvpager-generate: --%s: '%s' is not HOST:PORT\n",
+                     o.role == kvgen::kv_role::prefill ? "kv-listen" : "kv-connect", addr.c_str());
+        return kvtools::exit_bad_input;
+      }
+      o.peers = s.kv_peers;
+      o.index = s.kv_peer_index;
+      o.timeout = std::chrono::milliseconds(s.kv_timeout_ms);
+      const auto rl = kvpager::rank_layout(cache->geometry(), c.num_heads, 1, 0);
+      if (!rl) {
+        std::fprintf(stderr, "kvpager-generate: the KV layout: %s\n", rl.error().message());
+        return kvtools::exit_bad_input;
+      }
+      std::vector<std::span<std::byte>> layer_pools;
+      for (std::int32_t l = 0; l < c.num_layers; ++l) layer_pools.push_back(pools->device_bytes(l));
+      if (std::string e = link.open(o, kvpager::kv_side{*rl, c.num_layers, kvpager::kv_pool_layout::per_layer},
+                                    layer_pools);
+          !e.empty()) {
+        std::fprintf(stderr, "kvpager-generate: %s\n", e.c_str());
+        return 1;
+      }
+      eng.set_link(&link);
+    }
+  }
+  const auto ours = [&](std::size_t r) { return s.role != "decode" || link.ours(r); };
+#else
+  const auto ours = [](std::size_t) { return true; };
+#endif
   std::vector<kvgen::request_result> results;
   if (std::string e = eng.run(reqs, results); !e.empty()) {
     if (tty) std::fputc('\n', stderr);
@@ -247,7 +309,7 @@ int serve(const settings& s, const kvgen::model_weights& w, const std::vector<kv
       return kvtools::exit_bad_input;
     }
     for (std::size_t r = 0; r < reqs.size(); ++r)
-      out << kvgen::result_json(reqs[r], results[r], s.logprobs, s.top_logits).dump() << '\n';
+      if (ours(r)) out << kvgen::result_json(reqs[r], results[r], s.logprobs, s.top_logits).dump() << '\n';
   }
 
   // --reference: every sample again, alone, over contiguous K/V.
@@ -262,7 +324,7 @@ int serve(const settings& s, const kvgen::model_weights& w, const std::vector<kv
     kvgen::contiguous_attention ref_attn(c, dt, static_cast<float>(s.k_scale), static_cast<float>(s.v_scale));
     std::vector<float> scratch;
     for (std::size_t r = 0; r < reqs.size(); ++r)
-      for (std::size_t k = 0; k < results[r].samples.size(); ++k) {
+      for (std::size_t k = 0; k < results[r].samples.size() && ours(r); ++k) {
         const kvgen::sample_result& got = results[r].samples[k];
         if (got.finish_reason != "stop" && got.finish_reason != "length") continue;  // refused: nothing to compare
         kvgen::sample_result want;
@@ -282,8 +344,9 @@ int serve(const settings& s, const kvgen::model_weights& w, const std::vector<kv
   const kvpager::scheduler_stats ss = eng.scheduler().stats();
   std::int64_t samples = 0, finished = 0, refused = 0;
   std::vector<double> ttft;
-  for (const auto& r : results)
-    for (const auto& x : r.samples) {
+  for (std::size_t r = 0; r < results.size(); ++r)
+    for (const auto& x : results[r].samples) {
+      if (!ours(r)) continue;
       ++samples;
       (x.finish_reason == "stop" || x.finish_reason == "length" ? finished : refused) += 1;
       if (x.first_token_s >= 0) ttft.push_back(x.first_token_s);
@@ -352,6 +415,32 @@ int serve(const settings& s, const kvgen::model_weights& w, const std::vector<kv
     j["kv_held_peak_bytes"] = peak_group_bytes;
     j["kv_one_full_group_peak_bytes"] = peak_one_group_bytes;
   }
+#if KVPAGER_GENERATE_HAS_UCX
+  if (s.role != "single") {
+    kvgen::disagg_stats& ds = link.stats();
+    double share = 0;
+    std::int64_t shared = 0;
+    for (const auto& [r, secs] : ds.per_request) {
+      const double first = results[static_cast<std::size_t>(r)].samples.empty()
+                               ? -1
+                               : results[static_cast<std::size_t>(r)].samples[0].first_token_s;
+      if (first > 0) {
+        share += secs / first;
+        ++shared;
+      }
+    }
+    j["kv_role"] = s.role;
+    j["kv_transfer_bytes"] = ds.bytes;
+    j["kv_transfer_s"] = ds.transfer_s;
+    j["kv_transfer"] = {{"offered", ds.offered},
+                        {"released", ds.released},
+                        {"received", ds.received},
+                        {"failed", ds.failed},
+                        {"recomputed_locally", ds.recomputed_locally},
+                        {"mean_s_per_request", ds.received > 0 ? ds.transfer_s / static_cast<double>(ds.received) : 0.0},
+                        {"mean_share_of_ttft", shared > 0 ? share / static_cast<double>(shared) : 0.0}};
+  }
+#endif
   j["threads"] = threads;
   if (s.reference)
     j["reference"] = {{"samples", chk.samples}, {"identical", chk.identical}, {"near_tie", chk.near_tie},
@@ -418,6 +507,19 @@ int serve(const settings& s, const kvgen::model_weights& w, const std::vector<kv
         f("%.2f%%", 100.0 * st.schedule_s / wall) + " / " + f("%.1f%%", 100.0 * ft.gemm_s / wall) + " / " +
             f("%.1f%%", 100.0 * ft.attention_s / wall));
     row("wall time", f("%.2f s", st.wall_s));
+    if (j.contains("kv_role")) {
+      const auto& kt = j["kv_transfer"];
+      if (s.role == "prefill")
+        row("KV offered / released", std::to_string(kt["offered"].get<std::int64_t>()) + " / " +
+                                         std::to_string(kt["released"].get<std::int64_t>()));
+      else
+        row("KV received (failed, computed here)",
+            std::to_string(kt["received"].get<std::int64_t>()) + " (" + std::to_string(kt["failed"].get<std::int64_t>()) +
+                ", " + std::to_string(kt["recomputed_locally"].get<std::int64_t>()) + "), " +
+                f("%.2f MiB", static_cast<double>(j["kv_transfer_bytes"].get<std::int64_t>()) / 1048576.0) + " in " +
+                f("%.3f s", j["kv_transfer_s"].get<double>()) + ", " +
+                f("%.1f%% of time to first token", 100.0 * kt["mean_share_of_ttft"].get<double>()));
+    }
     if (s.reference)
       std::printf("\nreference (one sample at a time, contiguous K/V, no cache): %lld/%lld samples identical%s, "
                   "max logit difference %.2g (tolerance %.2g): %s\n",
@@ -477,6 +579,15 @@ int run_main(int argc, char** argv) {
   app.add_flag("--json", s.json, "print the summary as JSON");
   app.add_flag("--quiet", s.quiet, "no progress line");
   app.add_option("--report", s.report, "write steps.csv, metrics.prom, chart.svg and summary.json into this directory");
+  app.add_option("--role", s.role, "single (default), or one instance of disaggregated serving over UCX: prefill "
+                                   "(computes prompts, offers their KV) or decode (reads it, generates)");
+  app.add_option("--kv-listen", s.kv_listen, "prefill: HOST:PORT to listen on for decode instances");
+  app.add_option("--kv-connect", s.kv_connect, "decode: HOST:PORT of the prefill instance");
+  app.add_option("--kv-peers", s.kv_peers, "decode instances (prefill: how many to accept; decode: how many share "
+                                           "the requests)")->check(int_range(1, 64));
+  app.add_option("--kv-peer-index", s.kv_peer_index, "decode: this instance's share, requests r with r % kv-peers == K")
+      ->check(int_range(0, 63));
+  app.add_option("--kv-timeout-ms", s.kv_timeout_ms, "a KV read, a connection, a silent peer")->check(int_range(1, 3600000));
   if (const int rc = kvtools::parse(app, argc, argv); rc >= 0) return rc;
 
   const auto bad = [](const std::string& m) {
@@ -495,12 +606,27 @@ int run_main(int argc, char** argv) {
       s.composition != "kv_groups")
     return bad("--composition: '" + s.composition + "' is not one of auto, hybrid_swap, vllm_v1, kv_groups");
   if (s.num_blocks > 0 && s.kv_bytes > 0) return bad("--num-blocks and --kv-bytes: give one of them");
+  if (s.role != "single" && s.role != "prefill" && s.role != "decode")
+    return bad("--role: '" + s.role + "' is not one of single, prefill, decode");
+#if !KVPAGER_GENERATE_HAS_UCX
+  if (s.role != "single") return bad("--role " + s.role + ": this kvpager-generate was built without UCX (libucx-dev)");
+#endif
+  if (s.role == "prefill" && s.kv_listen.empty()) return bad("--role prefill needs --kv-listen HOST:PORT");
+  if (s.role == "decode" && s.kv_connect.empty()) return bad("--role decode needs --kv-connect HOST:PORT");
+  if (s.role != "decode" && s.kv_peer_index != 0) return bad("--kv-peer-index: only with --role decode");
+  if (s.kv_peer_index >= s.kv_peers) return bad("--kv-peer-index: must be below --kv-peers");
+  if (s.role != "single" && s.host_tier_blocks > 0) return bad("--host-tier-blocks: not with --role " + s.role);
 
   kvgen::model_weights w;
   if (std::string e = kvgen::load_checkpoint(s.model_dir, w); !e.empty()) return bad(e);
   const std::int32_t max_model_len = s.max_model_len > 0 ? s.max_model_len : w.config.max_position_embeddings;
   std::vector<kvgen::gen_request> reqs;
   if (std::string e = kvgen::read_requests(s.requests, w.config.vocab_size, max_model_len, reqs); !e.empty()) return bad(e);
+  if (s.role == "prefill")  // the prompt, one sample, its first token: the decode instance generates the rest
+    for (kvgen::gen_request& r : reqs) {
+      r.n = 1;
+      r.max_tokens = std::min(r.max_tokens, 1);
+    }
   const std::int32_t threads =
       s.threads > 0 ? s.threads : static_cast<std::int32_t>(std::max(1U, std::thread::hardware_concurrency()));
   // One pool of threads at a time: OpenBLAS's for the GEMMs, the kernels' for attention, never both at once (the

@@ -68,6 +68,14 @@ enum class tier_load_state : std::uint8_t {
   failed,   ///< a load failed or timed out: free the sequence and admit it again (its good prefix is cached)
 };
 
+/// The blocks of a sequence whose KV arrives from outside (sequence_options::external_tokens): table entries
+/// [first, first + count) of its block table, tokens [first x block_size, (first + count) x block_size).
+struct external_range {
+  std::int32_t first = 0;
+  std::int32_t count = 0;
+  friend bool operator==(const external_range&, const external_range&) = default;
+};
+
 /// Run-time configuration of a paged_kv_cache.
 /// The cache's configuration. Block size and pool size are the cache's; with the KV shape after them (KV heads, head
 /// dim, dtype, which the cache itself does not use) they are the pool's whole geometry, geometry(), the one value
@@ -240,6 +248,13 @@ struct sequence_options {
   std::uint64_t extra_key = 0;
   /// Retention priority of its blocks once unreferenced (larger = kept longer), for priority-aware eviction.
   std::int32_t priority = 0;
+  /// Tokens of the prompt whose KV arrives from outside the cache (a KV transfer from another instance,
+  /// docs/disaggregated.md): at admission the full blocks among them after the device's prefix hit (below the
+  /// prompt's last token, which is always computed) are taken new, neither computed nor loaded from a host tier;
+  /// the sequence holds them and waits (load_state: loading) until the engine reports them
+  /// (paged_kv_cache::complete_external): then they are committed to the prefix cache and the sequence runs as a
+  /// prefix hit of those tokens. 0: none.
+  std::int32_t external_tokens = 0;
 };
 
 /// What a prefix-cache lookup found for a prompt.
@@ -250,6 +265,9 @@ struct prefix_match {
   /// Full blocks after those loaded from the host tier (a cache with a tier; `tokens` counts them too: every
   /// token of the match is served, none computed).
   std::int32_t host_blocks = 0;
+  /// Full blocks after the device's hit whose KV arrives from outside (sequence_options::external_tokens; an
+  /// admission's result only; `tokens` counts them too).
+  std::int32_t external_blocks = 0;
   friend bool operator==(const prefix_match&, const prefix_match&) = default;
 };
 

@@ -1699,6 +1699,9 @@ KVPAGER_OUT_OF_LINE auto hybrid_kv_cache<K, A, E, S, W, T>::add_impl(seq_id id, 
                                                                   const prefix_hit* given,
                                                                   std::span<const std::uint64_t> known) -> status {
   if (primary().contains(id)) return status{errc::duplicate_sequence, "add_sequence: sequence id is already live"};
+  if (options.external_tokens != 0)
+    return status{errc::unsupported, "add_sequence: external KV (sequence_options::external_tokens) needs a "
+                                     "paged_kv_cache; KV cache groups do not take it yet", options.external_tokens};
   const std::int64_t total = blocks_for_tokens(n, cfg_.block_size);
   if (exceeds_table_limit(total))
     return status{errc::invalid_argument, "add_sequence: prompt needs more than max_blocks_per_seq blocks", total};

@@ -16,6 +16,7 @@
 ///   cache.export_block_table(ids, table, stride, seq_lens);   // paged attention
 /// \endcode
 
+#include <algorithm>
 #include <cstdint>
 #include <new>
 #include <span>
@@ -246,8 +247,49 @@ class paged_kv_cache : public detail::cache_exports<paged_kv_cache<A, E, S, W, T
   /// errc::unknown_sequence for an id not live.
   [[nodiscard]] result<tier_load_state> load_state(seq_id id) const noexcept {
     if (!seqs_.contains(id)) return status{errc::unknown_sequence, "load_state: unknown sequence id"};
+    if (const external_wait* w = find_external(id)) return w->state;
     if constexpr (tier_type::enabled) return tier_.load_state(id);
     return tier_load_state::none;
+  }
+
+  // ------------------------------------------------------------------------------------------------ external KV
+
+  /// The blocks of sequence `id` waiting for KV from outside (sequence_options::external_tokens): where in its
+  /// block table (export_block_table) the engine receives them. errc::unknown_sequence for an id not live;
+  /// errc::invalid_argument for a sequence that waits for none (never did, or was reported).
+  [[nodiscard]] result<external_range> external_blocks(seq_id id) const noexcept {
+    if (!seqs_.contains(id)) return status{errc::unknown_sequence, "external_blocks: unknown sequence id"};
+    const external_wait* w = find_external(id);
+    if (w == nullptr || w->state != tier_load_state::loading)
+      return status{errc::invalid_argument, "external_blocks: the sequence waits for no external KV"};
+    return w->range;
+  }
+
+  /// The engine received sequence `id`'s external KV (`ok`): its blocks are committed to the prefix cache (and
+  /// announced as KV cache events) and load_state says none: it runs as a prefix hit of those tokens. Not `ok`
+  /// (the transfer failed or timed out): load_state says failed and nothing is committed: free the sequence and
+  /// admit it again without external tokens (the scheduler does). Errors (nothing changed):
+  /// errc::unknown_sequence; errc::invalid_argument for a sequence not waiting for external KV.
+  status complete_external(seq_id id, bool ok) {
+    if (!seqs_.contains(id)) return status{errc::unknown_sequence, "complete_external: unknown sequence id"};
+    external_wait* w = find_external(id);
+    if (w == nullptr || w->state != tier_load_state::loading)
+      return status{errc::invalid_argument, "complete_external: the sequence waits for no external KV"};
+    if (!ok) {
+      w->state = tier_load_state::failed;
+      return ok_status();
+    }
+    if constexpr (content_cache<S>) {  // without a content cache there is nothing to commit
+      seq_state& s = seqs_.at(id);
+      const S& share = blocks_.sharing();
+      const std::int32_t first = w->range.first;
+      cursor_type cur = first == 0 ? share.first_cursor(s.extra_key)
+                                   : share.cursor_after(s.blocks[static_cast<std::size_t>(first - 1)]);
+      cursors_.commit_prompt(blocks_.sharing(), s, cur, detail::span_of(w->tokens), first, prompt_hashes{},
+                             announcer(s));
+    }
+    erase_external(id);
+    return ok_status();
   }
 
   // ------------------------------------------------------------------------------------------------ KV cache events
@@ -398,6 +440,9 @@ class paged_kv_cache : public detail::cache_exports<paged_kv_cache<A, E, S, W, T
   /// errc::pending_append when sequence `id` waits for host tier loads (async transfers): its bytes are not in.
   template <detail::call_name Call>
   [[nodiscard]] status not_waiting(seq_id id) const noexcept {
+    if (find_external(id) != nullptr)
+      return status{errc::pending_append,
+                    detail::joined<Call, ": the sequence waits for external KV (load_state)">::value.data()};
     if constexpr (tier_type::enabled) {
       if (tier_.waits(id))
         return status{errc::pending_append,
@@ -425,6 +470,33 @@ class paged_kv_cache : public detail::cache_exports<paged_kv_cache<A, E, S, W, T
     } else {
       (void)p;
     }
+  }
+
+  /// A sequence admitted with external KV (sequence_options::external_tokens) until it is reported: its blocks,
+  /// the tokens they hold (committed when they arrive), and its state (loading, then failed if it did not).
+  struct external_wait {
+    seq_id id = 0;
+    external_range range{};
+    std::vector<token_id> tokens;
+    tier_load_state state = tier_load_state::loading;
+  };
+  [[nodiscard]] const external_wait* find_external(seq_id id) const noexcept {
+    for (const external_wait& w : external_)
+      if (w.id == id) return &w;
+    return nullptr;
+  }
+  [[nodiscard]] external_wait* find_external(seq_id id) noexcept {
+    for (external_wait& w : external_)
+      if (w.id == id) return &w;
+    return nullptr;
+  }
+  void erase_external(seq_id id) noexcept {
+    for (std::size_t i = 0; i < external_.size(); ++i)
+      if (external_[i].id == id) {
+        external_[i] = std::move(external_.back());
+        external_.pop_back();
+        return;
+      }
   }
 
   [[nodiscard]] bool exceeds_table_limit(std::int64_t blocks) const noexcept {
@@ -457,6 +529,7 @@ class paged_kv_cache : public detail::cache_exports<paged_kv_cache<A, E, S, W, T
   std::vector<block_id> hits_;  ///< scratch for add_sequence's lookup
   cache_stats counts_;           ///< the counters of stats() the composer keeps (tokens, copies, prefix, preempts)
   tier_type tier_;               ///< the host tier (empty without one)
+  std::vector<external_wait> external_;  ///< sequences waiting for (or failed to get) external KV
 };
 
 // ------------------------------------------------------------------------------------------------ definitions
@@ -644,6 +717,7 @@ KVPAGER_OUT_OF_LINE auto paged_kv_cache<A, E, S, W, T>::free_sequence(seq_id id)
           });
     }
     if constexpr (tier_type::enabled) tier_.drop_sequence(id, s.blocks);  // loads in flight keep their blocks
+    erase_external(id);  // blocks whose external KV never arrived (or is in flight): uncommitted, freed below
     const retention_hint hint{s.priority};
     for (auto it = s.blocks.rbegin(); it != s.blocks.rend(); ++it)
       if (*it != no_block) release(*it, hint);
@@ -754,6 +828,9 @@ KVPAGER_OUT_OF_LINE auto paged_kv_cache<A, E, S, W, T>::add_impl(seq_id id, std:
                                                               const prefix_hit* given,
                                                               std::span<const std::uint64_t> known) -> status {
   if (seqs_.contains(id)) return status{errc::duplicate_sequence, "add_sequence: sequence id is already live"};
+  if (options.external_tokens < 0 || (options.external_tokens > 0 && tokens.empty()))
+    return status{errc::invalid_argument,
+                  "add_sequence: external_tokens must be >= 0, and needs the prompt's token ids", options.external_tokens};
   const std::int64_t total = blocks_for_tokens(n, cfg_.block_size);
   if (exceeds_table_limit(total))
     return status{errc::invalid_argument, "add_sequence: prompt needs more than max_blocks_per_seq blocks", total};
@@ -774,12 +851,19 @@ KVPAGER_OUT_OF_LINE auto paged_kv_cache<A, E, S, W, T>::add_impl(seq_id id, std:
   }
   if (needed > available_blocks())
     return status{errc::out_of_blocks, "add_sequence: not enough free blocks for the prompt", needed};
+  // KV from outside (no mutation yet): the full blocks after the device hit up to options.external_tokens, below
+  // the last token. The host tier then loads nothing: the transfer supplies those blocks.
+  std::int32_t ext = 0;
+  if (options.external_tokens > 0 && !tokens.empty()) {
+    const std::int64_t cap = std::min<std::int64_t>(options.external_tokens, n - 1) / cfg_.block_size;
+    ext = static_cast<std::int32_t>(std::max<std::int64_t>(0, cap - static_cast<std::int64_t>(hits_.size())));
+  }
   // The host tier's part (no mutation yet): the blocks after the device hits it can load, and the key it missed.
   std::int32_t loads = 0;
   if constexpr (tier_type::enabled) {
     std::vector<std::uint64_t>& keys = tier_.keys();
     keys.clear();
-    if (!tokens.empty())
+    if (!tokens.empty() && ext == 0)
       tier_keys(tokens, options.extra_key, static_cast<std::int32_t>(hits_.size()),
                 hits_.empty() ? no_block : hits_.back(), ph, [&](std::uint64_t key) {
                   keys.push_back(key);
@@ -790,11 +874,12 @@ KVPAGER_OUT_OF_LINE auto paged_kv_cache<A, E, S, W, T>::add_impl(seq_id id, std:
   }
 
   // With async transfers a sequence with loads takes only its hit's blocks for now: it waits for them.
-  bool waits = false;
-  if constexpr (tier_type::enabled) waits = loads > 0 && tier_.async();
+  bool waits = ext > 0;
+  if constexpr (tier_type::enabled) waits = waits || (loads > 0 && tier_.async());
+  if (ext > 0) external_.reserve(external_.size() + 1);  // the one allocation that can fail comes before any change
   const std::int32_t h = seqs_.insert(id);
   seq_state& s = seqs_[h];
-  s.blocks.resize(waits ? hits_.size() + static_cast<std::size_t>(loads) : static_cast<std::size_t>(total));
+  s.blocks.resize(waits ? hits_.size() + static_cast<std::size_t>(loads + ext) : static_cast<std::size_t>(total));
   // Hits first (they leave the free queue before anything is popped from it), then new blocks.
   for (std::size_t i = 0; i < hits_.size(); ++i) {
     if (blocks_.touch(hits_[i])) ledger_.unpark();
@@ -805,13 +890,13 @@ KVPAGER_OUT_OF_LINE auto paged_kv_cache<A, E, S, W, T>::add_impl(seq_id id, std:
   s.priority = options.priority;
   s.extra_key = options.extra_key;
   const auto device_tokens = static_cast<std::int32_t>(hits_.size()) * cfg_.block_size;
-  const std::int32_t hit_tokens = device_tokens + loads * cfg_.block_size;  // served: not computed
+  const std::int32_t hit_tokens = device_tokens + (loads + ext) * cfg_.block_size;  // served: not computed
   if (waits) s.num_tokens = hit_tokens;  // it holds its hit and waits for the loads (tier_load_state)
   if (!tokens.empty()) {
     if constexpr (tier_type::enabled) {  // the loaded blocks get their bytes from the host tier
       const auto dst = std::span<const block_id>(s.blocks).subspan(hits_.size(), static_cast<std::size_t>(loads));
       tier_.load(dst, ledger_, counts_);
-      if (waits)
+      if (waits && loads > 0)
         tier_.wait_for_loads(
             id, static_cast<std::int32_t>(hits_.size()), dst, tokens,
             [this, &s](std::int32_t i) { return blocks_.sharing().block_hash(s.blocks[static_cast<std::size_t>(i)]); },
@@ -820,19 +905,26 @@ KVPAGER_OUT_OF_LINE auto paged_kv_cache<A, E, S, W, T>::add_impl(seq_id id, std:
     // Write-back stores what the device evicted for the new blocks after the loads are pinned (a store may evict in
     // the tier) and before the new blocks are committed (each store takes its block's old retention priority).
     tier_evicted();
+    if (ext > 0) {  // its external blocks are committed when the engine reports them (complete_external)
+      external_wait& w = external_.emplace_back();
+      w.id = id;
+      w.range = external_range{static_cast<std::int32_t>(hits_.size()), ext};
+      w.tokens.assign(tokens.begin(), tokens.begin() + hit_tokens);
+    }
     // A waiting sequence's loaded blocks are committed once they are in (commit_loaded), not now.
     if (!waits)
       cursors_.commit_prompt(blocks_.sharing(), s, cur, tokens, static_cast<std::int32_t>(hits_.size()), ph,
                              announcer(s));
     counts_.prefix_query_tokens += n;
     counts_.prefix_hit_tokens += device_tokens;
-    counts_.prefix_hit_tokens_host += hit_tokens - device_tokens;
+    counts_.prefix_hit_tokens_host += loads * cfg_.block_size;
   }
   counts_.tokens += s.num_tokens;
   if (!waits) s.append_step = ledger_.record_append(h, id, hit_tokens, n - hit_tokens);
   if (tokens.empty()) tier_evicted();
   if (hit != nullptr)
-    *hit = prefix_match{static_cast<std::int32_t>(hits_.size()), hit_tokens, static_cast<std::int64_t>(needed), loads};
+    *hit = prefix_match{static_cast<std::int32_t>(hits_.size()), hit_tokens, static_cast<std::int64_t>(needed), loads,
+                        ext};
   return ok_status();
 }
 

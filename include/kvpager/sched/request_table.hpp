@@ -32,6 +32,7 @@ struct sched_request {
   request_state where = request_state::unknown;  ///< unknown: a free slot
   bool prefilling = false;       ///< its tokens up to tokens.size() are a prompt (or a recompute) being computed
   bool preempted = false;        ///< preempted at least once (its admissions count in resumed_prefix)
+  bool hold = false;             ///< its sequence is kept when it finishes running (scheduler::hold)
   std::uint64_t step = 0;        ///< last step in which it was scheduled
 
   [[nodiscard]] std::int64_t num_tokens() const noexcept { return static_cast<std::int64_t>(tokens.size()); }

@@ -120,8 +120,20 @@ class scheduler : public scheduler_queues {
   /// token), the cache's errors (errc::out_of_blocks).
   status compute_pending(seq_id id);
 
-  /// Frees request `id` wherever it is (running, swapped, waiting, or a fork child still pending).
+  /// Frees request `id` wherever it is (running, swapped, waiting, or a fork child still pending). A held request
+  /// (hold) that finishes running keeps its sequence in the cache until release.
   status finish(seq_id id);
+
+  /// When running request `id` finishes (complete(..., finished = true), finish(), a stop the scheduler applies),
+  /// its sequence stays in the cache, blocks and all, instead of being freed: a prefill instance's request whose
+  /// KV a decode instance reads (docs/disaggregated.md). The id stays taken until release(id). A request that
+  /// finishes while not running (waiting, swapped, preempted) is freed as usual. errc::unknown_sequence for an
+  /// unknown request.
+  status hold(seq_id id);
+  /// Frees held sequence `id` (its KV was read, or will not be). errc::unknown_sequence for an id not held.
+  status release(seq_id id);
+  /// Sequences held (finished, kept for a transfer), oldest first.
+  [[nodiscard]] std::span<const seq_id> held() const noexcept { return detail::span_of(held_); }
 
   [[nodiscard]] const scheduler_config& config() const noexcept { return cfg_; }
   /// The auto-tuning policies (batch size limit, swap-or-recompute model); the engine's measurements reach the
@@ -308,6 +320,8 @@ template <class Cache>
 KVPAGER_OUT_OF_LINE auto scheduler<Cache>::add_request(seq_id id, std::span<const token_id> prompt,
                                                        sequence_options options) -> result<admission> {
   if (prompt.empty()) return status{errc::invalid_argument, "add_request: empty prompt"};
+  if (options.external_tokens < 0)
+    return status{errc::invalid_argument, "add_request: external_tokens must not be negative", options.external_tokens};
   if (known(id) || cache_.contains(id))
     return status{errc::duplicate_sequence, "add_request: request id is already known"};
   admission a = check_tokens(static_cast<std::int64_t>(prompt.size()));
@@ -427,12 +441,36 @@ KVPAGER_OUT_OF_LINE auto scheduler<Cache>::finish(seq_id id) -> status {
     ++stats_.finished;
     return ok_status();
   }
+  const bool keep = r->hold && r->where == request_state::running && cache_.contains(id);
   leave_queue(*r);
   tuners_.finished(cfg_, r->prompt_len, r->num_tokens());
   // A waiting request holds nothing in the cache (a live sequence of that id is not the scheduler's).
-  if (r->where != request_state::waiting && cache_.contains(id)) (void)cache_.free_sequence(id);
+  if (keep) {
+    held_.push_back(id);
+    ++stats_.held;
+  } else if (r->where != request_state::waiting && cache_.contains(id)) {
+    (void)cache_.free_sequence(id);
+  }
   reqs_.erase(id);
   ++stats_.finished;
+  return ok_status();
+}
+
+template <class Cache>
+KVPAGER_OUT_OF_LINE auto scheduler<Cache>::hold(seq_id id) -> status {
+  sched_request* r = reqs_.get(id);
+  if (r == nullptr) return status{errc::unknown_sequence, "hold: unknown request id"};
+  r->hold = true;
+  return ok_status();
+}
+
+template <class Cache>
+KVPAGER_OUT_OF_LINE auto scheduler<Cache>::release(seq_id id) -> status {
+  const auto it = std::find(held_.begin(), held_.end(), id);
+  if (it == held_.end()) return status{errc::unknown_sequence, "release: not a held sequence"};
+  if (const status st = cache_.free_sequence(id); !st) return st;
+  held_.erase(it);
+  ++stats_.released;
   return ok_status();
 }
 
@@ -492,7 +530,12 @@ auto scheduler<Cache>::poll_loads() -> void {
         push_running(id, s);
         continue;
       }
-      ++stats_.load_failures;
+      if (r.options.external_tokens > 0) {  // the transfer failed: computed here from now on
+        ++stats_.external_failures;
+        r.options.external_tokens = 0;
+      } else {
+        ++stats_.load_failures;
+      }
       requeue(r);  // its re-admission is a resumed one (resumed_prefix)
       if (const status fr = cache_.free_sequence(id); !fr) fail(id, fr);
     }
@@ -771,7 +814,14 @@ KVPAGER_OUT_OF_LINE auto scheduler<Cache>::admit_front(bool count) -> admit_outc
       return admit_outcome::removed;
     }
   }
-  const first_chunk fc = plan_first_chunk(n, must_match ? hit_.match : no_match_);
+  // External KV is not computed here: the first chunk starts after it, as after a hit.
+  prefix_match planned = must_match ? hit_.match : no_match_;
+  if (r.options.external_tokens > 0) {
+    const std::int64_t bs = cache_.block_size();
+    const std::int64_t ext = std::min<std::int64_t>(r.options.external_tokens, n - 1) / bs * bs;
+    planned.tokens = static_cast<std::int32_t>(std::max<std::int64_t>(planned.tokens, ext));
+  }
+  const first_chunk fc = plan_first_chunk(n, planned);
   if (fc.budget_stop) {
     if (count) ++stats_.admit_budget_stop;
     return admit_outcome::budget_stop;
@@ -800,9 +850,9 @@ KVPAGER_OUT_OF_LINE auto scheduler<Cache>::admit_front(bool count) -> admit_outc
   c.hit_tokens += hit.tokens;
   c.hit_blocks += hit.blocks;
   c.host_hit_tokens += std::int64_t{hit.host_blocks} * cache_.block_size();
-  bool waits = false;  // asynchronous host tier loads: it waits for them, holding a running slot
+  bool waits = false;  // asynchronous host tier loads or external KV: it waits for them, holding a running slot
   if constexpr (requires { cache_.complete_tier_transfers({}); }) {
-    if (hit.host_blocks > 0) {
+    if (hit.host_blocks > 0 || hit.external_blocks > 0) {
       const auto ls = cache_.load_state(id);
       waits = ls && *ls == tier_load_state::loading;
     }
@@ -812,7 +862,12 @@ KVPAGER_OUT_OF_LINE auto scheduler<Cache>::admit_front(bool count) -> admit_outc
     r.where = request_state::loading;
     loading_.push_back(id);
     r.computed = hit.tokens;
-    ++stats_.load_waits;
+    if (hit.external_blocks > 0) {
+      ++stats_.external_waits;
+      out_.external.push_back(id);
+    } else {
+      ++stats_.load_waits;
+    }
   } else {
     push_running(id, s);
   }

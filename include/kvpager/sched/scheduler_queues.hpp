@@ -216,7 +216,8 @@ class basic_scheduler_queues {
   std::vector<seq_id> running_;
   std::vector<slot_type> running_slots_;  ///< the slot of running_[i] in reqs_
   request_queue swapped_;
-  std::vector<seq_id> loading_;  ///< admitted, waiting for host tier loads (async transfers), in admission order
+  std::vector<seq_id> loading_;  ///< admitted, waiting for host tier loads or external KV, in admission order
+  std::vector<seq_id> held_;     ///< finished, sequences kept for a KV transfer until released (scheduler::hold)
   std::vector<std::pair<seq_id, seq_id>> forks_;
   std::vector<slot_type> pass_;     ///< scratch: the running queue at the start of the step's pass over it
   std::vector<slot_type> partial_;  ///< scratch: running requests computing a prompt in chunks, in running order

@@ -110,6 +110,10 @@ struct step_output {
   std::vector<seq_id> forked;                 ///< fork children created at the start of this step (running)
   std::vector<seq_id> dropped_forks;          ///< fork children not created: the parent stopped running (or the
                                               ///< cache refused the fork, e.g. out of blocks to copy into)
+  /// Requests admitted in this step whose KV arrives from outside (sequence_options::external_tokens): each holds
+  /// its blocks and waits (cache.external_blocks(id) says where) until the engine has received them and reported
+  /// cache.complete_external(id, ok); the next schedule() then runs it, or queues it again to compute them itself.
+  std::vector<seq_id> external;
   status error;                               ///< ok, or the first cache error that ended a request in this step
   std::vector<std::int64_t> slot_mapping;     ///< cache.export_slot_mapping() of this step
   /// The cache's plan: swap-outs, swap-ins, copies, appends. Execute it before the step's first complete(): that call
@@ -147,6 +151,7 @@ struct step_output {
     finished.clear();
     forked.clear();
     dropped_forks.clear();
+    external.clear();
     error = ok_status();
     slot_mapping.clear();
     plan = nullptr;
@@ -203,6 +208,13 @@ struct scheduler_stats {
   /// timed out: freed and queued again at the front, their tokens after the blocks that arrived recomputed.
   std::int64_t load_waits = 0;
   std::int64_t load_failures = 0;
+  /// Admissions that waited for external KV (sequence_options::external_tokens), and of those, requests whose
+  /// transfer failed: freed and queued again at the front without external tokens (computed here).
+  std::int64_t external_waits = 0;
+  std::int64_t external_failures = 0;
+  /// Finished requests whose blocks are held for a KV transfer (scheduler::hold), and of those, released.
+  std::int64_t held = 0;
+  std::int64_t released = 0;
   prefix_counters prefix;          ///< first admissions
   prefix_counters resumed_prefix;  ///< re-admissions of requests preempted before
   /// The most device blocks in use (usable blocks minus cache.available_blocks()) right after an allocation the

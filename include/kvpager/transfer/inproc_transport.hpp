@@ -17,6 +17,7 @@
 #include <vector>
 
 #include "kvpager/core/config.hpp"
+#include "kvpager/core/span_of.hpp"
 #include "kvpager/core/status.hpp"
 #include "kvpager/transfer/transport.hpp"
 
@@ -121,7 +122,8 @@ class inproc_transport {
     const auto remote_len = [&](remote_handle r) {
       return static_cast<std::int64_t>(other->regions[static_cast<std::size_t>(remotes_[static_cast<std::size_t>(r)].index)].bytes);
     };
-    if (const status st = detail::check_runs(runs, src, dst, self_->regions, remote_len); !st.ok()) return st;
+    if (const status st = detail::check_runs(runs, src, dst, detail::span_of(self_->regions), remote_len); !st.ok())
+      return st;
     transfer_state s = transfer_state::done;
     if (fault_ == read_fault::none) {
       for (const kv_run& run : runs) {

@@ -137,7 +137,7 @@ inline void push_run(std::vector<kv_run>& out, const kv_run& r) {
   return head / src.rank.geometry.num_kv_heads;
 }
 
-/// Plans the runs that move the first `num_tokens` tokens of a request's KV from sender rank `src` (the request's
+/// Plans the runs that move tokens [first_token, first_token + num_tokens) of a request's KV from sender rank `src` (the request's
 /// blocks `src_tables`) into receiver rank `dst` (its blocks `dst_tables`): every layer, K and V, and each KV head
 /// the receiver holds that `src` is the serving rank of (serving_rank: over all sender ranks, each head the receiver
 /// needs comes from exactly one). Token t of a layer lies in block t / block_size of its group's table, at
@@ -151,7 +151,8 @@ inline void push_run(std::vector<kv_run>& out, const kv_run& r) {
 /// token the receiver keeps that the sender no longer holds (its entry is the sender's null block);
 /// errc::invalid_block for an entry outside its side's pool.
 inline status plan_kv_runs(const kv_side& src, const kv_tables& src_tables, const kv_side& dst,
-                           const kv_tables& dst_tables, std::int64_t num_tokens, std::vector<kv_run>& out) {
+                           const kv_tables& dst_tables, std::int64_t first_token, std::int64_t num_tokens,
+                           std::vector<kv_run>& out) {
   if (const status st = detail::check_kv_side(src, "plan_kv_runs: the sender's layout is not valid"); !st.ok())
     return st;
   if (const status st = detail::check_kv_side(dst, "plan_kv_runs: the receiver's layout is not valid"); !st.ok())
@@ -169,11 +170,14 @@ inline status plan_kv_runs(const kv_side& src, const kv_tables& src_tables, cons
     return status{errc::invalid_argument, "plan_kv_runs: the two sides' models have different KV head counts",
                   dst.model_kv_heads()};
   if (num_tokens < 0) return status{errc::invalid_argument, "plan_kv_runs: num_tokens must not be negative", num_tokens};
-  if (const status st = detail::check_kv_tables(src, src_tables, num_tokens,
+  if (first_token < 0 || first_token > INT64_MAX - num_tokens)
+    return status{errc::invalid_argument, "plan_kv_runs: first_token must not be negative", first_token};
+  const std::int64_t end_token = first_token + num_tokens;
+  if (const status st = detail::check_kv_tables(src, src_tables, end_token,
                                                 "plan_kv_runs: the sender's tables do not match its layout");
       !st.ok())
     return st;
-  if (const status st = detail::check_kv_tables(dst, dst_tables, num_tokens,
+  if (const status st = detail::check_kv_tables(dst, dst_tables, end_token,
                                                 "plan_kv_runs: the receiver's tables do not match its layout");
       !st.ok())
     return st;
@@ -191,7 +195,8 @@ inline status plan_kv_runs(const kv_side& src, const kv_tables& src_tables, cons
   const std::int32_t dbs = dg.block_size;
   const std::int64_t row = kv_layout::of(dg).row_bytes();
   const std::size_t old_size = out.size();
-  const std::int64_t dst_entries = (num_tokens + dbs - 1) / dbs;
+  const std::int64_t first_entry = first_token / dbs;
+  const std::int64_t dst_entries = num_tokens == 0 ? 0 : (end_token + dbs - 1) / dbs - first_entry;
   // The receiver's memory order: per-layer pools layer by layer, then block by block; block-major pools block by
   // block, then layer by layer. Within a block: K then V, head by head, token by token.
   const bool block_major = dst.layout == kv_pool_layout::block_major;
@@ -200,13 +205,13 @@ inline status plan_kv_runs(const kv_side& src, const kv_tables& src_tables, cons
   for (std::int64_t o = 0; o < outer; ++o) {
     for (std::int64_t i = 0; i < inner; ++i) {
       const std::int32_t layer = static_cast<std::int32_t>(block_major ? i : o);
-      const std::int64_t j = block_major ? o : i;  // the receiver's table entry
+      const std::int64_t j = first_entry + (block_major ? o : i);  // the receiver's table entry
       const std::int32_t g = group_of(dst_tables, layer);
       const std::span<const block_id> st = src_tables.groups[static_cast<std::size_t>(g)];
       const block_id db = dst_tables.groups[static_cast<std::size_t>(g)][static_cast<std::size_t>(j)];
       if (db == dst_tables.null_block) continue;
-      const std::int64_t first = j * dbs;
-      const std::int64_t last = first + dbs < num_tokens ? first + dbs : num_tokens;
+      const std::int64_t first = j * dbs > first_token ? j * dbs : first_token;
+      const std::int64_t last = (j + 1) * dbs < end_token ? (j + 1) * dbs : end_token;
       for (std::int32_t kv = 0; kv < 2; ++kv) {
         for (std::int32_t hd = 0; hd < dg.num_kv_heads; ++hd) {
           const std::int32_t head = dst.rank.kv_head_begin + hd;
@@ -234,12 +239,26 @@ inline status plan_kv_runs(const kv_side& src, const kv_tables& src_tables, cons
   return status{};
 }
 
-/// plan_kv_runs for a request with one block table a side (a paged_kv_cache's).
+/// plan_kv_runs of the request's first `num_tokens` tokens.
+inline status plan_kv_runs(const kv_side& src, const kv_tables& src_tables, const kv_side& dst,
+                           const kv_tables& dst_tables, std::int64_t num_tokens, std::vector<kv_run>& out) {
+  return plan_kv_runs(src, src_tables, dst, dst_tables, 0, num_tokens, out);
+}
+
+/// plan_kv_runs for a request with one block table a side (a paged_kv_cache's), tokens [first_token, first_token +
+/// num_tokens).
 inline status plan_kv_runs(const kv_side& src, std::span<const block_id> src_table, const kv_side& dst,
-                           std::span<const block_id> dst_table, std::int64_t num_tokens, std::vector<kv_run>& out) {
+                           std::span<const block_id> dst_table, std::int64_t first_token, std::int64_t num_tokens,
+                           std::vector<kv_run>& out) {
   const std::span<const block_id> s[1] = {src_table};
   const std::span<const block_id> d[1] = {dst_table};
-  return plan_kv_runs(src, kv_tables{s}, dst, kv_tables{d}, num_tokens, out);
+  return plan_kv_runs(src, kv_tables{s}, dst, kv_tables{d}, first_token, num_tokens, out);
+}
+
+/// plan_kv_runs for a request with one block table a side, its first `num_tokens` tokens.
+inline status plan_kv_runs(const kv_side& src, std::span<const block_id> src_table, const kv_side& dst,
+                           std::span<const block_id> dst_table, std::int64_t num_tokens, std::vector<kv_run>& out) {
+  return plan_kv_runs(src, src_table, dst, dst_table, 0, num_tokens, out);
 }
 
 /// Total bytes of `runs`.

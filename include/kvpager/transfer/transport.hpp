@@ -19,6 +19,7 @@
 /// | `send(peer, bytes)` -> `status` | one message to the peer, in order with the others on that connection |
 /// | `receive(peer, out)` -> `result<bool>` | the next whole message from the peer into `out`, if one has arrived |
 /// | `peer_alive(peer)` -> `bool` | false once the connection failed or the peer went away |
+/// | `disconnect(peer)` -> `status` | closes the connection: reads in flight from the peer end (failed), so their destination blocks may be reused once poll says so |
 ///
 /// Errors: errc::transport_error (no such peer, a peer that is gone, a description that does not match a region
 /// of that peer), errc::invalid_argument (a handle that is not live, a run outside its region), errc::timed_out.
@@ -64,6 +65,7 @@ concept kv_transport = requires(T& t, const T& ct, void* p, std::size_t n, mem_h
   { t.send(peer, bytes) } -> std::same_as<status>;
   { t.receive(peer, buf) } -> std::same_as<result<bool>>;
   { ct.peer_alive(peer) } -> std::same_as<bool>;
+  { t.disconnect(peer) } -> std::same_as<status>;
 };
 
 /// The least a transport provides: every operation, each failing. A check that kv_transport asks for no more than
@@ -82,6 +84,7 @@ struct transport_archetype {
   status send(peer_handle, std::span<const std::byte>) { return unsupported(); }
   result<bool> receive(peer_handle, std::vector<std::byte>&) { return unsupported(); }
   bool peer_alive(peer_handle) const { return false; }
+  status disconnect(peer_handle) { return unsupported(); }
 
  private:
   static status unsupported() noexcept { return status{errc::unsupported, "transport_archetype: no transport"}; }

@@ -1,0 +1,431 @@
+// SPDX-License-Identifier: Apache-2.0
+#pragma once
+/// \file
+/// The two halves of a KV transfer between instances over any kv_transport, in the shape of vLLM's KV connector:
+/// kv_sender on the instance that computed a request's KV (a prefill instance) offers it; kv_receiver on the
+/// instance that continues the request (a decode instance) takes the offer, reads the bytes straight into the
+/// blocks its cache gave the request, and says when it is done, so the sender frees them. Neither half touches a
+/// cache or scheduler: the engine passes block tables in and reports results out (docs/disaggregated.md has the
+/// sequence of calls on each side, with paged_kv_cache and the scheduler).
+///
+/// Messages (little-endian, each one transport message): `layout` (the sender's kv_side and its regions'
+/// descriptions, once per peer, before its first offer), `offer` (request id, the tokens, how many have KV, the
+/// sender's block table), `done` (request id, whether it was read). A malformed message is errc::invalid_argument
+/// naming the field, and changes nothing.
+
+#include <chrono>
+#include <cstddef>
+#include <cstdint>
+#include <span>
+#include <string>
+#include <vector>
+
+#include "kvpager/core/config.hpp"
+#include "kvpager/core/status.hpp"
+#include "kvpager/core/types.hpp"
+#include "kvpager/transfer/kv_runs.hpp"
+#include "kvpager/transfer/transport.hpp"
+
+KVPAGER_NAMESPACE_BEGIN
+
+/// A request's KV a sender offers: its id (the same on both instances), its tokens, how many of them have KV in the
+/// sender's blocks, and the sender's block table for them.
+struct kv_offer {
+  seq_id id = 0;
+  std::vector<token_id> tokens;
+  std::int64_t computed = 0;
+  std::vector<block_id> table;
+};
+
+/// A transfer the receiver finished: the request, whether every byte arrived, the bytes, and the time from start()
+/// to the end.
+struct kv_received {
+  seq_id id = 0;
+  bool ok = false;
+  std::int64_t bytes = 0;
+  double seconds = 0;
+};
+
+namespace detail {
+
+enum class kv_message : std::uint32_t { layout = 1, offer = 2, done = 3 };
+
+/// Appends fixed-width little-endian fields.
+struct message_writer {
+  std::vector<std::byte>& out;
+  void u32(std::uint32_t v) {
+    for (int i = 0; i < 4; ++i) out.push_back(static_cast<std::byte>((v >> (8 * i)) & 0xFFU));
+  }
+  void u64(std::uint64_t v) { put_u64(out, v); }
+  void i32(std::int32_t v) { u32(static_cast<std::uint32_t>(v)); }
+  void i64(std::int64_t v) { u64(static_cast<std::uint64_t>(v)); }
+  void bytes(std::span<const std::byte> b) {
+    u32(static_cast<std::uint32_t>(b.size()));
+    out.insert(out.end(), b.begin(), b.end());
+  }
+};
+
+/// Reads fixed-width little-endian fields; the first read past the end sets `bad` (later reads give 0).
+struct message_reader {
+  std::span<const std::byte> in;
+  std::size_t at = 0;
+  bool bad = false;
+  [[nodiscard]] bool has(std::size_t n) {
+    if (bad || in.size() - at < n) bad = true;
+    return !bad;
+  }
+  std::uint32_t u32() {
+    if (!has(4)) return 0;
+    std::uint32_t v = 0;
+    for (int i = 0; i < 4; ++i) v |= static_cast<std::uint32_t>(in[at + static_cast<std::size_t>(i)]) << (8 * i);
+    at += 4;
+    return v;
+  }
+  std::uint64_t u64() {
+    if (!has(8)) return 0;
+    const std::uint64_t v = get_u64(in, at);
+    at += 8;
+    return v;
+  }
+  std::int32_t i32() { return static_cast<std::int32_t>(u32()); }
+  std::int64_t i64() { return static_cast<std::int64_t>(u64()); }
+  /// A count of elements of `size` bytes each, refused (bad) when the rest of the message cannot hold them.
+  std::uint32_t count(std::size_t size) {
+    const std::uint32_t n = u32();
+    if (!bad && (in.size() - at) / size < n) bad = true;
+    return bad ? 0 : n;
+  }
+  std::span<const std::byte> bytes() {
+    const std::uint32_t n = count(1);
+    if (bad) return {};
+    const auto b = in.subspan(at, n);
+    at += n;
+    return b;
+  }
+};
+
+inline void write_side(message_writer& w, const kv_side& s) {
+  const kv_geometry& g = s.rank.geometry;
+  for (const std::int32_t v : {g.num_blocks, g.block_size, g.num_kv_heads, g.head_dim, static_cast<std::int32_t>(g.dtype),
+                               s.rank.rank, s.rank.tp, s.rank.kv_head_begin, s.rank.q_head_begin, s.rank.num_q_heads,
+                               s.rank.kv_replicas, s.num_layers, static_cast<std::int32_t>(s.layout)})
+    w.i32(v);
+}
+
+inline kv_side read_side(message_reader& r) {
+  kv_side s;
+  kv_geometry& g = s.rank.geometry;
+  g.num_blocks = r.i32();
+  g.block_size = r.i32();
+  g.num_kv_heads = r.i32();
+  g.head_dim = r.i32();
+  const std::int32_t dtype = r.i32();
+  s.rank.rank = r.i32();
+  s.rank.tp = r.i32();
+  s.rank.kv_head_begin = r.i32();
+  s.rank.q_head_begin = r.i32();
+  s.rank.num_q_heads = r.i32();
+  s.rank.kv_replicas = r.i32();
+  s.num_layers = r.i32();
+  const std::int32_t layout = r.i32();
+  if (dtype < 0 || dtype > static_cast<std::int32_t>(kv_dtype::fp8_e4m3) || layout < 0 || layout > 1) r.bad = true;
+  g.dtype = static_cast<kv_dtype>(dtype);
+  s.layout = static_cast<kv_pool_layout>(layout);
+  return s;
+}
+
+[[nodiscard]] inline status malformed(const char* field) noexcept {
+  return status{errc::invalid_argument, field};
+}
+
+}  // namespace detail
+
+/// The sending half: offers requests' KV to receivers and learns when each is done with one.
+template <kv_transport T>
+class kv_sender {
+ public:
+  /// Over `transport`, for this instance's pools `side`, registered as `regions` (one per side.num_regions()).
+  /// errc::invalid_argument for a side that is not a valid layout or a region count that does not match it.
+  static result<kv_sender> create(T& transport, const kv_side& side, std::span<const mem_handle> regions) {
+    if (const status st = detail::check_kv_side(side, "kv_sender: the side is not a valid layout"); !st.ok())
+      return st;
+    if (static_cast<std::int32_t>(regions.size()) != side.num_regions())
+      return status{errc::invalid_argument, "kv_sender: one registered region per pool region",
+                    static_cast<std::int64_t>(regions.size())};
+    kv_sender s(transport, side);
+    s.regions_.assign(regions.begin(), regions.end());
+    return s;
+  }
+
+  /// Offers request `id` to peer `p`: `computed` of its `tokens` have KV in the blocks of `table` (the request's
+  /// block table here, at least ceil(computed / block_size) entries). Keep the blocks until poll() says the
+  /// receiver is done with `id`. The first offer to a peer sends this side's layout first. Errors (nothing sent):
+  /// errc::invalid_argument (computed outside [0, tokens], a short table or an entry outside the pool),
+  /// the transport's.
+  status offer(peer_handle p, seq_id id, std::span<const token_id> tokens, std::int64_t computed,
+               std::span<const block_id> table) {
+    const std::int32_t bs = side_.rank.geometry.block_size;
+    if (computed < 0 || computed > static_cast<std::int64_t>(tokens.size()))
+      return status{errc::invalid_argument, "kv_sender::offer: computed must be in [0, tokens]", computed};
+    const std::int64_t need = (computed + bs - 1) / bs;
+    if (static_cast<std::int64_t>(table.size()) < need)
+      return status{errc::invalid_argument, "kv_sender::offer: the table is shorter than the computed tokens need",
+                    static_cast<std::int64_t>(table.size())};
+    for (std::int64_t i = 0; i < need; ++i)
+      if (table[static_cast<std::size_t>(i)] < 0 || table[static_cast<std::size_t>(i)] >= side_.rank.geometry.num_blocks)
+        return status{errc::invalid_block, "kv_sender::offer: a table entry outside the pool", table[static_cast<std::size_t>(i)]};
+    if (!introduced(p)) {
+      if (const status st = send_layout(p); !st.ok()) return st;
+      introduced_.push_back(p);
+    }
+    buf_.clear();
+    detail::message_writer w{buf_};
+    w.u32(static_cast<std::uint32_t>(detail::kv_message::offer));
+    w.u64(id);
+    w.i64(computed);
+    w.u32(static_cast<std::uint32_t>(tokens.size()));
+    for (const token_id t : tokens) w.i32(t);
+    w.u32(static_cast<std::uint32_t>(need));
+    for (std::int64_t i = 0; i < need; ++i) w.i32(table[static_cast<std::size_t>(i)]);
+    return transport_->send(p, buf_);
+  }
+
+  /// The requests peer `p` is done with since the last call (appended to `done`; read or not: free their blocks
+  /// either way). errc::transport_error once the peer is gone (every offer to it is then done: the engine frees
+  /// them); errc::invalid_argument for a malformed message (skipped).
+  status poll(peer_handle p, std::vector<seq_id>& done) {
+    for (;;) {
+      const result<bool> r = transport_->receive(p, msg_);
+      if (!r.ok()) return r.error();
+      if (!*r) return ok_status();
+      detail::message_reader m{msg_};
+      const auto kind = static_cast<detail::kv_message>(m.u32());
+      const seq_id id = m.u64();
+      (void)m.u32();  // read or not: the blocks are free either way
+      if (m.bad || kind != detail::kv_message::done) return detail::malformed("kv_sender::poll: not a done message");
+      done.push_back(id);
+    }
+  }
+
+  [[nodiscard]] const kv_side& side() const noexcept { return side_; }
+
+ private:
+  kv_sender(T& t, const kv_side& s) : transport_(&t), side_(s) {}
+  [[nodiscard]] bool introduced(peer_handle p) const noexcept {
+    for (const peer_handle q : introduced_)
+      if (q == p) return true;
+    return false;
+  }
+  status send_layout(peer_handle p) {
+    buf_.clear();
+    detail::message_writer w{buf_};
+    w.u32(static_cast<std::uint32_t>(detail::kv_message::layout));
+    detail::write_side(w, side_);
+    w.u32(static_cast<std::uint32_t>(regions_.size()));
+    std::vector<std::byte> desc;
+    for (const mem_handle m : regions_) {
+      if (const status st = transport_->describe(m, desc); !st.ok()) return st;
+      w.bytes(desc);
+    }
+    return transport_->send(p, buf_);
+  }
+
+  T* transport_;
+  kv_side side_;
+  std::vector<mem_handle> regions_;
+  std::vector<peer_handle> introduced_;
+  std::vector<std::byte> buf_, msg_;
+};
+
+/// The receiving half: takes a sender's offers, reads their KV into this instance's blocks, and tells the sender
+/// when it is done with each.
+template <kv_transport T>
+class kv_receiver {
+ public:
+  /// Over `transport`, connected to sender `peer`, for this instance's pools `side` registered as `regions`; a read
+  /// not finished within `timeout` fails (the connection to the sender is then closed, which ends every read in
+  /// flight from it: their blocks are safe to free). Errors as kv_sender::create.
+  static result<kv_receiver> create(T& transport, peer_handle peer, const kv_side& side,
+                                    std::span<const mem_handle> regions, std::chrono::milliseconds timeout) {
+    if (const status st = detail::check_kv_side(side, "kv_receiver: the side is not a valid layout"); !st.ok())
+      return st;
+    if (static_cast<std::int32_t>(regions.size()) != side.num_regions())
+      return status{errc::invalid_argument, "kv_receiver: one registered region per pool region",
+                    static_cast<std::int64_t>(regions.size())};
+    kv_receiver r(transport, peer, side, timeout);
+    r.regions_.assign(regions.begin(), regions.end());
+    return r;
+  }
+
+  /// The sender's new offers (appended to `offers`). The sender's layout, when it arrives, is checked against this
+  /// side: a different model (head size, element type, layers, KV heads) is errc::invalid_argument, and every offer
+  /// is then declined (done, not read). Errors: errc::transport_error once the sender is gone;
+  /// errc::invalid_argument for a malformed message (skipped; the message named in the error).
+  status poll(std::vector<kv_offer>& offers) {
+    for (;;) {
+      const result<bool> r = transport_->receive(peer_, msg_);
+      if (!r.ok()) return r.error();
+      if (!*r) return ok_status();
+      detail::message_reader m{msg_};
+      const auto kind = static_cast<detail::kv_message>(m.u32());
+      if (kind == detail::kv_message::layout) {
+        if (const status st = take_layout(m); !st.ok()) return st;
+        continue;
+      }
+      if (kind != detail::kv_message::offer) return detail::malformed("kv_receiver::poll: an unknown message kind");
+      kv_offer o;
+      o.id = m.u64();
+      o.computed = m.i64();
+      const std::uint32_t nt = m.count(4);
+      o.tokens.resize(nt);
+      for (token_id& t : o.tokens) t = m.i32();
+      const std::uint32_t nb = m.count(4);
+      o.table.resize(nb);
+      for (block_id& b : o.table) b = m.i32();
+      if (m.bad || o.computed < 0 || o.computed > static_cast<std::int64_t>(nt))
+        return detail::malformed("kv_receiver::poll: a malformed offer (lengths or computed count)");
+      if (!layout_ok_) {  // no layout, or another model's: never read
+        if (const status st = send_done(o.id, false); !st.ok()) return st;
+        continue;
+      }
+      offers_.push_back(o);
+      offers.push_back(std::move(o));
+    }
+  }
+
+  /// Starts reading offer `id`'s tokens [first_token, first_token + num_tokens) into this side's blocks `table`
+  /// (the request's block table here; cache.external_blocks(id) says which tokens its cache waits for). Errors
+  /// (nothing started): errc::unknown_sequence (no open offer `id`), errc::invalid_argument (tokens the offer
+  /// does not hold, tables that do not fit: plan_kv_runs's errors), the transport's.
+  status start(seq_id id, std::span<const block_id> table, std::int64_t first_token, std::int64_t num_tokens) {
+    kv_offer* o = find(id);
+    if (o == nullptr) return status{errc::unknown_sequence, "kv_receiver::start: no open offer for this request", static_cast<std::int64_t>(id)};
+    if (first_token < 0 || num_tokens < 0 || first_token + num_tokens > o->computed)
+      return status{errc::invalid_argument, "kv_receiver::start: tokens the offer has no KV for",
+                    first_token + num_tokens};
+    runs_.clear();
+    if (const status st = plan_kv_runs(sender_, o->table, side_, table, first_token, num_tokens, runs_); !st.ok())
+      return st;
+    const result<transfer_handle> x = transport_->read(peer_, runs_, remotes_, regions_);
+    if (!x.ok()) return x.error();
+    flights_.push_back(flight{id, *x, run_bytes(runs_), std::chrono::steady_clock::now()});
+    erase_offer(id);
+    return ok_status();
+  }
+
+  /// Declines offer `id` (the request will not be read: rejected, cancelled, or computed here): the sender is told.
+  /// errc::unknown_sequence for no open offer.
+  status decline(seq_id id) {
+    if (find(id) == nullptr) return status{errc::unknown_sequence, "kv_receiver::decline: no open offer", static_cast<std::int64_t>(id)};
+    erase_offer(id);
+    return send_done(id, false);
+  }
+
+  /// Reads that ended (appended to `ended`), each reported to the sender. A read past its timeout closes the
+  /// connection (every read from the sender then fails).
+  status progress(std::vector<kv_received>& ended) {
+    const auto now = std::chrono::steady_clock::now();
+    for (std::size_t i = 0; i < flights_.size();) {
+      flight& f = flights_[i];
+      const result<transfer_state> s = transport_->poll(f.x);
+      transfer_state st = s.ok() ? *s : transfer_state::failed;
+      if (st == transfer_state::in_flight && now - f.started > timeout_ && transport_->peer_alive(peer_)) {
+        (void)transport_->disconnect(peer_);  // ends the reads in flight; they are reported failed as they end
+        ++timeouts_;
+      }
+      if (st == transfer_state::in_flight) {
+        ++i;
+        continue;
+      }
+      const double secs = std::chrono::duration<double>(std::chrono::steady_clock::now() - f.started).count();
+      ended.push_back(kv_received{f.id, st == transfer_state::done, f.bytes, secs});
+      if (transport_->peer_alive(peer_)) (void)send_done(f.id, st == transfer_state::done);
+      flights_.erase(flights_.begin() + static_cast<std::ptrdiff_t>(i));
+    }
+    return ok_status();
+  }
+
+  /// Reads started and not ended, and offers received and not started or declined.
+  [[nodiscard]] std::size_t in_flight() const noexcept { return flights_.size(); }
+  [[nodiscard]] std::size_t open_offers() const noexcept { return offers_.size(); }
+  /// Reads that ran past the timeout.
+  [[nodiscard]] std::int64_t timeouts() const noexcept { return timeouts_; }
+  /// Whether the sender's layout arrived and describes the same model as this side.
+  [[nodiscard]] bool layout_ok() const noexcept { return layout_ok_; }
+
+ private:
+  struct flight {
+    seq_id id = 0;
+    transfer_handle x = 0;
+    std::int64_t bytes = 0;
+    std::chrono::steady_clock::time_point started;
+  };
+
+  kv_receiver(T& t, peer_handle p, const kv_side& s, std::chrono::milliseconds timeout)
+      : transport_(&t), peer_(p), side_(s), timeout_(timeout) {}
+
+  status take_layout(detail::message_reader& m) {
+    const kv_side s = detail::read_side(m);
+    const std::uint32_t n = m.count(4);
+    std::vector<std::span<const std::byte>> descs;
+    for (std::uint32_t i = 0; i < n && !m.bad; ++i) descs.push_back(m.bytes());
+    if (m.bad) return detail::malformed("kv_receiver::poll: a malformed layout message");
+    if (const status st = detail::check_kv_side(s, "kv_receiver: the sender's layout is not valid"); !st.ok()) return st;
+    if (static_cast<std::int32_t>(n) != s.num_regions())
+      return status{errc::invalid_argument, "kv_receiver: the sender's layout has the wrong number of regions", n};
+    if (s.rank.geometry.head_dim != side_.rank.geometry.head_dim || s.rank.geometry.dtype != side_.rank.geometry.dtype ||
+        s.num_layers != side_.num_layers || s.model_kv_heads() != side_.model_kv_heads())
+      return status{errc::invalid_argument,
+                    "kv_receiver: the sender serves another model (head size, KV element type, layers or KV heads)"};
+    std::vector<remote_handle> remotes;
+    for (const std::span<const std::byte> d : descs) {
+      const result<remote_handle> r = transport_->import_remote(peer_, d);
+      if (!r.ok()) {
+        for (const remote_handle x : remotes) (void)transport_->release_remote(x);
+        return r.error();
+      }
+      remotes.push_back(*r);
+    }
+    for (const remote_handle x : remotes_) (void)transport_->release_remote(x);
+    remotes_ = std::move(remotes);
+    sender_ = s;
+    layout_ok_ = true;
+    return ok_status();
+  }
+  status send_done(seq_id id, bool read) {
+    buf_.clear();
+    detail::message_writer w{buf_};
+    w.u32(static_cast<std::uint32_t>(detail::kv_message::done));
+    w.u64(id);
+    w.u32(read ? 1U : 0U);
+    return transport_->send(peer_, buf_);
+  }
+  kv_offer* find(seq_id id) noexcept {
+    for (kv_offer& o : offers_)
+      if (o.id == id) return &o;
+    return nullptr;
+  }
+  void erase_offer(seq_id id) {
+    for (std::size_t i = 0; i < offers_.size(); ++i)
+      if (offers_[i].id == id) {
+        offers_.erase(offers_.begin() + static_cast<std::ptrdiff_t>(i));
+        return;
+      }
+  }
+
+  T* transport_;
+  peer_handle peer_;
+  kv_side side_;
+  std::chrono::milliseconds timeout_;
+  kv_side sender_{};
+  bool layout_ok_ = false;
+  std::vector<mem_handle> regions_;
+  std::vector<remote_handle> remotes_;
+  std::vector<kv_offer> offers_;
+  std::vector<flight> flights_;
+  std::vector<kv_run> runs_;
+  std::vector<std::byte> buf_, msg_;
+  std::int64_t timeouts_ = 0;
+};
+
+KVPAGER_NAMESPACE_END

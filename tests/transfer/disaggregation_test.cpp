@@ -1,0 +1,370 @@
+// SPDX-License-Identifier: Apache-2.0
+// Disaggregated prefill and decode over kv_sender / kv_receiver and inproc_transport, each instance a scheduler over
+// vllm_v1_cache with emulated KV (every token's K/V a function of its layer, token id and position, written through
+// the step's slot mapping): the decode instance admits a request with external tokens, reads its KV from the
+// prefill instance's held blocks into the blocks its cache gave it (other block size), runs it as a prefix hit and
+// computes only the tail; its pools then hold exactly what computing every token itself would have written. Faults:
+// a failed read, a read that never ends (timeout), a sender that goes away, a receiver out of blocks, another
+// model's layout: every request ends, recomputed or read, and no block is left held on either side.
+#include <gtest/gtest.h>
+
+#include <chrono>
+#include <cstdint>
+#include <cstring>
+#include <map>
+#include <memory>
+#include <random>
+#include <vector>
+
+#include "kvpager/serving.hpp"
+#include "kvpager/transfer/inproc_transport.hpp"
+#include "kvpager/transfer/kv_connector.hpp"
+#include "transfer_support.hpp"
+
+namespace kvpager {
+namespace {
+
+using namespace std::chrono_literals;
+using cache_t = vllm_v1_cache;
+using sched_t = scheduler<cache_t>;
+
+constexpr std::int32_t layers = 2;
+constexpr std::int32_t kv_heads = 2;
+constexpr std::int32_t head_dim = 4;
+
+/// K/V element d of (layer, token at position pos, kv, head).
+std::uint32_t content(std::int32_t layer, token_id tok, std::int64_t pos, std::int32_t kv, std::int32_t head, std::int32_t d) {
+  return static_cast<std::uint32_t>(test::kv_value(layer, pos * 100003 + tok, kv, head, d));
+}
+
+/// One instance: a cache, its scheduler, per-layer pools in host memory, the request's tokens so far.
+struct instance {
+  explicit instance(cache_t c) : cache(std::move(c)) {}
+  cache_t cache;
+  std::unique_ptr<sched_t> sched;
+  kv_side side;
+  std::vector<std::vector<std::byte>> pools;
+  inproc_transport transport;
+  std::vector<mem_handle> mems;
+  std::map<seq_id, std::vector<token_id>> tokens;
+  std::map<seq_id, std::int32_t> max_new, prompt_len;
+  std::map<seq_id, std::vector<std::int32_t>> starts;  // the start of each chunk scheduled
+  std::vector<seq_id> finished;
+
+  static std::unique_ptr<instance> make(std::int32_t block_size, std::int32_t blocks) {
+    auto c = cache_t::create(cache_config{block_size, blocks, 0, 0});
+    EXPECT_TRUE(c.ok());
+    auto in = std::make_unique<instance>(std::move(*c));
+    auto s = sched_t::create(in->cache, scheduler_config::vllm_v1());
+    EXPECT_TRUE(s.ok());
+    in->sched = std::make_unique<sched_t>(std::move(*s));
+    const kv_geometry g{blocks, block_size, kv_heads, head_dim, kv_dtype::f32};
+    in->side = kv_side{*rank_layout(g, kv_heads * 2, 1, 0), layers, kv_pool_layout::per_layer};
+    for (std::int32_t l = 0; l < layers; ++l) in->pools.emplace_back(static_cast<std::size_t>(in->side.region_bytes()), std::byte{0});
+    for (auto& p : in->pools) in->mems.push_back(*in->transport.register_memory(p.data(), p.size()));
+    return in;
+  }
+
+  void add(seq_id id, const std::vector<token_id>& prompt, std::int32_t new_tokens, std::int32_t external = 0) {
+    tokens[id] = prompt;
+    max_new[id] = new_tokens;
+    prompt_len[id] = static_cast<std::int32_t>(prompt.size());
+    const result<admission> a = sched->add_request(id, prompt, sequence_options{.external_tokens = external});
+    ASSERT_TRUE(a.ok()) << a.error().message();
+  }
+
+  void write(std::int64_t slot, seq_id id, std::int64_t pos) {
+    const std::int32_t bs = side.rank.geometry.block_size;
+    const token_id tok = tokens[id][static_cast<std::size_t>(pos)];
+    for (std::int32_t l = 0; l < layers; ++l)
+      for (std::int32_t kv = 0; kv < 2; ++kv)
+        for (std::int32_t h = 0; h < kv_heads; ++h)
+          for (std::int32_t d = 0; d < head_dim; ++d) {
+            const std::uint32_t v = content(l, tok, pos, kv, h, d);
+            std::memcpy(pools[static_cast<std::size_t>(l)].data() +
+                            side.offset(l, static_cast<block_id>(slot / bs), kv, h, static_cast<std::int32_t>(slot % bs)) +
+                            d * 4,
+                        &v, 4);
+          }
+  }
+
+  /// One step: schedule, write the step's K/V, sample (a function of the request and its length), complete.
+  const step_output& step() {
+    const step_output& out = sched->schedule();
+    EXPECT_TRUE(out.error.ok()) << out.error.message();
+    std::size_t k = 0;
+    for (const scheduled_sequence& e : out.scheduled) {
+      starts[e.id].push_back(e.start);
+      for (std::int32_t p = e.start; p < e.start + e.num_tokens; ++p) write(out.slot_mapping[k++], e.id, p);
+    }
+    for (std::size_t i = 0; i < out.scheduled.size(); ++i) {
+      const scheduled_sequence e = out.scheduled[i];
+      if (!e.last_chunk) continue;
+      std::vector<token_id>& t = tokens[e.id];
+      const token_id next = static_cast<token_id>((t.size() * 7919 + static_cast<std::size_t>(e.id) * 31) % 997);
+      t.push_back(next);
+      const bool done = static_cast<std::int32_t>(t.size()) - prompt_len[e.id] >= max_new[e.id];
+      EXPECT_TRUE(sched->complete_scheduled(i, next, done).ok());
+      if (done) finished.push_back(e.id);
+    }
+    for (const finished_request& f : out.finished) finished.push_back(f.id);
+    return out;
+  }
+
+  /// Sequence `id`'s pools hold every computed token's K/V as computing it here writes it.
+  [[nodiscard]] bool holds(seq_id id, std::int64_t num_tokens) {
+    const result<std::span<const block_id>> table = cache.block_table(id);
+    if (!table.ok()) return false;
+    const std::int32_t bs = side.rank.geometry.block_size;
+    for (std::int64_t p = 0; p < num_tokens; ++p)
+      for (std::int32_t l = 0; l < layers; ++l)
+        for (std::int32_t kv = 0; kv < 2; ++kv)
+          for (std::int32_t h = 0; h < kv_heads; ++h)
+            for (std::int32_t d = 0; d < head_dim; ++d) {
+              std::uint32_t v = 0;
+              std::memcpy(&v, pools[static_cast<std::size_t>(l)].data() +
+                                  side.offset(l, (*table)[static_cast<std::size_t>(p / bs)], kv, h,
+                                              static_cast<std::int32_t>(p % bs)) + d * 4,
+                          4);
+              if (v != content(l, tokens[id][static_cast<std::size_t>(p)], p, kv, h, d)) return false;
+            }
+    return true;
+  }
+
+  [[nodiscard]] bool idle_and_empty() const {
+    if (cache.num_sequences() != 0 || cache.available_blocks() != cache.config().num_blocks)
+      std::printf("instance: %d sequences, %lld of %d blocks available\n", cache.num_sequences(),
+                  static_cast<long long>(cache.available_blocks()), cache.config().num_blocks);
+    return cache.num_sequences() == 0 && cache.available_blocks() == cache.config().num_blocks;
+  }
+};
+
+std::vector<token_id> prompt(std::int32_t n, std::uint64_t seed) {
+  std::mt19937_64 rng(seed);
+  std::vector<token_id> p(static_cast<std::size_t>(n));
+  for (token_id& t : p) t = static_cast<token_id>(rng() % 997);
+  return p;
+}
+
+/// The prefill side runs request `id` to its first token with its blocks held, then offers it.
+void prefill_and_offer(instance& P, kv_sender<inproc_transport>& sender, peer_handle to, seq_id id,
+                       const std::vector<token_id>& p) {
+  P.add(id, p, 1);
+  ASSERT_TRUE(P.sched->hold(id).ok());
+  for (int i = 0; i < 50 && std::find(P.finished.begin(), P.finished.end(), id) == P.finished.end(); ++i) P.step();
+  ASSERT_NE(std::find(P.sched->held().begin(), P.sched->held().end(), id), P.sched->held().end());
+  const result<std::span<const block_id>> table = P.cache.block_table(id);
+  ASSERT_TRUE(table.ok());
+  ASSERT_TRUE(P.holds(id, static_cast<std::int64_t>(p.size())));
+  ASSERT_TRUE(sender.offer(to, id, p, static_cast<std::int64_t>(p.size()), *table).ok());
+}
+
+struct pair_fixture {
+  std::unique_ptr<instance> P, D;
+  peer_handle to_d = -1, to_p = -1;
+  std::unique_ptr<kv_sender<inproc_transport>> sender;
+  std::unique_ptr<kv_receiver<inproc_transport>> receiver;
+
+  pair_fixture(std::int32_t p_bs, std::int32_t d_bs, std::int32_t d_blocks, std::chrono::milliseconds timeout = 5000ms) {
+    P = instance::make(p_bs, 256);
+    D = instance::make(d_bs, d_blocks);
+    std::tie(to_d, to_p) = inproc_transport::connect(P->transport, D->transport);
+    sender = std::make_unique<kv_sender<inproc_transport>>(*kv_sender<inproc_transport>::create(P->transport, P->side, P->mems));
+    receiver = std::make_unique<kv_receiver<inproc_transport>>(
+        *kv_receiver<inproc_transport>::create(D->transport, to_p, D->side, D->mems, timeout));
+  }
+
+  /// The decode side's loop for one step: take offers (admit them with external tokens), start the reads the
+  /// scheduler asks for, report the ended ones, run the step; the prefill side releases what the receiver is done with.
+  std::vector<kv_received> round(std::int32_t new_tokens) {
+    std::vector<kv_offer> offers;
+    const status ps = receiver->poll(offers);
+    EXPECT_TRUE(ps.ok() || (ps.code() == errc::transport_error && !D->transport.peer_alive(to_p))) << ps.message();
+    for (const kv_offer& o : offers) D->add(o.id, o.tokens, new_tokens, static_cast<std::int32_t>(o.computed));
+    std::vector<kv_received> ended;
+    EXPECT_TRUE(receiver->progress(ended).ok());
+    for (const kv_received& r : ended) EXPECT_TRUE(D->cache.complete_external(r.id, r.ok).ok());
+    const step_output& out = D->step();
+    for (const seq_id id : out.external) {
+      const result<external_range> x = D->cache.external_blocks(id);
+      EXPECT_TRUE(x.ok());
+      const std::int32_t bs = D->side.rank.geometry.block_size;
+      const status st = receiver->start(id, *D->cache.block_table(id), std::int64_t{x->first} * bs, std::int64_t{x->count} * bs);
+      EXPECT_TRUE(st.ok()) << st.message();
+    }
+    std::vector<seq_id> done;
+    (void)sender->poll(to_d, done);
+    for (const seq_id id : done) {
+      const status rs = P->sched->release(id);
+      EXPECT_TRUE(rs.ok()) << "release " << id << ": " << rs.message();
+    }
+    return ended;
+  }
+};
+
+TEST(Disaggregation, TheDecodeSideReadsThePromptsKvAndComputesOnlyTheTail) {
+  for (const auto& [p_bs, d_bs] : {std::pair{16, 32}, std::pair{32, 16}, std::pair{16, 16}, std::pair{8, 64}}) {
+    pair_fixture f(p_bs, d_bs, 128);
+    const std::vector<token_id> p = prompt(150, 1);
+    prefill_and_offer(*f.P, *f.sender, f.to_d, 1, p);
+    std::vector<kv_received> got;
+    for (int i = 0; i < 40 && std::find(f.D->finished.begin(), f.D->finished.end(), 1) == f.D->finished.end(); ++i) {
+      const auto e = f.round(6);
+      got.insert(got.end(), e.begin(), e.end());
+      if (f.D->cache.contains(1) && std::find(f.D->finished.begin(), f.D->finished.end(), 1) == f.D->finished.end()) {
+        EXPECT_TRUE(f.D->holds(1, *f.D->cache.num_tokens(1)) || f.D->cache.load_state(1).value() == tier_load_state::loading);
+      }
+    }
+    ASSERT_EQ(got.size(), 1U) << "block sizes " << p_bs << " -> " << d_bs;
+    EXPECT_TRUE(got[0].ok);
+    const std::int32_t ext = 149 / d_bs * d_bs;  // full blocks below the last prompt token
+    EXPECT_EQ(got[0].bytes, std::int64_t{ext} * layers * 2 * kv_heads * head_dim * 4);
+    // The decode side computed only the tail: its first chunk starts after the external tokens.
+    ASSERT_FALSE(f.D->starts[1].empty());
+    EXPECT_EQ(f.D->starts[1].front(), ext);
+    EXPECT_EQ(f.D->tokens[1].size(), 156U);
+    EXPECT_EQ(f.D->sched->stats().external_waits, 1);
+    // The prefill side released its held request: both sides hold nothing.
+    EXPECT_TRUE(f.P->sched->held().empty());
+    EXPECT_TRUE(f.P->idle_and_empty());
+    EXPECT_TRUE(f.D->idle_and_empty());
+    // The received blocks are in the decode side's prefix cache: the same prompt again is a device hit.
+    f.D->add(2, p, 2);
+    f.D->step();
+    EXPECT_EQ(f.D->starts[2].front(), ext);
+  }
+}
+
+TEST(Disaggregation, ContentMatchesAComputeOfEveryTokenAcrossManyRequests) {
+  pair_fixture f(16, 32, 256);
+  std::vector<seq_id> ids;
+  for (seq_id id = 1; id <= 12; ++id) {
+    const std::vector<token_id> p = prompt(20 + static_cast<std::int32_t>(id) * 17, 100 + static_cast<std::uint64_t>(id));
+    prefill_and_offer(*f.P, *f.sender, f.to_d, id, p);
+    ids.push_back(id);
+  }
+  std::map<seq_id, bool> checked;
+  for (int i = 0; i < 200 && f.D->finished.size() < ids.size(); ++i) {
+    f.round(4);
+    for (const seq_id id : ids)
+      if (f.D->cache.contains(id) && f.D->cache.load_state(id).value() == tier_load_state::none) {
+        EXPECT_TRUE(f.D->holds(id, *f.D->cache.num_tokens(id))) << "request " << id;
+        checked[id] = true;
+      }
+  }
+  EXPECT_EQ(f.D->finished.size(), ids.size());
+  EXPECT_EQ(checked.size(), ids.size());
+  EXPECT_TRUE(f.P->idle_and_empty());
+  EXPECT_TRUE(f.D->idle_and_empty());
+}
+
+TEST(Disaggregation, AFailedOrHungReadIsComputedLocallyAndNothingLeaks) {
+  for (const auto fault : {inproc_transport::read_fault::fail, inproc_transport::read_fault::hang}) {
+    pair_fixture f(16, 16, 128, 50ms);
+    const std::vector<token_id> p = prompt(100, 9);
+    prefill_and_offer(*f.P, *f.sender, f.to_d, 1, p);
+    f.D->transport.set_read_fault(fault);
+    std::vector<kv_received> got;
+    bool checked = false;
+    for (int i = 0; i < 400 && f.D->finished.empty(); ++i) {
+      const auto e = f.round(3);
+      got.insert(got.end(), e.begin(), e.end());
+      if (f.D->cache.contains(1) && *f.D->cache.load_state(1) == tier_load_state::none) {
+        EXPECT_TRUE(f.D->holds(1, *f.D->cache.num_tokens(1))) << "computed here, the pools hold what computing writes";
+        checked = true;
+      }
+      if (fault == inproc_transport::read_fault::hang) std::this_thread::sleep_for(1ms);
+    }
+    EXPECT_TRUE(checked);
+    ASSERT_EQ(got.size(), 1U);
+    EXPECT_FALSE(got[0].ok);
+    ASSERT_EQ(f.D->finished.size(), 1U) << "the request ends: computed here";
+    EXPECT_EQ(f.D->sched->stats().external_failures, 1);
+    EXPECT_EQ(f.D->starts[1].back() == 0 || f.D->starts[1].size() > 1, true);
+    EXPECT_TRUE(f.D->idle_and_empty());
+    if (fault == inproc_transport::read_fault::hang) {
+      EXPECT_EQ(f.receiver->timeouts(), 1);
+      // The connection was closed: the prefill side finds the peer gone and frees what it held for it.
+      std::vector<seq_id> done;
+      EXPECT_EQ(f.sender->poll(f.to_d, done).code(), errc::transport_error);
+      ASSERT_TRUE(f.P->sched->release(1).ok());
+    } else {
+      // A failed read is reported: the sender released it.
+      EXPECT_TRUE(f.P->sched->held().empty());
+    }
+    EXPECT_TRUE(f.P->idle_and_empty());
+  }
+}
+
+TEST(Disaggregation, AReceiverOutOfBlocksWaitsThenReads) {
+  // 12 usable blocks of 16 tokens: two 100-token requests (7 blocks each) do not fit together.
+  pair_fixture f(16, 16, 13);
+  prefill_and_offer(*f.P, *f.sender, f.to_d, 1, prompt(100, 1));
+  prefill_and_offer(*f.P, *f.sender, f.to_d, 2, prompt(100, 2));
+  for (int i = 0; i < 200 && f.D->finished.size() < 2; ++i) f.round(2);
+  EXPECT_EQ(f.D->finished.size(), 2U);
+  EXPECT_EQ(f.D->sched->stats().external_waits, 2);
+  EXPECT_TRUE(f.P->idle_and_empty());
+  EXPECT_TRUE(f.D->idle_and_empty());
+}
+
+TEST(Disaggregation, AnotherModelsLayoutIsRefusedAndItsOffersDeclined) {
+  pair_fixture f(16, 16, 64);
+  kv_side other = f.P->side;
+  other.rank.geometry.head_dim = 8;  // another model
+  other.rank.geometry.num_blocks = 64;
+  std::vector<std::vector<std::byte>> pools(layers, std::vector<std::byte>(static_cast<std::size_t>(other.region_bytes())));
+  std::vector<mem_handle> mems;
+  for (auto& p : pools) mems.push_back(*f.P->transport.register_memory(p.data(), p.size()));
+  auto s = kv_sender<inproc_transport>::create(f.P->transport, other, mems);
+  ASSERT_TRUE(s.ok());
+  const std::vector<token_id> p = prompt(40, 3);
+  const std::vector<block_id> table{1, 2, 3};
+  ASSERT_TRUE(s->offer(f.to_d, 7, p, 40, table).ok());
+  std::vector<kv_offer> offers;
+  EXPECT_EQ(f.receiver->poll(offers).code(), errc::invalid_argument);
+  EXPECT_FALSE(f.receiver->layout_ok());
+  EXPECT_TRUE(f.receiver->poll(offers).ok());
+  EXPECT_TRUE(offers.empty()) << "the offer is declined, not taken";
+  std::vector<seq_id> done;
+  ASSERT_TRUE(s->poll(f.to_d, done).ok());
+  EXPECT_EQ(done, std::vector<seq_id>{7});
+  // Bad offers are refused before anything is sent.
+  EXPECT_EQ(s->offer(f.to_d, 8, p, 41, table).code(), errc::invalid_argument);
+  EXPECT_EQ(s->offer(f.to_d, 8, p, 40, std::vector<block_id>{1, 2}).code(), errc::invalid_argument);
+  EXPECT_EQ(s->offer(f.to_d, 8, p, 40, std::vector<block_id>{1, 2, 99}).code(), errc::invalid_block);
+  // A truncated message is an error that names it.
+  const std::byte junk[6] = {std::byte{2}, std::byte{0}, std::byte{0}, std::byte{0}, std::byte{1}, std::byte{2}};
+  ASSERT_TRUE(f.P->transport.send(f.to_d, junk).ok());
+  const status st = f.receiver->poll(offers);
+  EXPECT_EQ(st.code(), errc::invalid_argument);
+  EXPECT_NE(std::string(st.message()).find("offer"), std::string::npos);
+  // Starting an offer that does not exist changes nothing.
+  EXPECT_EQ(f.receiver->start(99, table, 0, 16).code(), errc::unknown_sequence);
+  EXPECT_EQ(f.receiver->in_flight(), 0U);
+}
+
+TEST(Disaggregation, TheCacheRefusesBadExternalCallsAndChangesNothing) {
+  auto c = *cache_t::create(cache_config{16, 32, 0, 0});
+  const std::vector<token_id> p = prompt(70, 4);
+  EXPECT_EQ(c.add_sequence(1, p, sequence_options{.external_tokens = -1}).code(), errc::invalid_argument);
+  EXPECT_EQ(c.add_sequence(1, 70).code(), errc::ok);
+  EXPECT_EQ(c.external_blocks(1).code(), errc::invalid_argument);
+  EXPECT_EQ(c.complete_external(1, true).code(), errc::invalid_argument);
+  EXPECT_EQ(c.complete_external(5, true).code(), errc::unknown_sequence);
+  prefix_match m;
+  ASSERT_TRUE(c.add_sequence(2, p, sequence_options{.external_tokens = 70}, &m).ok());
+  EXPECT_EQ(m.external_blocks, 4);  // 69 tokens below the last: 4 full blocks
+  EXPECT_EQ(*c.external_blocks(2), (external_range{0, 4}));
+  EXPECT_EQ(*c.load_state(2), tier_load_state::loading);
+  EXPECT_EQ(c.append_tokens(2).code(), errc::pending_append) << "a waiting sequence is not computed";
+  EXPECT_EQ(*c.num_tokens(2), 64);
+  // Freed while waiting: its blocks come back, nothing was committed.
+  const std::int64_t before = c.available_blocks();
+  ASSERT_TRUE(c.free_sequence(2).ok());
+  EXPECT_EQ(c.available_blocks(), before + 4);
+  EXPECT_EQ(c.match_prefix(p)->blocks, 0);
+}
+
+}  // namespace
+}  // namespace kvpager
