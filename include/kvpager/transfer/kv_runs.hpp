@@ -200,6 +200,12 @@ inline status plan_kv_runs(const kv_side& src, const kv_tables& src_tables, cons
   // The receiver's memory order: per-layer pools layer by layer, then block by block; block-major pools block by
   // block, then layer by layer. Within a block: K then V, head by head, token by token.
   const bool block_major = dst.layout == kv_pool_layout::block_major;
+  // Equal block sizes and the same heads on both sides, all served from `src`: a whole block (K and V, every head)
+  // is one run, planned without walking its heads.
+  bool same_shape = sbs == dbs && sg.num_kv_heads == dg.num_kv_heads && src.rank.kv_head_begin == dst.rank.kv_head_begin;
+  for (std::int32_t h = 0; same_shape && h < dg.num_kv_heads; ++h)
+    same_shape = serving_rank(src, dst, dst.rank.kv_head_begin + h) == src.rank.rank;
+  const std::int64_t whole_block = 2 * std::int64_t{dg.num_kv_heads} * dbs * row;
   const std::int64_t outer = block_major ? dst_entries : dst.num_layers;
   const std::int64_t inner = block_major ? dst.num_layers : dst_entries;
   for (std::int64_t o = 0; o < outer; ++o) {
@@ -212,6 +218,17 @@ inline status plan_kv_runs(const kv_side& src, const kv_tables& src_tables, cons
       if (db == dst_tables.null_block) continue;
       const std::int64_t first = j * dbs > first_token ? j * dbs : first_token;
       const std::int64_t last = (j + 1) * dbs < end_token ? (j + 1) * dbs : end_token;
+      if (same_shape && first == j * dbs && last == (j + 1) * dbs) {
+        const block_id sb = st[static_cast<std::size_t>(j)];
+        if (sb == src_tables.null_block) {
+          out.resize(old_size);
+          return status{errc::invalid_argument,
+                        "plan_kv_runs: the receiver keeps a token the sender no longer holds (a released block)", first};
+        }
+        detail::push_run(out, kv_run{src.region(layer), dst.region(layer), src.offset(layer, sb, 0, 0, 0),
+                                     dst.offset(layer, db, 0, 0, 0), whole_block});
+        continue;
+      }
       for (std::int32_t kv = 0; kv < 2; ++kv) {
         for (std::int32_t hd = 0; hd < dg.num_kv_heads; ++hd) {
           const std::int32_t head = dst.rank.kv_head_begin + hd;
