@@ -6,9 +6,6 @@
 // per-transfer overhead (one 64-byte run: post, flush, completion). bench/kv_transfer_vs_perftest.sh runs it beside
 // ucx_perftest on the same transports.
 #include <benchmark/benchmark.h>
-#include <poll.h>
-#include <signal.h>
-#include <sys/wait.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -25,6 +22,7 @@
 
 #include "kvpager/transfer/kv_runs.hpp"
 #include "kvpager/transfer/ucx_transport.hpp"
+#include "kvpager_testing/ucx_peer_process.hpp"
 
 namespace {
 
@@ -61,12 +59,7 @@ struct sender_role {
   static int run(int fd) {
     result<ucx_transport> t = ucx_transport::create(options());
     if (!t.ok()) return 4;
-    const result<std::uint16_t> port = t->listen("127.0.0.1", 0);
-    if (!port.ok()) return 5;
-    const std::uint16_t v = *port;
-    if (write(fd, &v, sizeof(v)) != static_cast<ssize_t>(sizeof(v))) return 6;
-    close(fd);
-    const result<peer_handle> p = t->accept(60000ms);
+    const result<peer_handle> p = testing::listen_report_accept(*t, fd, 60000ms);
     if (!p.ok()) return 7;
     // The pools: allocated by UCX (KVPAGER_KV_BENCH_UCX_POOLS=1: shared memory a reader on this machine maps), or
     // ordinary memory registered with UCX (what an engine that allocates its own pools does).
@@ -99,7 +92,7 @@ struct sender_role {
 const sender_role the_sender_role;
 
 struct receiver {
-  pid_t pid = -1;
+  testing::peer_process sender{"KVPAGER_KV_BENCH_SENDER", ""};
   std::vector<std::vector<std::uint8_t>> pools;
   std::vector<std::vector<std::uint8_t>> local_src;  // memcpy baseline's source, same layout
   result<ucx_transport> t = status{errc::unsupported, "not started"};
@@ -110,33 +103,16 @@ struct receiver {
   std::string error;
 
   receiver() {
-    int fds[2];
-    if (pipe(fds) != 0) {
-      error = "pipe";
-      return;
-    }
-    const std::string fd = std::to_string(fds[1]);
-    pid = fork();
-    if (pid == 0) {
-      close(fds[0]);
-      setenv("KVPAGER_KV_BENCH_SENDER", fd.c_str(), 1);
-      execl("/proc/self/exe", "kv_transfer_bench_sender", static_cast<char*>(nullptr));
-      _exit(9);
-    }
-    close(fds[1]);
-    std::uint16_t port = 0;
-    pollfd pf{fds[0], POLLIN, 0};
-    if (::poll(&pf, 1, 30000) != 1 || read(fds[0], &port, sizeof(port)) != static_cast<ssize_t>(sizeof(port))) {
+    if (sender.port == 0) {
       error = "the sender process did not start";
       return;
     }
-    close(fds[0]);
     t = ucx_transport::create(options());
     if (!t.ok()) {
       error = t.error().message();
       return;
     }
-    const result<peer_handle> p = t->connect("127.0.0.1", port);
+    const result<peer_handle> p = t->connect("127.0.0.1", sender.port);
     if (!p.ok()) {
       error = p.error().message();
       return;
@@ -174,12 +150,7 @@ struct receiver {
       const std::byte bye[1] = {std::byte{1}};
       (void)t->send(peer, bye);
     }
-    if (pid > 0) {
-      int st = 0;
-      for (int i = 0; i < 500 && waitpid(pid, &st, WNOHANG) != pid; ++i) std::this_thread::sleep_for(10ms);
-      kill(pid, SIGKILL);
-      waitpid(pid, &st, WNOHANG);
-    }
+    (void)sender.reap(std::chrono::milliseconds(5000));
   }
   std::vector<kv_run> runs(std::int64_t tokens) const {
     std::vector<kv_run> out;

@@ -3,10 +3,6 @@
 // transports in one process (two threads), and between two processes (this test binary started again as the
 // sender), content checked byte for byte; a sender that dies mid-transfer; an address nobody listens on; a
 // description UCX does not accept. Every process started is reaped; every wait is bounded.
-#include <fcntl.h>
-#include <poll.h>
-#include <signal.h>
-#include <sys/wait.h>
 #include <unistd.h>
 
 #include <gtest/gtest.h>
@@ -22,6 +18,7 @@
 
 #include "kvpager/transfer/kv_runs.hpp"
 #include "kvpager/transfer/ucx_transport.hpp"
+#include "kvpager_testing/ucx_peer_process.hpp"
 #include "transfer_support.hpp"
 
 namespace kvpager {
@@ -55,7 +52,7 @@ transfer_state finish(ucx_transport& t, transfer_handle x, std::chrono::millisec
 }
 
 // The child process's role, run before main when this binary is started with KVPAGER_UCX_TEST_SENDER=<fd>:<MiB>:
-// listen on the loopback, write the port to fd, accept one peer, register a region of MiB mebibytes filled with
+// listen on the loopback, report the port, accept one peer, register a region of MiB mebibytes filled with
 // pattern(), send its description, then wait (at most 30 s) for a message or the peer's end, and exit.
 struct sender_role {
   sender_role() {
@@ -69,12 +66,7 @@ struct sender_role {
   static int run(int fd, std::size_t bytes) {
     result<ucx_transport> t = ucx_transport::create();
     if (!t.ok()) return 4;
-    const result<std::uint16_t> port = t->listen("127.0.0.1", 0);
-    if (!port.ok()) return 5;
-    const std::uint16_t v = *port;
-    if (write(fd, &v, sizeof(v)) != static_cast<ssize_t>(sizeof(v))) return 6;
-    close(fd);
-    const result<peer_handle> p = t->accept(10000ms);
+    const result<peer_handle> p = testing::listen_report_accept(*t, fd, 10000ms);
     if (!p.ok()) return 7;
     std::vector<std::uint8_t> pool(bytes);
     for (std::size_t i = 0; i < bytes; ++i) pool[i] = pattern(i);
@@ -88,56 +80,34 @@ struct sender_role {
 };
 const sender_role the_sender_role;
 
-/// A sender process: this binary started again in the sender role. Reaped (killed first if still running) when
-/// it goes out of scope.
-struct sender_process {
-  pid_t pid = -1;
-  std::uint16_t port = 0;
-
-  explicit sender_process(long mib) {
-    int fds[2];
-    if (pipe(fds) != 0) return;
-    const std::string env = std::to_string(fds[1]) + ":" + std::to_string(mib);
-    pid = fork();
-    if (pid == 0) {
-      close(fds[0]);
-      setenv("KVPAGER_UCX_TEST_SENDER", env.c_str(), 1);
-      execl("/proc/self/exe", "ucx_transport_test_sender", static_cast<char*>(nullptr));
-      _exit(9);
-    }
-    close(fds[1]);
-    pollfd pf{fds[0], POLLIN, 0};
-    if (pid > 0 && ::poll(&pf, 1, 20000) == 1 && read(fds[0], &port, sizeof(port)) != static_cast<ssize_t>(sizeof(port)))
-      port = 0;
-    close(fds[0]);
-  }
-  /// Waits (at most 20 s, then kills) for the process; its exit status, or -1 when it was killed.
-  int reap() {
-    if (pid <= 0) return -1;
-    int st = 0;
-    for (int i = 0; i < 2000; ++i) {
-      if (waitpid(pid, &st, WNOHANG) == pid) {
-        pid = -1;
-        return WIFEXITED(st) ? WEXITSTATUS(st) : -1;
-      }
-      std::this_thread::sleep_for(10ms);
-    }
-    kill(pid, SIGKILL);
-    waitpid(pid, &st, 0);
-    pid = -1;
-    return -1;
-  }
-  void kill_now() {
-    if (pid > 0) kill(pid, SIGKILL);
-  }
-  ~sender_process() {
-    if (pid > 0) {
-      kill(pid, SIGKILL);
-      int st = 0;
-      waitpid(pid, &st, 0);
-    }
-  }
+/// A sender process of `mib` MiB: this binary started again in the sender role.
+std::string mib_suffix(long mib) {  // ":<mib>" (snprintf: GCC 12's -Wrestrict misfires on ":" + std::to_string)
+  char b[32];
+  std::snprintf(b, sizeof b, ":%ld", mib);
+  return b;
+}
+struct sender_process : testing::peer_process {
+  explicit sender_process(long mib) : peer_process("KVPAGER_UCX_TEST_SENDER", mib_suffix(mib)) {}
 };
+
+/// Connects to the sender process and imports the region it describes.
+struct connected {
+  peer_handle peer = -1;
+  remote_handle remote = -1;
+};
+connected connect_and_import(ucx_transport& t, std::uint16_t port) {
+  connected c;
+  const result<peer_handle> p = t.connect("127.0.0.1", port);
+  EXPECT_TRUE(p.ok()) << p.error().message();
+  if (!p.ok()) return c;
+  c.peer = *p;
+  std::vector<std::byte> desc;
+  EXPECT_TRUE(receive_within(t, c.peer, desc, 20000ms));
+  const result<remote_handle> r = t.import_remote(c.peer, desc);
+  EXPECT_TRUE(r.ok()) << r.error().message();
+  if (r.ok()) c.remote = *r;
+  return c;
+}
 
 TEST(UcxTransport, ReshapesARequestBetweenTwoTransportsInOneProcess) {
   const test::model m{4, 3, 8, 32, kv_dtype::bf16};
@@ -201,12 +171,9 @@ TEST(UcxTransport, ReadsFromAnotherProcess) {
   ASSERT_NE(child.port, 0) << "the sender process did not start listening";
   result<ucx_transport> t = ucx_transport::create();
   ASSERT_TRUE(t.ok());
-  const result<peer_handle> p = t->connect("127.0.0.1", child.port);
-  ASSERT_TRUE(p.ok()) << p.error().message();
-  std::vector<std::byte> desc;
-  ASSERT_TRUE(receive_within(*t, *p, desc, 20000ms));
-  const result<remote_handle> r = t->import_remote(*p, desc);
-  ASSERT_TRUE(r.ok()) << r.error().message();
+  const connected c = connect_and_import(*t, child.port);
+  ASSERT_GE(c.remote, 0);
+  const peer_handle* p = &c.peer;
   std::vector<std::uint8_t> mine(8U << 20, 0);
   const result<mem_handle> mh = t->register_memory(mine.data(), mine.size());
   ASSERT_TRUE(mh.ok());
@@ -216,7 +183,7 @@ TEST(UcxTransport, ReadsFromAnotherProcess) {
   for (std::size_t i = 0; i < to.size(); ++i) to[i] = static_cast<std::int64_t>(i);
   std::shuffle(to.begin(), to.end(), std::mt19937_64(5));
   for (std::size_t i = 0; i < 1024; ++i) runs.push_back(kv_run{0, 0, static_cast<std::int64_t>(i) * 4096, to[i] * 4096, 4096});
-  const remote_handle rs[1] = {*r};
+  const remote_handle rs[1] = {c.remote};
   const mem_handle ds[1] = {*mh};
   const kv_run outside[1] = {kv_run{0, 0, (8 << 20) - 100, 0, 200}};
   EXPECT_EQ(t->read(*p, outside, rs, ds).code(), errc::invalid_argument);
@@ -240,17 +207,14 @@ TEST(UcxTransport, ASenderThatDiesMidTransferEndsTheReadAndThePeer) {
   o.message_timeout = 2000ms;
   result<ucx_transport> t = ucx_transport::create(o);
   ASSERT_TRUE(t.ok());
-  const result<peer_handle> p = t->connect("127.0.0.1", child.port);
-  ASSERT_TRUE(p.ok()) << p.error().message();
-  std::vector<std::byte> desc;
-  ASSERT_TRUE(receive_within(*t, *p, desc, 20000ms));
-  const result<remote_handle> r = t->import_remote(*p, desc);
-  ASSERT_TRUE(r.ok());
+  const connected c = connect_and_import(*t, child.port);
+  ASSERT_GE(c.remote, 0);
+  const peer_handle* p = &c.peer;
   std::vector<std::uint8_t> mine(256U << 20, 0);
   const result<mem_handle> mh = t->register_memory(mine.data(), mine.size());
   std::vector<kv_run> runs;
   for (std::int64_t i = 0; i < 4096; ++i) runs.push_back(kv_run{0, 0, i * 65536, i * 65536, 65536});
-  const remote_handle rs[1] = {*r};
+  const remote_handle rs[1] = {c.remote};
   const mem_handle ds[1] = {*mh};
   const result<transfer_handle> x = t->read(*p, runs, rs, ds);
   ASSERT_TRUE(x.ok());
