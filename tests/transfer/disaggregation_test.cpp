@@ -51,11 +51,14 @@ struct instance {
   std::map<seq_id, std::vector<std::int32_t>> starts;  // the start of each chunk scheduled
   std::vector<seq_id> finished;
 
-  static std::unique_ptr<instance> make(std::int32_t block_size, std::int32_t blocks) {
+  static std::unique_ptr<instance> make(std::int32_t block_size, std::int32_t blocks, std::int64_t budget = 8192) {
     auto c = cache_t::create(cache_config{block_size, blocks, 0, 0});
     EXPECT_TRUE(c.ok());
     auto in = std::make_unique<instance>(std::move(*c));
-    auto s = sched_t::create(in->cache, scheduler_config::vllm_v1());
+    scheduler_config cfg = scheduler_config::vllm_v1();
+    cfg.max_num_batched_tokens = budget;
+    cfg.chunked_prefill = true;
+    auto s = sched_t::create(in->cache, cfg);
     EXPECT_TRUE(s.ok());
     in->sched = std::make_unique<sched_t>(std::move(*s));
     const kv_geometry g{blocks, block_size, kv_heads, head_dim, kv_dtype::f32};
@@ -165,9 +168,10 @@ struct pair_fixture {
   std::unique_ptr<kv_sender<inproc_transport>> sender;
   std::unique_ptr<kv_receiver<inproc_transport>> receiver;
 
-  pair_fixture(std::int32_t p_bs, std::int32_t d_bs, std::int32_t d_blocks, std::chrono::milliseconds timeout = 5000ms) {
+  pair_fixture(std::int32_t p_bs, std::int32_t d_bs, std::int32_t d_blocks, std::chrono::milliseconds timeout = 5000ms,
+               std::int64_t d_budget = 8192) {
     P = instance::make(p_bs, 256);
-    D = instance::make(d_bs, d_blocks);
+    D = instance::make(d_bs, d_blocks, d_budget);
     std::tie(to_d, to_p) = inproc_transport::connect(P->transport, D->transport);
     sender = std::make_unique<kv_sender<inproc_transport>>(*kv_sender<inproc_transport>::create(P->transport, P->side, P->mems));
     receiver = std::make_unique<kv_receiver<inproc_transport>>(
@@ -233,6 +237,25 @@ TEST(Disaggregation, TheDecodeSideReadsThePromptsKvAndComputesOnlyTheTail) {
     f.D->step();
     EXPECT_EQ(f.D->starts[2].front(), ext);
   }
+}
+
+TEST(Disaggregation, ATinyBudgetChunksOnlyTheTailAfterTheExternalTokens) {
+  // 5 tokens a step on the decode side: the 150-token prompt's 144 external tokens cost no budget; its tail (6
+  // tokens) takes two chunks, the first starting right after them.
+  pair_fixture f(16, 16, 128, 5000ms, 5);
+  prefill_and_offer(*f.P, *f.sender, f.to_d, 1, prompt(150, 2));
+  for (int i = 0; i < 60 && f.D->finished.empty(); ++i) {
+    f.round(3);
+    if (f.D->cache.contains(1) && *f.D->cache.load_state(1) == tier_load_state::none) {
+      EXPECT_TRUE(f.D->holds(1, *f.D->cache.num_tokens(1)));
+    }
+  }
+  ASSERT_EQ(f.D->finished.size(), 1U);
+  ASSERT_GE(f.D->starts[1].size(), 2U);
+  EXPECT_EQ(f.D->starts[1][0], 144);
+  EXPECT_EQ(f.D->starts[1][1], 149);
+  EXPECT_TRUE(f.P->idle_and_empty());
+  EXPECT_TRUE(f.D->idle_and_empty());
 }
 
 TEST(Disaggregation, ContentMatchesAComputeOfEveryTokenAcrossManyRequests) {
