@@ -382,11 +382,62 @@ TEST(Disaggregation, TheCacheRefusesBadExternalCallsAndChangesNothing) {
   EXPECT_EQ(*c.load_state(2), tier_load_state::loading);
   EXPECT_EQ(c.append_tokens(2).code(), errc::pending_append) << "a waiting sequence is not computed";
   EXPECT_EQ(*c.num_tokens(2), 64);
-  // Freed while waiting: its blocks come back, nothing was committed.
+  // Freed while waiting: a read in flight may still write its blocks, so they stay held (and the id taken) until
+  // the read is reported; then they come back, nothing committed.
   const std::int64_t before = c.available_blocks();
   ASSERT_TRUE(c.free_sequence(2).ok());
+  EXPECT_EQ(c.available_blocks(), before);
+  EXPECT_EQ(c.add_sequence(2, p).code(), errc::duplicate_sequence);
+  EXPECT_EQ(c.available_blocks(), before);
+  ASSERT_TRUE(c.complete_external(2, true).ok());
   EXPECT_EQ(c.available_blocks(), before + 4);
   EXPECT_EQ(c.match_prefix(p)->blocks, 0);
+  EXPECT_EQ(c.complete_external(2, true).code(), errc::unknown_sequence);
+  // A failed read has ended: freeing the sequence then frees its blocks at once.
+  ASSERT_TRUE(c.add_sequence(3, p, sequence_options{.external_tokens = 70}).ok());
+  ASSERT_TRUE(c.complete_external(3, false).ok());
+  EXPECT_EQ(*c.load_state(3), tier_load_state::failed);
+  ASSERT_TRUE(c.free_sequence(3).ok());
+  EXPECT_EQ(c.available_blocks(), before + 4);
+  EXPECT_TRUE(c.add_sequence(3, p).ok());
+}
+
+TEST(Disaggregation, OnlyACompletedHeldRequestKeepsItsSequence) {
+  auto P = instance::make(16, 64);
+  const std::vector<token_id> p = prompt(40, 8);
+  // Cancelled: freed, not held.
+  P->add(1, p, 1);
+  ASSERT_TRUE(P->sched->hold(1).ok());
+  P->sched->schedule();
+  ASSERT_TRUE(P->sched->finish(1).ok());
+  EXPECT_TRUE(P->sched->held().empty());
+  // Completed: held until released; a fork child does not inherit the hold.
+  P->add(2, p, 2);
+  ASSERT_TRUE(P->sched->hold(2).ok());
+  P->step();
+  ASSERT_TRUE(P->sched->fork(2, 3).ok());
+  P->max_new[3] = 2;
+  P->prompt_len[3] = 40;
+  for (int i = 0; i < 10 && P->finished.size() < 2; ++i) {
+    const step_output& out = P->sched->schedule();
+    for (const seq_id c : out.forked) P->tokens[c] = P->tokens[2];
+    std::size_t k = 0;
+    for (const scheduled_sequence& e : out.scheduled)
+      for (std::int32_t q = e.start; q < e.start + e.num_tokens; ++q) P->write(out.slot_mapping[k++], e.id, q);
+    for (std::size_t i2 = 0; i2 < out.scheduled.size(); ++i2) {
+      const seq_id id = out.scheduled[i2].id;
+      P->tokens[id].push_back(5);
+      const bool done = static_cast<std::int32_t>(P->tokens[id].size()) - 40 >= 2;
+      ASSERT_TRUE(P->sched->complete_scheduled(i2, 5, done).ok());
+      if (done) P->finished.push_back(id);
+    }
+  }
+  ASSERT_EQ(P->sched->held().size(), 1U);
+  EXPECT_EQ(P->sched->held()[0], 2U);
+  EXPECT_FALSE(P->cache.contains(3));
+  EXPECT_EQ(P->sched->release(3).code(), errc::unknown_sequence);
+  ASSERT_TRUE(P->sched->release(2).ok());
+  EXPECT_TRUE(P->idle_and_empty());
 }
 
 }  // namespace

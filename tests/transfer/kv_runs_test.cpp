@@ -147,12 +147,16 @@ TEST(KvRuns, GroupsMoveEachLayerFromItsGroupsTableAndSkipTheReceiversNullEntries
     s.fill_request(m, tokens);
     test::move_request(s, d, tokens);
     EXPECT_TRUE(d.request_matches(m, tokens)) << "receiver block size " << dbs;
-    // The receiver keeping a token the sender released is refused.
+    // The receiver keeping a token the sender released is refused, and the caller's runs stay as they were, even
+    // a last run that the first planned one would continue.
+    std::vector<kv_run> first;
+    ASSERT_TRUE(plan_kv_runs(s.side, s.tables_view(), d.side, d.tables_view(), tokens, first).ok());
     for (auto& b : s.tables[1]) b = 0;
-    std::vector<kv_run> runs;
+    const kv_run before{first[0].src_region, first[0].dst_region, first[0].src_offset - 8, first[0].dst_offset - 8, 8};
+    std::vector<kv_run> runs{before};
     const auto st = plan_kv_runs(s.side, s.tables_view(), d.side, d.tables_view(), tokens, runs);
     EXPECT_EQ(st.code(), errc::invalid_argument) << st.message();
-    EXPECT_TRUE(runs.empty());
+    EXPECT_EQ(runs, std::vector<kv_run>{before});
   }
 }
 

@@ -10,6 +10,7 @@
 //            after schedule(): start a read for each request the step lists in step_output::external.
 
 #include <chrono>
+#include <cstdio>
 #include <cstdint>
 #include <optional>
 #include <string>
@@ -37,6 +38,7 @@ struct disagg_stats {
   std::int64_t offered = 0, released = 0;               // prefill
   std::int64_t received = 0, failed = 0, bytes = 0;     // decode
   std::int64_t recomputed_locally = 0;                  // decode: requests the prefill side never offered (gone)
+  std::int64_t refused_messages = 0;                    // decode: another model's layout, malformed messages
   double transfer_s = 0;                                // decode: sum over reads
   std::vector<std::pair<std::int32_t, double>> per_request;  // decode: (request index, read seconds)
 };
@@ -139,7 +141,10 @@ class disagg_link {
       gone = true;
       return "";
     }
-    if (!st) return std::string("kv_receiver::poll: ") + st.message();
+    if (!st) {  // another model's layout, a malformed message: its offers are declined, computed here
+      ++st_.refused_messages;
+      if (st_.refused_messages == 1) std::fprintf(stderr, "kvpager-generate: kv_receiver: %s\n", st.message());
+    }
     return "";
   }
   std::string start(kvpager::seq_id request, std::span<const kvpager::block_id> table, std::int64_t first, std::int64_t n) {

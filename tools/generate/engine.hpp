@@ -386,8 +386,12 @@ class engine {
       remote_pending_.erase(at);
       const kvpager::seq_id id = new_seq(static_cast<std::int32_t>(r), 0);
       seqs_[id].forks_pending = reqs[r].n > 1;
-      external_[r] = id;
       add(id, reqs, results, static_cast<std::int32_t>(o.computed));
+      if (seqs_.count(id) != 0) {
+        external_[r] = id;
+      } else {
+        link_->decline(o.id);  // refused here (it can never fit): the sender need not hold it
+      }
     }
     if (gone || silent) {  // no more offers will come: compute the rest here
       for (const std::size_t r : remote_pending_) {
@@ -420,9 +424,10 @@ class engine {
       const std::int64_t bs = cache_.block_size();
       const auto r = static_cast<kvpager::seq_id>(seqs_.at(id).req);
       if (std::string e = link_->start(r, *table, x->first * bs, x->count * bs); !e.empty()) {
-        // Not started (the offer is gone with its sender): computed here instead.
+        // Not started (the offer does not fit, or is gone with its sender): computed here instead.
         if (const kvpager::status st = cache_.complete_external(id, false); !st) return e;
         external_.erase(static_cast<std::size_t>(r));
+        link_->decline(r);
       } else {
         started_.insert(static_cast<std::size_t>(r));
       }

@@ -437,6 +437,7 @@ int serve(const settings& s, const kvgen::model_weights& w, const std::vector<kv
                         {"received", ds.received},
                         {"failed", ds.failed},
                         {"recomputed_locally", ds.recomputed_locally},
+                        {"refused_messages", ds.refused_messages},
                         {"mean_s_per_request", ds.received > 0 ? ds.transfer_s / static_cast<double>(ds.received) : 0.0},
                         {"mean_share_of_ttft", shared > 0 ? share / static_cast<double>(shared) : 0.0}};
   }

@@ -268,9 +268,16 @@ class paged_kv_cache : public detail::cache_exports<paged_kv_cache<A, E, S, W, T
   /// The engine received sequence `id`'s external KV (`ok`): its blocks are committed to the prefix cache (and
   /// announced as KV cache events) and load_state says none: it runs as a prefix hit of those tokens. Not `ok`
   /// (the transfer failed or timed out): load_state says failed and nothing is committed: free the sequence and
-  /// admit it again without external tokens (the scheduler does). Errors (nothing changed):
-  /// errc::unknown_sequence; errc::invalid_argument for a sequence not waiting for external KV.
+  /// admit it again without external tokens (the scheduler does). A sequence freed while it waited keeps its
+  /// external blocks (a read in flight may still write into them) until this call reports it: they are freed then.
+  /// Errors (nothing changed): errc::unknown_sequence; errc::invalid_argument for a sequence not waiting for
+  /// external KV.
   status complete_external(seq_id id, bool ok) {
+    if (external_wait* o = find_external(id); o != nullptr && !o->orphans.empty()) {  // freed while reading
+      for (const block_id b : o->orphans) release(b, retention_hint{});
+      erase_external(id);
+      return ok_status();
+    }
     if (!seqs_.contains(id)) return status{errc::unknown_sequence, "complete_external: unknown sequence id"};
     external_wait* w = find_external(id);
     if (w == nullptr || w->state != tier_load_state::loading)
@@ -479,6 +486,8 @@ class paged_kv_cache : public detail::cache_exports<paged_kv_cache<A, E, S, W, T
     external_range range{};
     std::vector<token_id> tokens;
     tier_load_state state = tier_load_state::loading;
+    /// Freed while its read could still be writing: its external blocks, held until complete_external reports it.
+    std::vector<block_id> orphans;
   };
   [[nodiscard]] const external_wait* find_external(seq_id id) const noexcept {
     for (const external_wait& w : external_)
@@ -717,10 +726,24 @@ KVPAGER_OUT_OF_LINE auto paged_kv_cache<A, E, S, W, T>::free_sequence(seq_id id)
           });
     }
     if constexpr (tier_type::enabled) tier_.drop_sequence(id, s.blocks);  // loads in flight keep their blocks
-    erase_external(id);  // blocks whose external KV never arrived (or is in flight): uncommitted, freed below
+    // A read in flight may still write into the external blocks: they stay held (uncommitted, findable by nobody)
+    // until complete_external(id) reports it. A failed read has ended: its blocks are freed now.
+    external_wait* w = find_external(id);
+    const bool orphan = w != nullptr && w->state == tier_load_state::loading;
+    const auto in_flight = [&](std::size_t i) {
+      return orphan && i >= static_cast<std::size_t>(w->range.first) &&
+             i < static_cast<std::size_t>(w->range.first + w->range.count);
+    };
     const retention_hint hint{s.priority};
-    for (auto it = s.blocks.rbegin(); it != s.blocks.rend(); ++it)
-      if (*it != no_block) release(*it, hint);
+    for (std::size_t i = s.blocks.size(); i-- > 0;) {
+      if (s.blocks[i] == no_block) continue;
+      if (in_flight(i)) {
+        w->orphans.push_back(s.blocks[i]);
+        continue;
+      }
+      release(s.blocks[i], hint);
+    }
+    if (w != nullptr && !orphan) erase_external(id);
   }
   counts_.tokens -= s.num_tokens;
   seqs_.erase(*h);  // keeps the vectors' capacity for the next sequence in this handle
@@ -828,6 +851,8 @@ KVPAGER_OUT_OF_LINE auto paged_kv_cache<A, E, S, W, T>::add_impl(seq_id id, std:
                                                               const prefix_hit* given,
                                                               std::span<const std::uint64_t> known) -> status {
   if (seqs_.contains(id)) return status{errc::duplicate_sequence, "add_sequence: sequence id is already live"};
+  if (find_external(id) != nullptr)
+    return status{errc::duplicate_sequence, "add_sequence: the id's external read is not reported yet (complete_external)"};
   if (options.external_tokens < 0 || (options.external_tokens > 0 && tokens.empty()))
     return status{errc::invalid_argument,
                   "add_sequence: external_tokens must be >= 0, and needs the prompt's token ids", options.external_tokens};
@@ -876,7 +901,12 @@ KVPAGER_OUT_OF_LINE auto paged_kv_cache<A, E, S, W, T>::add_impl(seq_id id, std:
   // With async transfers a sequence with loads takes only its hit's blocks for now: it waits for them.
   bool waits = ext > 0;
   if constexpr (tier_type::enabled) waits = waits || (loads > 0 && tier_.async());
-  if (ext > 0) external_.reserve(external_.size() + 1);  // the one allocation that can fail comes before any change
+  std::vector<token_id> ext_tokens;  // allocated before anything changes
+  if (ext > 0) {
+    external_.reserve(external_.size() + 1);
+    ext_tokens.assign(tokens.begin(), tokens.begin() + static_cast<std::ptrdiff_t>(hits_.size() + static_cast<std::size_t>(ext)) *
+                                                         cfg_.block_size);
+  }
   const std::int32_t h = seqs_.insert(id);
   seq_state& s = seqs_[h];
   s.blocks.resize(waits ? hits_.size() + static_cast<std::size_t>(loads + ext) : static_cast<std::size_t>(total));
@@ -909,7 +939,7 @@ KVPAGER_OUT_OF_LINE auto paged_kv_cache<A, E, S, W, T>::add_impl(seq_id id, std:
       external_wait& w = external_.emplace_back();
       w.id = id;
       w.range = external_range{static_cast<std::int32_t>(hits_.size()), ext};
-      w.tokens.assign(tokens.begin(), tokens.begin() + hit_tokens);
+      w.tokens = std::move(ext_tokens);
     }
     // A waiting sequence's loaded blocks are committed once they are in (commit_loaded), not now.
     if (!waits)

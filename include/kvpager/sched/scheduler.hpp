@@ -124,11 +124,11 @@ class scheduler : public scheduler_queues {
   /// (hold) that finishes running keeps its sequence in the cache until release.
   status finish(seq_id id);
 
-  /// When running request `id` finishes (complete(..., finished = true), finish(), a stop the scheduler applies),
-  /// its sequence stays in the cache, blocks and all, instead of being freed: a prefill instance's request whose
-  /// KV a decode instance reads (docs/disaggregated.md). The id stays taken until release(id). A request that
-  /// finishes while not running (waiting, swapped, preempted) is freed as usual. errc::unknown_sequence for an
-  /// unknown request.
+  /// When running request `id` finishes by complete(..., finished = true) (its step executed), its sequence stays in
+  /// the cache, blocks and all, instead of being freed: a prefill instance's request whose KV a decode instance
+  /// reads (docs/disaggregated.md). The id stays taken until release(id). Any other end (finish(), a stop the
+  /// scheduler applies, a cache error, or finishing while not running) frees it as usual; a fork child does not
+  /// inherit the hold. errc::unknown_sequence for an unknown request.
   status hold(seq_id id);
   /// Frees held sequence `id` (its KV was read, or will not be). errc::unknown_sequence for an id not held.
   status release(seq_id id);
@@ -268,6 +268,9 @@ class scheduler : public scheduler_queues {
 
   /// The scheduler ends request `id` itself (`why`), reported in step_output::finished.
   KVPAGER_NOINLINE void finish_with(seq_id id, finish_reason why);
+  /// finish(); `may_hold`: a held request that finishes running keeps its sequence (only when the engine completes
+  /// it, its step executed: a cancel, a stop the scheduler applies or a cache error frees it).
+  status finish_impl(seq_id id, bool may_hold);
 
   /// The cache refused a call it cannot refuse for a sequence the scheduler owns: the request ends (its cache
   /// sequence, if any, is freed), so the scheduler's queues stay consistent with the cache.
@@ -401,7 +404,7 @@ template <class Cache>
 KVPAGER_OUT_OF_LINE auto scheduler<Cache>::complete(seq_id id, token_id next, bool finished) -> status {
   if (finished) {
     if (known(id)) plan_executed();  // an unknown id is an error and changes nothing
-    return finish(id);
+    return finish_impl(id, true);  // a held request keeps its sequence
   }
   return taken(take_token(reqs_.get(id), next));
 }
@@ -433,6 +436,11 @@ KVPAGER_OUT_OF_LINE auto scheduler<Cache>::compute_pending(seq_id id) -> status 
 
 template <class Cache>
 KVPAGER_OUT_OF_LINE auto scheduler<Cache>::finish(seq_id id) -> status {
+  return finish_impl(id, false);
+}
+
+template <class Cache>
+KVPAGER_OUT_OF_LINE auto scheduler<Cache>::finish_impl(seq_id id, bool may_hold) -> status {
   sched_request* r = reqs_.get(id);
   if (r == nullptr) {
     const auto f = std::find_if(forks_.begin(), forks_.end(), [&](const auto& p) { return p.second == id; });
@@ -441,7 +449,7 @@ KVPAGER_OUT_OF_LINE auto scheduler<Cache>::finish(seq_id id) -> status {
     ++stats_.finished;
     return ok_status();
   }
-  const bool keep = r->hold && r->where == request_state::running && cache_.contains(id);
+  const bool keep = may_hold && r->hold && r->where == request_state::running && cache_.contains(id);
   leave_queue(*r);
   tuners_.finished(cfg_, r->prompt_len, r->num_tokens());
   // A waiting request holds nothing in the cache (a live sequence of that id is not the scheduler's).
@@ -504,6 +512,7 @@ auto scheduler<Cache>::start_forks() -> void {
     const slot_type c = reqs_.add(child);  // may move the table: reach the parent by its slot again
     reqs_[c] = reqs_[p];
     reqs_[c].id = child;
+    reqs_[c].hold = false;
     reqs_[c].step = 0;
     push_running(child, c);
     out_.forked.push_back(child);
@@ -527,6 +536,7 @@ auto scheduler<Cache>::poll_loads() -> void {
       const slot_type s = reqs_.find(id);
       sched_request& r = reqs_[s];
       if (in) {  // all in: a partially computed prompt from here
+        r.options.external_tokens = 0;  // used: a later re-admission (after a recompute) computes or hits them
         push_running(id, s);
         continue;
       }
@@ -857,6 +867,7 @@ KVPAGER_OUT_OF_LINE auto scheduler<Cache>::admit_front(bool count) -> admit_outc
       waits = ls && *ls == tier_load_state::loading;
     }
   }
+  if (!waits) r.options.external_tokens = 0;  // nothing to wait for (its own cache had those blocks): used
   waiting_.pop_front();
   if (waits) {
     r.where = request_state::loading;

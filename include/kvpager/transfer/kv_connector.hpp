@@ -159,9 +159,9 @@ class kv_sender {
 
   /// Offers request `id` to peer `p`: `computed` of its `tokens` have KV in the blocks of `table` (the request's
   /// block table here, at least ceil(computed / block_size) entries). Keep the blocks until poll() says the
-  /// receiver is done with `id`. The first offer to a peer sends this side's layout first. Errors (nothing sent):
-  /// errc::invalid_argument (computed outside [0, tokens], a short table or an entry outside the pool),
-  /// the transport's.
+  /// receiver is done with `id`. The first offer to a peer sends this side's layout first. Errors: errc::invalid_argument
+  /// (computed outside [0, tokens], a short table or an entry outside the pool; nothing sent), the transport's (the
+  /// layout may have gone out before the offer failed).
   status offer(peer_handle p, seq_id id, std::span<const token_id> tokens, std::int64_t computed,
                std::span<const block_id> table) {
     const std::int32_t bs = side_.rank.geometry.block_size;
@@ -365,6 +365,8 @@ class kv_receiver {
       : transport_(&t), peer_(p), side_(s), timeout_(timeout) {}
 
   status take_layout(detail::message_reader& m) {
+    if (!flights_.empty() || !offers_.empty())  // its remote keys are in use: a new layout would pull them away
+      return status{errc::invalid_argument, "kv_receiver: a second layout while reads or offers are open"};
     const kv_side s = detail::read_side(m);
     const std::uint32_t n = m.count(4);
     std::vector<std::span<const std::byte>> descs;

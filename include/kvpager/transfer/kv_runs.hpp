@@ -84,9 +84,13 @@ namespace detail {
   if (g.block_size <= 0 || g.num_kv_heads <= 0 || g.head_dim <= 0 || g.num_blocks <= 0)
     return status{errc::invalid_argument, which, g.block_size};
   if (s.num_layers <= 0) return status{errc::invalid_argument, which, s.num_layers};
-  if (s.rank.tp <= 0 || s.rank.kv_replicas <= 0 || s.rank.tp % s.rank.kv_replicas != 0)
+  // Bounds that keep every product below in int32 (a layout may come from a peer's message).
+  constexpr std::int32_t most = 4096;
+  if (g.num_kv_heads > most || s.rank.tp <= 0 || s.rank.tp > most || s.rank.kv_replicas <= 0 ||
+      s.rank.tp % s.rank.kv_replicas != 0 || s.rank.rank < 0 || s.rank.rank >= s.rank.tp)
     return status{errc::invalid_argument, which, s.rank.tp};
-  if (s.rank.kv_head_begin < 0 || s.rank.kv_head_begin + g.num_kv_heads > s.model_kv_heads())
+  if (s.rank.kv_head_begin < 0 || s.rank.kv_head_begin > most * most ||
+      s.rank.kv_head_begin + g.num_kv_heads > s.model_kv_heads())
     return status{errc::invalid_argument, which, s.rank.kv_head_begin};
   if (s.region_bytes() <= 0) return status{errc::invalid_argument, which, g.num_blocks};
   return status{};
@@ -113,9 +117,10 @@ namespace detail {
   return status{};
 }
 
-/// Appends run `r` to `out`, extending the last run when `r` continues it on both sides.
-inline void push_run(std::vector<kv_run>& out, const kv_run& r) {
-  if (!out.empty()) {
+/// Appends run `r` to `out`, extending the last run when `r` continues it on both sides and is past `floor` (runs
+/// before it are the caller's: never changed).
+inline void push_run(std::vector<kv_run>& out, const kv_run& r, std::size_t floor) {
+  if (out.size() > floor) {
     kv_run& last = out.back();
     if (last.src_region == r.src_region && last.dst_region == r.dst_region &&
         last.src_offset + last.bytes == r.src_offset && last.dst_offset + last.bytes == r.dst_offset) {
@@ -226,7 +231,8 @@ inline status plan_kv_runs(const kv_side& src, const kv_tables& src_tables, cons
                         "plan_kv_runs: the receiver keeps a token the sender no longer holds (a released block)", first};
         }
         detail::push_run(out, kv_run{src.region(layer), dst.region(layer), src.offset(layer, sb, 0, 0, 0),
-                                     dst.offset(layer, db, 0, 0, 0), whole_block});
+                                     dst.offset(layer, db, 0, 0, 0), whole_block},
+                          old_size);
         continue;
       }
       for (std::int32_t kv = 0; kv < 2; ++kv) {
@@ -246,7 +252,8 @@ inline status plan_kv_runs(const kv_side& src, const kv_tables& src_tables, cons
             }
             detail::push_run(out, kv_run{src.region(layer), dst.region(layer),
                                          src.offset(layer, sb, kv, hs, static_cast<std::int32_t>(t % sbs)),
-                                         dst.offset(layer, db, kv, hd, static_cast<std::int32_t>(t % dbs)), seg * row});
+                                         dst.offset(layer, db, kv, hd, static_cast<std::int32_t>(t % dbs)), seg * row},
+                            old_size);
             t += seg;
           }
         }

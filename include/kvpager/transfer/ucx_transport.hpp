@@ -4,13 +4,14 @@
 /// ucx_transport: the kv_transport over UCX's UCP (libucx; Debian libucx-dev). One UCP context and worker; peers
 /// connect by address (a listener on one side, `connect` on the other, TCP for the connection set-up); the KV pools
 /// are registered once (ucp_mem_map) and described to peers with their packed remote keys; a read posts one
-/// ucp_get_nbx per run and one endpoint flush, whose completion is the read's. UCX picks the fastest path it has
+/// ucp_get_nbx per run and is done when every get's completion callback has run. UCX picks the fastest path it has
 /// between the two processes: shared memory (posix, cma) on one machine, TCP, or RDMA. Messages are tagged sends
 /// (ucp_tag_send_nbx), received by probe, in order per connection. Errors of a peer that goes away are caught by
 /// UCX's peer error handling and turn into errc::transport_error. Not included by kvpager.hpp: the one header of
 /// kvpager that needs libucx (link ucp and ucs).
 ///
-/// Every wait is bounded (ucx_options); nothing here blocks forever. One thread per transport object.
+/// Every wait is bounded (ucx_options); nothing here blocks forever. One thread per transport object. Peers are
+/// trusted as far as UCX's own remote keys go: a description's key is handed to ucp_ep_rkey_unpack as it came.
 
 #include <arpa/inet.h>
 #include <netdb.h>
@@ -376,6 +377,7 @@ class ucx_transport {
     std::vector<remote> remotes;
     std::vector<std::unique_ptr<flight>> flights;  // stable addresses: the gets' callbacks count on them
     std::vector<detail::transfer_region> scratch;
+    std::vector<std::vector<std::byte>> graveyard;  // buffers of receives that timed out (UCX may still write them)
     transfer_handle next = 1;
 
     static void on_connection(ucp_conn_request_h req, void* arg) { static_cast<impl*>(arg)->pending.push_back(req); }
@@ -532,18 +534,27 @@ class ucx_transport {
     if (s != UCS_OK) return status{errc::transport_error, what, s};
     return status{};
   }
+  /// A send UCX has not finished within the timeout cannot be taken back (UCX may still read its buffer): the
+  /// connection is closed, which ends it, before the caller's buffer can change.
   status send_tagged(peer_handle p, ucp_tag_t t, std::span<const std::byte> bytes) {
     ucp_request_param_t none{};
-    const peer& q = *d_->peers[static_cast<std::size_t>(p)];
+    peer& q = *d_->peers[static_cast<std::size_t>(p)];
     ucs_status_ptr_t r = ucp_tag_send_nbx(q.data != nullptr ? q.data : q.ep, bytes.data(), bytes.size(), t, &none);
-    return wait(r, std::chrono::steady_clock::now() + d_->options.message_timeout, "ucx_transport: a send failed");
+    const status st = wait(r, std::chrono::steady_clock::now() + d_->options.message_timeout, "ucx_transport: a send failed");
+    if (st.code() == errc::timed_out) d_->close(q);
+    return st;
   }
   status receive_probed(ucp_tag_message_h msg, const ucp_tag_recv_info_t& info, std::vector<std::byte>& out,
                         std::chrono::steady_clock::time_point until) {
     out.resize(info.length);
     ucp_request_param_t none{};
     ucs_status_ptr_t r = ucp_tag_msg_recv_nbx(d_->worker, out.data(), out.size(), msg, &none);
-    return wait(r, until, "ucx_transport: a receive failed");
+    const status st = wait(r, until, "ucx_transport: a receive failed");
+    if (st.code() == errc::timed_out) {  // UCX may still write into `out`'s buffer: it is kept until the end
+      d_->graveyard.push_back(std::move(out));
+      out = {};
+    }
+    return st;
   }
   /// Waits until a message tagged `t` arrives, while peer `p` (being set up) is alive.
   status wait_message(peer_handle p, ucp_tag_t t, std::vector<std::byte>& out, std::chrono::steady_clock::time_point until) {
