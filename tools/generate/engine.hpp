@@ -102,9 +102,7 @@ class engine {
         continue;
       }
 #endif
-      const kvpager::seq_id id = new_seq(static_cast<std::int32_t>(r), 0);
-      seqs_[id].forks_pending = reqs[r].n > 1;
-      add(id, reqs, results);
+      start_request(r, reqs, results);
     }
     last_link_event_ = clock::now();
     std::vector<std::int32_t> rows;
@@ -247,6 +245,16 @@ class engine {
     return id;
   }
 
+  /// Request `r`'s first sample (the others fork from it once its prompt is computed), added to the scheduler
+  /// with `external_tokens`. Its sequence id (no longer in seqs_ when the scheduler refused it).
+  kvpager::seq_id start_request(std::size_t r, const std::vector<gen_request>& reqs, std::vector<request_result>& results,
+                                std::int32_t external_tokens = 0) {
+    const kvpager::seq_id id = new_seq(static_cast<std::int32_t>(r), 0);
+    seqs_[id].forks_pending = reqs[r].n > 1;
+    add(id, reqs, results, external_tokens);
+    return id;
+  }
+
   void add(kvpager::seq_id id, const std::vector<gen_request>& reqs, std::vector<request_result>& results,
            std::int32_t external_tokens = 0) {
     const seq& s = seqs_.at(id);
@@ -384,9 +392,7 @@ class engine {
         continue;
       }
       remote_pending_.erase(at);
-      const kvpager::seq_id id = new_seq(static_cast<std::int32_t>(r), 0);
-      seqs_[id].forks_pending = reqs[r].n > 1;
-      add(id, reqs, results, static_cast<std::int32_t>(o.computed));
+      const kvpager::seq_id id = start_request(r, reqs, results, static_cast<std::int32_t>(o.computed));
       if (seqs_.count(id) != 0) {
         external_[r] = id;
       } else {
@@ -396,9 +402,7 @@ class engine {
     if (gone || silent) {  // no more offers will come: compute the rest here
       for (const std::size_t r : remote_pending_) {
         ++link_->stats().recomputed_locally;
-        const kvpager::seq_id id = new_seq(static_cast<std::int32_t>(r), 0);
-        seqs_[id].forks_pending = reqs[r].n > 1;
-        add(id, reqs, results);
+        start_request(r, reqs, results);
       }
       remote_pending_.clear();
     }

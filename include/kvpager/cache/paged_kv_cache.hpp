@@ -286,15 +286,8 @@ class paged_kv_cache : public detail::cache_exports<paged_kv_cache<A, E, S, W, T
       w->state = tier_load_state::failed;
       return ok_status();
     }
-    if constexpr (content_cache<S>) {  // without a content cache there is nothing to commit
-      seq_state& s = seqs_.at(id);
-      const S& share = blocks_.sharing();
-      const std::int32_t first = w->range.first;
-      cursor_type cur = first == 0 ? share.first_cursor(s.extra_key)
-                                   : share.cursor_after(s.blocks[static_cast<std::size_t>(first - 1)]);
-      cursors_.commit_prompt(blocks_.sharing(), s, cur, detail::span_of(w->tokens), first, prompt_hashes{},
-                             announcer(s));
-    }
+    seq_state& s = seqs_.at(id);
+    commit_arrived(s, w->range.first, detail::span_of(w->tokens), prompt_hashes{}, s.extra_key);
     erase_external(id);
     return ok_status();
   }
@@ -460,20 +453,29 @@ class paged_kv_cache : public detail::cache_exports<paged_kv_cache<A, E, S, W, T
     return ok_status();
   }
 
+  /// Blocks [first, tokens.size() / block_size) of sequence `s` arrived (host tier loads, external KV): committed
+  /// to the prefix cache as its admission would have (their KV cache events too), chained after block first - 1.
+  void commit_arrived(seq_state& s, std::int32_t first, std::span<const token_id> tokens, const prompt_hashes& ph,
+                      std::uint64_t extra_key) {
+    if constexpr (content_cache<S>) {
+      const S& share = blocks_.sharing();
+      cursor_type cur = first == 0 ? share.first_cursor(extra_key)
+                                   : share.cursor_after(s.blocks[static_cast<std::size_t>(first - 1)]);
+      cursors_.commit_prompt(blocks_.sharing(), s, cur, tokens, first, ph, announcer(s));
+    } else {
+      (void)s, (void)first, (void)tokens, (void)ph, (void)extra_key;
+    }
+  }
+
   /// A sequence's loads are resolved (all in, or one failed or timed out): the blocks that arrived before the first
   /// that did not are committed to the prefix cache, as its admission would have (their KV cache events too).
   void commit_loaded(const detail::pending_load& p) {
     if constexpr (tier_type::enabled) {
       const std::int32_t g = p.good();
       if (g == 0) return;
-      seq_state& s = seqs_.at(p.id);
-      const S& share = blocks_.sharing();
-      cursor_type cur = p.first == 0 ? share.first_cursor(p.extra_key)
-                                     : share.cursor_after(s.blocks[static_cast<std::size_t>(p.first - 1)]);
       const auto tokens = std::span<const token_id>(p.tokens).first(static_cast<std::size_t>(p.first + g) *
                                                                     static_cast<std::size_t>(cfg_.block_size));
-      cursors_.commit_prompt(blocks_.sharing(), s, cur, tokens, p.first, prompt_hashes{detail::span_of(p.hashes)},
-                             announcer(s));
+      commit_arrived(seqs_.at(p.id), p.first, tokens, prompt_hashes{detail::span_of(p.hashes)}, p.extra_key);
     } else {
       (void)p;
     }
@@ -879,7 +881,7 @@ KVPAGER_OUT_OF_LINE auto paged_kv_cache<A, E, S, W, T>::add_impl(seq_id id, std:
   // KV from outside (no mutation yet): the full blocks after the device hit up to options.external_tokens, below
   // the last token. The host tier then loads nothing: the transfer supplies those blocks.
   std::int32_t ext = 0;
-  if (options.external_tokens > 0 && !tokens.empty()) {
+  if (options.external_tokens > 0) {  // with token ids (checked above)
     const std::int64_t cap = std::min<std::int64_t>(options.external_tokens, n - 1) / cfg_.block_size;
     ext = static_cast<std::int32_t>(std::max<std::int64_t>(0, cap - static_cast<std::int64_t>(hits_.size())));
   }

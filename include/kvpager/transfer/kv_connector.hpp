@@ -134,6 +134,16 @@ inline kv_side read_side(message_reader& r) {
   return s;
 }
 
+/// This instance's side of a connector half (kv_sender, kv_receiver): a valid layout, registered as one region per
+/// pool region.
+[[nodiscard]] inline status check_own_side(const kv_side& side, std::span<const mem_handle> regions) noexcept {
+  if (const status st = check_kv_side(side, "kv connector: this side is not a valid layout"); !st.ok()) return st;
+  if (static_cast<std::int32_t>(regions.size()) != side.num_regions())
+    return status{errc::invalid_argument, "kv connector: one registered region per pool region",
+                  static_cast<std::int64_t>(regions.size())};
+  return status{};
+}
+
 [[nodiscard]] inline status malformed(const char* field) noexcept {
   return status{errc::invalid_argument, field};
 }
@@ -147,11 +157,7 @@ class kv_sender {
   /// Over `transport`, for this instance's pools `side`, registered as `regions` (one per side.num_regions()).
   /// errc::invalid_argument for a side that is not a valid layout or a region count that does not match it.
   static result<kv_sender> create(T& transport, const kv_side& side, std::span<const mem_handle> regions) {
-    if (const status st = detail::check_kv_side(side, "kv_sender: the side is not a valid layout"); !st.ok())
-      return st;
-    if (static_cast<std::int32_t>(regions.size()) != side.num_regions())
-      return status{errc::invalid_argument, "kv_sender: one registered region per pool region",
-                    static_cast<std::int64_t>(regions.size())};
+    if (const status st = detail::check_own_side(side, regions); !st.ok()) return st;
     kv_sender s(transport, side);
     s.regions_.assign(regions.begin(), regions.end());
     return s;
@@ -247,11 +253,7 @@ class kv_receiver {
   /// flight from it: their blocks are safe to free). Errors as kv_sender::create.
   static result<kv_receiver> create(T& transport, peer_handle peer, const kv_side& side,
                                     std::span<const mem_handle> regions, std::chrono::milliseconds timeout) {
-    if (const status st = detail::check_kv_side(side, "kv_receiver: the side is not a valid layout"); !st.ok())
-      return st;
-    if (static_cast<std::int32_t>(regions.size()) != side.num_regions())
-      return status{errc::invalid_argument, "kv_receiver: one registered region per pool region",
-                    static_cast<std::int64_t>(regions.size())};
+    if (const status st = detail::check_own_side(side, regions); !st.ok()) return st;
     kv_receiver r(transport, peer, side, timeout);
     r.regions_.assign(regions.begin(), regions.end());
     return r;
