@@ -455,42 +455,53 @@ def disagg_batch():
 
 
 def disaggregated(c):
-    ck = c.checkpoint("--layers", "2", "--seed", "21")
     reqs = c.requests(disagg_batch())
-    _, single = c.generate(ck, reqs, "--num-blocks", "40")
-    want = {k: [(x["token_ids"], x["finish_reason"]) for x in v] for k, v in single.items()}
-    for decoders in (1, 2):
-        port = free_port()
-        with Procs() as ps:
-            pre = ps.start([c.gen, ck, reqs, "--role", "prefill", "--kv-listen", f"127.0.0.1:{port}", "--kv-peers",
-                            str(decoders), "--json", "--quiet", "--num-blocks", "64", "--kv-timeout-ms", "20000"])
-            decs, outs = [], []
-            for k in range(decoders):
-                out = os.path.join(c.tmp, f"decode{decoders}_{k}.jsonl")
-                outs.append(out)
-                decs.append(ps.start([c.gen, ck, reqs, "--role", "decode", "--kv-connect", f"127.0.0.1:{port}",
-                                      "--kv-peers", str(decoders), "--kv-peer-index", str(k), "--output", out,
-                                      "--reference", "--block-size", "32", "--num-blocks", "40", "--json", "--quiet",
-                                      "--kv-timeout-ms", "20000"]))
-            got, received, bytes_ = {}, 0, 0
-            for d, out in zip(decs, outs):
-                rc, so, se = ps.finish(d)
-                check(rc == 0, f"decode exited {rc}: {se[-3000:]}")
-                summ = json.loads(so)
-                check(summ["reference"]["matched"], f"decode side against --reference: {summ['reference']}")
-                received += summ["kv_transfer"]["received"]
-                bytes_ += summ["kv_transfer_bytes"]
-                check(summ["kv_transfer"]["failed"] == 0 and summ["kv_transfer"]["recomputed_locally"] == 0,
-                      f"a transfer failed: {summ['kv_transfer']}")
-                check(summ["kv_transfer_s"] > 0 and 0 < summ["kv_transfer"]["mean_share_of_ttft"] < 1,
-                      f"transfer time: {summ['kv_transfer']}")
-                got.update(read_outputs(out))
-            rc, so, se = ps.finish(pre)
-            check(rc == 0, f"prefill exited {rc}: {se[-3000:]}")
-            pre_s = json.loads(so)["kv_transfer"]
-        check(got == want, f"{decoders} decode instance(s): outputs differ from a single process's")
-        check(pre_s["offered"] == 9 and pre_s["released"] == 9, f"prefill side: {pre_s}")
-        check(received >= 7 and bytes_ > 0, f"KV read for {received} requests, {bytes_} bytes")
+    # A dense model (one KV cache group) and a sliding-window one (KV cache groups: the decode side takes, and reads,
+    # only the window blocks its first computed token still reads).
+    dense = c.checkpoint("--layers", "2", "--seed", "21")
+    windowed = c.checkpoint("--family", "mistral", "--window", "24", "--layers", "2", "--seed", "23")
+    for name, ck in (("dense", dense), ("sliding window", windowed)):
+        _, single = c.generate(ck, reqs, "--num-blocks", "40")
+        want = {k: [(x["token_ids"], x["finish_reason"]) for x in v] for k, v in single.items()}
+        for decoders in ((1, 2) if name == "dense" else (1,)):
+            got, received, bytes_, pre_s = disaggregated_run(c, ck, reqs, decoders)
+            check(got == want, f"{name}, {decoders} decode instance(s): outputs differ from a single process's")
+            check(pre_s["offered"] == 9 and pre_s["released"] == 9, f"{name}, prefill side: {pre_s}")
+            check(received >= 7 and bytes_ > 0, f"{name}: KV read for {received} requests, {bytes_} bytes")
+            print(f"ok disaggregated {name}, {decoders} decode instance(s): {received} reads, {bytes_} bytes")
+
+
+def disaggregated_run(c, ck, reqs, decoders):
+    """One prefill process and `decoders` decode processes over UCX: the outputs, reads, bytes, prefill's stats."""
+    port = free_port()
+    with Procs() as ps:
+        pre = ps.start([c.gen, ck, reqs, "--role", "prefill", "--kv-listen", f"127.0.0.1:{port}", "--kv-peers",
+                        str(decoders), "--json", "--quiet", "--num-blocks", "64", "--kv-timeout-ms", "20000"])
+        decs, outs = [], []
+        for k in range(decoders):
+            out = os.path.join(c.tmp, f"decode{decoders}_{k}.jsonl")
+            outs.append(out)
+            decs.append(ps.start([c.gen, ck, reqs, "--role", "decode", "--kv-connect", f"127.0.0.1:{port}",
+                                  "--kv-peers", str(decoders), "--kv-peer-index", str(k), "--output", out,
+                                  "--reference", "--block-size", "32", "--num-blocks", "40", "--json", "--quiet",
+                                  "--kv-timeout-ms", "20000"]))
+        got, received, bytes_ = {}, 0, 0
+        for d, out in zip(decs, outs):
+            rc, so, se = ps.finish(d)
+            check(rc == 0, f"decode exited {rc}: {se[-3000:]}")
+            summ = json.loads(so)
+            check(summ["reference"]["matched"], f"decode side against --reference: {summ['reference']}")
+            received += summ["kv_transfer"]["received"]
+            bytes_ += summ["kv_transfer_bytes"]
+            check(summ["kv_transfer"]["failed"] == 0 and summ["kv_transfer"]["recomputed_locally"] == 0,
+                  f"a transfer failed: {summ['kv_transfer']}")
+            check(summ["kv_transfer_s"] > 0 and 0 < summ["kv_transfer"]["mean_share_of_ttft"] < 1,
+                  f"transfer time: {summ['kv_transfer']}")
+            got.update(read_outputs(out))
+        rc, so, se = ps.finish(pre)
+        check(rc == 0, f"prefill exited {rc}: {se[-3000:]}")
+        pre_s = json.loads(so)["kv_transfer"]
+    return got, received, bytes_, pre_s
 
 
 def disaggregated_faults(c):

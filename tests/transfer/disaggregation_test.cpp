@@ -37,11 +37,15 @@ std::uint32_t content(std::int32_t layer, token_id tok, std::int64_t pos, std::i
   return static_cast<std::uint32_t>(test::kv_value(layer, pos * 100003 + tok, kv, head, d));
 }
 
-/// One instance: a cache, its scheduler, per-layer pools in host memory, the request's tokens so far.
-struct instance {
-  explicit instance(cache_t c) : cache(std::move(c)) {}
-  cache_t cache;
-  std::unique_ptr<sched_t> sched;
+/// One instance: a cache, its scheduler, per-layer pools in host memory, the request's tokens so far. With KV cache
+/// groups (hybrid_kv_cache): layer 0 in a full-attention group (table 0), layer 1 in a sliding window (table 1).
+template <class Cache>
+struct basic_instance {
+  static constexpr bool grouped = requires(const Cache& c) { c.num_groups(); };
+  static constexpr std::int32_t window = 40;  // tokens of the sliding-window group
+  explicit basic_instance(Cache c) : cache(std::move(c)) {}
+  Cache cache;
+  std::unique_ptr<scheduler<Cache>> sched;
   kv_side side;
   std::vector<std::vector<std::byte>> pools;
   inproc_transport transport;
@@ -51,16 +55,23 @@ struct instance {
   std::map<seq_id, std::vector<std::int32_t>> starts;  // the start of each chunk scheduled
   std::vector<seq_id> finished;
 
-  static std::unique_ptr<instance> make(std::int32_t block_size, std::int32_t blocks, std::int64_t budget = 8192) {
-    auto c = cache_t::create(cache_config{block_size, blocks, 0, 0});
+  static std::unique_ptr<basic_instance> make(std::int32_t block_size, std::int32_t blocks, std::int64_t budget = 8192) {
+    auto c = [&] {
+      if constexpr (grouped) {
+        const any_group_kind kinds[2] = {full_attention{}, sliding_window{window}};
+        return Cache::create(cache_config{block_size, blocks, 1, 0}, kinds, {hybrid_conventions::vllm});
+      } else {
+        return Cache::create(cache_config{block_size, blocks, 0, 0});
+      }
+    }();
     EXPECT_TRUE(c.ok());
-    auto in = std::make_unique<instance>(std::move(*c));
+    auto in = std::make_unique<basic_instance>(std::move(*c));
     scheduler_config cfg = scheduler_config::vllm_v1();
     cfg.max_num_batched_tokens = budget;
     cfg.chunked_prefill = true;
-    auto s = sched_t::create(in->cache, cfg);
+    auto s = scheduler<Cache>::create(in->cache, cfg);
     EXPECT_TRUE(s.ok());
-    in->sched = std::make_unique<sched_t>(std::move(*s));
+    in->sched = std::make_unique<scheduler<Cache>>(std::move(*s));
     const kv_geometry g{blocks, block_size, kv_heads, head_dim, kv_dtype::f32};
     in->side = kv_side{*rank_layout(g, kv_heads * 2, 1, 0), layers, kv_pool_layout::per_layer};
     for (std::int32_t l = 0; l < layers; ++l) in->pools.emplace_back(static_cast<std::size_t>(in->side.region_bytes()), std::byte{0});
@@ -76,10 +87,29 @@ struct instance {
     ASSERT_TRUE(a.ok()) << a.error().message();
   }
 
-  void write(std::int64_t slot, seq_id id, std::int64_t pos) {
+  /// Each layer's table (layer l in table l with groups, else every layer in table 0), and the connector's groups.
+  static constexpr std::int32_t layer_tables[layers] = {0, grouped ? 1 : 0};
+  static kv_groups groups() {
+    if constexpr (grouped) return kv_groups{layer_tables, Cache::null_block};
+    return kv_groups{};
+  }
+  /// Sequence `id`'s block tables, one per table.
+  std::vector<std::span<const block_id>> tables(seq_id id) const {
+    std::vector<std::span<const block_id>> t;
+    if constexpr (grouped) {
+      for (std::int32_t g = 0; g < cache.num_tables(); ++g) t.push_back(*cache.block_table(g, id));
+    } else {
+      t.push_back(*cache.block_table(id));
+    }
+    return t;
+  }
+
+  /// Token `pos` of request `id` written at `slots[l]` in layer l.
+  void write(std::span<const std::int64_t> slots, seq_id id, std::int64_t pos) {
     const std::int32_t bs = side.rank.geometry.block_size;
     const token_id tok = tokens[id][static_cast<std::size_t>(pos)];
-    for (std::int32_t l = 0; l < layers; ++l)
+    for (std::int32_t l = 0; l < layers; ++l) {
+      const std::int64_t slot = slots[static_cast<std::size_t>(l)];
       for (std::int32_t kv = 0; kv < 2; ++kv)
         for (std::int32_t h = 0; h < kv_heads; ++h)
           for (std::int32_t d = 0; d < head_dim; ++d) {
@@ -89,6 +119,7 @@ struct instance {
                             d * 4,
                         &v, 4);
           }
+    }
   }
 
   /// One step: schedule, write the step's K/V, sample (a function of the request and its length), complete.
@@ -96,9 +127,15 @@ struct instance {
     const step_output& out = sched->schedule();
     EXPECT_TRUE(out.error.ok()) << out.error.message();
     std::size_t k = 0;
+    const std::size_t n = out.slot_mapping.size() / (grouped ? 2 : 1);  // slots per table
     for (const scheduled_sequence& e : out.scheduled) {
       starts[e.id].push_back(e.start);
-      for (std::int32_t p = e.start; p < e.start + e.num_tokens; ++p) write(out.slot_mapping[k++], e.id, p);
+      for (std::int32_t p = e.start; p < e.start + e.num_tokens; ++p, ++k) {
+        std::int64_t slots[layers];
+        for (std::int32_t l = 0; l < layers; ++l)
+          slots[l] = out.slot_mapping[static_cast<std::size_t>(layer_tables[l]) * n + k];
+        write(slots, e.id, p);
+      }
     }
     for (std::size_t i = 0; i < out.scheduled.size(); ++i) {
       const scheduled_sequence e = out.scheduled[i];
@@ -114,33 +151,38 @@ struct instance {
     return out;
   }
 
-  /// Sequence `id`'s pools hold every computed token's K/V as computing it here writes it.
+  /// Sequence `id`'s pools hold every computed token's K/V as computing it here writes it (in the blocks its
+  /// tables still hold: a window's released entries are the null block).
   [[nodiscard]] bool holds(seq_id id, std::int64_t num_tokens) {
-    const result<std::span<const block_id>> table = cache.block_table(id);
-    if (!table.ok()) return false;
+    if (!cache.contains(id)) return false;
+    const std::vector<std::span<const block_id>> t = tables(id);
     const std::int32_t bs = side.rank.geometry.block_size;
     for (std::int64_t p = 0; p < num_tokens; ++p)
-      for (std::int32_t l = 0; l < layers; ++l)
+      for (std::int32_t l = 0; l < layers; ++l) {
+        const block_id b = t[static_cast<std::size_t>(layer_tables[l])][static_cast<std::size_t>(p / bs)];
+        if (grouped && b == 0) continue;
         for (std::int32_t kv = 0; kv < 2; ++kv)
           for (std::int32_t h = 0; h < kv_heads; ++h)
             for (std::int32_t d = 0; d < head_dim; ++d) {
               std::uint32_t v = 0;
               std::memcpy(&v, pools[static_cast<std::size_t>(l)].data() +
-                                  side.offset(l, (*table)[static_cast<std::size_t>(p / bs)], kv, h,
-                                              static_cast<std::int32_t>(p % bs)) + d * 4,
+                                  side.offset(l, b, kv, h, static_cast<std::int32_t>(p % bs)) + d * 4,
                           4);
               if (v != content(l, tokens[id][static_cast<std::size_t>(p)], p, kv, h, d)) return false;
             }
+      }
     return true;
   }
 
   [[nodiscard]] bool idle_and_empty() const {
-    if (cache.num_sequences() != 0 || cache.available_blocks() != cache.config().num_blocks)
-      std::printf("instance: %d sequences, %lld of %d blocks available\n", cache.num_sequences(),
-                  static_cast<long long>(cache.available_blocks()), cache.config().num_blocks);
-    return cache.num_sequences() == 0 && cache.available_blocks() == cache.config().num_blocks;
+    const std::int64_t usable = cache.config().num_blocks - cache.config().reserved_blocks;
+    if (cache.num_sequences() != 0 || cache.available_blocks() != usable)
+      std::printf("instance: %d sequences, %lld of %lld blocks available\n", cache.num_sequences(),
+                  static_cast<long long>(cache.available_blocks()), static_cast<long long>(usable));
+    return cache.num_sequences() == 0 && cache.available_blocks() == usable;
   }
 };
+using instance = basic_instance<cache_t>;
 
 std::vector<token_id> prompt(std::int32_t n, std::uint64_t seed) {
   std::mt19937_64 rng(seed);
@@ -150,32 +192,39 @@ std::vector<token_id> prompt(std::int32_t n, std::uint64_t seed) {
 }
 
 /// The prefill side runs request `id` to its first token with its blocks held, then offers it.
-void prefill_and_offer(instance& P, kv_sender<inproc_transport>& sender, peer_handle to, seq_id id,
+template <class Cache>
+void prefill_and_offer(basic_instance<Cache>& P, kv_sender<inproc_transport>& sender, peer_handle to, seq_id id,
                        const std::vector<token_id>& p) {
   P.add(id, p, 1);
   ASSERT_TRUE(P.sched->hold(id).ok());
   for (int i = 0; i < 50 && std::find(P.finished.begin(), P.finished.end(), id) == P.finished.end(); ++i) P.step();
   ASSERT_NE(std::find(P.sched->held().begin(), P.sched->held().end(), id), P.sched->held().end());
-  const result<std::span<const block_id>> table = P.cache.block_table(id);
-  ASSERT_TRUE(table.ok());
+  ASSERT_TRUE(P.cache.contains(id));
   ASSERT_TRUE(P.holds(id, static_cast<std::int64_t>(p.size())));
-  ASSERT_TRUE(sender.offer(to, id, p, static_cast<std::int64_t>(p.size()), *table).ok());
+  const std::vector<std::span<const block_id>> tables = P.tables(id);
+  const status st = sender.offer(to, id, p, static_cast<std::int64_t>(p.size()), tables);
+  ASSERT_TRUE(st.ok()) << st.message();
 }
 
-struct pair_fixture {
+template <class Cache>
+struct basic_pair {
+  using instance = basic_instance<Cache>;
   std::unique_ptr<instance> P, D;
   peer_handle to_d = -1, to_p = -1;
   std::unique_ptr<kv_sender<inproc_transport>> sender;
   std::unique_ptr<kv_receiver<inproc_transport>> receiver;
 
-  pair_fixture(std::int32_t p_bs, std::int32_t d_bs, std::int32_t d_blocks, std::chrono::milliseconds timeout = 5000ms,
-               std::int64_t d_budget = 8192) {
-    P = instance::make(p_bs, 256);
+  std::int64_t start_failures = 0;  // reads the receiver could not plan (the request is computed here)
+
+  basic_pair(std::int32_t p_bs, std::int32_t d_bs, std::int32_t d_blocks, std::chrono::milliseconds timeout = 5000ms,
+             std::int64_t d_budget = 8192, std::int64_t p_budget = 8192) {
+    P = instance::make(p_bs, 256, p_budget);
     D = instance::make(d_bs, d_blocks, d_budget);
     std::tie(to_d, to_p) = inproc_transport::connect(P->transport, D->transport);
-    sender = std::make_unique<kv_sender<inproc_transport>>(*kv_sender<inproc_transport>::create(P->transport, P->side, P->mems));
+    sender = std::make_unique<kv_sender<inproc_transport>>(
+        *kv_sender<inproc_transport>::create(P->transport, P->side, P->mems, instance::groups()));
     receiver = std::make_unique<kv_receiver<inproc_transport>>(
-        *kv_receiver<inproc_transport>::create(D->transport, to_p, D->side, D->mems, timeout));
+        *kv_receiver<inproc_transport>::create(D->transport, to_p, D->side, D->mems, timeout, instance::groups()));
   }
 
   /// The decode side's loop for one step: take offers (admit them with external tokens), start the reads the
@@ -193,8 +242,14 @@ struct pair_fixture {
       const result<external_range> x = D->cache.external_blocks(id);
       EXPECT_TRUE(x.ok());
       const std::int32_t bs = D->side.rank.geometry.block_size;
-      const status st = receiver->start(id, *D->cache.block_table(id), std::int64_t{x->first} * bs, std::int64_t{x->count} * bs);
-      EXPECT_TRUE(st.ok()) << st.message();
+      const std::vector<std::span<const block_id>> tables = D->tables(id);
+      const status st = receiver->start(id, tables, std::int64_t{x->first} * bs, std::int64_t{x->count} * bs);
+      if (!st.ok()) {  // as an engine does: decline it and compute the request here
+        EXPECT_EQ(st.code(), errc::invalid_argument) << st.message();
+        ++start_failures;
+        EXPECT_TRUE(receiver->decline(id).ok());
+        EXPECT_TRUE(D->cache.complete_external(id, false).ok());
+      }
     }
     std::vector<seq_id> done;
     (void)sender->poll(to_d, done);
@@ -205,6 +260,7 @@ struct pair_fixture {
     return ended;
   }
 };
+using pair_fixture = basic_pair<cache_t>;
 
 TEST(Disaggregation, TheDecodeSideReadsThePromptsKvAndComputesOnlyTheTail) {
   for (const auto& [p_bs, d_bs] : {std::pair{16, 32}, std::pair{32, 16}, std::pair{16, 16}, std::pair{8, 64}}) {
@@ -423,7 +479,11 @@ TEST(Disaggregation, OnlyACompletedHeldRequestKeepsItsSequence) {
     for (const seq_id c : out.forked) P->tokens[c] = P->tokens[2];
     std::size_t k = 0;
     for (const scheduled_sequence& e : out.scheduled)
-      for (std::int32_t q = e.start; q < e.start + e.num_tokens; ++q) P->write(out.slot_mapping[k++], e.id, q);
+      for (std::int32_t q = e.start; q < e.start + e.num_tokens; ++q) {
+        const std::int64_t slots[layers] = {out.slot_mapping[k], out.slot_mapping[k]};
+        ++k;
+        P->write(slots, e.id, q);
+      }
     for (std::size_t i2 = 0; i2 < out.scheduled.size(); ++i2) {
       const seq_id id = out.scheduled[i2].id;
       P->tokens[id].push_back(5);
@@ -438,6 +498,143 @@ TEST(Disaggregation, OnlyACompletedHeldRequestKeepsItsSequence) {
   EXPECT_EQ(P->sched->release(3).code(), errc::unknown_sequence);
   ASSERT_TRUE(P->sched->release(2).ok());
   EXPECT_TRUE(P->idle_and_empty());
+}
+
+// ------------------------------------------------------------------------------------------------ KV cache groups
+// hybrid_kv_cache on both sides (vLLM's conventions): layer 0 in a full-attention group, layer 1 in a 40-token
+// sliding window. The receiver takes blocks only for the window entries its first computed token still reads.
+
+using groups_pair = basic_pair<kv_groups_cache>;
+
+TEST(DisaggregationGroups, EveryGroupsKvIsReadAndOnlyTheTailComputed) {
+  for (const auto& [p_bs, d_bs] : {std::pair{16, 16}, std::pair{16, 32}, std::pair{32, 16}, std::pair{8, 64}}) {
+    groups_pair f(p_bs, d_bs, 128);
+    const std::vector<token_id> p = prompt(150, 21);
+    prefill_and_offer(*f.P, *f.sender, f.to_d, 1, p);
+    std::vector<kv_received> got;
+    std::int64_t window_blocks = -1;
+    for (int i = 0; i < 40 && f.D->finished.empty(); ++i) {
+      const auto e = f.round(6);
+      got.insert(got.end(), e.begin(), e.end());
+      if (f.D->cache.contains(1) && *f.D->cache.load_state(1) == tier_load_state::loading && window_blocks < 0) {
+        const auto t = f.D->tables(1);
+        window_blocks = std::count_if(t[1].begin(), t[1].end(), [](block_id b) { return b != 0; });
+        EXPECT_EQ(std::count(t[0].begin(), t[0].end(), 0), 0) << "full attention takes every entry";
+      }
+      if (f.D->cache.contains(1) && *f.D->cache.load_state(1) == tier_load_state::none) {
+        EXPECT_TRUE(f.D->holds(1, *f.D->cache.num_tokens(1))) << p_bs << " -> " << d_bs;
+      }
+    }
+    ASSERT_EQ(got.size(), 1U) << "block sizes " << p_bs << " -> " << d_bs;
+    EXPECT_TRUE(got[0].ok);
+    EXPECT_EQ(f.start_failures, 0);
+    const std::int32_t ext = 149 / d_bs * d_bs;
+    // The window group holds only the entries that the 40 tokens before position `ext` lie in.
+    const std::int64_t first_read = std::max(0, ext - 40 + 1) / d_bs;
+    EXPECT_EQ(window_blocks, ext / d_bs - first_read);
+    const std::int64_t per_token = 2 * kv_heads * head_dim * 4;  // one layer
+    EXPECT_EQ(got[0].bytes, (ext + (ext - first_read * d_bs)) * per_token);
+    ASSERT_FALSE(f.D->starts[1].empty());
+    EXPECT_EQ(f.D->starts[1].front(), ext);
+    EXPECT_EQ(f.D->tokens[1].size(), 156U);
+    EXPECT_TRUE(f.P->idle_and_empty());
+    EXPECT_TRUE(f.D->idle_and_empty());
+    // The received blocks are cached in both groups: the same prompt again is an agreed hit.
+    f.D->add(2, p, 2);
+    f.D->step();
+    EXPECT_EQ(f.D->starts[2].front(), ext);
+  }
+}
+
+TEST(DisaggregationGroups, ManyRequestsAndAChunkedSenderEndReadOrComputedWithExactContent) {
+  // A prefill side that chunks its prompts (24 tokens a step) releases window blocks before the last chunk: where
+  // the receiver needs one the sender released, the read cannot be planned and the request is computed here.
+  for (const std::int64_t p_budget : {std::int64_t{8192}, std::int64_t{24}}) {
+    groups_pair f(16, 32, 256, 5000ms, 8192, p_budget);
+    std::vector<seq_id> ids;
+    for (seq_id id = 1; id <= 8; ++id) {
+      prefill_and_offer(*f.P, *f.sender, f.to_d, id, prompt(30 + static_cast<std::int32_t>(id) * 23, 300 + id));
+      ids.push_back(id);
+    }
+    std::int64_t read = 0;
+    for (int i = 0; i < 200 && f.D->finished.size() < ids.size(); ++i) {
+      for (const kv_received& r : f.round(3)) read += r.ok ? 1 : 0;
+      for (const seq_id id : ids)
+        if (f.D->cache.contains(id) && *f.D->cache.load_state(id) == tier_load_state::none) {
+          EXPECT_TRUE(f.D->holds(id, *f.D->cache.num_tokens(id))) << "request " << id;
+        }
+    }
+    EXPECT_EQ(f.D->finished.size(), ids.size());
+    EXPECT_EQ(read + f.start_failures, static_cast<std::int64_t>(ids.size()));
+    if (p_budget == 8192) {
+      EXPECT_EQ(f.start_failures, 0);
+    }
+    EXPECT_EQ(f.D->sched->stats().external_failures, f.start_failures);
+    EXPECT_TRUE(f.P->idle_and_empty());
+    EXPECT_TRUE(f.D->idle_and_empty());
+  }
+}
+
+TEST(DisaggregationGroups, TheCacheHoldsAFreedSequencesExternalBlocksAndRefusesBadCalls) {
+  const any_group_kind kinds[2] = {full_attention{}, sliding_window{20}};
+  auto made = kv_groups_cache::create(cache_config{16, 64, 1, 0}, kinds, {hybrid_conventions::vllm});
+  ASSERT_TRUE(made.ok());
+  kv_groups_cache& c = *made;
+  const std::vector<token_id> p = prompt(100, 5);
+  const std::int64_t all = c.available_blocks();
+  // Bad input changes nothing.
+  EXPECT_EQ(c.add_sequence(1, p, sequence_options{.external_tokens = -1}).code(), errc::invalid_argument);
+  EXPECT_EQ(c.add_sequence(1, std::span<const token_id>{}, sequence_options{.external_tokens = 16}).code(),
+            errc::invalid_argument);
+  EXPECT_EQ(c.available_blocks(), all);
+  EXPECT_EQ(c.num_sequences(), 0);
+  EXPECT_EQ(c.external_blocks(1).error().code(), errc::unknown_sequence);
+  // 80 external tokens: entries [0, 5); the window (20 tokens before position 80) reads entries 3 and 4 only.
+  prefix_match m;
+  ASSERT_TRUE(c.add_sequence(1, p, sequence_options{.external_tokens = 80}, &m).ok());
+  EXPECT_EQ(m.external_blocks, 5);
+  EXPECT_EQ(m.tokens, 80);
+  EXPECT_EQ(*c.external_blocks(1), (external_range{0, 5}));
+  EXPECT_EQ(*c.load_state(1), tier_load_state::loading);
+  const auto t1 = *c.block_table(1, 1);
+  ASSERT_EQ(t1.size(), 5U);
+  EXPECT_EQ(t1[0], 0);
+  EXPECT_EQ(t1[2], 0);
+  EXPECT_NE(t1[3], 0);
+  EXPECT_EQ(c.available_blocks(), all - 7);
+  EXPECT_EQ(c.append_tokens(1, std::span<const token_id>(p).subspan(80, 1)).code(), errc::pending_append);
+  EXPECT_EQ(c.complete_external(2, true).code(), errc::unknown_sequence);
+  // Freed while reading: its 7 blocks stay held, its id taken, until the read is reported.
+  ASSERT_TRUE(c.free_sequence(1).ok());
+  EXPECT_EQ(c.available_blocks(), all - 7);
+  EXPECT_EQ(c.add_sequence(1, p).code(), errc::duplicate_sequence);
+  EXPECT_EQ(c.reset_prefix_cache().code(), errc::invalid_block);
+  ASSERT_TRUE(c.complete_external(1, true).ok());
+  EXPECT_EQ(c.available_blocks(), all);
+  EXPECT_EQ(c.match_prefix(p)->blocks, 0);  // nothing was committed
+  // Completed: committed in both groups, the rest appended; then an agreed hit of 5 blocks.
+  ASSERT_TRUE(c.add_sequence(2, p, sequence_options{.external_tokens = 80}).ok());
+  ASSERT_TRUE(c.complete_external(2, true).ok());
+  EXPECT_EQ(*c.load_state(2), tier_load_state::none);
+  EXPECT_EQ(c.external_blocks(2).error().code(), errc::invalid_argument);
+  ASSERT_TRUE(c.append_tokens(2, std::span<const token_id>(p).subspan(80)).ok());
+  EXPECT_EQ(*c.num_tokens(2), 100);
+  EXPECT_EQ(c.match_prefix(p)->blocks, 6);
+  ASSERT_TRUE(c.free_sequence(2).ok());
+  // Its own cache holds more than the external tokens: nothing to wait for.
+  ASSERT_TRUE(c.add_sequence(4, p, sequence_options{.external_tokens = 80}, &m).ok());
+  EXPECT_EQ(m.external_blocks, 0);
+  EXPECT_EQ(*c.load_state(4), tier_load_state::none);
+  ASSERT_TRUE(c.free_sequence(4).ok());
+  // A failed read has ended: freeing frees at once.
+  const std::vector<token_id> q = prompt(100, 6);
+  ASSERT_TRUE(c.add_sequence(3, q, sequence_options{.external_tokens = 80}).ok());
+  EXPECT_EQ(c.add_sequence(3, q).code(), errc::duplicate_sequence);
+  ASSERT_TRUE(c.complete_external(3, false).ok());
+  EXPECT_EQ(*c.load_state(3), tier_load_state::failed);
+  ASSERT_TRUE(c.free_sequence(3).ok());
+  EXPECT_EQ(c.available_blocks(), all);
+  EXPECT_TRUE(c.reset_prefix_cache().ok());
 }
 
 }  // namespace

@@ -48,7 +48,9 @@ class disagg_link {
  public:
   /// Sets up the role: registers `pools` (one per layer), then listens and accepts `o.peers` decode instances
   /// (prefill) or connects, retrying until o.timeout (decode). "" or what failed.
-  std::string open(const disagg_options& o, const kvpager::kv_side& side, const std::vector<std::span<std::byte>>& pools) {
+  /// `groups`: the cache's KV cache groups (each layer's table and the null block; default one table).
+  std::string open(const disagg_options& o, const kvpager::kv_side& side, const std::vector<std::span<std::byte>>& pools,
+                   kvpager::kv_groups groups = {}) {
     o_ = o;
     auto t = kvpager::ucx_transport::create(kvpager::ucx_options{o.timeout, o.timeout, true});
     if (!t) return std::string("UCX: ") + t.error().message();
@@ -83,7 +85,7 @@ class disagg_link {
                  std::to_string(o.peers);
         peers_[static_cast<std::size_t>(index)] = *p;
       }
-      auto s = kvpager::kv_sender<kvpager::ucx_transport>::create(*transport_, side, mems);
+      auto s = kvpager::kv_sender<kvpager::ucx_transport>::create(*transport_, side, mems, groups);
       if (!s) return std::string("kv_sender: ") + s.error().message();
       sender_.emplace(std::move(*s));
       return "";
@@ -101,7 +103,7 @@ class disagg_link {
         return "--kv-connect " + o.host + ":" + std::to_string(o.port) + ": " + p.error().message();
       std::this_thread::sleep_for(std::chrono::milliseconds(50));
     }
-    auto r = kvpager::kv_receiver<kvpager::ucx_transport>::create(*transport_, peers_[0], side, mems, o.timeout);
+    auto r = kvpager::kv_receiver<kvpager::ucx_transport>::create(*transport_, peers_[0], side, mems, o.timeout, groups);
     if (!r) return std::string("kv_receiver: ") + r.error().message();
     receiver_.emplace(std::move(*r));
     return "";
@@ -114,11 +116,12 @@ class disagg_link {
   }
 
   // ---- prefill side
-  /// Offers request `request`'s KV (its prompt, every token computed, `table` the held sequence's blocks).
-  std::string offer(std::size_t request, std::span<const kvpager::token_id> prompt, std::span<const kvpager::block_id> table) {
+  /// Offers request `request`'s KV (its prompt, every token computed, `tables` the held sequence's block tables).
+  std::string offer(std::size_t request, std::span<const kvpager::token_id> prompt,
+                    std::span<const std::span<const kvpager::block_id>> tables) {
     const kvpager::peer_handle p = peers_[request % peers_.size()];
     if (!transport_->peer_alive(p)) return "";  // that decode instance is gone: release_all frees it
-    if (const kvpager::status st = sender_->offer(p, request, prompt, static_cast<std::int64_t>(prompt.size()), table); !st)
+    if (const kvpager::status st = sender_->offer(p, request, prompt, static_cast<std::int64_t>(prompt.size()), tables); !st)
       return std::string("kv_sender::offer: ") + st.message();
     ++st_.offered;
     return "";
@@ -147,8 +150,9 @@ class disagg_link {
     }
     return "";
   }
-  std::string start(kvpager::seq_id request, std::span<const kvpager::block_id> table, std::int64_t first, std::int64_t n) {
-    if (const kvpager::status st = receiver_->start(request, table, first, n); !st)
+  std::string start(kvpager::seq_id request, std::span<const std::span<const kvpager::block_id>> tables,
+                    std::int64_t first, std::int64_t n) {
+    if (const kvpager::status st = receiver_->start(request, tables, first, n); !st)
       return std::string("kv_receiver::start: ") + st.message();
     return "";
   }

@@ -63,12 +63,26 @@ struct engine_stats {
 
 template <class Cache>
 class engine {
-  /// The cache takes KV from outside (sequence_options::external_tokens): a paged_kv_cache; the disaggregated roles
-  /// need it (a cache with KV cache groups does not take it yet).
-  static constexpr bool external_kv = requires(Cache& c, kvpager::seq_id id) {
-    c.complete_external(id, true);
-    c.block_table(id);
-  };
+  /// The cache takes KV from outside (sequence_options::external_tokens): the disaggregated roles need it.
+  static constexpr bool external_kv = requires(Cache& c, kvpager::seq_id id) { c.complete_external(id, true); };
+  static constexpr bool grouped = requires(const Cache& c) { c.num_tables(); };
+
+  /// Sequence `id`'s block tables (one per KV cache group table; one for a paged_kv_cache), or false.
+  bool tables_of(kvpager::seq_id id, std::vector<std::span<const kvpager::block_id>>& out) const {
+    out.clear();
+    if constexpr (grouped) {
+      for (std::int32_t t = 0; t < cache_.num_tables(); ++t) {
+        const auto table = cache_.block_table(t, id);
+        if (!table) return false;
+        out.push_back(*table);
+      }
+    } else {
+      const auto table = cache_.block_table(id);
+      if (!table) return false;
+      out.push_back(*table);
+    }
+    return true;
+  }
 
  public:
   engine(transformer& m, Cache& cache, kvpager::step_executor& exec, paged_attention& attn,
@@ -315,10 +329,9 @@ class engine {
 #if KVPAGER_GENERATE_HAS_UCX
       if constexpr (external_kv) {
         if (link_ != nullptr && link_->options().role == kv_role::prefill) {  // held: offer its KV
-          const auto table = cache_.block_table(id);
-          if (!table) return "block_table(" + std::to_string(id) + "): " + table.error().message();
+          if (!tables_of(id, tables_)) return "block_table(" + std::to_string(id) + "): the cache lost it";
           held_[static_cast<std::size_t>(s.req)] = id;
-          if (std::string e = link_->offer(static_cast<std::size_t>(s.req), r.prompt, *table); !e.empty()) return e;
+          if (std::string e = link_->offer(static_cast<std::size_t>(s.req), r.prompt, tables_); !e.empty()) return e;
           last_link_event_ = std::chrono::steady_clock::now();
         }
       }
@@ -423,11 +436,10 @@ class engine {
     if (link_ == nullptr) return "";
     for (const kvpager::seq_id id : out.external) {
       const auto x = cache_.external_blocks(id);
-      const auto table = cache_.block_table(id);
-      if (!x || !table) return "external_blocks(" + std::to_string(id) + "): the cache lost it";
+      if (!x || !tables_of(id, tables_)) return "external_blocks(" + std::to_string(id) + "): the cache lost it";
       const std::int64_t bs = cache_.block_size();
       const auto r = static_cast<kvpager::seq_id>(seqs_.at(id).req);
-      if (std::string e = link_->start(r, *table, x->first * bs, x->count * bs); !e.empty()) {
+      if (std::string e = link_->start(r, tables_, x->first * bs, x->count * bs); !e.empty()) {
         // Not started (the offer does not fit, or is gone with its sender): computed here instead.
         if (const kvpager::status st = cache_.complete_external(id, false); !st) return e;
         external_.erase(static_cast<std::size_t>(r));
@@ -457,6 +469,7 @@ class engine {
   }
   disagg_link* link_ = nullptr;
   std::map<std::size_t, kvpager::seq_id> held_;      ///< prefill: request -> its held sequence
+  std::vector<std::span<const kvpager::block_id>> tables_;  ///< a sequence's block tables (offers, reads)
   std::map<std::size_t, kvpager::seq_id> external_;  ///< decode: request -> its sequence waiting for its KV
   std::set<std::size_t> started_;                    ///< decode: requests whose read is started
   std::vector<std::size_t> remote_pending_;          ///< decode: requests of this share not offered yet

@@ -258,37 +258,34 @@ int serve(const settings& s, const kvgen::model_weights& w, const std::vector<kv
   // Disaggregated: this instance's pools registered with UCX, then the connection to the other role.
   kvgen::disagg_link link;
   if (s.role != "single") {
-    if constexpr (grouped_cache<Cache>) {
-      std::fprintf(stderr, "kvpager-generate: --role %s: checkpoints with KV cache groups (sliding-window layers) "
-                           "cannot be disaggregated yet\n", s.role.c_str());
+    kvgen::disagg_options o;
+    o.role = s.role == "prefill" ? kvgen::kv_role::prefill : kvgen::kv_role::decode;
+    const std::string& addr = o.role == kvgen::kv_role::prefill ? s.kv_listen : s.kv_connect;
+    if (!split_address(addr, o.host, o.port)) {
+      std::fprintf(stderr, "kvpager-generate: --%s: '%s' is not HOST:PORT\n",
+                   o.role == kvgen::kv_role::prefill ? "kv-listen" : "kv-connect", addr.c_str());
       return kvtools::exit_bad_input;
-    } else {
-      kvgen::disagg_options o;
-      o.role = s.role == "prefill" ? kvgen::kv_role::prefill : kvgen::kv_role::decode;
-      const std::string& addr = o.role == kvgen::kv_role::prefill ? s.kv_listen : s.kv_connect;
-      if (!split_address(addr, o.host, o.port)) {
-        std::fprintf(stderr, "kvpager-generate: --%s: '%s' is not HOST:PORT\n",
-                     o.role == kvgen::kv_role::prefill ? "kv-listen" : "kv-connect", addr.c_str());
-        return kvtools::exit_bad_input;
-      }
-      o.peers = s.kv_peers;
-      o.index = s.kv_peer_index;
-      o.timeout = std::chrono::milliseconds(s.kv_timeout_ms);
-      const auto rl = kvpager::rank_layout(cache->geometry(), c.num_heads, 1, 0);
-      if (!rl) {
-        std::fprintf(stderr, "kvpager-generate: the KV layout: %s\n", rl.error().message());
-        return kvtools::exit_bad_input;
-      }
-      std::vector<std::span<std::byte>> layer_pools;
-      for (std::int32_t l = 0; l < c.num_layers; ++l) layer_pools.push_back(pools->device_bytes(l));
-      if (std::string e = link.open(o, kvpager::kv_side{*rl, c.num_layers, kvpager::kv_pool_layout::per_layer},
-                                    layer_pools);
-          !e.empty()) {
-        std::fprintf(stderr, "kvpager-generate: %s\n", e.c_str());
-        return 1;
-      }
-      eng.set_link(&link);
     }
+    o.peers = s.kv_peers;
+    o.index = s.kv_peer_index;
+    o.timeout = std::chrono::milliseconds(s.kv_timeout_ms);
+    const auto rl = kvpager::rank_layout(cache->geometry(), c.num_heads, 1, 0);
+    if (!rl) {
+      std::fprintf(stderr, "kvpager-generate: the KV layout: %s\n", rl.error().message());
+      return kvtools::exit_bad_input;
+    }
+    std::vector<std::span<std::byte>> layer_pools;
+    for (std::int32_t l = 0; l < c.num_layers; ++l) layer_pools.push_back(pools->device_bytes(l));
+    // With KV cache groups each layer's pool is indexed by its group's table (block 0, the null block, unread).
+    kvpager::kv_groups groups{};
+    if constexpr (grouped_cache<Cache>) groups = kvpager::kv_groups{lg.layer_group, Cache::null_block};
+    if (std::string e = link.open(o, kvpager::kv_side{*rl, c.num_layers, kvpager::kv_pool_layout::per_layer},
+                                  layer_pools, groups);
+        !e.empty()) {
+      std::fprintf(stderr, "kvpager-generate: %s\n", e.c_str());
+      return 1;
+    }
+    eng.set_link(&link);
   }
   const auto ours = [&](std::size_t r) { return s.role != "decode" || link.ours(r); };
 #else

@@ -58,6 +58,7 @@
 #include "kvpager/cache/detail/block_store.hpp"
 #include "kvpager/cache/detail/copy_on_write.hpp"
 #include "kvpager/cache/detail/exports.hpp"
+#include "kvpager/cache/detail/external_book.hpp"
 #include "kvpager/cache/detail/sequence_table.hpp"
 #include "kvpager/cache/detail/step_ledger.hpp"
 #include "kvpager/cache/detail/swap_book.hpp"
@@ -299,6 +300,7 @@ class hybrid_kv_cache {
   /// errc::unknown_sequence for an id not live.
   [[nodiscard]] result<tier_load_state> load_state(seq_id id) const noexcept {
     if (!contains(id)) return status{errc::unknown_sequence, "load_state: unknown sequence id"};
+    if (const detail::external_wait* w = external_.find(id)) return w->state;
     if constexpr (tier_type::enabled) return tier_.load_state(id);
     return tier_load_state::none;
   }
@@ -310,6 +312,31 @@ class hybrid_kv_cache {
     return tier_.tier();
   }
 
+  // ------------------------------------------------------------------------------------------------ external KV
+
+  /// The table entries of sequence `id` waiting for KV from outside (sequence_options::external_tokens), the same
+  /// range in every table: the full blocks after the cache's own agreed hit, below the prompt's last token. A group
+  /// whose kind skips leading tokens takes new blocks only for the entries its window still reads from the first
+  /// token computed after them; the others are the null block (the engine reads nothing into them). Errors as
+  /// paged_kv_cache::external_blocks.
+  [[nodiscard]] result<external_range> external_blocks(seq_id id) const noexcept {
+    return external_.range(id, contains(id));
+  }
+
+  /// The engine received sequence `id`'s external KV (`ok`): every group's non-null external entries are committed
+  /// to its cache (KV cache events too) and the sequence runs as a prefix hit of those tokens; not `ok`: load_state
+  /// says failed, nothing is committed (free it and admit it again without external tokens). As
+  /// paged_kv_cache::complete_external, a sequence freed while its read could still write keeps its external blocks
+  /// until this call reports it. Same errors.
+  status complete_external(seq_id id, bool ok) {
+    return external_.complete(
+        id, ok, contains(id), [this](block_id b) { release(b, retention_hint{}); },
+        [this](const detail::external_wait& w) {
+          const std::int32_t h = *primary().template checked<"complete_external">(w.id);
+          commit_full(h, 0, detail::span_of(w.tokens));
+        });
+  }
+
   /// The key group g's block holding the chained hash `h` is cached under in the sharing policy (its
   /// `block_hash`): what a KV cache event's (hash, group) names in this cache.
   [[nodiscard]] static std::uint64_t cached_key(std::uint64_t h, std::int32_t g) noexcept { return group_key(h, g); }
@@ -317,7 +344,7 @@ class hybrid_kv_cache {
   /// Forgets every cached block, as paged_kv_cache::reset_prefix_cache (one all_blocks_cleared event); only when no
   /// sequence is live and no block waits for a planned copy, else errc::invalid_block and nothing changed.
   status reset_prefix_cache() {
-    if (num_sequences() > 0 || ledger_.pending_free() > 0)
+    if (num_sequences() > 0 || ledger_.pending_free() > 0 || !external_.empty())
       return status{errc::invalid_block, "reset_prefix_cache: blocks are in use", stats().used};
     if constexpr (tier_type::enabled) {
       if (tier_.in_flight())
@@ -549,6 +576,9 @@ class hybrid_kv_cache {
   /// errc::pending_append when sequence `id` waits for host tier loads (async transfers): its bytes are not in.
   template <detail::call_name Call>
   [[nodiscard]] status not_waiting(seq_id id) const noexcept {
+    if (external_.find(id) != nullptr)
+      return status{errc::pending_append,
+                    detail::joined<Call, ": the sequence waits for external KV (load_state)">::value.data()};
     if constexpr (tier_type::enabled) {
       if (tier_.waits(id))
         return status{errc::pending_append,
@@ -620,6 +650,7 @@ class hybrid_kv_cache {
   detail::step_ledger ledger_;
   detail::swap_book<W> book_;
   tier_type tier_;                   ///< the host tier (empty without one)
+  detail::external_book external_;   ///< sequences waiting for (or failed to get) external KV
   std::vector<std::uint8_t> owner_;  ///< per block: the group it was last handed to
   std::int64_t peak_used_ = 0;
   cache_stats counts_;
@@ -909,12 +940,22 @@ KVPAGER_OUT_OF_LINE auto hybrid_kv_cache<K, A, E, S, W, T>::free_sequence(seq_id
       tables_[ix(c % max_groups)][h].blocks[static_cast<std::size_t>(c / max_groups)] = null_block;
     });
   }
+  // A read in flight may still write into the external entries: their blocks stay held (uncommitted, findable by
+  // nobody) until complete_external(id) reports it. A failed read has ended: its blocks are freed now.
+  detail::external_wait* w = external_.reading(id);
   const retention_hint hint{primary()[h].priority};
   for (std::int32_t g = 0; g < num_groups(); ++g) {
     const auto& t = tables_[ix(g)][h].blocks;
     if (!swapped) {
-      for (auto it = t.rbegin(); it != t.rend(); ++it)
-        if (*it != null_block) release(*it, hint);
+      for (std::size_t i = t.size(); i-- > 0;) {
+        if (t[i] == null_block) continue;
+        if (w != nullptr && i >= static_cast<std::size_t>(w->range.first) &&
+            i < static_cast<std::size_t>(w->range.first + w->range.count)) {
+          w->orphans.push_back(t[i]);
+          continue;
+        }
+        release(t[i], hint);
+      }
     }
     gstats_[ix(g)].table_entries -= static_cast<std::int64_t>(t.size());
   }
@@ -922,6 +963,7 @@ KVPAGER_OUT_OF_LINE auto hybrid_kv_cache<K, A, E, S, W, T>::free_sequence(seq_id
     for (const table_type& t : tables_) book_.drop_refs(t[h].blocks, null_block);
     book_.dropped_sequence();
   }
+  if (w == nullptr || w->orphans.empty()) external_.erase(id);  // a failed read's record, or nothing to hold
   counts_.tokens -= primary()[h].num_tokens;
   for (table_type& t : tables_) t.erase(h);
   extra_state& e = extra_[static_cast<std::size_t>(h)];
@@ -1699,9 +1741,11 @@ KVPAGER_OUT_OF_LINE auto hybrid_kv_cache<K, A, E, S, W, T>::add_impl(seq_id id, 
                                                                   const prefix_hit* given,
                                                                   std::span<const std::uint64_t> known) -> status {
   if (primary().contains(id)) return status{errc::duplicate_sequence, "add_sequence: sequence id is already live"};
-  if (options.external_tokens != 0)
-    return status{errc::unsupported, "add_sequence: external KV (sequence_options::external_tokens) needs a "
-                                     "paged_kv_cache; KV cache groups do not take it yet", options.external_tokens};
+  if (external_.find(id) != nullptr)
+    return status{errc::duplicate_sequence, "add_sequence: the id's external read is not reported yet (complete_external)"};
+  if (options.external_tokens < 0 || (options.external_tokens > 0 && tokens.empty()))
+    return status{errc::invalid_argument,
+                  "add_sequence: external_tokens must be >= 0, and needs the prompt's token ids", options.external_tokens};
   const std::int64_t total = blocks_for_tokens(n, cfg_.block_size);
   if (exceeds_table_limit(total))
     return status{errc::invalid_argument, "add_sequence: prompt needs more than max_blocks_per_seq blocks", total};
@@ -1721,9 +1765,6 @@ KVPAGER_OUT_OF_LINE auto hybrid_kv_cache<K, A, E, S, W, T>::add_impl(seq_id id, 
     lists_.clear();
     need = total * num_tables();
   }
-  if (need > available_blocks())
-    return status{errc::out_of_blocks, "add_sequence: not enough free blocks for the prompt", need};
-
   // The host tier's loads (tier_cell entries); the first d entries the device alone would serve, the rest of the
   // hit is the tier's (a consumed match_prefix says it in its blocks).
   std::int32_t d = len;
@@ -1732,11 +1773,37 @@ KVPAGER_OUT_OF_LINE auto hybrid_kv_cache<K, A, E, S, W, T>::add_impl(seq_id id, 
     loads = std::find(lists_.begin(), lists_.end(), tier_cell) != lists_.end();
     d = !loads ? len : given != nullptr ? given->match.blocks : device_hit_;
   }
-  // With async transfers a sequence with loads takes only its hit's entries for now: it waits for them.
-  bool waits = false;
-  if constexpr (tier_type::enabled) waits = loads && tier_.async();
-  const std::int64_t rows = waits ? len : total;
-  const std::int32_t hit_tokens = len * cfg_.block_size;  // served: not computed
+  // KV from outside: the full blocks after the agreed hit up to options.external_tokens, below the last token (none
+  // when the host tier loads part of the hit: the sequence then takes what its own cache has). In group g the
+  // entries wholly before the window of the first token computed after them stay null (those before ext_first[g]).
+  std::int32_t ext = 0;
+  if (options.external_tokens > 0 && content && !loads) {
+    const std::int64_t cap = std::min<std::int64_t>(options.external_tokens, n - 1) / cfg_.block_size;
+    ext = static_cast<std::int32_t>(std::max<std::int64_t>(0, cap - len));
+  }
+  const std::int32_t end = len + ext;  // the entries the admission serves (hit and external)
+  std::array<std::int32_t, max_groups> ext_first{};
+  if (ext > 0) {
+    for (std::int32_t g = 0; g < num_groups(); ++g) {
+      const auto skipped = static_cast<std::int32_t>(
+          kinds_[ix(g)].skipped_tokens(std::int64_t{end} * cfg_.block_size) / cfg_.block_size);
+      ext_first[ix(g)] = std::clamp(skipped, len, end);
+      need -= std::int64_t{ext_first[ix(g)] - len} * units_[ix(g)];  // null entries take no block
+    }
+  }
+  if (need > available_blocks())
+    return status{errc::out_of_blocks, "add_sequence: not enough free blocks for the prompt", need};
+  std::vector<token_id> ext_tokens;  // allocated before anything changes
+  if (ext > 0) {
+    external_.reserve_one();
+    ext_tokens.assign(tokens.begin(), tokens.begin() + static_cast<std::ptrdiff_t>(end) * cfg_.block_size);
+  }
+  // With async transfers a sequence with loads takes only its hit's entries for now: it waits for them; one with
+  // external KV takes its hit's and the external entries and waits for the read.
+  bool waits = ext > 0;
+  if constexpr (tier_type::enabled) waits = waits || (loads && tier_.async());
+  const std::int64_t rows = waits ? end : total;
+  const std::int32_t hit_tokens = end * cfg_.block_size;  // served: not computed
   const std::int32_t held_tokens = waits ? hit_tokens : n;
 
   const std::int32_t h = insert(id);
@@ -1760,7 +1827,9 @@ KVPAGER_OUT_OF_LINE auto hybrid_kv_cache<K, A, E, S, W, T>::add_impl(seq_id id, 
       for (std::int32_t i = 0; i < len; ++i)
         if (t[static_cast<std::size_t>(i)] == tier_cell) take(g, std::span<block_id>(t).subspan(static_cast<std::size_t>(i), 1));
     }
-    take(g, std::span<block_id>(t).subspan(static_cast<std::size_t>(len)));
+    const std::int32_t first_new = ext > 0 ? ext_first[ix(g)] : len;
+    std::fill(t.begin() + len, t.begin() + first_new, null_block);
+    take(g, std::span<block_id>(t).subspan(static_cast<std::size_t>(first_new)));
     tables_[ix(g)][h].num_tokens = held_tokens;
     gstats_[ix(g)].table_entries += rows;
     mirror(h, g, 0);
@@ -1783,7 +1852,8 @@ KVPAGER_OUT_OF_LINE auto hybrid_kv_cache<K, A, E, S, W, T>::add_impl(seq_id id, 
     // (commit_full skips the cached and null entries).
     std::fill(e.committed.begin(), e.committed.end(), loads && !waits ? 0 : len);
     if (waits) {
-      e.hashes.resize(static_cast<std::size_t>(len));  // the rest comes with its append, once the loads are in
+      // The rest comes with its append, once the loads (or the external KV: committed then) are in.
+      e.hashes.resize(static_cast<std::size_t>(end));
       s.partial.clear();
     } else {
       commit_full(h, 0, tokens);
@@ -1794,11 +1864,12 @@ KVPAGER_OUT_OF_LINE auto hybrid_kv_cache<K, A, E, S, W, T>::add_impl(seq_id id, 
     counts_.prefix_hit_tokens += d * cfg_.block_size;
     counts_.prefix_hit_tokens_host += (len - d) * cfg_.block_size;
   }
+  if (ext > 0) external_.add(id, external_range{len, ext}, std::move(ext_tokens));
   counts_.tokens += held_tokens;
   e.step_base = hit_tokens;
   if (!waits) s.append_step = record_append(h, id, hit_tokens, n - hit_tokens);
   note_allocation();
-  if (out != nullptr) *out = prefix_match{d, hit_tokens, need, len - d};
+  if (out != nullptr) *out = prefix_match{d, hit_tokens, need, len - d, ext};
   return ok_status();
 }
 

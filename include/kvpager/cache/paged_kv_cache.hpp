@@ -28,6 +28,7 @@
 #include "kvpager/cache/cache_types.hpp"
 #include "kvpager/cache/detail/copy_on_write.hpp"
 #include "kvpager/cache/detail/exports.hpp"
+#include "kvpager/cache/detail/external_book.hpp"
 #include "kvpager/cache/detail/prefix_cursor.hpp"
 #include "kvpager/cache/detail/sequence_table.hpp"
 #include "kvpager/cache/detail/step_ledger.hpp"
@@ -247,7 +248,7 @@ class paged_kv_cache : public detail::cache_exports<paged_kv_cache<A, E, S, W, T
   /// errc::unknown_sequence for an id not live.
   [[nodiscard]] result<tier_load_state> load_state(seq_id id) const noexcept {
     if (!seqs_.contains(id)) return status{errc::unknown_sequence, "load_state: unknown sequence id"};
-    if (const external_wait* w = find_external(id)) return w->state;
+    if (const detail::external_wait* w = external_.find(id)) return w->state;
     if constexpr (tier_type::enabled) return tier_.load_state(id);
     return tier_load_state::none;
   }
@@ -258,11 +259,7 @@ class paged_kv_cache : public detail::cache_exports<paged_kv_cache<A, E, S, W, T
   /// block table (export_block_table) the engine receives them. errc::unknown_sequence for an id not live;
   /// errc::invalid_argument for a sequence that waits for none (never did, or was reported).
   [[nodiscard]] result<external_range> external_blocks(seq_id id) const noexcept {
-    if (!seqs_.contains(id)) return status{errc::unknown_sequence, "external_blocks: unknown sequence id"};
-    const external_wait* w = find_external(id);
-    if (w == nullptr || w->state != tier_load_state::loading)
-      return status{errc::invalid_argument, "external_blocks: the sequence waits for no external KV"};
-    return w->range;
+    return external_.range(id, seqs_.contains(id));
   }
 
   /// The engine received sequence `id`'s external KV (`ok`): its blocks are committed to the prefix cache (and
@@ -273,23 +270,12 @@ class paged_kv_cache : public detail::cache_exports<paged_kv_cache<A, E, S, W, T
   /// Errors (nothing changed): errc::unknown_sequence; errc::invalid_argument for a sequence not waiting for
   /// external KV.
   status complete_external(seq_id id, bool ok) {
-    if (external_wait* o = find_external(id); o != nullptr && !o->orphans.empty()) {  // freed while reading
-      for (const block_id b : o->orphans) release(b, retention_hint{});
-      erase_external(id);
-      return ok_status();
-    }
-    if (!seqs_.contains(id)) return status{errc::unknown_sequence, "complete_external: unknown sequence id"};
-    external_wait* w = find_external(id);
-    if (w == nullptr || w->state != tier_load_state::loading)
-      return status{errc::invalid_argument, "complete_external: the sequence waits for no external KV"};
-    if (!ok) {
-      w->state = tier_load_state::failed;
-      return ok_status();
-    }
-    seq_state& s = seqs_.at(id);
-    commit_arrived(s, w->range.first, detail::span_of(w->tokens), prompt_hashes{}, s.extra_key);
-    erase_external(id);
-    return ok_status();
+    return external_.complete(
+        id, ok, seqs_.contains(id), [this](block_id b) { release(b, retention_hint{}); },
+        [this](const detail::external_wait& w) {
+          seq_state& s = seqs_.at(w.id);
+          commit_arrived(s, w.range.first, detail::span_of(w.tokens), prompt_hashes{}, s.extra_key);
+        });
   }
 
   // ------------------------------------------------------------------------------------------------ KV cache events
@@ -318,7 +304,7 @@ class paged_kv_cache : public detail::cache_exports<paged_kv_cache<A, E, S, W, T
   /// in use: errc::invalid_block while a sequence is live, a block waits for a planned copy or a host tier load or
   /// store is in flight (call begin_step first); nothing changed.
   status reset_prefix_cache() {
-    if (seqs_.size() > 0 || ledger_.pending_free() > 0)
+    if (seqs_.size() > 0 || ledger_.pending_free() > 0 || !external_.empty())
       return status{errc::invalid_block, "reset_prefix_cache: blocks are in use", stats().used};
     if constexpr (tier_type::enabled) {
       if (tier_.in_flight())
@@ -440,7 +426,7 @@ class paged_kv_cache : public detail::cache_exports<paged_kv_cache<A, E, S, W, T
   /// errc::pending_append when sequence `id` waits for host tier loads (async transfers): its bytes are not in.
   template <detail::call_name Call>
   [[nodiscard]] status not_waiting(seq_id id) const noexcept {
-    if (find_external(id) != nullptr)
+    if (external_.find(id) != nullptr)
       return status{errc::pending_append,
                     detail::joined<Call, ": the sequence waits for external KV (load_state)">::value.data()};
     if constexpr (tier_type::enabled) {
@@ -481,34 +467,7 @@ class paged_kv_cache : public detail::cache_exports<paged_kv_cache<A, E, S, W, T
     }
   }
 
-  /// A sequence admitted with external KV (sequence_options::external_tokens) until it is reported: its blocks,
-  /// the tokens they hold (committed when they arrive), and its state (loading, then failed if it did not).
-  struct external_wait {
-    seq_id id = 0;
-    external_range range{};
-    std::vector<token_id> tokens;
-    tier_load_state state = tier_load_state::loading;
-    /// Freed while its read could still be writing: its external blocks, held until complete_external reports it.
-    std::vector<block_id> orphans;
-  };
-  [[nodiscard]] const external_wait* find_external(seq_id id) const noexcept {
-    for (const external_wait& w : external_)
-      if (w.id == id) return &w;
-    return nullptr;
-  }
-  [[nodiscard]] external_wait* find_external(seq_id id) noexcept {
-    for (external_wait& w : external_)
-      if (w.id == id) return &w;
-    return nullptr;
-  }
-  void erase_external(seq_id id) noexcept {
-    for (std::size_t i = 0; i < external_.size(); ++i)
-      if (external_[i].id == id) {
-        external_[i] = std::move(external_.back());
-        external_.pop_back();
-        return;
-      }
-  }
+
 
   [[nodiscard]] bool exceeds_table_limit(std::int64_t blocks) const noexcept {
     return cfg_.max_blocks_per_seq > 0 && blocks > cfg_.max_blocks_per_seq;
@@ -540,7 +499,7 @@ class paged_kv_cache : public detail::cache_exports<paged_kv_cache<A, E, S, W, T
   std::vector<block_id> hits_;  ///< scratch for add_sequence's lookup
   cache_stats counts_;           ///< the counters of stats() the composer keeps (tokens, copies, prefix, preempts)
   tier_type tier_;               ///< the host tier (empty without one)
-  std::vector<external_wait> external_;  ///< sequences waiting for (or failed to get) external KV
+  detail::external_book external_;  ///< sequences waiting for (or failed to get) external KV
 };
 
 // ------------------------------------------------------------------------------------------------ definitions
@@ -730,7 +689,7 @@ KVPAGER_OUT_OF_LINE auto paged_kv_cache<A, E, S, W, T>::free_sequence(seq_id id)
     if constexpr (tier_type::enabled) tier_.drop_sequence(id, s.blocks);  // loads in flight keep their blocks
     // A read in flight may still write into the external blocks: they stay held (uncommitted, findable by nobody)
     // until complete_external(id) reports it. A failed read has ended: its blocks are freed now.
-    external_wait* w = find_external(id);
+    detail::external_wait* w = external_.find(id);
     const bool orphan = w != nullptr && w->state == tier_load_state::loading;
     const auto in_flight = [&](std::size_t i) {
       return orphan && i >= static_cast<std::size_t>(w->range.first) &&
@@ -745,7 +704,7 @@ KVPAGER_OUT_OF_LINE auto paged_kv_cache<A, E, S, W, T>::free_sequence(seq_id id)
       }
       release(s.blocks[i], hint);
     }
-    if (w != nullptr && !orphan) erase_external(id);
+    if (w != nullptr && !orphan) external_.erase(id);
   }
   counts_.tokens -= s.num_tokens;
   seqs_.erase(*h);  // keeps the vectors' capacity for the next sequence in this handle
@@ -853,7 +812,7 @@ KVPAGER_OUT_OF_LINE auto paged_kv_cache<A, E, S, W, T>::add_impl(seq_id id, std:
                                                               const prefix_hit* given,
                                                               std::span<const std::uint64_t> known) -> status {
   if (seqs_.contains(id)) return status{errc::duplicate_sequence, "add_sequence: sequence id is already live"};
-  if (find_external(id) != nullptr)
+  if (external_.find(id) != nullptr)
     return status{errc::duplicate_sequence, "add_sequence: the id's external read is not reported yet (complete_external)"};
   if (options.external_tokens < 0 || (options.external_tokens > 0 && tokens.empty()))
     return status{errc::invalid_argument,
@@ -905,7 +864,7 @@ KVPAGER_OUT_OF_LINE auto paged_kv_cache<A, E, S, W, T>::add_impl(seq_id id, std:
   if constexpr (tier_type::enabled) waits = waits || (loads > 0 && tier_.async());
   std::vector<token_id> ext_tokens;  // allocated before anything changes
   if (ext > 0) {
-    external_.reserve(external_.size() + 1);
+    external_.reserve_one();
     ext_tokens.assign(tokens.begin(), tokens.begin() + static_cast<std::ptrdiff_t>(hits_.size() + static_cast<std::size_t>(ext)) *
                                                          cfg_.block_size);
   }
@@ -938,10 +897,7 @@ KVPAGER_OUT_OF_LINE auto paged_kv_cache<A, E, S, W, T>::add_impl(seq_id id, std:
     // the tier) and before the new blocks are committed (each store takes its block's old retention priority).
     tier_evicted();
     if (ext > 0) {  // its external blocks are committed when the engine reports them (complete_external)
-      external_wait& w = external_.emplace_back();
-      w.id = id;
-      w.range = external_range{static_cast<std::int32_t>(hits_.size()), ext};
-      w.tokens = std::move(ext_tokens);
+      external_.add(id, external_range{static_cast<std::int32_t>(hits_.size()), ext}, std::move(ext_tokens));
     }
     // A waiting sequence's loaded blocks are committed once they are in (commit_loaded), not now.
     if (!waits)

@@ -8,10 +8,15 @@
 /// cache or scheduler: the engine passes block tables in and reports results out (docs/disaggregated.md has the
 /// sequence of calls on each side, with paged_kv_cache and the scheduler).
 ///
-/// Messages (little-endian, each one transport message): `layout` (the sender's kv_side and its regions'
-/// descriptions, once per peer, before its first offer), `offer` (request id, the tokens, how many have KV, the
-/// sender's block table), `done` (request id, whether it was read). A malformed message is errc::invalid_argument
-/// naming the field, and changes nothing.
+/// Messages (little-endian, each one transport message): `layout` (the sender's kv_side, its KV cache groups and
+/// its regions' descriptions, once per peer, before its first offer), `offer` (request id, the tokens, how many have
+/// KV, the sender's block tables: one per KV cache group table), `done` (request id, whether it was read). A
+/// malformed message is errc::invalid_argument naming the field, and changes nothing.
+///
+/// KV cache groups (hybrid_kv_cache): both halves are created with the same kv_groups (each layer's table and the
+/// null block), offers carry every table, and a receiver reads only the entries its own tables hold (a window
+/// group's released entries are the null block on either side). The layer-to-table map is part of the model: a
+/// sender whose map differs is another model.
 
 #include <chrono>
 #include <cstddef>
@@ -29,12 +34,20 @@
 KVPAGER_NAMESPACE_BEGIN
 
 /// A request's KV a sender offers: its id (the same on both instances), its tokens, how many of them have KV in the
-/// sender's blocks, and the sender's block table for them.
+/// sender's blocks, and the sender's block tables for them (one per KV cache group table).
 struct kv_offer {
   seq_id id = 0;
   std::vector<token_id> tokens;
   std::int64_t computed = 0;
-  std::vector<block_id> table;
+  std::vector<std::vector<block_id>> tables;
+};
+
+/// The KV cache groups of one side's pools: the table each layer's blocks are listed in (empty: every layer in one
+/// table, a paged_kv_cache), and the entry that holds nothing (hybrid_kv_cache::null_block; no_block: none). A
+/// hybrid_kv_cache with units has num_tables() tables: map each layer to its unit_table.
+struct kv_groups {
+  std::span<const std::int32_t> layer_groups{};
+  block_id null_block = no_block;
 };
 
 /// A transfer the receiver finished: the request, whether every byte arrived, the bytes, and the time from start()
@@ -148,38 +161,94 @@ inline kv_side read_side(message_reader& r) {
   return status{errc::invalid_argument, field};
 }
 
+/// A connector half's own KV cache groups, kept: each layer's table (checked against the side) and the null entry.
+struct own_groups {
+  std::vector<std::int32_t> layer_groups;
+  block_id null_block = no_block;
+  std::int32_t tables = 1;
+
+  [[nodiscard]] status take(const kv_side& side, const kv_groups& g) {
+    if (!g.layer_groups.empty() && static_cast<std::int32_t>(g.layer_groups.size()) != side.num_layers)
+      return status{errc::invalid_argument, "kv connector: layer_groups needs one table per layer",
+                    static_cast<std::int64_t>(g.layer_groups.size())};
+    std::int32_t most = 0;
+    for (const std::int32_t t : g.layer_groups) {
+      if (t < 0 || t >= 4096) return status{errc::invalid_argument, "kv connector: a layer's table is out of range", t};
+      most = t > most ? t : most;
+    }
+    if (g.null_block < no_block || g.null_block >= side.rank.geometry.num_blocks)
+      return status{errc::invalid_argument, "kv connector: the null block is outside the pool", g.null_block};
+    layer_groups.assign(g.layer_groups.begin(), g.layer_groups.end());
+    null_block = g.null_block;
+    tables = most + 1;
+    return status{};
+  }
+  [[nodiscard]] kv_tables view(std::span<const std::span<const block_id>> t) const noexcept {
+    return kv_tables{t, layer_groups, null_block};
+  }
+};
+
+/// A side's KV cache groups in a layout message: the null block, then each layer's table.
+inline void write_groups(message_writer& w, const own_groups& g) {
+  w.i32(g.null_block);
+  w.u32(static_cast<std::uint32_t>(g.layer_groups.size()));
+  for (const std::int32_t t : g.layer_groups) w.i32(t);
+}
+
+/// False for groups that do not fit `s` (the message is then malformed).
+inline bool read_groups(message_reader& r, const kv_side& s, own_groups& g) {
+  const block_id null = r.i32();
+  const std::uint32_t n = r.count(4);
+  std::vector<std::int32_t> layers(r.bad ? 0 : n);
+  for (std::int32_t& t : layers) t = r.i32();
+  if (r.bad || s.rank.geometry.num_blocks <= 0) return false;
+  return g.take(s, kv_groups{layers, null}).ok();
+}
+
 }  // namespace detail
 
 /// The sending half: offers requests' KV to receivers and learns when each is done with one.
 template <kv_transport T>
 class kv_sender {
  public:
-  /// Over `transport`, for this instance's pools `side`, registered as `regions` (one per side.num_regions()).
-  /// errc::invalid_argument for a side that is not a valid layout or a region count that does not match it.
-  static result<kv_sender> create(T& transport, const kv_side& side, std::span<const mem_handle> regions) {
+  /// Over `transport`, for this instance's pools `side`, registered as `regions` (one per side.num_regions()), with
+  /// KV cache groups `groups` (default: one table). errc::invalid_argument for a side that is not a valid layout, a
+  /// region count that does not match it, or groups that do not fit it (a layer count, a null block outside the
+  /// pool).
+  static result<kv_sender> create(T& transport, const kv_side& side, std::span<const mem_handle> regions,
+                                  kv_groups groups = {}) {
     if (const status st = detail::check_own_side(side, regions); !st.ok()) return st;
     kv_sender s(transport, side);
+    if (const status st = s.groups_.take(side, groups); !st.ok()) return st;
     s.regions_.assign(regions.begin(), regions.end());
     return s;
   }
 
-  /// Offers request `id` to peer `p`: `computed` of its `tokens` have KV in the blocks of `table` (the request's
-  /// block table here, at least ceil(computed / block_size) entries). Keep the blocks until poll() says the
-  /// receiver is done with `id`. The first offer to a peer sends this side's layout first. Errors: errc::invalid_argument
-  /// (computed outside [0, tokens], a short table or an entry outside the pool; nothing sent), the transport's (the
-  /// layout may have gone out before the offer failed).
+  /// Offers request `id` to peer `p`: `computed` of its `tokens` have KV in the blocks of `tables` (the request's
+  /// block tables here, one per table of the groups, each at least ceil(computed / block_size) entries; entries a
+  /// window released are the null block). Keep the blocks until poll() says the receiver is done with `id`. The
+  /// first offer to a peer sends this side's layout first. Errors: errc::invalid_argument (computed outside [0,
+  /// tokens], a table count that does not match the groups, a short table; nothing sent), errc::invalid_block (an
+  /// entry outside the pool), the transport's (the layout may have gone out before the offer failed).
   status offer(peer_handle p, seq_id id, std::span<const token_id> tokens, std::int64_t computed,
-               std::span<const block_id> table) {
+               std::span<const std::span<const block_id>> tables) {
     const std::int32_t bs = side_.rank.geometry.block_size;
     if (computed < 0 || computed > static_cast<std::int64_t>(tokens.size()))
       return status{errc::invalid_argument, "kv_sender::offer: computed must be in [0, tokens]", computed};
+    if (static_cast<std::int32_t>(tables.size()) != groups_.tables)
+      return status{errc::invalid_argument, "kv_sender::offer: one table per table of the KV cache groups",
+                    static_cast<std::int64_t>(tables.size())};
     const std::int64_t need = (computed + bs - 1) / bs;
-    if (static_cast<std::int64_t>(table.size()) < need)
-      return status{errc::invalid_argument, "kv_sender::offer: the table is shorter than the computed tokens need",
-                    static_cast<std::int64_t>(table.size())};
-    for (std::int64_t i = 0; i < need; ++i)
-      if (table[static_cast<std::size_t>(i)] < 0 || table[static_cast<std::size_t>(i)] >= side_.rank.geometry.num_blocks)
-        return status{errc::invalid_block, "kv_sender::offer: a table entry outside the pool", table[static_cast<std::size_t>(i)]};
+    for (const std::span<const block_id> table : tables) {
+      if (static_cast<std::int64_t>(table.size()) < need)
+        return status{errc::invalid_argument, "kv_sender::offer: a table is shorter than the computed tokens need",
+                      static_cast<std::int64_t>(table.size())};
+      for (std::int64_t i = 0; i < need; ++i) {
+        const block_id b = table[static_cast<std::size_t>(i)];
+        if (b != groups_.null_block && (b < 0 || b >= side_.rank.geometry.num_blocks))
+          return status{errc::invalid_block, "kv_sender::offer: a table entry outside the pool", b};
+      }
+    }
     if (!introduced(p)) {
       if (const status st = send_layout(p); !st.ok()) return st;
       introduced_.push_back(p);
@@ -191,9 +260,18 @@ class kv_sender {
     w.i64(computed);
     w.u32(static_cast<std::uint32_t>(tokens.size()));
     for (const token_id t : tokens) w.i32(t);
-    w.u32(static_cast<std::uint32_t>(need));
-    for (std::int64_t i = 0; i < need; ++i) w.i32(table[static_cast<std::size_t>(i)]);
+    w.u32(static_cast<std::uint32_t>(tables.size()));
+    for (const std::span<const block_id> table : tables) {
+      w.u32(static_cast<std::uint32_t>(need));
+      for (std::int64_t i = 0; i < need; ++i) w.i32(table[static_cast<std::size_t>(i)]);
+    }
     return transport_->send(p, buf_);
+  }
+  /// One table (a paged_kv_cache).
+  status offer(peer_handle p, seq_id id, std::span<const token_id> tokens, std::int64_t computed,
+               std::span<const block_id> table) {
+    const std::span<const block_id> one[1] = {table};
+    return offer(p, id, tokens, computed, one);
   }
 
   /// The requests peer `p` is done with since the last call (appended to `done`; read or not: free their blocks
@@ -227,6 +305,7 @@ class kv_sender {
     detail::message_writer w{buf_};
     w.u32(static_cast<std::uint32_t>(detail::kv_message::layout));
     detail::write_side(w, side_);
+    detail::write_groups(w, groups_);
     w.u32(static_cast<std::uint32_t>(regions_.size()));
     std::vector<std::byte> desc;
     for (const mem_handle m : regions_) {
@@ -238,6 +317,7 @@ class kv_sender {
 
   T* transport_;
   kv_side side_;
+  detail::own_groups groups_;
   std::vector<mem_handle> regions_;
   std::vector<peer_handle> introduced_;
   std::vector<std::byte> buf_, msg_;
@@ -250,11 +330,14 @@ class kv_receiver {
  public:
   /// Over `transport`, connected to sender `peer`, for this instance's pools `side` registered as `regions`; a read
   /// not finished within `timeout` fails (the connection to the sender is then closed, which ends every read in
-  /// flight from it: their blocks are safe to free). Errors as kv_sender::create.
+  /// flight from it: their blocks are safe to free). `groups`: this side's KV cache groups, as the sender's (the
+  /// same model groups its layers the same way). Errors as kv_sender::create.
   static result<kv_receiver> create(T& transport, peer_handle peer, const kv_side& side,
-                                    std::span<const mem_handle> regions, std::chrono::milliseconds timeout) {
+                                    std::span<const mem_handle> regions, std::chrono::milliseconds timeout,
+                                    kv_groups groups = {}) {
     if (const status st = detail::check_own_side(side, regions); !st.ok()) return st;
     kv_receiver r(transport, peer, side, timeout);
+    if (const status st = r.groups_.take(side, groups); !st.ok()) return st;
     r.regions_.assign(regions.begin(), regions.end());
     return r;
   }
@@ -281,11 +364,17 @@ class kv_receiver {
       const std::uint32_t nt = m.count(4);
       o.tokens.resize(nt);
       for (token_id& t : o.tokens) t = m.i32();
-      const std::uint32_t nb = m.count(4);
-      o.table.resize(nb);
-      for (block_id& b : o.table) b = m.i32();
+      const std::uint32_t ntab = m.count(4);
+      o.tables.resize(m.bad ? 0 : ntab);
+      for (std::vector<block_id>& table : o.tables) {
+        const std::uint32_t nb = m.count(4);
+        table.resize(m.bad ? 0 : nb);
+        for (block_id& b : table) b = m.i32();
+      }
       if (m.bad || o.computed < 0 || o.computed > static_cast<std::int64_t>(nt))
         return detail::malformed("kv_receiver::poll: a malformed offer (lengths or computed count)");
+      if (layout_ok_ && static_cast<std::int32_t>(ntab) != sender_groups_.tables)
+        return detail::malformed("kv_receiver::poll: an offer's table count differs from the sender's groups");
       if (!layout_ok_) {  // no layout, or another model's: never read
         if (const status st = send_done(o.id, false); !st.ok()) return st;
         continue;
@@ -295,24 +384,36 @@ class kv_receiver {
     }
   }
 
-  /// Starts reading offer `id`'s tokens [first_token, first_token + num_tokens) into this side's blocks `table`
-  /// (the request's block table here; cache.external_blocks(id) says which tokens its cache waits for). Errors
-  /// (nothing started): errc::unknown_sequence (no open offer `id`), errc::invalid_argument (tokens the offer
-  /// does not hold, tables that do not fit: plan_kv_runs's errors), the transport's.
-  status start(seq_id id, std::span<const block_id> table, std::int64_t first_token, std::int64_t num_tokens) {
+  /// Starts reading offer `id`'s tokens [first_token, first_token + num_tokens) into this side's blocks `tables`
+  /// (the request's block tables here, one per table of the groups; cache.external_blocks(id) says which tokens its
+  /// cache waits for; entries that are this side's null block receive nothing). Errors (nothing started):
+  /// errc::unknown_sequence (no open offer `id`), errc::invalid_argument (tokens the offer does not hold, tables
+  /// that do not fit: plan_kv_runs's errors, among them a token this side keeps that the sender released), the
+  /// transport's.
+  status start(seq_id id, std::span<const std::span<const block_id>> tables, std::int64_t first_token,
+               std::int64_t num_tokens) {
     kv_offer* o = find(id);
     if (o == nullptr) return status{errc::unknown_sequence, "kv_receiver::start: no open offer for this request", static_cast<std::int64_t>(id)};
     if (first_token < 0 || num_tokens < 0 || first_token + num_tokens > o->computed)
       return status{errc::invalid_argument, "kv_receiver::start: tokens the offer has no KV for",
                     first_token + num_tokens};
+    src_tables_.clear();
+    for (const std::vector<block_id>& t : o->tables) src_tables_.emplace_back(t);
     runs_.clear();
-    if (const status st = plan_kv_runs(sender_, o->table, side_, table, first_token, num_tokens, runs_); !st.ok())
+    if (const status st = plan_kv_runs(sender_, sender_groups_.view(src_tables_), side_, groups_.view(tables),
+                                       first_token, num_tokens, runs_);
+        !st.ok())
       return st;
     const result<transfer_handle> x = transport_->read(peer_, runs_, remotes_, regions_);
     if (!x.ok()) return x.error();
     flights_.push_back(flight{id, *x, run_bytes(runs_), std::chrono::steady_clock::now()});
     erase_offer(id);
     return ok_status();
+  }
+  /// One table (a paged_kv_cache).
+  status start(seq_id id, std::span<const block_id> table, std::int64_t first_token, std::int64_t num_tokens) {
+    const std::span<const block_id> one[1] = {table};
+    return start(id, one, first_token, num_tokens);
   }
 
   /// Declines offer `id` (the request will not be read: rejected, cancelled, or computed here): the sender is told.
@@ -370,17 +471,20 @@ class kv_receiver {
     if (!flights_.empty() || !offers_.empty())  // its remote keys are in use: a new layout would pull them away
       return status{errc::invalid_argument, "kv_receiver: a second layout while reads or offers are open"};
     const kv_side s = detail::read_side(m);
+    detail::own_groups g;
+    const bool groups_read = detail::read_groups(m, s, g);
     const std::uint32_t n = m.count(4);
     std::vector<std::span<const std::byte>> descs;
     for (std::uint32_t i = 0; i < n && !m.bad; ++i) descs.push_back(m.bytes());
-    if (m.bad) return detail::malformed("kv_receiver::poll: a malformed layout message");
+    if (m.bad || !groups_read) return detail::malformed("kv_receiver::poll: a malformed layout message");
     if (const status st = detail::check_kv_side(s, "kv_receiver: the sender's layout is not valid"); !st.ok()) return st;
     if (static_cast<std::int32_t>(n) != s.num_regions())
       return status{errc::invalid_argument, "kv_receiver: the sender's layout has the wrong number of regions", n};
     if (s.rank.geometry.head_dim != side_.rank.geometry.head_dim || s.rank.geometry.dtype != side_.rank.geometry.dtype ||
-        s.num_layers != side_.num_layers || s.model_kv_heads() != side_.model_kv_heads())
-      return status{errc::invalid_argument,
-                    "kv_receiver: the sender serves another model (head size, KV element type, layers or KV heads)"};
+        s.num_layers != side_.num_layers || s.model_kv_heads() != side_.model_kv_heads() ||
+        g.layer_groups != groups_.layer_groups)
+      return status{errc::invalid_argument, "kv_receiver: the sender serves another model (head size, KV element type, "
+                                            "layers, KV heads or KV cache groups)"};
     std::vector<remote_handle> remotes;
     for (const std::span<const std::byte> d : descs) {
       const result<remote_handle> r = transport_->import_remote(peer_, d);
@@ -393,6 +497,7 @@ class kv_receiver {
     for (const remote_handle x : remotes_) (void)transport_->release_remote(x);
     remotes_ = std::move(remotes);
     sender_ = s;
+    sender_groups_ = std::move(g);
     layout_ok_ = true;
     return ok_status();
   }
@@ -421,13 +526,16 @@ class kv_receiver {
   peer_handle peer_;
   kv_side side_;
   std::chrono::milliseconds timeout_;
+  detail::own_groups groups_;
   kv_side sender_{};
+  detail::own_groups sender_groups_;
   bool layout_ok_ = false;
   std::vector<mem_handle> regions_;
   std::vector<remote_handle> remotes_;
   std::vector<kv_offer> offers_;
   std::vector<flight> flights_;
   std::vector<kv_run> runs_;
+  std::vector<std::span<const block_id>> src_tables_;
   std::vector<std::byte> buf_, msg_;
   std::int64_t timeouts_ = 0;
 };
