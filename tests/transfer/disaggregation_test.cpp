@@ -637,5 +637,34 @@ TEST(DisaggregationGroups, TheCacheHoldsAFreedSequencesExternalBlocksAndRefusesB
   EXPECT_TRUE(c.reset_prefix_cache().ok());
 }
 
+TEST(DisaggregationGroups, GroupsOfSeveralUnitsTakeAndHoldEveryPageOfTheirExternalEntries) {
+  // Native conventions, the full-attention group two pages per entry: its external entries take both pages, a read
+  // in flight holds both, and the companions' table mirrors the leads' (null where the window group is null).
+  const any_group_kind kinds[2] = {full_attention{}, sliding_window{20}};
+  const std::int32_t units[2] = {2, 1};
+  auto made = kv_groups_cache::create(cache_config{16, 64, 1, 0}, kinds, {hybrid_conventions::native, units});
+  ASSERT_TRUE(made.ok()) << made.error().message();
+  kv_groups_cache& c = *made;
+  ASSERT_EQ(c.num_tables(), 3);
+  const std::vector<token_id> p = prompt(100, 7);
+  const std::int64_t all = c.available_blocks();
+  ASSERT_TRUE(c.add_sequence(1, p, sequence_options{.external_tokens = 80}).ok());
+  EXPECT_EQ(c.available_blocks(), all - (5 * 2 + 2));
+  const auto lead = *c.block_table(0, 1), pages = *c.block_table(c.unit_table(0, 1), 1);
+  ASSERT_EQ(pages.size(), lead.size());
+  for (std::size_t i = 0; i < lead.size(); ++i) EXPECT_NE(pages[i], lead[i]);
+  ASSERT_TRUE(c.free_sequence(1).ok());
+  EXPECT_EQ(c.available_blocks(), all - (5 * 2 + 2));
+  ASSERT_TRUE(c.complete_external(1, true).ok());
+  EXPECT_EQ(c.available_blocks(), all);
+  ASSERT_TRUE(c.add_sequence(2, p, sequence_options{.external_tokens = 80}).ok());
+  ASSERT_TRUE(c.complete_external(2, true).ok());
+  ASSERT_TRUE(c.append_tokens(2, std::span<const token_id>(p).subspan(80)).ok());
+  c.begin_step();  // the appended tokens are computed: their full block stays cached when the sequence is freed
+  ASSERT_TRUE(c.free_sequence(2).ok());
+  EXPECT_EQ(c.match_prefix(p)->blocks, 6);
+  EXPECT_EQ(c.available_blocks(), all);
+}
+
 }  // namespace
 }  // namespace kvpager
