@@ -14,6 +14,7 @@
 #include <benchmark/benchmark.h>
 
 #include "pool_buffer.hpp"
+#include "roofline.hpp"
 
 #if defined(__x86_64__)
 #pragma GCC diagnostic push
@@ -426,4 +427,6 @@ BENCHMARK(BM_KvAppendMemcpy)->Name("kv_append_256x8x128_fp16/baseline_memcpy");
 
 }  // namespace
 
-BENCHMARK_MAIN();
+// The host's roofline (bench/roofline.hpp) is measured first: its `kvpager-roofline:` line goes to stderr and its
+// figures into the benchmark context (`roofline_*`), so every run carries the bounds it is a fraction of.
+int main(int argc, char** argv) { return kvbench::roofline_main(argc, argv); }
