@@ -10,6 +10,12 @@
   sim_check.py host_tier EXE   --host-tier-blocks on the multi-turn workload: the tier serves what the small pool
                                evicted (hits by tier, loads, stores), every attention row still exact with its loads
                                run by the CPU executor (--compute cpu), bad tier options exit 2
+  sim_check.py disaggregated EXE TRANSPORTS
+                               --disaggregated over each transport of TRANSPORTS (inproc, ucx: comma-separated, what
+                               the build has): every request finished on the decode instance with the single run's
+                               output tokens, the bytes moved those of the tokens read at the pools' shape, every
+                               received block checked, both instances empty; failed reads computed again, a corrupted
+                               offer caught (exit 2 naming the request), bad option combinations exit 2
 """
 import csv
 import json
@@ -262,6 +268,99 @@ def host_tier(exe):
         ", ".join("%s/%s %.3f" % (k[0], k[1], v) for k, v in sorted(figures.items())), g["tier_loads"]))
 
 
+def disaggregated(exe, transports):
+    """--disaggregated: a prefill and a decode instance, real KV transfers between real pools."""
+    layers, kv_heads, head_dim, fp16 = 3, 32, 128, 2  # --disagg-layers 3 of Llama-2-7B's layers, in fp16
+    token_bytes = layers * 2 * kv_heads * head_dim * fp16  # K and V of one token over the pools' layers
+    block_size = 16
+    # A small pool under a burst of arrivals: both instances preempt (swaps with hybrid_swap, recomputes with
+    # vllm_v1), the decode instance's own prefix cache serves shared system prompts (those offers are declined), and
+    # requests longer than --max-model-len end with a reason on both runs alike.
+    base = [exe, "--quiet", "--json", "--requests", "48", "--rate", "2", "--blocks", "120", "--max-model-len", "1024",
+            "--tuning", "off", "--disaggregated", "--disagg-layers", str(layers)]
+    for transport in transports:
+        for composition in ("hybrid_swap", "vllm_v1"):
+            what = "%s, %s" % (transport, composition)
+            p = run(base + ["--kv-transport", transport, "--composition", composition], timeout=120)
+            check(p.returncode == 0, "%s: exit %d: %s" % (what, p.returncode, p.stderr))
+            d = json.loads(p.stdout)
+            g, single, w = d["disaggregated"], d["paged"], d["workload"]
+            check(g["transport"] == transport and g["bytes_per_token"] == token_bytes, "%s: settings %s" % (what, g))
+            # Every request ended: finished on the decode instance as in the single run, or ended for the same reason.
+            check(g["finished"] + g["rejected"] == w["samples"] == g["samples"], "%s: samples lost: %s" % (what, g))
+            check(g["finished"] == single["completed"] and g["rejected"] == single["aborted"],
+                  "%s: %d finished, %d rejected (%s); the single run %d, %d" % (
+                      what, g["finished"], g["rejected"], g["rejected_reasons"], single["completed"],
+                      single["aborted"]))
+            check(g["finished"] > 0 and g["output_tokens"] == single["output_tokens"],
+                  "%s: %d output tokens on the decode instance, %d in the single run" % (
+                      what, g["output_tokens"], single["output_tokens"]))
+            # Every request was offered with its whole prompt; what was read is whole blocks below each prompt's
+            # last token (after the decode instance's own prefix hit), and its bytes are those tokens' KV.
+            check(g["offered"] == w["requests"] and g["kv_offered_tokens"] == w["prompt_tokens"],
+                  "%s: %d offers of %d tokens for %d requests of %d prompt tokens" % (
+                      what, g["offered"], g["kv_offered_tokens"], w["requests"], w["prompt_tokens"]))
+            check(g["reads"] > 0 and g["kv_read_tokens"] > 0 and g["kv_read_tokens"] % block_size == 0 and
+                  g["kv_read_tokens"] <= g["kv_offered_tokens"] - g["offered"],
+                  "%s: %d tokens read in %d reads" % (what, g["kv_read_tokens"], g["reads"]))
+            check(g["kv_transfer_bytes"] == g["kv_read_tokens"] * token_bytes,
+                  "%s: %d bytes moved for %d tokens read (%d bytes each)" % (
+                      what, g["kv_transfer_bytes"], g["kv_read_tokens"], token_bytes))
+            check(sum(q["read_tokens"] for q in g["per_request"]) == g["kv_read_tokens"], "%s: per request" % what)
+            check(g["reads"] + g["declined"] <= g["offered"] and g["reads_failed"] == 0 and
+                  g["external_failures"] == 0 and g["recomputed_locally"] == 0, "%s: transfers failed: %s" % (what, g))
+            # The received KV, checked block by block against what the prefill instance computed.
+            c = g["check"]
+            check(c["ok"] and c["mismatches"] == 0 and c["reads_checked"] == g["reads"] and
+                  c["blocks_checked"] * block_size == g["kv_read_tokens"], "%s: check %s" % (what, c))
+            check(g["pools_empty"] == {"prefill": True, "decode": True} and g["ok"], "%s: pools %s" % (what, g))
+            # Times: each read's wall-clock time is part of its request's time to first token.
+            read = [q for q in g["per_request"] if q["read_tokens"] > 0]
+            check(all(0 < q["transfer_s"] < q["ttft_s"] for q in read) and 0 < g["mean_transfer_share_of_ttft"] < 1,
+                  "%s: transfer times %s" % (what, read[:3]))
+            check(g["decode"]["preemptions"] > 0, "%s: no preemption on the decode instance" % what)
+            print("ok %s: %d samples finished, %d tokens (%.1f MiB) read in %d reads, %.3f ms a read, %.2f%% of the "
+                  "time to first token, %d blocks checked" % (
+                      what, g["finished"], g["kv_read_tokens"], g["kv_transfer_bytes"] / 1048576.0, g["reads"],
+                      1e3 * g["mean_transfer_s"], 100 * g["mean_transfer_share_of_ttft"], c["blocks_checked"]))
+    # Reads that fail: the decode instance computes those prompts itself; the outputs do not change.
+    p = run(base + ["--kv-transport", "inproc", "--inject-read-failures", "3"])
+    check(p.returncode == 0, "failed reads: exit %d: %s" % (p.returncode, p.stderr))
+    d = json.loads(p.stdout)
+    g = d["disaggregated"]
+    check(g["external_failures"] > 0 and g["reads_failed"] == g["external_failures"] and g["ok"] and
+          g["finished"] == d["paged"]["completed"] and g["output_tokens"] == d["paged"]["output_tokens"],
+          "failed reads: %s" % {k: g[k] for k in ("reads", "reads_failed", "external_failures", "finished", "ok")})
+    print("ok: %d of %d reads failed, computed on the decode instance, the same outputs" % (g["reads_failed"], g["reads"]))
+    # A byte changed in an offered block on the prefill side: the decode instance's check names the request.
+    for transport in transports:
+        p = run(base + ["--kv-transport", transport, "--inject-offer-corruption", "4"])
+        check(p.returncode == 2 and "--disaggregated" in p.stderr and "request " in p.stderr and
+              "is not what computing the token writes" in p.stderr,
+              "corrupted offer (%s): exit %d: %s" % (transport, p.returncode, p.stderr))
+        check(json.loads(p.stdout)["disaggregated"]["check"]["mismatches"] > 0, "corrupted offer: no mismatch")
+    print("ok: a corrupted offer exits 2: " + p.stderr.strip().splitlines()[0])
+    # Options combined wrongly: exit 2 naming the option.
+    bad = [(["--kv-transport", "inproc"], "--kv-transport needs --disaggregated"),
+           (["--disagg-layers", "4"], "--disagg-layers needs --disaggregated"),
+           (["--disaggregated", "--compute", "cpu"], "--compute cpu"),
+           (["--disaggregated", "--layers", "gpt-oss-20b"], "--layers"),
+           (["--disaggregated", "--max-steps", "10"], "--max-steps"),
+           (["--disaggregated", "--block-size", "64"], "--block-size"),
+           (["--disaggregated", "--blocks", "4000"], "--blocks"),
+           (["--disaggregated", "--disagg-layers", "33"], "--disagg-layers"),
+           (["--disaggregated", "--kv-transport", "tcp"], "--kv-transport")]
+    if "ucx" not in transports:
+        bad.append((["--disaggregated", "--kv-transport", "ucx"], "this build has no UCX"))
+    for args, what in bad:
+        p = run([exe, "--quiet"] + args)
+        check(p.returncode == 2 and what in p.stderr, "%s: exit %d, %s" % (args, p.returncode, p.stderr))
+    print("ok: %d bad option combinations exit 2 naming the option" % len(bad))
+
+
 if __name__ == "__main__":
-    {"report": report, "compute": compute, "corruption": corruption, "layers": layers,
-     "multiturn": multiturn, "host_tier": host_tier}[sys.argv[1]](sys.argv[2])
+    if sys.argv[1] == "disaggregated":
+        disaggregated(sys.argv[2], sys.argv[3].split(","))
+    else:
+        {"report": report, "compute": compute, "corruption": corruption, "layers": layers,
+         "multiturn": multiturn, "host_tier": host_tier}[sys.argv[1]](sys.argv[2])

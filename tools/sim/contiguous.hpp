@@ -161,6 +161,7 @@ inline run_summary run_contiguous(const workload& w, const contiguous_options& o
       if (r.outputs >= r.max_new) {
         pool.release(r.where);
         ++s.completed;
+        s.output_tokens += r.outputs;
         continue;
       }
       stored += r.computed;

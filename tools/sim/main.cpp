@@ -8,12 +8,14 @@
 //   kvpager-sim [TRACE.kvtrace] [--composition NAME] [--blocks N] [--block-size B] [--max-model-len L]
 //               [--host-blocks N] [--preemption MODE] [--admission RULE] [--tuning on|off] [--requests N]
 //               [--rate R] [--seed S] [--max-steps N] [--compute none|cpu] [--dtype fp32|bf16] [--json]
-//               [--report DIR] [--quiet]
+//               [--report DIR] [--quiet] [--disaggregated [--kv-transport inproc|ucx] [--disagg-layers N]]
 //
 // Exit status: 0 on success; 2 on bad input (an option outside its range, which the message states; an unknown
 // composition, which lists the choices; an unreadable or unusable trace, named with its line) and when --compute cpu
-// finds an output that differs from the reference (or a kernel refuses a call); 1 when the run itself cannot be made
-// (the cache cannot be created, the report cannot be written, out of memory).
+// finds an output that differs from the reference (or a kernel refuses a call), or --disaggregated finds received KV
+// that differs from what the prefill instance computed, a request that did not end or a pool not empty at the end; 1
+// when the run itself cannot be made (the cache cannot be created, the report cannot be written, out of memory, a
+// transport that cannot be set up).
 //
 // CLI11 reports command-line errors by exception; this tool is therefore built with exceptions even in the
 // -fno-exceptions preset (the library headers it uses never throw).
@@ -60,6 +62,7 @@
 #include "cli_options.hpp"
 #include "compute.hpp"
 #include "contiguous.hpp"
+#include "disaggregated.hpp"
 #include "events.hpp"
 #include "kvtrace.hpp"
 #include "paged.hpp"
@@ -109,6 +112,11 @@ struct settings {
   std::string kv_events_topic;
   double kv_events_linger = 0;   // seconds the replay socket stays open after the run
   std::string kv_events_check;   // hidden test hook: the cache's cached blocks after each batch
+  bool disaggregated = false;    // --disaggregated: also over a prefill and a decode instance
+  std::string kv_transport = kvsim::sim_has_ucx ? "ucx" : "inproc";
+  std::int32_t disagg_layers = 2;
+  std::int64_t inject_read_failures = 0;     // hidden test hook: every n-th read fails (inproc)
+  std::int64_t inject_offer_corruption = 0;  // hidden test hook: the n-th offer's KV has a byte changed
 };
 
 /// KV bytes of one token over all layers for the byte figures: Llama-2-7B in fp16 (32 layers x 2 x 4096 x 2 bytes
@@ -273,7 +281,8 @@ int run_main(int argc, char** argv) {
                  "--preemption adaptive: host link bandwidth in GB/s each way (default 25, PCIe 4.0 x16)")
       ->check(finite_range(0, 1e5, true));
   app.add_option("--prefill-tflops", s.prefill_tflops,
-                 "--preemption adaptive: prefill throughput in TFLOP/s for the recompute cost (default 100)")
+                 "prefill throughput in TFLOP/s: --preemption adaptive's recompute cost, --disaggregated's step time "
+                 "(default 100)")
       ->check(finite_range(0, 1e5, true));
   app.add_flag("--json", s.json, "print one JSON document instead of the table");
   app.add_option("--report", s.report, "write steps.csv, chart.svg and metrics.prom into this directory");
@@ -292,6 +301,20 @@ int run_main(int argc, char** argv) {
                  "seconds the replay socket stays open after the run (default 0)")
       ->check(CLI::Range(0.0, 3600.0));
   app.add_option("--kv-events-check", s.kv_events_check, "")->group("");  // test hook: cached blocks per batch
+  app.add_flag("--disaggregated", s.disaggregated,
+               "also run the workload over a prefill and a decode instance (simulated compute, real KV transfers "
+               "between real pools, every received block checked; docs/sim.md)");
+  app.add_option("--kv-transport", s.kv_transport,
+                 std::string("--disaggregated: the KV transfers' transport, inproc or ucx (UCX on 127.0.0.1); "
+                             "default ") +
+                     (kvsim::sim_has_ucx ? "ucx" : "inproc (this build has no UCX)"))
+      ->check(CLI::IsMember({"inproc", "ucx"}));
+  app.add_option("--disagg-layers", s.disagg_layers,
+                 "--disaggregated: layers of Llama-2-7B's KV (16 KiB a token each) in each instance's pools (default 2 "
+                 "of 32)")
+      ->check(int_range(1, kvsim::disagg_shape::model_layers));
+  app.add_option("--inject-read-failures", s.inject_read_failures, "")->group("");  // test hook: every n-th read fails
+  app.add_option("--inject-offer-corruption", s.inject_offer_corruption, "")->group("");  // test hook
   if (const int rc = kvtools::parse(app, argc, argv); rc >= 0) return rc;
   if (s.rate > 0 && s.rate < min_rate) {
     std::fprintf(stderr, "--rate: must be 0 or a finite number in [1e-06, 1e+06], not %g\n", s.rate);
@@ -307,6 +330,35 @@ int run_main(int argc, char** argv) {
     std::fprintf(stderr, "kvpager-sim: --host-tier-blocks runs with --composition hybrid_swap (for vllm_v1's "
                          "behaviour add --host-blocks 0)\n");
     return kvtools::exit_bad_input;
+  }
+
+  // --disaggregated runs a built-in workload over two schedulers of the composition, every request to its end.
+  for (const char* o : {"--kv-transport", "--disagg-layers", "--inject-read-failures", "--inject-offer-corruption"})
+    if (!s.disaggregated && app.get_option(o)->count() > 0) {
+      std::fprintf(stderr, "kvpager-sim: %s needs --disaggregated\n", o);
+      return kvtools::exit_bad_input;
+    }
+  if (s.disaggregated) {
+    const char* conflict = !s.trace.empty()         ? "a trace (it runs a built-in workload: --workload)"
+                           : s.compute == "cpu"     ? "--compute cpu (it checks the KV it moves instead)"
+                           : !s.layers.empty()      ? "--layers (it runs one KV cache group: no groups here yet)"
+                           : s.host_tier_blocks > 0 ? "--host-tier-blocks"
+                           : !s.kv_events.empty()   ? "--kv-events"
+                           : s.max_steps > 0        ? "--max-steps (it runs every request to its end)"
+                                                    : nullptr;
+    if (conflict != nullptr) {
+      std::fprintf(stderr, "kvpager-sim: --disaggregated does not run with %s\n", conflict);
+      return kvtools::exit_bad_input;
+    }
+    if (s.kv_transport == "ucx" && !kvsim::sim_has_ucx) {
+      std::fprintf(stderr, "kvpager-sim: --kv-transport ucx: this build has no UCX (install libucx-dev and "
+                           "reconfigure); use --kv-transport inproc\n");
+      return kvtools::exit_bad_input;
+    }
+    if (s.inject_read_failures > 0 && s.kv_transport != "inproc") {
+      std::fprintf(stderr, "kvpager-sim: --inject-read-failures needs --kv-transport inproc\n");
+      return kvtools::exit_bad_input;
+    }
   }
 
   kvsim::layer_plan plan;
@@ -463,6 +515,34 @@ int run_main(int argc, char** argv) {
       .host_tier = {.num_blocks = s.host_tier_blocks,
                     .write = s.host_tier_write == "back" ? kvpager::tier_write::back : kvpager::tier_write::through,
                     .store_threshold = s.host_tier_store_threshold}};
+  // --disaggregated: both instances' pools of the shape, within the limit; blocks the block-move kernels take.
+  kvsim::disagg_options dopt;
+  if (s.disaggregated) {
+    dopt.transport = s.kv_transport == "ucx" ? kvsim::kv_transport_kind::ucx : kvsim::kv_transport_kind::inproc;
+    dopt.shape.layers = s.disagg_layers;
+    dopt.composition = s.composition;
+    dopt.cache = cc;
+    dopt.sched = po.sched;
+    dopt.step_s = std::chrono::duration<double>(po.step_time).count();
+    dopt.prefill_s_per_token = prefill_flops_per_token / (s.prefill_tflops * 1e12);
+    dopt.fail_every = s.inject_read_failures;
+    dopt.corrupt_offer = s.inject_offer_corruption;
+    if (w.block_size != 8 && w.block_size != 16 && w.block_size != 32) {
+      std::fprintf(stderr, "kvpager-sim: --disaggregated: --block-size must be 8, 16 or 32 (the block-move kernels' "
+                           "sizes), not %d\n", w.block_size);
+      return kvtools::exit_bad_input;
+    }
+    if (const std::int64_t bytes = kvsim::disagg_pool_bytes(cc, dopt.shape); bytes > kvsim::disagg_pool_limit) {
+      std::fprintf(stderr, "kvpager-sim: --disaggregated: the two instances' KV pools would take %.2f GiB (%d blocks "
+                           "and %lld host blocks of %d tokens, %d layers x 16 KiB a token, each), more than %lld GiB: "
+                           "lower --blocks, --host-blocks or --disagg-layers\n",
+                   static_cast<double>(bytes) / (1024.0 * 1024.0 * 1024.0), cc.num_blocks,
+                   static_cast<long long>(cc.host_pool_blocks()), cc.block_size, dopt.shape.layers,
+                   static_cast<long long>(kvsim::disagg_pool_limit >> 30));
+      return kvtools::exit_bad_input;
+    }
+  }
+
   std::unique_ptr<kvsim::attention_compute> attn;
   outcome paged;
   int rc = 0;
@@ -537,6 +617,20 @@ int run_main(int argc, char** argv) {
   kvsim::step_history contiguous_samples;
   const kvsim::run_summary contiguous = kvsim::run_contiguous(w, co, contiguous_samples);
 
+  // --disaggregated: the same workload over a prefill and a decode instance.
+  kvsim::disagg_summary dis;
+  if (s.disaggregated) {
+    dopt.progress = [&](std::int64_t step, std::int64_t done, std::int64_t total) {
+      progress("disagg", step, done, total);
+    };
+    dis = kvsim::run_disaggregated(w, dopt);
+    progress.end();
+    if (!dis.error.empty()) {
+      std::fprintf(stderr, "kvpager-sim: --disaggregated: %s\n", dis.error.c_str());
+      return 1;
+    }
+  }
+
   const kvsim::workload_summary ws = kvsim::summarize(w);
   const double pool_gib = static_cast<double>(co.pool_tokens * bytes_per_token) / (1024.0 * 1024.0 * 1024.0);
   char title[512];
@@ -552,6 +646,7 @@ int run_main(int argc, char** argv) {
     const auto& c = attn->counters();
     if (c.mismatches > 0) exit_status = 2;
   }
+  if (s.disaggregated && !dis.ok()) exit_status = 2;
 
   if (s.json) {
     kvsim::ordered_json doc;
@@ -626,6 +721,7 @@ int run_main(int argc, char** argv) {
                         {"reference_s", c.reference_s},
                         {"ok", c.mismatches == 0}};
     }
+    if (s.disaggregated) doc["disaggregated"] = kvsim::to_json(dis, dopt);
     std::cout << doc.dump(2) << '\n';
   } else {
     std::printf("%s\npreemption %s, admission %s, tuning %s\n\n", title, s.preemption.c_str(), s.admission.c_str(),
@@ -665,10 +761,24 @@ int run_main(int argc, char** argv) {
                   static_cast<long long>(c.rows_checked), static_cast<long long>(c.requests_checked), c.max_error,
                   c.mismatches == 0 ? "all match" : "MISMATCH");
     }
+    if (s.disaggregated) kvsim::print_disaggregated(dis, dopt);
   }
   if (attn && attn->counters().mismatches > 0)
     std::fprintf(stderr, "kvpager-sim: --compute cpu: %lld rows differ from the reference; first: %s\n",
                  static_cast<long long>(attn->counters().mismatches), attn->counters().first_mismatch.c_str());
+  if (s.disaggregated) {
+    if (dis.mismatches > 0)
+      std::fprintf(stderr, "kvpager-sim: --disaggregated: received KV differs from what the prefill instance "
+                           "computed (%lld reads); first: %s\n",
+                   static_cast<long long>(dis.mismatches), dis.first_mismatch.c_str());
+    if (dis.finished + dis.rejected != dis.samples)
+      std::fprintf(stderr, "kvpager-sim: --disaggregated: %lld of %lld samples neither finished nor rejected\n",
+                   static_cast<long long>(dis.samples - dis.finished - dis.rejected),
+                   static_cast<long long>(dis.samples));
+    if (!dis.prefill.pools_empty || !dis.decode.pools_empty)
+      std::fprintf(stderr, "kvpager-sim: --disaggregated: the %s instance's pools are not empty at the end\n",
+                   !dis.prefill.pools_empty ? "prefill" : "decode");
+  }
 
   if (!s.report.empty()) {
     std::error_code ec;

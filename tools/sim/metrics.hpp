@@ -41,6 +41,7 @@ struct run_summary {
   std::int64_t steps = 0;
   std::int64_t completed = 0;
   std::int64_t aborted = 0;  ///< finished by the scheduler (too long, cache error) or rejected
+  std::int64_t output_tokens = 0;  ///< output tokens of the completed samples (a fork child counts the shared first)
   std::int32_t peak_batch = 0;
   double mean_batch = 0;            ///< running requests, mean over steps
   double completed_per_step = 0;    ///< completed / steps

@@ -120,9 +120,11 @@ run_summary run_paged(const workload& w, Cache& cache, const paged_options& o, s
       if (fin && o.compute != nullptr) o.compute->finish(e.id, sched.tokens(e.id));
       if (!sched.complete_scheduled(i, tok, fin)) continue;
       const sim_request* parent = st.parent;
+      const std::int32_t outputs = st.outputs;
       st.parent = nullptr;
       if (fin) {
         ++s.completed;
+        s.output_tokens += outputs;
         live.erase(it);
       }
       if (parent == nullptr) continue;
@@ -131,6 +133,7 @@ run_summary run_paged(const workload& w, Cache& cache, const paged_options& o, s
       for (std::size_t c = 0; c < parent->child_ids.size(); ++c) {
         if (fin || !sched.fork(e.id, parent->child_ids[c])) {
           ++s.completed;  // a one-token request: its samples are the same token, done
+          s.output_tokens += outputs;
           continue;
         }
         live[parent->child_ids[c]] = {parent->child_seeds[c], 1, parent->max_new, nullptr};

@@ -14,6 +14,7 @@
 
 #include <nlohmann/json.hpp>
 
+#include "disaggregated.hpp"
 #include "metrics.hpp"
 #include "step_chart.hpp"
 
@@ -26,6 +27,7 @@ using ordered_json = nlohmann::ordered_json;
   j["steps"] = s.steps;
   j["completed"] = s.completed;
   j["aborted"] = s.aborted;
+  j["output_tokens"] = s.output_tokens;
   j["completed_per_step"] = s.completed_per_step;
   j["peak_batch"] = s.peak_batch;
   j["mean_batch"] = s.mean_batch;
@@ -107,6 +109,98 @@ inline void print_table(std::initializer_list<std::pair<const char*, const run_s
 
 /// Paged against contiguous.
 inline void print_table(const run_summary& p, const run_summary& c) { print_table({{"paged", &p}, {"contiguous", &c}}); }
+
+/// --disaggregated's section of --json: the shape and pools, how every request ended, the transfers (bytes, tokens,
+/// wall-clock time, share of the time to first token), the check of the received KV, both instances, and each
+/// request's figures.
+[[nodiscard]] inline ordered_json to_json(const disagg_summary& d, const disagg_options& o) {
+  ordered_json j;
+  j["transport"] = d.transport;
+  j["layers"] = o.shape.layers;
+  j["model_layers"] = disagg_shape::model_layers;
+  j["kv_heads"] = disagg_shape::kv_heads;
+  j["head_dim"] = disagg_shape::head_dim;
+  j["dtype"] = "fp16";
+  j["bytes_per_token"] = o.shape.bytes_per_token();
+  j["pool_bytes"] = disagg_pool_bytes(o.cache, o.shape);
+  j["step_s"] = o.step_s;
+  j["prefill_s_per_token"] = o.prefill_s_per_token;
+  j["requests"] = d.requests;
+  j["samples"] = d.samples;
+  j["finished"] = d.finished;
+  j["rejected"] = d.rejected;
+  ordered_json why = ordered_json::object();
+  for (const auto& [reason, n] : d.rejected_reasons) why[reason] = n;
+  j["rejected_reasons"] = why;
+  j["output_tokens"] = d.output_tokens;
+  j["offered"] = d.offered;
+  j["declined"] = d.declined;
+  j["reads"] = d.reads;
+  j["reads_failed"] = d.reads_failed;
+  j["kv_offered_tokens"] = d.kv_offered_tokens;
+  j["kv_read_tokens"] = d.kv_read_tokens;
+  j["kv_transfer_bytes"] = d.kv_transfer_bytes;
+  j["kv_transfer_s"] = d.kv_transfer_s;
+  j["mean_transfer_s"] = d.mean_transfer_s;
+  j["mean_ttft_s"] = d.mean_ttft_s;
+  j["mean_transfer_share_of_ttft"] = d.mean_transfer_share;
+  j["external_waits"] = d.external_waits;
+  j["external_failures"] = d.external_failures;
+  j["recomputed_locally"] = d.recomputed_locally;
+  j["check"] = {{"reads_checked", d.reads_checked},
+                {"blocks_checked", d.blocks_checked},
+                {"mismatches", d.mismatches},
+                {"first_mismatch", d.first_mismatch},
+                {"ok", d.mismatches == 0}};
+  j["pools_empty"] = {{"prefill", d.prefill.pools_empty}, {"decode", d.decode.pools_empty}};
+  for (const auto& [name, f] : {std::pair{"prefill", &d.prefill}, std::pair{"decode", &d.decode}})
+    j[name] = {{"steps", f->steps},           {"simulated_s", f->simulated_s}, {"prefix_hit_rate", f->prefix_hit_rate},
+               {"preemptions", f->preemptions}, {"swap_outs", f->swap_outs}};
+  ordered_json per = ordered_json::array();
+  for (const disagg_request& q : d.per_request)
+    per.push_back({{"id", q.id},
+                   {"read_tokens", q.read_tokens},
+                   {"transfer_s", q.transfer_s},
+                   {"ttft_s", q.ttft_s},
+                   {"transfer_share_of_ttft", q.ttft_s > 0 ? q.transfer_s / q.ttft_s : 0.0}});
+  j["per_request"] = per;
+  j["ok"] = d.ok();
+  j["wall_s"] = d.wall_s;
+  return j;
+}
+
+/// --disaggregated's section of the table.
+inline void print_disaggregated(const disagg_summary& d, const disagg_options& o) {
+  const auto mib = [](double b) { return b / (1024.0 * 1024.0); };
+  std::printf("\ndisaggregated: a prefill and a decode instance (%s), %s transport, pools of %d of Llama-2-7B's %d "
+              "layers (%lld KiB of KV a token, %.0f MiB of pools in all)\n",
+              o.composition.c_str(), d.transport.c_str(), o.shape.layers, disagg_shape::model_layers,
+              static_cast<long long>(o.shape.bytes_per_token() / 1024),
+              mib(static_cast<double>(disagg_pool_bytes(o.cache, o.shape))));
+  std::printf("  %-44s %lld of %lld samples (%lld rejected)\n", "finished on the decode instance",
+              static_cast<long long>(d.finished), static_cast<long long>(d.samples), static_cast<long long>(d.rejected));
+  for (const auto& [reason, n] : d.rejected_reasons)
+    std::printf("  %-44s %lld samples: %s\n", "  rejected", static_cast<long long>(n), reason.c_str());
+  std::printf("  %-44s %lld\n", "output tokens", static_cast<long long>(d.output_tokens));
+  std::printf("  %-44s %lld / %lld / %lld\n", "offers / reads / declined (nothing to read)",
+              static_cast<long long>(d.offered), static_cast<long long>(d.reads), static_cast<long long>(d.declined));
+  std::printf("  %-44s %lld of %lld offered tokens, %.1f MiB in %.4f s\n", "KV transferred",
+              static_cast<long long>(d.kv_read_tokens), static_cast<long long>(d.kv_offered_tokens),
+              mib(static_cast<double>(d.kv_transfer_bytes)), d.kv_transfer_s);
+  std::printf("  %-44s %.3f ms\n", "transfer time per request read, mean", 1e3 * d.mean_transfer_s);
+  std::printf("  %-44s %.2f%% (time to first token, mean %.3f s)\n", "transfer share of time to first token, mean",
+              100.0 * d.mean_transfer_share, d.mean_ttft_s);
+  std::printf("  %-44s %lld / %lld\n", "external failures / recomputed locally",
+              static_cast<long long>(d.external_failures), static_cast<long long>(d.recomputed_locally));
+  std::printf("  %-44s %lld reads, %lld blocks: %s\n", "received KV checked", static_cast<long long>(d.reads_checked),
+              static_cast<long long>(d.blocks_checked), d.mismatches == 0 ? "all match" : "MISMATCH");
+  std::printf("  %-44s prefill %s, decode %s\n", "pools empty at the end", d.prefill.pools_empty ? "yes" : "NO",
+              d.decode.pools_empty ? "yes" : "NO");
+  std::printf("  %-44s prefill %lld (%.1f s), decode %lld (%.1f s)\n", "steps (simulated time)",
+              static_cast<long long>(d.prefill.steps), d.prefill.simulated_s, static_cast<long long>(d.decode.steps),
+              d.decode.simulated_s);
+  std::printf("  %-44s %.2f s\n", "wall time", d.wall_s);
+}
 
 /// One CSV row per sample and system: per step, except that a row of span k stands for k identical idle steps, and a
 /// run longer than the history keeps only every stride-th sample (step_history; --json says the stride).
