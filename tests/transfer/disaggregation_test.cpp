@@ -634,6 +634,31 @@ TEST(DisaggregationGroups, TheCacheHoldsAFreedSequencesExternalBlocksAndRefusesB
   EXPECT_EQ(*c.load_state(3), tier_load_state::failed);
   ASSERT_TRUE(c.free_sequence(3).ok());
   EXPECT_EQ(c.available_blocks(), all);
+  // A hit and external KV past it: the window group takes neither the hit's blocks nor the external entries wholly
+  // before the window of token 192 (entries 0-9 null; 10 and 11 new); the full group takes its 3 hits and 9 new.
+  const std::vector<token_id> r = prompt(100, 9);
+  ASSERT_TRUE(c.add_sequence(6, r).ok());  // computed here: every full block of r cached in both groups
+  c.begin_step();
+  ASSERT_TRUE(c.free_sequence(6).ok());
+  std::vector<token_id> b(r.begin(), r.begin() + 48);
+  const std::vector<token_id> rest = prompt(152, 8);
+  b.insert(b.end(), rest.begin(), rest.end());
+  ASSERT_TRUE(c.add_sequence(5, b, sequence_options{.external_tokens = 192}, &m).ok());
+  EXPECT_EQ(m.blocks, 3);
+  EXPECT_EQ(m.external_blocks, 9);
+  EXPECT_EQ(*c.external_blocks(5), (external_range{3, 9}));
+  const auto w5 = *c.block_table(1, 5);
+  ASSERT_EQ(w5.size(), 12U);
+  for (std::size_t i = 0; i < 10; ++i) EXPECT_EQ(w5[i], 0) << "window entry " << i;
+  EXPECT_NE(w5[10], 0);
+  EXPECT_NE(w5[11], 0);
+  EXPECT_EQ(c.available_blocks(), all - 14);
+  ASSERT_TRUE(c.complete_external(5, true).ok());
+  ASSERT_TRUE(c.append_tokens(5, std::span<const token_id>(b).subspan(192)).ok());
+  c.begin_step();
+  ASSERT_TRUE(c.free_sequence(5).ok());
+  EXPECT_EQ(c.available_blocks(), all);
+  EXPECT_EQ(c.match_prefix(b)->blocks, 12);
   EXPECT_TRUE(c.reset_prefix_cache().ok());
 }
 

@@ -1775,20 +1775,27 @@ KVPAGER_OUT_OF_LINE auto hybrid_kv_cache<K, A, E, S, W, T>::add_impl(seq_id id, 
   }
   // KV from outside: the full blocks after the agreed hit up to options.external_tokens, below the last token (none
   // when the host tier loads part of the hit: the sequence then takes what its own cache has). In group g the
-  // entries wholly before the window of the first token computed after them stay null (those before ext_first[g]).
+  // entries wholly before the window of the first token computed after them are null: the external ones before
+  // ext_first[g] take no block, and the hit's before ext_skip[g] are not taken (the window release would never reach
+  // them past the null entries).
   std::int32_t ext = 0;
   if (options.external_tokens > 0 && content && !loads) {
     const std::int64_t cap = std::min<std::int64_t>(options.external_tokens, n - 1) / cfg_.block_size;
     ext = static_cast<std::int32_t>(std::max<std::int64_t>(0, cap - len));
   }
   const std::int32_t end = len + ext;  // the entries the admission serves (hit and external)
-  std::array<std::int32_t, max_groups> ext_first{};
+  std::array<std::int32_t, max_groups> ext_first{}, ext_skip{};
   if (ext > 0) {
     for (std::int32_t g = 0; g < num_groups(); ++g) {
       const auto skipped = static_cast<std::int32_t>(
           kinds_[ix(g)].skipped_tokens(std::int64_t{end} * cfg_.block_size) / cfg_.block_size);
       ext_first[ix(g)] = std::clamp(skipped, len, end);
+      ext_skip[ix(g)] = std::clamp(skipped, 0, len);
       need -= std::int64_t{ext_first[ix(g)] - len} * units_[ix(g)];  // null entries take no block
+      for (std::int32_t i = 0; i < ext_skip[ix(g)]; ++i) {            // nor hits not taken
+        const block_id b = lists_[static_cast<std::size_t>(g) * static_cast<std::size_t>(len) + static_cast<std::size_t>(i)];
+        if (b != null_block && b != tier_cell && blocks_.consumes_capacity(b)) need -= multi() ? units_[ix(g)] : 1;
+      }
     }
   }
   if (need > available_blocks())
@@ -1814,7 +1821,8 @@ KVPAGER_OUT_OF_LINE auto hybrid_kv_cache<K, A, E, S, W, T>::add_impl(seq_id id, 
     auto& t = tables_[ix(g)][h].blocks;
     t.resize(static_cast<std::size_t>(rows));
     for (std::int32_t i = 0; i < len; ++i) {
-      const block_id b = lists_[static_cast<std::size_t>(g) * static_cast<std::size_t>(len) + static_cast<std::size_t>(i)];
+      const block_id b = i < ext_skip[ix(g)] ? null_block
+                         : lists_[static_cast<std::size_t>(g) * static_cast<std::size_t>(len) + static_cast<std::size_t>(i)];
       t[static_cast<std::size_t>(i)] = b;
       if (b == null_block || b == tier_cell) continue;
       touch(g, b);
