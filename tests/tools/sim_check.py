@@ -15,7 +15,15 @@
                                the build has): every request finished on the decode instance with the single run's
                                output tokens, the bytes moved those of the tokens read at the pools' shape, every
                                received block checked, both instances empty; failed reads computed again, a corrupted
-                               offer caught (exit 2 naming the request), bad option combinations exit 2
+                               offer caught (exit 2 naming the request), the connection lost mid-run from either side
+                               (--inject-disconnect: every request still ends with the same outputs, the rest computed
+                               on the decode instance, both instances empty), bad option combinations exit 2
+  sim_check.py disaggregated_groups EXE TRANSPORTS
+                               --disaggregated --layers (KV cache groups, sliding windows): the same outputs as the
+                               --layers run, the bytes those of the receiving tables' non-null entries (fewer than
+                               every entry's), every received block checked, both instances empty; a chunking prefill
+                               instance's released window blocks declined and computed on the decode instance; the
+                               connection lost mid-run; bad combinations exit 2
 """
 import csv
 import json
@@ -268,6 +276,32 @@ def host_tier(exe):
         ", ".join("%s/%s %.3f" % (k[0], k[1], v) for k, v in sorted(figures.items())), g["tier_loads"]))
 
 
+def lost_connection(what, g, single, w, hook):
+    """The figures of a run whose connection went away at `hook` (prefill:N or decode:N)."""
+    side, n = hook.split(":")
+    check(g["link_lost"] and g["ok"], "%s: %s" % (what, {k: g[k] for k in ("link_lost", "ok", "pools_empty")}))
+    check(g["finished"] + g["rejected"] == w["samples"] and g["finished"] == single["completed"] and
+          g["rejected"] == single["aborted"] and g["output_tokens"] == single["output_tokens"],
+          "%s: %d finished, %d rejected (%s), %d output tokens; the single run %d, %d, %d" % (
+              what, g["finished"], g["rejected"], g["rejected_reasons"], g["output_tokens"], single["completed"],
+              single["aborted"], single["output_tokens"]))
+    # Requests not offered (or offered and not received) are computed on the decode instance; an offer received and
+    # not read fails its wait (external_failures): each a read that failed or could not start, or a released window.
+    check(g["recomputed_locally"] > 0 and g["offered"] + g["recomputed_locally"] >= w["requests"],
+          "%s: %d offered, %d computed locally of %d requests" % (what, g["offered"], g["recomputed_locally"],
+                                                                w["requests"]))
+    check(g["external_failures"] == g["reads_failed"] + g["declined_released"], "%s: failures %s" % (what, g))
+    if side == "prefill":
+        check(g["offered"] == int(n), "%s: %d offers went through" % (what, g["offered"]))
+    else:
+        check(g["reads"] >= int(n), "%s: %d reads started" % (what, g["reads"]))
+    # Everything the prefill instance held was released; no sequence, block or transfer is left on either side.
+    check(g["pools_empty"] == {"prefill": True, "decode": True} and g["check"]["mismatches"] == 0,
+          "%s: pools %s, check %s" % (what, g["pools_empty"], g["check"]))
+    print("ok %s: %d offers, %d reads, %d failed or not started, %d computed locally, %d held requests released" % (
+        what, g["offered"], g["reads"], g["reads_failed"], g["recomputed_locally"], g["released_on_loss"]))
+
+
 def disaggregated(exe, transports):
     """--disaggregated: a prefill and a decode instance, real KV transfers between real pools."""
     layers, kv_heads, head_dim, fp16 = 3, 32, 128, 2  # --disagg-layers 3 of Llama-2-7B's layers, in fp16
@@ -340,11 +374,21 @@ def disaggregated(exe, transports):
               "corrupted offer (%s): exit %d: %s" % (transport, p.returncode, p.stderr))
         check(json.loads(p.stdout)["disaggregated"]["check"]["mismatches"] > 0, "corrupted offer: no mismatch")
     print("ok: a corrupted offer exits 2: " + p.stderr.strip().splitlines()[0])
+    # The connection lost mid-run, closed by the prefill side after its 5th offer or by the decode side with its 5th
+    # read in flight: every request still ends as in the single run, the decode instance computes the rest.
+    for transport in transports:
+        for hook in ("prefill:5", "decode:5"):
+            what = "lost connection (%s, %s)" % (transport, hook)
+            p = run(base + ["--kv-transport", transport, "--inject-disconnect", hook], timeout=120)
+            check(p.returncode == 0, "%s: exit %d: %s" % (what, p.returncode, p.stderr))
+            d = json.loads(p.stdout)
+            lost_connection(what, d["disaggregated"], d["paged"], d["workload"], hook)
     # Options combined wrongly: exit 2 naming the option.
     bad = [(["--kv-transport", "inproc"], "--kv-transport needs --disaggregated"),
            (["--disagg-layers", "4"], "--disagg-layers needs --disaggregated"),
+           (["--inject-disconnect", "prefill:3"], "--inject-disconnect needs --disaggregated"),
+           (["--disaggregated", "--inject-disconnect", "both:3"], "--inject-disconnect"),
            (["--disaggregated", "--compute", "cpu"], "--compute cpu"),
-           (["--disaggregated", "--layers", "gpt-oss-20b"], "--layers"),
            (["--disaggregated", "--max-steps", "10"], "--max-steps"),
            (["--disaggregated", "--block-size", "64"], "--block-size"),
            (["--disaggregated", "--blocks", "4000"], "--blocks"),
@@ -358,9 +402,101 @@ def disaggregated(exe, transports):
     print("ok: %d bad option combinations exit 2 naming the option" % len(bad))
 
 
+def group_layers(lay, per_block):
+    """The transfer's layers of a --layers run: each group's first `per_block` layers (a padded group has fewer)."""
+    n = 0
+    for k in lay["kinds"]:
+        left = k["layers"]
+        while left > 0:
+            n += min(left, lay["group_size"], per_block)
+            left -= lay["group_size"]
+    return n
+
+
+def disaggregated_groups(exe, transports):
+    """--disaggregated --layers: both instances over the --layers run's KV cache groups."""
+    layer_token_bytes, block_size = 2 * 32 * 128 * 2, 16  # one Llama-2-7B layer's K and V of a token, in fp16
+    base = [exe, "--quiet", "--json", "--requests", "48", "--rate", "2", "--blocks", "120", "--max-model-len", "1024",
+            "--tuning", "off", "--disaggregated"]
+    # gpt-oss-20b: a 128-token window beside full attention; full:1,swa24:1 with a prefill instance that computes 24
+    # tokens a step (its prompts chunked: it releases window blocks a receiver may still need); swa24:3,full:2: a
+    # padded window group (2 layers of a group's block in the pools, 1 in the padded group), vllm_v1 (no host pool).
+    cases = [("gpt-oss-20b", [], "hybrid_swap", 1),
+             ("full:1,swa24:1", ["--prefill-token-budget", "24"], "hybrid_swap", 1),
+             ("swa24:3,full:2", ["--disagg-layers", "2"], "vllm_v1", 2)]
+    for transport in transports:
+        for spec, extra, composition, per_block in cases:
+            what = "%s, %s, %s" % (spec, transport, composition)
+            p = run(base + ["--layers", spec, "--kv-transport", transport, "--composition", composition] + extra,
+                    timeout=120)
+            check(p.returncode == 0, "%s: exit %d: %s" % (what, p.returncode, p.stderr))
+            d = json.loads(p.stdout)
+            g, single, w, lay = d["disaggregated"], d["paged_groups"], d["workload"], d["layers"]
+            layers = group_layers(lay, per_block)
+            check(g["tables"] == len(lay["groups"]) and g["layers"] == per_block and g["transfer_layers"] == layers and
+                  g["layer_block_bytes"] == block_size * layer_token_bytes, "%s: settings %s" % (what, {
+                      k: g[k] for k in ("tables", "layers", "transfer_layers", "layer_block_bytes")}))
+            # Every request ended as in the --layers run (the same groups, pool and scheduler).
+            check(g["finished"] + g["rejected"] == w["samples"] and g["finished"] == single["completed"] and
+                  g["rejected"] == single["aborted"] and g["finished"] > 0 and
+                  g["output_tokens"] == single["output_tokens"],
+                  "%s: %d finished, %d rejected (%s), %d output tokens; the --layers run %d, %d, %d" % (
+                      what, g["finished"], g["rejected"], g["rejected_reasons"], g["output_tokens"],
+                      single["completed"], single["aborted"], single["output_tokens"]))
+            check(g["offered"] == w["requests"] and g["reads"] > 0, "%s: %d offers, %d reads" % (
+                what, g["offered"], g["reads"]))
+            # The bytes are those the receiving tables' non-null entries hold (each entry a block of every layer of
+            # its table), fewer than reading every entry of every table (a window's released entries are null).
+            every = g["kv_read_tokens"] * layers * layer_token_bytes
+            check(g["kv_transfer_bytes"] == g["kv_read_layer_blocks"] * g["layer_block_bytes"] and
+                  0 < g["kv_transfer_bytes"] < every and
+                  g["kv_read_entries"] < g["kv_read_tokens"] // block_size * g["tables"],
+                  "%s: %d bytes moved for %d layer blocks, %d entries; every entry would be %d bytes" % (
+                      what, g["kv_transfer_bytes"], g["kv_read_layer_blocks"], g["kv_read_entries"], every))
+            c = g["check"]
+            check(c["ok"] and c["mismatches"] == 0 and c["reads_checked"] == g["reads"] and
+                  c["blocks_checked"] == g["kv_read_entries"], "%s: check %s" % (what, c))
+            # A read the decode instance could not plan (a window block the prefill instance released) is declined
+            # and computed here: with a prefill instance that chunks its prompts only.
+            check(g["external_failures"] == g["reads_failed"] + g["declined_released"] and g["reads_failed"] == 0,
+                  "%s: failures %s" % (what, {k: g[k] for k in ("external_failures", "reads_failed",
+                                                                 "declined_released")}))
+            if extra[:1] == ["--prefill-token-budget"]:
+                check(g["declined_released"] > 0 and g["declined"] >= g["declined_released"],
+                      "%s: no released window block declined (%d)" % (what, g["declined_released"]))
+            else:
+                check(g["declined_released"] == 0, "%s: %d declined" % (what, g["declined_released"]))
+            check(g["pools_empty"] == {"prefill": True, "decode": True} and g["ok"], "%s: pools %s" % (
+                what, g["pools_empty"]))
+            print("ok %s: %d tables, %d layers read, %d samples finished, %.1f of %.1f MiB (%d of %d entries) read "
+                  "in %d reads, %d declined for a released window block, %d blocks checked" % (
+                      what, g["tables"], layers, g["finished"], g["kv_transfer_bytes"] / 1048576.0, every / 1048576.0,
+                      g["kv_read_entries"], g["kv_read_tokens"] // block_size * g["tables"], g["reads"],
+                      g["declined_released"], c["blocks_checked"]))
+        # The connection lost mid-run with groups and released windows.
+        for hook in ("prefill:20", "decode:15"):
+            what = "groups, lost connection (%s, %s)" % (transport, hook)
+            p = run(base + ["--layers", "full:1,swa24:1", "--prefill-token-budget", "24", "--kv-transport", transport,
+                            "--inject-disconnect", hook], timeout=120)
+            check(p.returncode == 0, "%s: exit %d: %s" % (what, p.returncode, p.stderr))
+            d = json.loads(p.stdout)
+            lost_connection(what, d["disaggregated"], d["paged_groups"], d["workload"], hook)
+    # Combinations that do not run: exit 2 naming the option.
+    bad = [(["--disaggregated", "--layers", "full:1,swa128:1", "--disagg-layers", "2"], "--disagg-layers"),
+           (["--disaggregated", "--layers", "gemma-3-27b"], "--blocks"),
+           (["--disaggregated", "--layers", "gpt-oss-20b", "--host-tier-blocks", "64"], "--host-tier-blocks"),
+           (["--layers", "gpt-oss-20b", "--prefill-token-budget", "64"],
+            "--prefill-token-budget needs --disaggregated")]
+    for args, what in bad:
+        p = run([exe, "--quiet"] + args)
+        check(p.returncode == 2 and what in p.stderr, "%s: exit %d, %s" % (args, p.returncode, p.stderr))
+    print("ok: %d bad option combinations exit 2 naming the option" % len(bad))
+
+
 if __name__ == "__main__":
-    if sys.argv[1] == "disaggregated":
-        disaggregated(sys.argv[2], sys.argv[3].split(","))
+    if sys.argv[1] in ("disaggregated", "disaggregated_groups"):
+        {"disaggregated": disaggregated, "disaggregated_groups": disaggregated_groups}[sys.argv[1]](
+            sys.argv[2], sys.argv[3].split(","))
     else:
         {"report": report, "compute": compute, "corruption": corruption, "layers": layers,
          "multiturn": multiturn, "host_tier": host_tier}[sys.argv[1]](sys.argv[2])

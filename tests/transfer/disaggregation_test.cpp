@@ -14,6 +14,7 @@
 #include <map>
 #include <memory>
 #include <random>
+#include <thread>
 #include <vector>
 
 #include "kvpager/serving.hpp"
@@ -373,6 +374,57 @@ TEST(Disaggregation, AFailedOrHungReadIsComputedLocallyAndNothingLeaks) {
     }
     EXPECT_TRUE(f.P->idle_and_empty());
   }
+}
+
+/// inproc_transport whose reads do not end on their own, even once the peer is gone, until this side closes the
+/// connection: a UCX read from a peer that closed its end (nothing answers its gets).
+struct unanswered_reads : inproc_transport {
+  bool closed = false;
+  result<transfer_state> poll(transfer_handle x) {
+    if (!closed) return transfer_state::in_flight;
+    return inproc_transport::poll(x);
+  }
+  status disconnect(peer_handle p) {
+    closed = true;
+    return inproc_transport::disconnect(p);
+  }
+};
+static_assert(kv_transport<unanswered_reads>);
+
+TEST(Disaggregation, AReadFromASenderThatClosedItsEndEndsAtTheTimeout) {
+  // The receiver closes the connection at its timeout even when the peer is already gone: that ends the read.
+  const kv_geometry g{8, 16, kv_heads, head_dim, kv_dtype::f32};
+  const kv_side side{*rank_layout(g, kv_heads * 2, 1, 0), 1, kv_pool_layout::per_layer};
+  std::vector<std::byte> sp(static_cast<std::size_t>(side.region_bytes())), dp(sp.size());
+  inproc_transport P;
+  unanswered_reads D;
+  D.set_read_fault(inproc_transport::read_fault::hang);
+  const auto [to_d, to_p] = inproc_transport::connect(P, D);
+  const mem_handle pm[1] = {*P.register_memory(sp.data(), sp.size())};
+  const mem_handle dm[1] = {*D.register_memory(dp.data(), dp.size())};
+  result<kv_sender<inproc_transport>> sender = kv_sender<inproc_transport>::create(P, side, pm);
+  result<kv_receiver<unanswered_reads>> receiver = kv_receiver<unanswered_reads>::create(D, to_p, side, dm, 50ms);
+  ASSERT_TRUE(sender.ok() && receiver.ok());
+  const std::vector<token_id> p = prompt(40, 3);
+  const block_id src[3] = {1, 2, 3}, dst[3] = {4, 5, 6};
+  ASSERT_TRUE(sender->offer(to_d, 1, p, 32, std::span<const block_id>(src)).ok());
+  std::vector<kv_offer> offers;
+  ASSERT_TRUE(receiver->poll(offers).ok());
+  ASSERT_EQ(offers.size(), 1U);
+  ASSERT_TRUE(receiver->start(1, std::span<const block_id>(dst), 0, 32).ok());
+  ASSERT_TRUE(P.disconnect(to_d).ok());  // the sender closes its end with the read in flight
+  EXPECT_FALSE(D.peer_alive(to_p));
+  std::vector<kv_received> ended;
+  for (const auto until = std::chrono::steady_clock::now() + 5s;
+       ended.empty() && std::chrono::steady_clock::now() < until;) {
+    EXPECT_TRUE(receiver->progress(ended).ok());
+    std::this_thread::sleep_for(1ms);
+  }
+  ASSERT_EQ(ended.size(), 1U) << "the read ends when the receiver closes the connection at its timeout";
+  EXPECT_FALSE(ended[0].ok);
+  EXPECT_TRUE(D.closed);
+  EXPECT_EQ(receiver->timeouts(), 1);
+  EXPECT_EQ(receiver->in_flight(), 0U);
 }
 
 TEST(Disaggregation, AReceiverOutOfBlocksWaitsThenReads) {

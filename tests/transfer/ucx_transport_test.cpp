@@ -11,6 +11,7 @@
 #include <cstdint>
 #include <cstdlib>
 #include <cstring>
+#include <optional>
 #include <random>
 #include <string>
 #include <thread>
@@ -234,6 +235,35 @@ TEST(UcxTransport, ASenderThatDiesMidTransferEndsTheReadAndThePeer) {
   EXPECT_EQ(t->read(*p, runs, rs, ds).code(), errc::transport_error);
   EXPECT_EQ(t->reads_in_flight(), 0U);
   std::printf("ucx: the read posted before the kill ended %s\n", s == transfer_state::done ? "done" : "failed");
+}
+
+TEST(UcxTransport, MessagesNeverReceivedGoQuietlyWithTheTransport) {
+  // A peer's messages still queued when the transport goes (its connection closed before they were received) are
+  // dropped: UCX would warn about each on stdout, where a tool prints its report (kvpager-sim --json).
+  result<ucx_transport> a = ucx_transport::create();
+  ASSERT_TRUE(a.ok()) << a.error().message();
+  const result<std::uint16_t> port = a->listen("127.0.0.1", 0);
+  ASSERT_TRUE(port.ok()) << port.error().message();
+  result<ucx_transport> made = ucx_transport::create();
+  ASSERT_TRUE(made.ok()) << made.error().message();
+  std::optional<ucx_transport> b(std::move(*made));
+  std::optional<result<peer_handle>> accepted;
+  std::thread acceptor([&] { accepted.emplace(a->accept(10000ms)); });
+  const result<peer_handle> to_a = b->connect("127.0.0.1", *port);
+  acceptor.join();
+  ASSERT_TRUE(to_a.ok()) << to_a.error().message();
+  ASSERT_TRUE(accepted->ok()) << accepted->error().message();
+  const std::vector<std::byte> msg(64, std::byte{7});
+  for (int i = 0; i < 3; ++i) ASSERT_TRUE(a->send(**accepted, msg).ok());
+  ASSERT_TRUE(a->disconnect(**accepted).ok());
+  for (const auto until = std::chrono::steady_clock::now() + 300ms; std::chrono::steady_clock::now() < until;) {
+    b->progress();  // the messages arrive, unexpected: nothing receives them
+    std::this_thread::yield();
+  }
+  ::testing::internal::CaptureStdout();
+  b.reset();
+  const std::string out = ::testing::internal::GetCapturedStdout();
+  EXPECT_EQ(out.find("not matched"), std::string::npos) << out;
 }
 
 TEST(UcxTransport, BadAddressesAndDescriptionsAreErrorsThatLeaveNothingOpen) {

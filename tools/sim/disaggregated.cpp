@@ -1,7 +1,8 @@
 // SPDX-License-Identifier: Apache-2.0
 // kvpager-sim --disaggregated: the prefill and decode instances, their transfers and the loop that runs them on
 // simulated clocks (disaggregated.hpp says what it does). A translation unit of its own: it instantiates the
-// scheduler twice more (per composition) and the connector over each transport, apart from main.cpp's runs.
+// scheduler again over each composition (and over kv_groups_swap_cache for --layers) and the connector over each
+// transport, apart from main.cpp's runs.
 
 #include "disaggregated.hpp"
 
@@ -61,13 +62,36 @@ kv_row expected_row(token_id tok, std::int64_t pos, std::int32_t layer, std::int
   return row;
 }
 
-/// One instance: its cache, scheduler and pools (host_kv_pools: one pool per layer and the host pool, moved by each
-/// step's plan through the shipped block-move kernels), registered with its transport. Not movable: the scheduler
-/// holds the cache, the connector the pools' addresses.
+/// One instance: its cache, scheduler and pools (host_kv_pools: one pool per layer place and the host pool, moved by
+/// each step's plan through the shipped block-move kernels), registered with its transport. Not movable: the
+/// scheduler holds the cache, the connector the pools' addresses.
+///
+/// The transfer's layers (kv_side::num_layers): layer k is read through table `layer_table[k]` and lies in pool
+/// `layer_pool[k]`. One group: layer k in table 0 and pool k. KV cache groups: every group's first layers in group
+/// order, each in its group's table and the pool of its place in the group's block (a block holds one group's
+/// layers, so the groups' layers at one place share that pool, as vLLM's groups share their layers' tensors).
 template <class Cache>
 struct instance {
-  instance(Cache c, kvpager::host_kv_pools p, const kvpager::scheduler_config& cfg, const kvpager::kv_side& s)
-      : cache(std::move(c)), pools(std::move(p)), sched(cache, cfg), side(s) {}
+  static constexpr bool grouped = requires(const Cache& c) { c.num_groups(); };
+  /// The entry that holds nothing: a window's released entries (no_block without groups: none).
+  static constexpr block_id null = [] {
+    if constexpr (grouped) return Cache::null_block;
+    return kvpager::no_block;
+  }();
+
+  instance(Cache c, kvpager::host_kv_pools p, const kvpager::scheduler_config& cfg, const kvpager::kv_side& s,
+           std::vector<std::int32_t> tables_of_layers, std::vector<std::int32_t> pools_of_layers)
+      : cache(std::move(c)),
+        pools(std::move(p)),
+        sched(cache, cfg),
+        side(s),
+        layer_table(std::move(tables_of_layers)),
+        layer_pool(std::move(pools_of_layers)) {
+    if constexpr (grouped) tables = cache.num_tables();
+    table_layers.resize(static_cast<std::size_t>(tables));
+    for (std::size_t k = 0; k < layer_table.size(); ++k)
+      table_layers[static_cast<std::size_t>(layer_table[k])].push_back(static_cast<std::int32_t>(k));
+  }
   instance(const instance&) = delete;
   instance& operator=(const instance&) = delete;
 
@@ -75,23 +99,50 @@ struct instance {
   kvpager::host_kv_pools pools;
   kvpager::scheduler<Cache> sched;
   kvpager::kv_side side;
-  std::vector<kvpager::mem_handle> mems;
+  std::vector<std::int32_t> layer_table, layer_pool;  ///< per transfer layer
+  std::vector<std::vector<std::int32_t>> table_layers;  ///< per table: its transfer layers
+  std::int32_t tables = 1;
+  std::vector<kvpager::mem_handle> mems;  ///< per transfer layer: its pool's registration
   double clock = 0;  ///< simulated seconds
   std::int64_t steps = 0;
 
   [[nodiscard]] std::int32_t block_size() const noexcept { return cache.config().block_size; }
 
-  /// The bytes of (layer, block, K or V, head, token in block), one row.
-  [[nodiscard]] std::byte* row(std::int32_t layer, block_id b, std::int32_t kv, std::int32_t head, std::int32_t in) {
-    return pools.device_bytes(layer).data() + side.offset(layer, b, kv, head, in);
+  /// The connector's view of the groups: each transfer layer's table and the null block (one table: none).
+  [[nodiscard]] kvpager::kv_groups groups() const noexcept {
+    if constexpr (grouped) return kvpager::kv_groups{layer_table, null};
+    return kvpager::kv_groups{};
   }
 
-  /// Writes what computing token `tok` at position `pos` writes, into `slot` (block x block_size + offset).
-  void write(std::int64_t slot, token_id tok, std::int64_t pos) {
+  /// Sequence `id`'s block tables, one per table; false when the cache does not have it.
+  bool tables_of(seq_id id, std::vector<std::span<const block_id>>& out) const {
+    out.clear();
+    if constexpr (grouped) {
+      for (std::int32_t t = 0; t < cache.num_tables(); ++t) {
+        const auto table = cache.block_table(t, id);
+        if (!table) return false;
+        out.push_back(*table);
+      }
+    } else {
+      const auto table = cache.block_table(id);
+      if (!table) return false;
+      out.push_back(*table);
+    }
+    return true;
+  }
+
+  /// The bytes of (transfer layer, block, K or V, head, token in block), one row.
+  [[nodiscard]] std::byte* row(std::int32_t layer, block_id b, std::int32_t kv, std::int32_t head, std::int32_t in) {
+    return pools.device_bytes(layer_pool[static_cast<std::size_t>(layer)]).data() + side.offset(layer, b, kv, head, in);
+  }
+
+  /// Writes what computing token `tok` at position `pos` writes into the layers of table `t`, at `slot` (block x
+  /// block_size + offset in that table).
+  void write(std::int32_t t, std::int64_t slot, token_id tok, std::int64_t pos) {
     const std::int32_t bs = block_size();
     const auto b = static_cast<block_id>(slot / bs);
     const auto in = static_cast<std::int32_t>(slot % bs);
-    for (std::int32_t l = 0; l < side.num_layers; ++l)
+    for (const std::int32_t l : table_layers[static_cast<std::size_t>(t)])
       for (std::int32_t kv = 0; kv < 2; ++kv)
         for (std::int32_t h = 0; h < disagg_shape::kv_heads; ++h) {
           const kv_row r = expected_row(tok, pos, l, kv, h);
@@ -121,24 +172,47 @@ struct instance {
   }
 };
 
-/// Creates an instance over composition `Cache` with the shape's pools. "" or what failed.
+/// Creates an instance over composition `Cache` (with groups: over o.groups in vLLM's conventions) with the shape's
+/// pools. "" or what failed.
 template <class Cache>
-std::string make_instance(const disagg_options& o, const char* role, std::unique_ptr<instance<Cache>>& out) {
-  kvpager::scheduler_config sc = o.sched;
+std::string make_instance(const disagg_options& o, const char* role, const kvpager::scheduler_config& sched,
+                          std::unique_ptr<instance<Cache>>& out) {
+  kvpager::scheduler_config sc = sched;
   sc.export_slot_mapping = true;  // where the prefill instance writes each computed token's KV
   kvpager::cache_config cc = o.cache;
   cc.num_kv_heads = disagg_shape::kv_heads;
   cc.head_dim = disagg_shape::head_dim;
   cc.dtype = disagg_shape::dtype;
-  auto cache = Cache::create(cc, kvpager::can_implement);
+  std::vector<std::int32_t> layer_table, layer_pool;
+  auto cache = [&] {
+    if constexpr (instance<Cache>::grouped) {
+      for (std::size_t g = 0; g < o.groups.size(); ++g)
+        for (std::int32_t j = 0; j < std::min(o.shape.layers, o.group_layers[g]); ++j) {
+          layer_table.push_back(static_cast<std::int32_t>(g));
+          layer_pool.push_back(j);
+        }
+      return Cache::create(cc, o.groups, {kvpager::hybrid_conventions::vllm});
+    } else {
+      for (std::int32_t j = 0; j < o.shape.layers; ++j) {
+        layer_table.push_back(0);
+        layer_pool.push_back(j);
+      }
+      return Cache::create(cc, kvpager::can_implement);
+    }
+  }();
   if (!cache) return std::string(role) + ": cannot create the cache: " + cache.error().message();
   const kvpager::kv_geometry g = cache->geometry();
+  // The executor moves every pool of a block: with groups, a block belongs to one group, whose layers are there.
   auto pools = kvpager::host_kv_pools::create(g, static_cast<std::int32_t>(cc.host_pool_blocks()), o.shape.layers);
   if (!pools) return std::string(role) + ": cannot create the KV pools: " + pools.error().message();
   const auto rank = kvpager::rank_layout(g, disagg_shape::q_heads, 1, 0);
   if (!rank) return std::string(role) + ": the KV layout: " + rank.error().message();
+  const auto layers = static_cast<std::int32_t>(layer_table.size());
   out = std::make_unique<instance<Cache>>(std::move(*cache), std::move(*pools), sc,
-                                          kvpager::kv_side{*rank, o.shape.layers, kvpager::kv_pool_layout::per_layer});
+                                          kvpager::kv_side{*rank, layers, kvpager::kv_pool_layout::per_layer},
+                                          std::move(layer_table), std::move(layer_pool));
+  if (out->tables != (o.groups.empty() ? 1 : static_cast<std::int32_t>(o.groups.size())))
+    return std::string(role) + ": the cache has a table per unit of a group (the pools map one table per group)";
   return "";
 }
 
@@ -257,22 +331,29 @@ class disagg_run {
     if (index_.size() != w_.requests.size()) return "two requests of the workload have the same id";
     s_.per_request.resize(w_.requests.size());
     for (std::size_t i = 0; i < w_.requests.size(); ++i) s_.per_request[i].id = w_.requests[i].id;
-    if (std::string e = make_instance<Cache>(o_, "prefill instance", P_); !e.empty()) return e;
-    if (std::string e = make_instance<Cache>(o_, "decode instance", D_); !e.empty()) return e;
+    kvpager::scheduler_config prefill_sched = o_.sched;
+    if (o_.prefill_token_budget > 0) prefill_sched.max_num_batched_tokens = o_.prefill_token_budget;
+    if (std::string e = make_instance<Cache>(o_, "prefill instance", prefill_sched, P_); !e.empty()) return e;
+    if (std::string e = make_instance<Cache>(o_, "decode instance", o_.sched, D_); !e.empty()) return e;
     if (std::string e = link_.open(o_); !e.empty()) return e;
-    // Each layer's device pool, registered: the region a read's runs name (kv_side: one region per layer).
+    // Each device pool, registered once: the region a read's runs name for each transfer layer in it (kv_side: one
+    // region per layer; with groups, the layers at one place of every group's block share a pool).
+    std::vector<kvpager::mem_handle> pm, dm;
     for (std::int32_t l = 0; l < o_.shape.layers; ++l) {
       const std::span<std::byte> pp = P_->pools.device_bytes(l), dp = D_->pools.device_bytes(l);
-      const auto pm = link_.on_prefill([&] { return link_.prefill().register_memory(pp.data(), pp.size()); });
-      const auto dm = link_.on_decode([&] { return link_.decode().register_memory(dp.data(), dp.size()); });
-      if (!pm || !dm) return std::string("registering a KV pool: ") + (!pm ? pm.error() : dm.error()).message();
-      P_->mems.push_back(*pm);
-      D_->mems.push_back(*dm);
+      const auto p = link_.on_prefill([&] { return link_.prefill().register_memory(pp.data(), pp.size()); });
+      const auto d = link_.on_decode([&] { return link_.decode().register_memory(dp.data(), dp.size()); });
+      if (!p || !d) return std::string("registering a KV pool: ") + (!p ? p.error() : d.error()).message();
+      pm.push_back(*p);
+      dm.push_back(*d);
     }
-    auto sender = kvpager::kv_sender<T>::create(link_.prefill(), P_->side, P_->mems);
+    for (const std::int32_t l : P_->layer_pool) P_->mems.push_back(pm[static_cast<std::size_t>(l)]);
+    for (const std::int32_t l : D_->layer_pool) D_->mems.push_back(dm[static_cast<std::size_t>(l)]);
+    auto sender = kvpager::kv_sender<T>::create(link_.prefill(), P_->side, P_->mems, P_->groups());
     if (!sender) return std::string("kv_sender: ") + sender.error().message();
     sender_.emplace(std::move(*sender));
-    auto receiver = kvpager::kv_receiver<T>::create(link_.decode(), link_.to_p, D_->side, D_->mems, o_.timeout);
+    auto receiver =
+        kvpager::kv_receiver<T>::create(link_.decode(), link_.to_p, D_->side, D_->mems, o_.timeout, D_->groups());
     if (!receiver) return std::string("kv_receiver: ") + receiver.error().message();
     receiver_.emplace(std::move(*receiver));
     if (std::string e = loop(); !e.empty()) return e;
@@ -290,7 +371,7 @@ class disagg_run {
   };
   struct flight {  // a read started and not ended
     seq_id id = 0;
-    std::vector<block_id> table;
+    std::vector<std::vector<block_id>> tables;  // the request's tables on the decode instance
     std::int32_t first = 0, count = 0;
     wall_clock::time_point started;
   };
@@ -377,12 +458,20 @@ class disagg_run {
     const kvpager::step_output& out = P.sched.schedule();
     if (const kvpager::status st = P.pools.executor().run_plan(*out.plan); !st)
       return std::string("prefill: step_executor::run_plan: ") + st.message();
-    std::int64_t prompt_tokens = 0;
-    std::size_t k = 0;
+    // The step's slots, table-major: table t's at [t x n, (t + 1) x n), one per scheduled token.
+    std::int64_t prompt_tokens = 0, n = 0;
+    for (const kvpager::scheduled_sequence& e : out.scheduled) n += e.num_tokens;
+    if (static_cast<std::int64_t>(out.slot_mapping.size()) != n * P.tables)
+      return "prefill: the step's slot mapping has " + std::to_string(out.slot_mapping.size()) + " slots for " +
+             std::to_string(n) + " tokens in " + std::to_string(P.tables) + " tables";
+    std::int64_t k = 0;
     for (const kvpager::scheduled_sequence& e : out.scheduled) {
       const sim_request& r = request(e.id);
-      for (std::int32_t p = e.start; p < e.start + e.num_tokens; ++p)
-        P.write(out.slot_mapping[k++], r.prompt[static_cast<std::size_t>(p)], p);
+      for (std::int32_t p = e.start; p < e.start + e.num_tokens; ++p, ++k)
+        for (std::int32_t t = 0; t < P.tables; ++t) {
+          const std::int64_t slot = out.slot_mapping[static_cast<std::size_t>(t * n + k)];
+          if (slot >= 0) P.write(t, slot, r.prompt[static_cast<std::size_t>(p)], p);
+        }
       if (e.prefill) prompt_tokens += e.num_tokens;
     }
     const double end = P.clock + step_s(prompt_tokens);
@@ -412,6 +501,7 @@ class disagg_run {
   /// Releases the requests whose done message the decode instance sent by the prefill clock (UCX: waits for the
   /// message to come in).
   std::string release_due() {
+    if (gone_) done_sent_.clear();  // link_gone released them
     for (std::size_t i = 0; i < done_sent_.size();) {
       const auto [id, at] = done_sent_[i];
       if (at > P_->clock) {
@@ -433,14 +523,16 @@ class disagg_run {
     return "";
   }
 
-  /// The connection is gone (UCX: a peer error, a read past the timeout): nothing more is offered, everything held
-  /// is released, and the decode instance computes from the prompt what it was offered and had not received, and
-  /// what comes after.
+  /// The connection is gone (UCX: a peer error, a read past the timeout; the test hook's close), as either side's
+  /// transport first says: nothing more is offered, everything held is released, and the decode instance computes
+  /// from the prompt what it was offered and had not received or read, and what comes after.
   void link_gone() {
     if (gone_) return;
     gone_ = true;
+    s_.link_lost = true;
     const std::vector<seq_id> held(P_->sched.held().begin(), P_->sched.held().end());
-    for (const seq_id id : held) (void)P_->sched.release(id);
+    for (const seq_id id : held)
+      if (P_->sched.release(id)) ++s_.released_on_loss;
     done_sent_.clear();
     for (const seq_id id : sent_) {
       ++s_.recomputed_locally;
@@ -462,8 +554,11 @@ class disagg_run {
       to_offer_.pop_front();
       if (std::string e = offer(id); !e.empty()) return e;
     }
+    // The prefill instance takes its done messages meanwhile: its transport may be the one that saw the connection
+    // go (then the offers never come).
     if (!sent_.empty() && !wait_for([&] {
           receive_offers();
+          poll_done();
           return gone_ || sent_.empty() || !error_.empty();
         }))
       return std::to_string(sent_.size()) + " offers did not reach the decode instance within the timeout";
@@ -549,16 +644,19 @@ class disagg_run {
   std::string offer(seq_id id) {
     const sim_request& r = request(id);
     if (!gone_) {
-      const auto table = P_->cache.block_table(id);
-      if (!table) return "prefill: block_table(" + std::to_string(id) + "): " + table.error().message();
-      maybe_corrupt(r, *table);
+      std::vector<std::span<const block_id>> tables;
+      if (!P_->tables_of(id, tables)) return "prefill: block_table(" + std::to_string(id) + "): the cache lost it";
+      maybe_corrupt(r, tables[0]);
       const auto computed = static_cast<std::int64_t>(r.prompt.size());
       const kvpager::status st =
-          link_.on_prefill([&] { return sender_->offer(link_.to_d, id, r.prompt, computed, *table); });
+          link_.on_prefill([&] { return sender_->offer(link_.to_d, id, r.prompt, computed, tables); });
       if (st) {
         ++s_.offered;
         s_.kv_offered_tokens += computed;
         sent_.insert(id);
+        // The test hook: the prefill side closes the connection; each side learns it from its transport.
+        if (!o_.disconnect.decode && s_.offered == o_.disconnect.after)
+          (void)link_.on_prefill([&] { return link_.prefill().disconnect(link_.to_d); });
         return "";
       }
       if (st.code() != kvpager::errc::transport_error) return std::string("kv_sender::offer: ") + st.message();
@@ -571,21 +669,25 @@ class disagg_run {
   }
 
   /// The test hook: the n-th offer's last full block below its last token gets one byte changed on the prefill
-  /// side (a block the decode instance cannot have cached: it holds the request's own tokens).
+  /// side (a block the decode instance cannot have cached: it holds the request's own tokens), in transfer layer 0
+  /// (table 0: an offer whose entry there a window released does not count).
   void maybe_corrupt(const sim_request& r, std::span<const block_id> table) {
     if (o_.corrupt_offer <= 0 || corrupted_) return;
     const std::int64_t full = (static_cast<std::int64_t>(r.prompt.size()) - 1) / P_->block_size();
-    if (full < 1 || ++offers_seen_ < o_.corrupt_offer) return;
+    if (full < 1 || table[static_cast<std::size_t>(full - 1)] == instance<Cache>::null ||
+        ++offers_seen_ < o_.corrupt_offer)
+      return;
     corrupted_ = true;
     *P_->row(0, table[static_cast<std::size_t>(full - 1)], 1, 0, 0) ^= std::byte{1};
   }
 
   /// Offers that have arrived: each admitted with external tokens (a different prompt than the workload's is an
   /// error: the offer came through the transport, checked here).
+  /// The offers that came before the connection went are taken first (admitted with external tokens: their reads
+  /// fail, and they are computed here); link_gone then computes here the offers that did not come.
   void receive_offers() {
     std::vector<kvpager::kv_offer> offers;
     const kvpager::status st = link_.on_decode([&] { return receiver_->poll(offers); });
-    if (!st && st.code() == kvpager::errc::transport_error) link_gone();
     if (!st && st.code() != kvpager::errc::transport_error)
       error_ = std::string("kv_receiver::poll: ") + st.message();
     for (const kvpager::kv_offer& o : offers) {
@@ -596,6 +698,7 @@ class disagg_run {
       }
       admit(o.id, o.computed);
     }
+    if (!st && st.code() == kvpager::errc::transport_error) link_gone();
   }
 
   /// Adds request `id` to the decode instance, with `external` tokens whose KV comes from the prefill instance.
@@ -614,51 +717,71 @@ class disagg_run {
     admitted_ = true;
   }
 
-  /// Tells the prefill instance that request `id` will not be read.
+  /// Tells the prefill instance that request `id` will not be read. The receiver drops the offer even when the
+  /// connection is gone (its done message then goes nowhere).
   void decline(seq_id id) {
-    if (gone_) return;
+    const kvpager::status st = link_.on_decode([&] { return receiver_->decline(id); });
+    if (!st && st.code() == kvpager::errc::transport_error) link_gone();
+    if (!st || gone_) return;
     ++s_.declined;
-    if (link_.on_decode([&] { return receiver_->decline(id); })) done_sent_.emplace_back(id, D_->clock);
+    done_sent_.emplace_back(id, D_->clock);
   }
 
-  /// Starts the reads of the requests the step admitted with external KV (cache.external_blocks: where their blocks
-  /// are), all in flight together, and waits for them to end (wall clock, both transports progressing); each that
-  /// arrived is checked, and reported to the cache once the decode clock reaches its start plus its time.
+  /// Starts the reads of the requests the step admitted with external KV (cache.external_blocks: which entries of
+  /// its tables), all in flight together, and waits for them to end (wall clock, both transports progressing); each
+  /// that arrived is checked, and reported to the cache once the decode clock reaches its start plus its time. A
+  /// read that cannot start (the link is gone; with groups, a window block the prefill instance already released)
+  /// is declined and reported failed: the request is computed here.
   std::string read(const kvpager::step_output& out) {
     instance<Cache>& D = *D_;
     const std::int32_t bs = D.block_size();
     std::vector<flight> flights;
+    std::vector<std::span<const block_id>> tables;
     for (const seq_id id : out.external) {
       const auto x = D.cache.external_blocks(id);
-      const auto table = D.cache.block_table(id);
-      if (!x || !table) return "decode: external_blocks(" + std::to_string(id) + "): the cache lost the request";
+      if (!x || !D.tables_of(id, tables))
+        return "decode: external_blocks(" + std::to_string(id) + "): the cache lost the request";
       open_.erase(id);
-      flight f{id, std::vector<block_id>(table->begin(), table->end()), x->first, x->count, wall_clock::now()};
-      ++reads_started_;
-      link_.fail_reads(o_.fail_every > 0 && reads_started_ % o_.fail_every == 0);
-      const kvpager::status st = link_.on_decode(
-          [&] { return receiver_->start(id, f.table, std::int64_t{f.first} * bs, std::int64_t{f.count} * bs); });
-      link_.fail_reads(false);
-      if (!st) {  // not started (the offer does not fit, or the link is gone): computed here
-        ++s_.reads_failed;
+      flight f{id, {}, x->first, x->count, wall_clock::now()};
+      for (const std::span<const block_id> t : tables) f.tables.emplace_back(t.begin(), t.end());
+      kvpager::status st{kvpager::errc::transport_error, "the connection is gone"};
+      if (!gone_) {
+        ++reads_started_;
+        link_.fail_reads(o_.fail_every > 0 && reads_started_ % o_.fail_every == 0);
+        st = link_.on_decode([&] {
+          return receiver_->start(id, tables, std::int64_t{f.first} * bs, std::int64_t{f.count} * bs);
+        });
+        link_.fail_reads(false);
+        if (st.code() == kvpager::errc::transport_error) link_gone();
+      }
+      if (!st) {  // not started: computed here
+        if (st.code() == kvpager::errc::invalid_argument && instance<Cache>::grouped)
+          ++s_.declined_released;  // the receiver keeps a window token the sender released
+        else
+          ++s_.reads_failed;
         arrived_.push_back({id, false, D.clock});
         decline(id);
         continue;
       }
       ++s_.reads;
       flights.push_back(std::move(f));
+      // The test hook: the decode side closes the connection with this read in flight.
+      if (o_.disconnect.decode && s_.reads == o_.disconnect.after)
+        (void)link_.on_decode([&] { return link_.decode().disconnect(link_.to_p); });
     }
     std::vector<kvpager::kv_received> ended;
     while (!flights.empty()) {
       ended.clear();
       (void)link_.on_decode([&] { return receiver_->progress(ended); });
+      // kv_receiver::progress told the sender of each read that ended, unless the connection is gone.
+      if (!link_.on_decode([&] { return link_.decode().peer_alive(link_.to_p); })) link_gone();
       const wall_clock::time_point now = wall_clock::now();
       for (const kvpager::kv_received& r : ended) {
         const auto f = std::find_if(flights.begin(), flights.end(), [&](const flight& x) { return x.id == r.id; });
         if (f == flights.end()) return "decode: a read ended that was not started: request " + std::to_string(r.id);
         const double secs = std::chrono::duration<double>(now - f->started).count();
         arrived_.push_back({r.id, r.ok, D.clock + secs});
-        if (!gone_) done_sent_.emplace_back(r.id, D.clock + secs);  // kv_receiver::progress told the sender
+        if (!gone_) done_sent_.emplace_back(r.id, D.clock + secs);
         if (r.ok) {
           disagg_request& q = s_.per_request[index_.at(r.id)];
           const std::int64_t tokens = std::int64_t{f->count} * bs;
@@ -667,7 +790,7 @@ class disagg_run {
           s_.kv_read_tokens += tokens;
           s_.kv_transfer_bytes += r.bytes;
           s_.kv_transfer_s += secs;
-          check(*f);
+          check(*f, r.bytes);
         } else {
           ++s_.reads_failed;
         }
@@ -684,32 +807,50 @@ class disagg_run {
     return "";
   }
 
-  /// Compares the blocks a read filled with what computing their tokens writes.
-  void check(const flight& f) {
+  /// Compares the blocks a read filled (the non-null entries of the receiving tables in the tokens read, every
+  /// transfer layer of each table) with what computing their tokens writes, and the read's bytes with what those
+  /// entries hold.
+  void check(const flight& f, std::int64_t bytes) {
     instance<Cache>& D = *D_;
     const sim_request& r = request(f.id);
     const std::int32_t bs = D.block_size();
     ++s_.reads_checked;
-    for (std::int32_t b = f.first; b < f.first + f.count; ++b) {
-      ++s_.blocks_checked;
-      const block_id blk = f.table[static_cast<std::size_t>(b)];
-      for (std::int32_t in = 0; in < bs; ++in) {
-        const std::int64_t pos = std::int64_t{b} * bs + in;
-        const token_id tok = r.prompt[static_cast<std::size_t>(pos)];
-        for (std::int32_t l = 0; l < D.side.num_layers; ++l)
-          for (std::int32_t kv = 0; kv < 2; ++kv)
-            for (std::int32_t h = 0; h < disagg_shape::kv_heads; ++h) {
-              const kv_row want = expected_row(tok, pos, l, kv, h);
-              if (std::memcmp(D.row(l, blk, kv, h, in), want.data(), sizeof want) == 0) continue;
-              if (s_.mismatches++ == 0)
-                s_.first_mismatch = "request " + std::to_string(f.id) + ": the KV received for position " +
-                                    std::to_string(pos) + " (layer " + std::to_string(l) + ", " +
-                                    (kv == 0 ? "K" : "V") + ", head " + std::to_string(h) +
-                                    ") is not what computing the token writes";
-              return;  // one mismatch named per read
-            }
+    std::int64_t layer_blocks = 0;
+    bool named = false;  // one mismatch named per read
+    for (std::int32_t t = 0; t < D.tables; ++t) {
+      const std::vector<block_id>& table = f.tables[static_cast<std::size_t>(t)];
+      const std::vector<std::int32_t>& layers = D.table_layers[static_cast<std::size_t>(t)];
+      for (std::int32_t b = f.first; b < f.first + f.count; ++b) {
+        const block_id blk = table[static_cast<std::size_t>(b)];
+        if (blk == instance<Cache>::null) continue;  // a window's entry: nothing received
+        ++s_.blocks_checked;
+        ++s_.kv_read_entries;
+        layer_blocks += static_cast<std::int64_t>(layers.size());
+        for (std::int32_t in = 0; in < bs && !named; ++in) {
+          const std::int64_t pos = std::int64_t{b} * bs + in;
+          const token_id tok = r.prompt[static_cast<std::size_t>(pos)];
+          for (const std::int32_t l : layers)
+            for (std::int32_t kv = 0; kv < 2 && !named; ++kv)
+              for (std::int32_t h = 0; h < disagg_shape::kv_heads; ++h) {
+                const kv_row want = expected_row(tok, pos, l, kv, h);
+                if (std::memcmp(D.row(l, blk, kv, h, in), want.data(), sizeof want) == 0) continue;
+                if (s_.mismatches++ == 0)
+                  s_.first_mismatch = "request " + std::to_string(f.id) + ": the KV received for position " +
+                                      std::to_string(pos) + " (layer " + std::to_string(l) +
+                                      (D.tables > 1 ? " in table " + std::to_string(t) : std::string()) + ", " +
+                                      (kv == 0 ? "K" : "V") + ", head " + std::to_string(h) +
+                                      ") is not what computing the token writes";
+                named = true;
+                break;
+              }
+        }
       }
     }
+    s_.kv_read_layer_blocks += layer_blocks;
+    const std::int64_t want = layer_blocks * bs * (o_.shape.bytes_per_token() / o_.shape.layers);
+    if (bytes != want && !named && s_.mismatches++ == 0)
+      s_.first_mismatch = "request " + std::to_string(f.id) + ": the read moved " + std::to_string(bytes) +
+                          " bytes, the receiving tables' non-null entries hold " + std::to_string(want);
   }
 
   /// The summary's figures once the run ended.
@@ -783,8 +924,14 @@ disagg_summary run_disaggregated(const workload& w, const disagg_options& o) {
     ++s.requests;
     s.samples += 1 + static_cast<std::int64_t>(r.child_ids.size());
   }
-  s.error = o.composition == "vllm_v1" ? run_with<kvpager::vllm_v1_cache>(w, o, s)
-                                       : run_with<kvpager::hybrid_swap_cache>(w, o, s);
+  if (!o.groups.empty() && o.group_layers.size() != o.groups.size())
+    s.error = "the KV cache groups need their layers (group_layers: one per group)";
+  else if (!o.groups.empty())
+    s.error = run_with<kvpager::kv_groups_swap_cache>(w, o, s);
+  else if (o.composition == "vllm_v1")
+    s.error = run_with<kvpager::vllm_v1_cache>(w, o, s);
+  else
+    s.error = run_with<kvpager::hybrid_swap_cache>(w, o, s);
   s.wall_s = std::chrono::duration<double>(wall_clock::now() - start).count();
   return s;
 }

@@ -21,6 +21,17 @@
 // decode instance sent it. A read starts at the decode step that admitted the request and takes the wall-clock time
 // the real read took (measured around kv_receiver::start and the progress that saw it end; the reads of one step are
 // in flight together): the request runs at the first decode step from then on.
+//
+// KV cache groups (--layers): both instances run kv_groups_swap_cache over the --layers run's groups. A block of the
+// shared pool holds one group's layers (the layers at the same place of every group share the memory, as in vLLM),
+// so the pools hold the first `shape.layers` layer places of every block: each group's first layers (a padded group
+// has fewer) are the transfer's layers, each read through its group's table in its place's pool
+// (kv_groups::layer_groups). A window group's entries that are the null block on the receiver are not read; where the
+// receiver needs a window block the sender already released, the offer is declined and computed here.
+//
+// The connection can go away (UCX: a peer error, a read past its timeout; the test hook closes it from one side):
+// nothing more is offered, the prefill instance releases everything it held, and the decode instance computes from
+// the prompt what it was offered and had not read.
 
 #include <chrono>
 #include <cstdint>
@@ -31,6 +42,7 @@
 
 #include <kvpager/cache/cache_types.hpp>
 #include <kvpager/core/dtype.hpp>
+#include <kvpager/groups/group_kind_variant.hpp>
 #include <kvpager/sched/scheduler_config.hpp>
 
 #include "workload.hpp"
@@ -69,20 +81,45 @@ inline constexpr std::int64_t disagg_pool_limit = std::int64_t{2} << 30;
   return 2 * blocks * cc.block_size * shape.bytes_per_token();
 }
 
+/// The test hook that closes the connection mid-run from one side's transport (`after` 0: never).
+struct disagg_disconnect {
+  bool decode = false;     ///< false: the prefill side, right after its after-th offer; true: the decode side, right
+                           ///< after starting its after-th read (the read in flight)
+  std::int64_t after = 0;
+};
+
 struct disagg_options {
   kv_transport_kind transport = kv_transport_kind::inproc;
+  /// shape.layers: the layers a pool block holds here (with groups: the first layer places of a group's block).
   disagg_shape shape{};
-  std::string composition = "hybrid_swap";  ///< hybrid_swap or vllm_v1: both instances'
+  std::string composition = "hybrid_swap";  ///< hybrid_swap or vllm_v1: both instances' (without groups)
+  /// KV cache groups (--layers; empty: one group, the composition's paged cache): each group's kind, in group order,
+  /// and its layers of the model (group_layers, the same size; fewer than the group size in a padded group). Both
+  /// instances then run kv_groups_swap_cache in vLLM's conventions, with a host pool when `cache` has one.
+  std::vector<kvpager::any_group_kind> groups;
+  std::vector<std::int32_t> group_layers;
   kvpager::cache_config cache{};            ///< each instance's pool (its geometry becomes the shape's)
   kvpager::scheduler_config sched{};        ///< each instance's scheduler
+  /// The prefill instance's max_num_batched_tokens (0: sched's): a small budget chunks its prompts.
+  std::int32_t prefill_token_budget = 0;
   double step_s = 0.020;                    ///< the simulator's step: a decode step's time, and the arrivals' unit
   double prefill_s_per_token = 0;           ///< simulated prefill compute of one prompt token
   /// A read, an offer or a done message not through within this fails (the receiver closes the connection).
   std::chrono::milliseconds timeout{10000};
   std::int64_t fail_every = 0;     ///< test hook (inproc): every n-th read fails (0: none)
   std::int64_t corrupt_offer = 0;  ///< test hook: the n-th offer with a full block has one byte changed (0: none)
+  disagg_disconnect disconnect{};  ///< test hook: the connection closed mid-run
   std::function<void(std::int64_t step, std::int64_t done, std::int64_t total)> progress;  ///< every 50 decode steps
 };
+
+/// The layers a transfer moves: shape.layers, or with groups each group's first shape.layers layers (a padded group
+/// may have fewer); each is read through its group's table.
+[[nodiscard]] inline std::int32_t disagg_transfer_layers(const disagg_options& o) noexcept {
+  if (o.groups.empty()) return o.shape.layers;
+  std::int32_t n = 0;
+  for (const std::int32_t l : o.group_layers) n += l < o.shape.layers ? l : o.shape.layers;
+  return n;
+}
 
 /// One request's figures on the decode instance.
 struct disagg_request {
@@ -109,11 +146,25 @@ struct disagg_summary {
   std::map<std::string, std::int64_t> rejected_reasons;
   std::int64_t output_tokens = 0;  ///< the finished samples' output tokens
   std::int64_t offered = 0, declined = 0;  ///< offers sent; of those, declined (the decode instance read nothing)
-  std::int64_t reads = 0, reads_failed = 0;  ///< reads started; of those, failed (computed on the decode instance)
+  /// Reads started; reads that failed, or could not start (the connection gone): computed on the decode instance.
+  /// external_failures (the decode scheduler's) is reads_failed + declined_released.
+  std::int64_t reads = 0, reads_failed = 0;
+  /// Offers whose read the decode instance could not plan because the prefill instance had already released a
+  /// window block it needs (a chunked prompt): declined, computed on the decode instance (KV cache groups only).
+  std::int64_t declined_released = 0;
   std::int64_t kv_offered_tokens = 0, kv_read_tokens = 0, kv_transfer_bytes = 0;
+  /// Of the reads that arrived: the receiving tables' non-null entries in the tokens read (summed over tables; one
+  /// table: kv_read_tokens / block size), and those entries times the transfer's layers reading each (each moves a
+  /// block of one layer): kv_transfer_bytes is kv_read_layer_blocks x block size x one layer's KV of a token.
+  std::int64_t kv_read_entries = 0, kv_read_layer_blocks = 0;
   double kv_transfer_s = 0;  ///< wall-clock time of the reads that arrived, summed
   std::int64_t external_waits = 0, external_failures = 0;  ///< the decode scheduler's
   std::int64_t recomputed_locally = 0;  ///< requests the decode instance computed without an offer (link gone)
+  bool link_lost = false;               ///< the connection went away during the run
+  std::int64_t released_on_loss = 0;    ///< held requests the prefill instance released when it went
+  /// Reads checked, their non-null receiving entries checked (each entry every layer of its table), and the
+  /// mismatches: a row that is not what computing its token writes, or a read whose bytes differ from what those
+  /// entries hold.
   std::int64_t reads_checked = 0, blocks_checked = 0, mismatches = 0;
   std::string first_mismatch;
   double mean_transfer_s = 0, mean_ttft_s = 0, mean_transfer_share = 0;  ///< over the requests read

@@ -33,6 +33,8 @@ struct layer_plan {
   std::int32_t group_size = 0;               ///< layers per group (a block holds that many layers)
   std::vector<kvpager::any_group_kind> groups;  ///< in group order
   std::vector<std::string> group_names;
+  /// Each group's layers of the model (group_size, or fewer in the last group of a kind: the rest is padding).
+  std::vector<std::int32_t> group_layers;
   std::int32_t padding_layers = 0;           ///< groups x group_size - layers
 };
 
@@ -106,7 +108,15 @@ inline std::string parse_layers(const std::string& spec, layer_plan& plan) {
   if (!groups) return std::string("--layers: ") + groups.error().message() + " (" + std::to_string(groups.error().detail()) + ")";
   plan.group_size = groups->group_size;
   plan.groups = groups->groups;
-  for (const std::int32_t k : groups->kind_of_group) plan.group_names.push_back(plan.kinds[static_cast<std::size_t>(k)].name);
+  // A kind's layers fill its groups in order (its groups are consecutive): the last one is padded.
+  std::vector<std::int32_t> left;
+  for (const layer_kind& k : plan.kinds) left.push_back(k.layers);
+  for (const std::int32_t k : groups->kind_of_group) {
+    plan.group_names.push_back(plan.kinds[static_cast<std::size_t>(k)].name);
+    std::int32_t& n = left[static_cast<std::size_t>(k)];
+    plan.group_layers.push_back(std::min(n, plan.group_size));
+    n -= plan.group_layers.back();
+  }
   plan.padding_layers = groups->padding_layers;
   return "";
 }

@@ -8,7 +8,8 @@
 //   kvpager-sim [TRACE.kvtrace] [--composition NAME] [--blocks N] [--block-size B] [--max-model-len L]
 //               [--host-blocks N] [--preemption MODE] [--admission RULE] [--tuning on|off] [--requests N]
 //               [--rate R] [--seed S] [--max-steps N] [--compute none|cpu] [--dtype fp32|bf16] [--json]
-//               [--report DIR] [--quiet] [--disaggregated [--kv-transport inproc|ucx] [--disagg-layers N]]
+//               [--report DIR] [--quiet] [--layers SPEC]
+//               [--disaggregated [--kv-transport inproc|ucx] [--disagg-layers N] [--prefill-token-budget N]]
 //
 // Exit status: 0 on success; 2 on bad input (an option outside its range, which the message states; an unknown
 // composition, which lists the choices; an unreadable or unusable trace, named with its line) and when --compute cpu
@@ -115,8 +116,10 @@ struct settings {
   bool disaggregated = false;    // --disaggregated: also over a prefill and a decode instance
   std::string kv_transport = kvsim::sim_has_ucx ? "ucx" : "inproc";
   std::int32_t disagg_layers = 2;
+  std::int32_t prefill_token_budget = 0;  // --prefill-token-budget: the prefill instance's (0: the workload's)
   std::int64_t inject_read_failures = 0;     // hidden test hook: every n-th read fails (inproc)
   std::int64_t inject_offer_corruption = 0;  // hidden test hook: the n-th offer's KV has a byte changed
+  std::string inject_disconnect;             // hidden test hook: prefill:N or decode:N, the connection closed
 };
 
 /// KV bytes of one token over all layers for the byte figures: Llama-2-7B in fp16 (32 layers x 2 x 4096 x 2 bytes
@@ -311,10 +314,17 @@ int run_main(int argc, char** argv) {
       ->check(CLI::IsMember({"inproc", "ucx"}));
   app.add_option("--disagg-layers", s.disagg_layers,
                  "--disaggregated: layers of Llama-2-7B's KV (16 KiB a token each) in each instance's pools (default 2 "
-                 "of 32)")
+                 "of 32; with --layers, the layers of each group's block, default 1, at most the group size)")
       ->check(int_range(1, kvsim::disagg_shape::model_layers));
+  app.add_option("--prefill-token-budget", s.prefill_token_budget,
+                 "--disaggregated: the prefill instance's tokens per step (max_num_batched_tokens; default the "
+                 "workload's): a smaller budget computes prompts in more chunks")
+      ->check(int_range(1, 1 << 24));
   app.add_option("--inject-read-failures", s.inject_read_failures, "")->group("");  // test hook: every n-th read fails
   app.add_option("--inject-offer-corruption", s.inject_offer_corruption, "")->group("");  // test hook
+  // Test hook: one side's transport closes the connection (prefill:N after the N-th offer, decode:N with the N-th
+  // read in flight).
+  app.add_option("--inject-disconnect", s.inject_disconnect, "")->group("");
   if (const int rc = kvtools::parse(app, argc, argv); rc >= 0) return rc;
   if (s.rate > 0 && s.rate < min_rate) {
     std::fprintf(stderr, "--rate: must be 0 or a finite number in [1e-06, 1e+06], not %g\n", s.rate);
@@ -333,7 +343,9 @@ int run_main(int argc, char** argv) {
   }
 
   // --disaggregated runs a built-in workload over two schedulers of the composition, every request to its end.
-  for (const char* o : {"--kv-transport", "--disagg-layers", "--inject-read-failures", "--inject-offer-corruption"})
+  kvsim::disagg_disconnect disconnect;
+  for (const char* o : {"--kv-transport", "--disagg-layers", "--prefill-token-budget", "--inject-read-failures",
+                        "--inject-offer-corruption", "--inject-disconnect"})
     if (!s.disaggregated && app.get_option(o)->count() > 0) {
       std::fprintf(stderr, "kvpager-sim: %s needs --disaggregated\n", o);
       return kvtools::exit_bad_input;
@@ -341,7 +353,6 @@ int run_main(int argc, char** argv) {
   if (s.disaggregated) {
     const char* conflict = !s.trace.empty()         ? "a trace (it runs a built-in workload: --workload)"
                            : s.compute == "cpu"     ? "--compute cpu (it checks the KV it moves instead)"
-                           : !s.layers.empty()      ? "--layers (it runs one KV cache group: no groups here yet)"
                            : s.host_tier_blocks > 0 ? "--host-tier-blocks"
                            : !s.kv_events.empty()   ? "--kv-events"
                            : s.max_steps > 0        ? "--max-steps (it runs every request to its end)"
@@ -358,6 +369,18 @@ int run_main(int argc, char** argv) {
     if (s.inject_read_failures > 0 && s.kv_transport != "inproc") {
       std::fprintf(stderr, "kvpager-sim: --inject-read-failures needs --kv-transport inproc\n");
       return kvtools::exit_bad_input;
+    }
+    if (!s.inject_disconnect.empty()) {
+      const std::size_t colon = s.inject_disconnect.find(':');
+      const std::string side = s.inject_disconnect.substr(0, colon == std::string::npos ? 0 : colon);
+      const std::string n = colon == std::string::npos ? "" : s.inject_disconnect.substr(colon + 1);
+      if ((side != "prefill" && side != "decode") || n.empty() || n.size() > 9 ||
+          n.find_first_not_of("0123456789") != std::string::npos || std::stoll(n) < 1) {
+        std::fprintf(stderr, "kvpager-sim: --inject-disconnect: prefill:N or decode:N (N >= 1), not '%s'\n",
+                     s.inject_disconnect.c_str());
+        return kvtools::exit_bad_input;
+      }
+      disconnect = {side == "decode", std::stoll(n)};
     }
   }
 
@@ -515,7 +538,40 @@ int run_main(int argc, char** argv) {
       .host_tier = {.num_blocks = s.host_tier_blocks,
                     .write = s.host_tier_write == "back" ? kvpager::tier_write::back : kvpager::tier_write::through,
                     .store_threshold = s.host_tier_store_threshold}};
-  // --disaggregated: both instances' pools of the shape, within the limit; blocks the block-move kernels take.
+  // --layers: the cache of KV cache groups at the same KV bytes: a block holds group_size layers, so the pool has
+  // num_layers / group_size times the blocks, and so has the host pool (plus its reserved block 0).
+  kvpager::cache_config gc = cc;
+  std::int64_t group_blocks = 0;
+  const std::int64_t group_bytes_per_block =
+      s.layers.empty() ? bytes_per_block : bytes_per_block * plan.group_size / plan.num_layers;
+  if (!s.layers.empty()) {
+    group_blocks = std::int64_t{w.num_blocks} * plan.num_layers / plan.group_size;
+    if (group_blocks > INT32_MAX - 1) {
+      std::fprintf(stderr, "kvpager-sim: --layers: %lld blocks of KV cache groups is too many\n",
+                   static_cast<long long>(group_blocks));
+      return kvtools::exit_bad_input;
+    }
+    gc.num_blocks = static_cast<std::int32_t>(group_blocks + 1);
+    const std::int64_t group_host = std::int64_t{host_blocks} * plan.num_layers / plan.group_size;
+    if (group_host > INT32_MAX - 1) {
+      std::fprintf(stderr, "kvpager-sim: --layers: %lld host blocks of KV cache groups is too many\n",
+                   static_cast<long long>(group_host));
+      return kvtools::exit_bad_input;
+    }
+    gc.num_host_blocks = group_host > 0 ? static_cast<std::int32_t>(group_host + 1) : 0;
+    // The host tier holds the same bytes as the main run's: num_layers / group_size blocks of groups per block.
+    const std::int64_t group_tier = std::int64_t{s.host_tier_blocks} * plan.num_layers / plan.group_size;
+    if (group_tier > INT32_MAX - 1 - gc.num_host_blocks) {
+      std::fprintf(stderr, "kvpager-sim: --layers: %lld host tier blocks of KV cache groups is too many\n",
+                   static_cast<long long>(group_tier));
+      return kvtools::exit_bad_input;
+    }
+    gc.host_tier.num_blocks = static_cast<std::int32_t>(group_tier);
+  }
+
+  // --disaggregated: both instances' pools of the shape, within the limit; blocks the block-move kernels take. With
+  // --layers, both instances run the --layers run's cache (its groups, pool and scheduler) and the pools hold the
+  // first --disagg-layers layers of every group's block (default 1; at most the group size).
   kvsim::disagg_options dopt;
   if (s.disaggregated) {
     dopt.transport = s.kv_transport == "ucx" ? kvsim::kv_transport_kind::ucx : kvsim::kv_transport_kind::inproc;
@@ -523,21 +579,36 @@ int run_main(int argc, char** argv) {
     dopt.composition = s.composition;
     dopt.cache = cc;
     dopt.sched = po.sched;
+    if (!s.layers.empty()) {
+      if (app.get_option("--disagg-layers")->count() == 0) dopt.shape.layers = 1;
+      if (dopt.shape.layers > plan.group_size) {
+        std::fprintf(stderr, "kvpager-sim: --disaggregated --layers %s: --disagg-layers must be at most the group "
+                             "size, %d (the layers a block of one group holds), not %d\n",
+                     plan.source.c_str(), plan.group_size, dopt.shape.layers);
+        return kvtools::exit_bad_input;
+      }
+      dopt.groups = plan.groups;
+      dopt.group_layers = plan.group_layers;
+      dopt.cache = gc;
+      dopt.sched.swap_cost.block_bytes = group_bytes_per_block;
+    }
     dopt.step_s = std::chrono::duration<double>(po.step_time).count();
     dopt.prefill_s_per_token = prefill_flops_per_token / (s.prefill_tflops * 1e12);
     dopt.fail_every = s.inject_read_failures;
     dopt.corrupt_offer = s.inject_offer_corruption;
+    dopt.disconnect = disconnect;
+    dopt.prefill_token_budget = s.prefill_token_budget;
     if (w.block_size != 8 && w.block_size != 16 && w.block_size != 32) {
       std::fprintf(stderr, "kvpager-sim: --disaggregated: --block-size must be 8, 16 or 32 (the block-move kernels' "
                            "sizes), not %d\n", w.block_size);
       return kvtools::exit_bad_input;
     }
-    if (const std::int64_t bytes = kvsim::disagg_pool_bytes(cc, dopt.shape); bytes > kvsim::disagg_pool_limit) {
+    if (const std::int64_t bytes = kvsim::disagg_pool_bytes(dopt.cache, dopt.shape); bytes > kvsim::disagg_pool_limit) {
       std::fprintf(stderr, "kvpager-sim: --disaggregated: the two instances' KV pools would take %.2f GiB (%d blocks "
                            "and %lld host blocks of %d tokens, %d layers x 16 KiB a token, each), more than %lld GiB: "
                            "lower --blocks, --host-blocks or --disagg-layers\n",
-                   static_cast<double>(bytes) / (1024.0 * 1024.0 * 1024.0), cc.num_blocks,
-                   static_cast<long long>(cc.host_pool_blocks()), cc.block_size, dopt.shape.layers,
+                   static_cast<double>(bytes) / (1024.0 * 1024.0 * 1024.0), dopt.cache.num_blocks,
+                   static_cast<long long>(dopt.cache.host_pool_blocks()), dopt.cache.block_size, dopt.shape.layers,
                    static_cast<long long>(kvsim::disagg_pool_limit >> 30));
       return kvtools::exit_bad_input;
     }
@@ -563,34 +634,10 @@ int run_main(int argc, char** argv) {
   // pool has num_layers / group_size times the blocks, and so has the host pool (plus its reserved block 0).
   outcome grouped;
   std::vector<kvpager::group_metrics> group_figures;
-  std::int64_t group_blocks = 0;
   if (!s.layers.empty()) {
-    group_blocks = std::int64_t{w.num_blocks} * plan.num_layers / plan.group_size;
-    if (group_blocks > INT32_MAX - 1) {
-      std::fprintf(stderr, "kvpager-sim: --layers: %lld blocks of KV cache groups is too many\n",
-                   static_cast<long long>(group_blocks));
-      return kvtools::exit_bad_input;
-    }
-    kvpager::cache_config gc = cc;
-    gc.num_blocks = static_cast<std::int32_t>(group_blocks + 1);
-    const std::int64_t group_host = std::int64_t{host_blocks} * plan.num_layers / plan.group_size;
-    if (group_host > INT32_MAX - 1) {
-      std::fprintf(stderr, "kvpager-sim: --layers: %lld host blocks of KV cache groups is too many\n",
-                   static_cast<long long>(group_host));
-      return kvtools::exit_bad_input;
-    }
-    gc.num_host_blocks = group_host > 0 ? static_cast<std::int32_t>(group_host + 1) : 0;
-    // The host tier holds the same bytes as the main run's: num_layers / group_size blocks of groups per block.
-    const std::int64_t group_tier = std::int64_t{s.host_tier_blocks} * plan.num_layers / plan.group_size;
-    if (group_tier > INT32_MAX - 1 - gc.num_host_blocks) {
-      std::fprintf(stderr, "kvpager-sim: --layers: %lld host tier blocks of KV cache groups is too many\n",
-                   static_cast<long long>(group_tier));
-      return kvtools::exit_bad_input;
-    }
-    gc.host_tier.num_blocks = static_cast<std::int32_t>(group_tier);
     kvsim::paged_options gpo = po;
     gpo.events = nullptr;  // the events are the main run's (one stream, one cache)
-    gpo.bytes_per_block = bytes_per_block * plan.group_size / plan.num_layers;
+    gpo.bytes_per_block = group_bytes_per_block;
     gpo.sched.swap_cost.block_bytes = gpo.bytes_per_block;
     gpo.progress = [&](std::int64_t step, std::int64_t done, std::int64_t total) {
       progress("groups", step, done, total);

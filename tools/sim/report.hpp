@@ -122,6 +122,10 @@ inline void print_table(const run_summary& p, const run_summary& c) { print_tabl
   j["head_dim"] = disagg_shape::head_dim;
   j["dtype"] = "fp16";
   j["bytes_per_token"] = o.shape.bytes_per_token();
+  // KV cache groups (--layers): one table per group; each transfer layer reads through its group's table.
+  j["tables"] = o.groups.empty() ? 1 : static_cast<std::int64_t>(o.groups.size());
+  j["transfer_layers"] = disagg_transfer_layers(o);
+  j["layer_block_bytes"] = std::int64_t{o.cache.block_size} * (o.shape.bytes_per_token() / o.shape.layers);
   j["pool_bytes"] = disagg_pool_bytes(o.cache, o.shape);
   j["step_s"] = o.step_s;
   j["prefill_s_per_token"] = o.prefill_s_per_token;
@@ -137,9 +141,12 @@ inline void print_table(const run_summary& p, const run_summary& c) { print_tabl
   j["declined"] = d.declined;
   j["reads"] = d.reads;
   j["reads_failed"] = d.reads_failed;
+  j["declined_released"] = d.declined_released;
   j["kv_offered_tokens"] = d.kv_offered_tokens;
   j["kv_read_tokens"] = d.kv_read_tokens;
   j["kv_transfer_bytes"] = d.kv_transfer_bytes;
+  j["kv_read_entries"] = d.kv_read_entries;
+  j["kv_read_layer_blocks"] = d.kv_read_layer_blocks;
   j["kv_transfer_s"] = d.kv_transfer_s;
   j["mean_transfer_s"] = d.mean_transfer_s;
   j["mean_ttft_s"] = d.mean_ttft_s;
@@ -147,6 +154,8 @@ inline void print_table(const run_summary& p, const run_summary& c) { print_tabl
   j["external_waits"] = d.external_waits;
   j["external_failures"] = d.external_failures;
   j["recomputed_locally"] = d.recomputed_locally;
+  j["link_lost"] = d.link_lost;
+  j["released_on_loss"] = d.released_on_loss;
   j["check"] = {{"reads_checked", d.reads_checked},
                 {"blocks_checked", d.blocks_checked},
                 {"mismatches", d.mismatches},
@@ -174,9 +183,14 @@ inline void print_disaggregated(const disagg_summary& d, const disagg_options& o
   const auto mib = [](double b) { return b / (1024.0 * 1024.0); };
   std::printf("\ndisaggregated: a prefill and a decode instance (%s), %s transport, pools of %d of Llama-2-7B's %d "
               "layers (%lld KiB of KV a token, %.0f MiB of pools in all)\n",
-              o.composition.c_str(), d.transport.c_str(), o.shape.layers, disagg_shape::model_layers,
+              o.groups.empty() ? o.composition.c_str() : "kv_groups_swap", d.transport.c_str(), o.shape.layers,
+              disagg_shape::model_layers,
               static_cast<long long>(o.shape.bytes_per_token() / 1024),
               mib(static_cast<double>(disagg_pool_bytes(o.cache, o.shape))));
+  if (!o.groups.empty())
+    std::printf("  %zu KV cache groups (vLLM's grouping), the pools holding %d layer%s of each group's block: %d "
+                "layers read, each through its group's table\n",
+                o.groups.size(), o.shape.layers, o.shape.layers == 1 ? "" : "s", disagg_transfer_layers(o));
   std::printf("  %-44s %lld of %lld samples (%lld rejected)\n", "finished on the decode instance",
               static_cast<long long>(d.finished), static_cast<long long>(d.samples), static_cast<long long>(d.rejected));
   for (const auto& [reason, n] : d.rejected_reasons)
@@ -190,8 +204,19 @@ inline void print_disaggregated(const disagg_summary& d, const disagg_options& o
   std::printf("  %-44s %.3f ms\n", "transfer time per request read, mean", 1e3 * d.mean_transfer_s);
   std::printf("  %-44s %.2f%% (time to first token, mean %.3f s)\n", "transfer share of time to first token, mean",
               100.0 * d.mean_transfer_share, d.mean_ttft_s);
+  if (!o.groups.empty())
+    std::printf("  %-44s %lld of %lld table entries (the rest a window's null block)\n", "table entries read",
+                static_cast<long long>(d.kv_read_entries),
+                static_cast<long long>(d.kv_read_tokens / o.cache.block_size *
+                                       static_cast<std::int64_t>(o.groups.size())));
   std::printf("  %-44s %lld / %lld\n", "external failures / recomputed locally",
               static_cast<long long>(d.external_failures), static_cast<long long>(d.recomputed_locally));
+  if (d.declined_released > 0)
+    std::printf("  %-44s %lld (computed on the decode instance)\n", "declined: a window block already released",
+                static_cast<long long>(d.declined_released));
+  if (d.link_lost)
+    std::printf("  %-44s %lld held requests released by the prefill instance\n", "the connection was lost",
+                static_cast<long long>(d.released_on_loss));
   std::printf("  %-44s %lld reads, %lld blocks: %s\n", "received KV checked", static_cast<long long>(d.reads_checked),
               static_cast<long long>(d.blocks_checked), d.mismatches == 0 ? "all match" : "MISMATCH");
   std::printf("  %-44s prefill %s, decode %s\n", "pools empty at the end", d.prefill.pools_empty ? "yes" : "NO",

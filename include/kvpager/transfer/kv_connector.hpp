@@ -432,8 +432,11 @@ class kv_receiver {
       flight& f = flights_[i];
       const result<transfer_state> s = transport_->poll(f.x);
       transfer_state st = s.ok() ? *s : transfer_state::failed;
-      if (st == transfer_state::in_flight && now - f.started > timeout_ && transport_->peer_alive(peer_)) {
+      // Closed once, also when the peer is already gone: a read from a peer that closed its end may never end
+      // otherwise (UCX over TCP: nothing answers its gets), and closing ends it.
+      if (st == transfer_state::in_flight && now - f.started > timeout_ && !closed_) {
         (void)transport_->disconnect(peer_);  // ends the reads in flight; they are reported failed as they end
+        closed_ = true;
         ++timeouts_;
       }
       if (st == transfer_state::in_flight) {
@@ -538,6 +541,7 @@ class kv_receiver {
   std::vector<std::span<const block_id>> src_tables_;
   std::vector<std::byte> buf_, msg_;
   std::int64_t timeouts_ = 0;
+  bool closed_ = false;  ///< this side closed the connection (a read past the timeout)
 };
 
 KVPAGER_NAMESPACE_END

@@ -419,8 +419,33 @@ class ucx_transport {
       q.alive = false;
       q.ready = false;
     }
+    /// Receives and drops every message that arrived and was never received (a peer's after its connection was
+    /// closed or given up on): UCX warns about each one still queued when the worker goes. A receive that does not
+    /// end within the message timeout is cancelled; its buffer is kept (UCX may still write it).
+    void drop_unreceived() {
+      std::vector<std::byte> sink;
+      for (;;) {
+        ucp_tag_recv_info_t info{};
+        ucp_tag_message_h msg = ucp_tag_probe_nb(worker, 0, 0, 1, &info);
+        if (msg == nullptr) return;
+        sink.resize(info.length);
+        ucp_request_param_t none{};
+        ucs_status_ptr_t r = ucp_tag_msg_recv_nbx(worker, sink.data(), sink.size(), msg, &none);
+        if (!UCS_PTR_IS_PTR(r)) continue;
+        const auto until = std::chrono::steady_clock::now() + options.message_timeout;
+        while (ucp_request_check_status(r) == UCS_INPROGRESS && std::chrono::steady_clock::now() < until)
+          ucp_worker_progress(worker);
+        if (ucp_request_check_status(r) == UCS_INPROGRESS) {
+          ucp_request_cancel(worker, r);
+          graveyard.push_back(std::move(sink));
+          sink = {};
+        }
+        ucp_request_free(r);
+      }
+    }
     ~impl() {
       for (auto& q : peers) close(*q);  // gets in flight end here (their callbacks still find their flights)
+      if (worker != nullptr) drop_unreceived();
       for (remote& r : remotes)
         if (r.rkey != nullptr) ucp_rkey_destroy(r.rkey);
       for (ucp_conn_request_h r : pending) ucp_listener_reject(listener, r);
