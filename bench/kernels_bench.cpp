@@ -44,71 +44,10 @@ namespace {
 constexpr std::int32_t batch = 8, hq = 32, dim = 128, bs = 16;
 
 // ------------------------------------------------------------------------------------------- the tuned read
-/// Sums `bytes` bytes (a multiple of 8) as 64-bit integers; integer adds, so no denormal or NaN slows it down.
-using read_fn = std::uint64_t (*)(const unsigned char*, std::size_t);
-
-#if defined(__x86_64__) && defined(__GNUC__)
-__attribute__((target("avx512f"))) std::uint64_t read_avx512(const unsigned char* p, std::size_t bytes) {
-  __m512i a[8];
-  for (auto& x : a) x = _mm512_setzero_si512();
-  std::size_t i = 0;
-  for (; i + 512 <= bytes; i += 512)
-    for (int k = 0; k < 8; ++k) a[k] = _mm512_add_epi64(a[k], _mm512_loadu_si512(p + i + 64 * k));
-  for (int k = 1; k < 8; ++k) a[0] = _mm512_add_epi64(a[0], a[k]);
-  auto s = static_cast<std::uint64_t>(_mm512_reduce_add_epi64(a[0]));
-  for (; i < bytes; i += 8) {
-    std::uint64_t w;
-    std::memcpy(&w, p + i, 8);
-    s += w;
-  }
-  return s;
-}
-__attribute__((target("avx2"))) std::uint64_t read_avx2(const unsigned char* p, std::size_t bytes) {
-  __m256i a[8];
-  for (auto& x : a) x = _mm256_setzero_si256();
-  std::size_t i = 0;
-  for (; i + 256 <= bytes; i += 256)
-    for (int k = 0; k < 8; ++k)
-      a[k] = _mm256_add_epi64(a[k], _mm256_loadu_si256(reinterpret_cast<const __m256i*>(p + i + 32 * k)));
-  for (int k = 1; k < 8; ++k) a[0] = _mm256_add_epi64(a[0], a[k]);
-  alignas(32) std::uint64_t lanes[4];
-  _mm256_store_si256(reinterpret_cast<__m256i*>(lanes), a[0]);
-  std::uint64_t s = lanes[0] + lanes[1] + lanes[2] + lanes[3];
-  for (; i < bytes; i += 8) {
-    std::uint64_t w;
-    std::memcpy(&w, p + i, 8);
-    s += w;
-  }
-  return s;
-}
-#endif
-std::uint64_t read_scalar(const unsigned char* p, std::size_t bytes) {
-  std::uint64_t a[8] = {};
-  std::size_t i = 0;
-  for (; i + 64 <= bytes; i += 64)
-    for (int k = 0; k < 8; ++k) {
-      std::uint64_t w;
-      std::memcpy(&w, p + i + 8 * k, 8);
-      a[k] += w;
-    }
-  std::uint64_t s = std::accumulate(a, a + 8, std::uint64_t{0});
-  for (; i < bytes; i += 8) {
-    std::uint64_t w;
-    std::memcpy(&w, p + i, 8);
-    s += w;
-  }
-  return s;
-}
-
-/// The widest read this CPU runs, and its name.
-std::pair<read_fn, const char*> pick_read() {
-#if defined(__x86_64__) && defined(__GNUC__)
-  __builtin_cpu_init();
-  if (__builtin_cpu_supports("avx512f")) return {&read_avx512, "avx512"};
-  if (__builtin_cpu_supports("avx2")) return {&read_avx2, "avx2"};
-#endif
-  return {&read_scalar, "scalar"};
-}
+/// Sums `bytes` bytes (a multiple of 8) as 64-bit integers, with the widest loads the CPU has: the roofline's
+/// streaming read (bench/roofline.hpp), so x_read below and the kvpager-roofline line measure the same read.
+using kvbench::roofline_detail::pick_read;
+using kvbench::roofline_detail::read_fn;
 
 /// All cores: the caller and (cores - 1) threads that live as long as the team, woken per job through a condition
 /// variable (as the kernels' worker pool is).
