@@ -7,6 +7,7 @@
 
 #include <gtest/gtest.h>
 
+#include <atomic>
 #include <chrono>
 #include <cstdint>
 #include <cstdlib>
@@ -254,11 +255,30 @@ TEST(UcxTransport, MessagesNeverReceivedGoQuietlyWithTheTransport) {
   ASSERT_TRUE(to_a.ok()) << to_a.error().message();
   ASSERT_TRUE(accepted->ok()) << accepted->error().message();
   const std::vector<std::byte> msg(64, std::byte{7});
-  for (int i = 0; i < 3; ++i) ASSERT_TRUE(a->send(**accepted, msg).ok());
-  ASSERT_TRUE(a->disconnect(**accepted).ok());
-  for (const auto until = std::chrono::steady_clock::now() + 300ms; std::chrono::steady_clock::now() < until;) {
-    b->progress();  // the messages arrive, unexpected: nothing receives them
-    std::this_thread::yield();
+  {
+    // A send may wait for the receiving worker (its endpoint's set-up): b progresses on its own thread meanwhile, as
+    // a peer in another process would, and goes on progressing a while after the disconnect, so the messages arrive
+    // unexpected and nothing receives them.
+    std::atomic<bool> sent{false};
+    std::thread progresser([&] {
+      auto until = std::chrono::steady_clock::now() + 30000ms;
+      bool after = false;
+      while (std::chrono::steady_clock::now() < until) {
+        b->progress();
+        std::this_thread::yield();
+        if (!after && sent.load()) {
+          after = true;
+          until = std::chrono::steady_clock::now() + 300ms;
+        }
+      }
+    });
+    bool all_sent = true;
+    for (int i = 0; i < 3; ++i) all_sent = a->send(**accepted, msg).ok() && all_sent;
+    const bool disconnected = a->disconnect(**accepted).ok();
+    sent.store(true);
+    progresser.join();
+    ASSERT_TRUE(all_sent);
+    ASSERT_TRUE(disconnected);
   }
   ::testing::internal::CaptureStdout();
   b.reset();
