@@ -3,8 +3,9 @@
 // (see bench/RESULTS.md): AVX-512 loads (AVX2 or scalar where the CPU lacks it, chosen at run time) into eight
 // independent accumulators, on all cores through a team of threads kept across iterations (woken like the kernels'
 // worker pool, so both pay the same wake-up cost). memcpy of the same bytes on all cores is reported beside it.
-// Every decode benchmark reports `x_read`: its bandwidth over the tuned read's of the same pool, the two measured in
-// alternating rounds of the same run (BM_Decode). Pools under 128 MiB are repeated as layers that successive calls
+// Every decode benchmark reports `x_read`: its bandwidth over the tuned read's of the same pool on as many threads
+// (all cores, or the calling thread for a one-thread call), the two measured in alternating rounds of the same run
+// (BM_Decode); and `x_bound`: over the lower of that read and the FMA bound (the roofline's fp32 FMA peak). Pools under 128 MiB are repeated as layers that successive calls
 // walk (no call finds its KV in the cache). The pools are 2 MiB aligned and advised to transparent huge pages, as an
 // engine should allocate its KV pool (KVPAGER_BENCH_SMALL_PAGES=1 keeps them on 4 KiB pages, to compare).
 // Shapes: batch 8, 32 query heads over 8 KV heads (GQA 4) or 32 (MHA), head_dim 128, block 16, fp16 and bf16 KV.
@@ -123,9 +124,10 @@ std::pair<std::size_t, std::size_t> share(std::size_t bytes, unsigned t, unsigne
   return {b, e};
 }
 
-/// One tuned read of `bytes` bytes at `p` on all cores.
-std::uint64_t tuned_read(const unsigned char* p, std::size_t bytes) {
+/// One tuned read of `bytes` bytes at `p` on all cores, or on the calling thread alone (`one_thread`).
+std::uint64_t tuned_read(const unsigned char* p, std::size_t bytes, bool one_thread = false) {
   static const read_fn fn = pick_read().first;
+  if (one_thread) return fn(p, bytes);
   team& tm = the_team();
   std::vector<std::uint64_t> sums(tm.size() * 8, 0);  // 64 bytes apart: no false sharing
   tm.run([&](unsigned t) {
@@ -223,6 +225,9 @@ void BM_Decode(benchmark::State& state) {
   const auto threads = static_cast<std::int32_t>(state.range(3));
   const auto n = static_cast<std::size_t>(s.kv_bytes());
   const std::int64_t rounds = std::max<std::int64_t>(4, ((std::int64_t{256} << 20) + s.kv_bytes() - 1) / s.kv_bytes());
+  // The decode's threads: the calls' own choice (one for calls under 8192 (token, query head) pairs, see decode.cpp).
+  // The read it is measured against runs on as many.
+  const bool one_thread = threads == 1 || (threads == 0 && std::int64_t{batch} * s.context * hq < 8192);
   benchmark::DoNotOptimize(tuned_read(s.next_layer(), n));  // warm-up: the team's threads, the pages
   if (decode(s, threads) != 0) state.SkipWithError("kernel failed");
   using clock = std::chrono::steady_clock;
@@ -230,7 +235,7 @@ void BM_Decode(benchmark::State& state) {
   for (auto _ : state) {
     const auto r0 = clock::now();
     const double rc0 = process_cpu_seconds();
-    for (std::int64_t r = 0; r < rounds; ++r) benchmark::DoNotOptimize(tuned_read(s.next_layer(), n));
+    for (std::int64_t r = 0; r < rounds; ++r) benchmark::DoNotOptimize(tuned_read(s.next_layer(), n, one_thread));
     const double rc1 = process_cpu_seconds();
     const auto d0 = clock::now();
     for (std::int64_t r = 0; r < rounds; ++r)
@@ -245,8 +250,6 @@ void BM_Decode(benchmark::State& state) {
     dec_cpu += dc1 - rc1;
     state.SetIterationTime(dt);
   }
-  // The decode's threads: the calls' own choice (one for calls under 8192 (token, query head) pairs, see decode.cpp).
-  const bool one_thread = threads == 1 || (threads == 0 && std::int64_t{batch} * s.context * hq < 8192);
   const double used = one_thread ? 1.0 : static_cast<double>(the_team().size());
   const double bytes = static_cast<double>(state.iterations()) * static_cast<double>(rounds) * static_cast<double>(n);
   state.SetBytesProcessed(state.iterations() * rounds * s.kv_bytes());
@@ -254,8 +257,20 @@ void BM_Decode(benchmark::State& state) {
   state.counters["us_per_call"] = dec_wall / (static_cast<double>(state.iterations()) * static_cast<double>(rounds)) * 1e6;
   state.counters["read_GBps"] = bytes / read_wall / 1e9;
   state.counters["x_read"] = read_wall / dec_wall;
-  state.counters["x_read_cpu"] = (read_cpu / the_team().size()) / (dec_cpu / used);
-  state.counters["busy_read"] = read_cpu / the_team().size() / read_wall;
+  state.counters["x_read_cpu"] = read_cpu / dec_cpu;
+  state.counters["busy_read"] = read_cpu / used / read_wall;
+  // The FMA bound: the decode's fp32 FMAs (QK^T and PV: 4 x group x head_dim FLOPs per token and KV head, which is
+  // 2 x head_dim elements of KV) at the roofline's 512-bit FMA peak on the threads used, as KV bytes per second. At
+  // GQA 8 with 2-byte KV one core's FMAs (about 31 GB/s of KV here) cannot keep up with its read (about 40): that
+  // call is compute-bound, and x_bound says how near it is to whichever bound is lower.
+  const double fma = kvbench::measured_roofline().fma512_gflops_core;
+  if (fma > 0) {
+    const double group = static_cast<double>(hq) / s.hkv, esz = s.dtype == KVPAGER_DTYPE_FP32 ? 4.0 : 2.0;
+    const double fma_gbs = fma * used * esz / (2.0 * group), read_gbs = bytes / read_wall / 1e9;
+    state.counters["fma_bound_GBps"] = fma_gbs;
+    state.counters["x_bound"] = bytes / dec_wall / 1e9 / std::min(fma_gbs, read_gbs);
+    state.SetLabel(fma_gbs < read_gbs ? "bound=fma" : "bound=read");
+  }
   state.counters["busy_decode"] = dec_cpu / used / dec_wall;
 }
 constexpr std::int64_t fp16 = KVPAGER_DTYPE_FP16, bf16 = KVPAGER_DTYPE_BF16;
@@ -264,6 +279,8 @@ BENCHMARK(BM_Decode)->Name("decode_b8_d128/ctx/kv_heads/dtype/threads")
     ->Args({4096, 8, bf16, 0})->Args({16384, 8, bf16, 0})
     ->Args({1024, 32, fp16, 0})->Args({4096, 32, fp16, 0})->Args({4096, 32, bf16, 0})
     ->Args({4096, 8, fp16, 1})->Args({4096, 32, fp16, 1})
+    ->Args({4096, 8, bf16, 1})->Args({16384, 8, fp16, 1})
+    ->Args({4096, 4, fp16, 0})->Args({4096, 4, fp16, 1})->Args({4096, 4, bf16, 1})  // GQA 8
     ->UseManualTime();
 /// Short calls (batch 8 x 128 tokens, and x 16 where the fixed cost shows): all cores, and one thread.
 BENCHMARK(BM_Decode)->Name("decode_b8_d128_short/ctx/kv_heads/dtype/threads")
