@@ -7,6 +7,8 @@
 
 #include <algorithm>
 #include <climits>
+#include <span>
+#include <string>
 #include <vector>
 
 #include "support/cache_types.hpp"
@@ -33,6 +35,21 @@ TYPED_TEST(ExportTest, DenseBlockTable) {
   const auto t20 = *c.block_table(20);
   EXPECT_EQ(lens, (std::vector<std::int32_t>{16, 33}));
   EXPECT_EQ(table, (std::vector<std::int32_t>{t20[0], -1, -1, -1, t10[0], t10[1], t10[2], -1}));
+}
+
+TYPED_TEST(ExportTest, BlockTablesIsTheOneTable) {
+  auto c = make_cache<TypeParam>(64, 16);
+  ASSERT_TRUE(c.add_sequence(10, 33));
+  std::vector<std::span<const block_id>> all;
+  ASSERT_TRUE(c.block_tables(10, all));
+  ASSERT_EQ(all.size(), 1U);
+  EXPECT_TRUE(std::ranges::equal(all[0], *c.block_table(10)));
+  EXPECT_EQ(all[0].size(), 3U);
+  const status st = c.block_tables(11, all);
+  EXPECT_EQ(st.code(), errc::unknown_sequence);
+  EXPECT_NE(std::string(st.message()).find("block_tables"), std::string::npos) << st.message();
+  ASSERT_EQ(all.size(), 1U) << "a refused call leaves the output as it was";
+  EXPECT_EQ(all[0].size(), 3U);
 }
 
 TYPED_TEST(ExportTest, DenseBlockTableErrorsWriteNothing) {

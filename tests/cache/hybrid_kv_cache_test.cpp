@@ -404,6 +404,13 @@ TEST(HybridCache, SwapMovesEveryGroupKeepsNullEntriesAndNamesTheGroup) {
   const std::vector<block_id> full = table(c, 0, 1), win = table(c, 1, 1);
   ASSERT_EQ(win[0], hybrid::null_block);
   ASSERT_EQ(win[1], hybrid::null_block);
+  std::vector<std::span<const block_id>> all;  // every table at once, in table order
+  ASSERT_TRUE(c.block_tables(1, all));
+  ASSERT_EQ(all.size(), 2U);
+  EXPECT_TRUE(std::ranges::equal(all[0], full));
+  EXPECT_TRUE(std::ranges::equal(all[1], win));
+  EXPECT_EQ(c.block_tables(42, all).code(), errc::unknown_sequence);
+  EXPECT_EQ(all.size(), 2U) << "a refused call leaves the output as it was";
   const std::int64_t avail = c.available_blocks();
   const group_stats g0 = c.stats(0), g1 = c.stats(1);
   EXPECT_EQ(*c.preempt_decision(1), preempt_action::unsupported);  // no_swap: explicit swaps only
@@ -431,6 +438,7 @@ TEST(HybridCache, SwapMovesEveryGroupKeepsNullEntriesAndNamesTheGroup) {
   EXPECT_EQ(c.append_token(1, 5).code(), errc::sequence_swapped);
   EXPECT_EQ(c.fork(1, 2).code(), errc::sequence_swapped);
   EXPECT_EQ(c.block_table(0, 1).error().code(), errc::sequence_swapped);
+  EXPECT_EQ(c.block_tables(1, all).code(), errc::sequence_swapped);
   EXPECT_EQ(c.swap_out(1).code(), errc::sequence_swapped);
   EXPECT_EQ(c.preempt(1).error().code(), errc::sequence_swapped);
   // The prompt's blocks are still found by another request (they kept their hashes on device).

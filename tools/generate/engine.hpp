@@ -65,23 +65,10 @@ template <class Cache>
 class engine {
   /// The cache takes KV from outside (sequence_options::external_tokens): the disaggregated roles need it.
   static constexpr bool external_kv = requires(Cache& c, kvpager::seq_id id) { c.complete_external(id, true); };
-  static constexpr bool grouped = requires(const Cache& c) { c.num_tables(); };
 
   /// Sequence `id`'s block tables (one per KV cache group table; one for a paged_kv_cache), or false.
   bool tables_of(kvpager::seq_id id, std::vector<std::span<const kvpager::block_id>>& out) const {
-    out.clear();
-    if constexpr (grouped) {
-      for (std::int32_t t = 0; t < cache_.num_tables(); ++t) {
-        const auto table = cache_.block_table(t, id);
-        if (!table) return false;
-        out.push_back(*table);
-      }
-    } else {
-      const auto table = cache_.block_table(id);
-      if (!table) return false;
-      out.push_back(*table);
-    }
-    return true;
+    return cache_.block_tables(id, out).ok();
   }
 
  public:

@@ -115,21 +115,7 @@ struct instance {
   }
 
   /// Sequence `id`'s block tables, one per table; false when the cache does not have it.
-  bool tables_of(seq_id id, std::vector<std::span<const block_id>>& out) const {
-    out.clear();
-    if constexpr (grouped) {
-      for (std::int32_t t = 0; t < cache.num_tables(); ++t) {
-        const auto table = cache.block_table(t, id);
-        if (!table) return false;
-        out.push_back(*table);
-      }
-    } else {
-      const auto table = cache.block_table(id);
-      if (!table) return false;
-      out.push_back(*table);
-    }
-    return true;
-  }
+  bool tables_of(seq_id id, std::vector<std::span<const block_id>>& out) const { return cache.block_tables(id, out).ok(); }
 
   /// The bytes of (transfer layer, block, K or V, head, token in block), one row.
   [[nodiscard]] std::byte* row(std::int32_t layer, block_id b, std::int32_t kv, std::int32_t head, std::int32_t in) {

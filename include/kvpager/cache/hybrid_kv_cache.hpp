@@ -403,6 +403,9 @@ class hybrid_kv_cache {
   /// Table t's block table of sequence `id` (null_block where its group no longer reads); t = g for group g's
   /// leads (unit_table).
   [[nodiscard]] result<std::span<const block_id>> block_table(std::int32_t t, seq_id id) const noexcept;
+  /// Every table's block table of sequence `id` into `out`, in table order (paged_kv_cache answers its one):
+  /// errc::unknown_sequence, errc::sequence_swapped, and `out` unchanged.
+  status block_tables(seq_id id, std::vector<std::span<const block_id>>& out) const;
   /// The chained hashes of sequence `id`'s full blocks (empty without content caching), for re-admission.
   status block_hashes(seq_id id, std::vector<std::uint64_t>& out) const;
 
@@ -1158,6 +1161,17 @@ KVPAGER_OUT_OF_LINE auto hybrid_kv_cache<K, A, E, S, W, T>::block_table(std::int
   const auto h = primary().template checked<"block_table">(id);
   if (!h) return h.error();
   return std::span<const block_id>(tables_[ix(g)][*h].blocks);
+}
+
+template <group_kind K, block_allocator A, eviction_policy E, sharing_policy S, swap_policy W, cache_tier T>
+KVPAGER_OUT_OF_LINE auto hybrid_kv_cache<K, A, E, S, W, T>::block_tables(seq_id id,
+                                                                      std::vector<std::span<const block_id>>& out)
+    const -> status {
+  const auto h = primary().template checked<"block_tables">(id);
+  if (!h) return h.error();
+  out.clear();
+  for (const auto& table : tables_) out.emplace_back(table[*h].blocks);
+  return ok_status();
 }
 
 template <group_kind K, block_allocator A, eviction_policy E, sharing_policy S, swap_policy W, cache_tier T>

@@ -116,6 +116,17 @@ class cache_exports {
     return std::span<const block_id>(c.seqs_[*h].blocks);
   }
 
+  /// Every block table of sequence `id` into `out`, in table order: here its one table (hybrid_kv_cache answers one
+  /// per table), so code written for both caches gathers a sequence's tables alike (a KV transfer's offer, say).
+  /// errc::unknown_sequence, errc::sequence_swapped, and `out` unchanged.
+  status block_tables(seq_id id, std::vector<std::span<const block_id>>& out) const {
+    const Cache& c = self();
+    const auto h = c.seqs_.template checked<"block_tables">(id);
+    if (!h) return h.error();
+    out.assign(1, std::span<const block_id>(c.seqs_[*h].blocks));
+    return ok_status();
+  }
+
   /// The host block table of swapped-out sequence `id`; errc::unknown_sequence, errc::sequence_swapped (it is
   /// not swapped out).
   [[nodiscard]] result<std::span<const block_id>> host_block_table(seq_id id) const noexcept {
