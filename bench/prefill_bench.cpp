@@ -8,6 +8,10 @@
 //    tokens: L (L + 1) / 2 positions per head).
 //  - Short q_len (decode-like): KV bytes read per second against a tuned streaming read of the same bytes (vector
 //    loads, several accumulators, the same thread count).
+//  - Issue 27's shapes (prefill_d128_one_thread): q_len 1024 over a 2k cached prefix and whole prompts, GQA 4 and
+//    MHA, bf16 and fp32, one thread, against the host's roofline of the same run (bench/roofline.hpp): fp32 against
+//    the 512-bit FMA peak, bf16 on the avx512bf16 path against the vdpbf16ps peak and against the ceiling of a
+//    prefill whose P.V stays fp32 (BM_PrefillPeak).
 // Counters: GFLOPs, KV_GBps, of_sgemm / of_fma_peak / of_stream = the kernel's rate over the baseline's, all from the
 // fastest iteration (baselines: best of 3 to 10 runs). One-thread rows are timed on the thread's CPU clock.
 #include <kvpager/c/kernels.h>
@@ -144,22 +148,31 @@ double sgemm_rate(unsigned threads) {
 #endif
 }
 
-/// A batch of `num_seqs` sequences of kv_len tokens, each with its last q_len as query rows; bf16 (dtype 2) or fp16.
+/// A batch of `num_seqs` sequences of kv_len tokens, each with its last q_len as query rows, over `kv_heads` KV heads
+/// (32 query heads): fp32 (dtype 0), fp16 (1) or bf16 (2), values in [0.5, 1). An fp32 batch holds exactly the
+/// values of the bf16 batch of the same shape, so the two dtypes run the same numbers.
 struct batch {
-  std::int32_t num_seqs, q_len, kv_len, dtype, max_blocks, num_blocks;
-  std::vector<std::uint16_t> kv, q, out;
+  std::int32_t num_seqs, q_len, kv_len, dtype, kv_heads, max_blocks, num_blocks;
+  std::vector<std::uint16_t> kv, q, out;  ///< 16-bit words: two per element for fp32
   std::vector<std::int32_t> table, lens, qo;
-  batch(std::int32_t seqs, std::int32_t ql, std::int32_t kvl, std::int32_t dt)
-      : num_seqs(seqs), q_len(ql), kv_len(kvl), dtype(dt) {
+  batch(std::int32_t seqs, std::int32_t ql, std::int32_t kvl, std::int32_t dt, std::int32_t heads = hkv)
+      : num_seqs(seqs), q_len(ql), kv_len(kvl), dtype(dt), kv_heads(heads) {
     max_blocks = (kvl + bs - 1) / bs;
     num_blocks = seqs * max_blocks;
     std::mt19937 rng(1);
     std::uniform_int_distribution<int> bits(0, 0x3FF);
-    const std::uint16_t base = dt == KVPAGER_DTYPE_FP16 ? 0x3800 : 0x3F00;  // ~0.5 in either format
-    kv.resize(static_cast<std::size_t>(num_blocks) * 2 * hkv * bs * dim);
-    for (auto& x : kv) x = static_cast<std::uint16_t>(base | (bits(rng) & (dt == KVPAGER_DTYPE_FP16 ? 0x3FF : 0x7F)));
-    q.resize(static_cast<std::size_t>(seqs) * static_cast<std::size_t>(ql) * hq * dim);
-    for (auto& x : q) x = static_cast<std::uint16_t>(base | (bits(rng) & (dt == KVPAGER_DTYPE_FP16 ? 0x3FF : 0x7F)));
+    const bool f16 = dt == KVPAGER_DTYPE_FP16;
+    const std::uint16_t base = f16 ? 0x3800 : 0x3F00;  // ~0.5 in either format
+    const std::size_t words = dt == KVPAGER_DTYPE_FP32 ? 2 : 1;
+    auto fill = [&](std::vector<std::uint16_t>& v, std::size_t elems) {
+      v.assign(elems * words, 0);
+      for (std::size_t i = 0; i < elems; ++i) {
+        const auto x = static_cast<std::uint16_t>(base | (bits(rng) & (f16 ? 0x3FF : 0x7F)));
+        v[i * words + words - 1] = x;  // fp32: the bf16 value's bits in the high half (little endian)
+      }
+    };
+    fill(kv, static_cast<std::size_t>(num_blocks) * 2 * static_cast<std::size_t>(kv_heads) * bs * dim);
+    fill(q, static_cast<std::size_t>(seqs) * static_cast<std::size_t>(ql) * hq * dim);
     out.resize(q.size());
     table.resize(static_cast<std::size_t>(num_blocks));
     std::iota(table.begin(), table.end(), 0);
@@ -169,8 +182,8 @@ struct batch {
   }
   std::int32_t run(std::int32_t threads) {
     return kvpager_cpu_paged_attention_prefill(out.data(), q.data(), kv.data(), qo.data(), table.data(), lens.data(),
-                                               num_seqs, hq, hkv, dim, bs, max_blocks, num_blocks, scale, -1, 0.0F, dtype,
-                                               threads);
+                                               num_seqs, hq, kv_heads, dim, bs, max_blocks, num_blocks, scale, -1, 0.0F,
+                                               dtype, threads);
   }
   /// FLOPs the causal mask requires: 4 x dim x hq x sum over rows of visible positions.
   [[nodiscard]] double flops() const {
@@ -178,7 +191,9 @@ struct batch {
     for (std::int64_t i = 0; i < q_len; ++i) visible += static_cast<double>(kv_len - q_len + i + 1);
     return 4.0 * dim * hq * visible * num_seqs;
   }
-  [[nodiscard]] std::int64_t kv_bytes() const { return std::int64_t{num_seqs} * kv_len * 2 * hkv * dim * 2; }
+  [[nodiscard]] std::int64_t kv_bytes() const {
+    return std::int64_t{num_seqs} * kv_len * 2 * kv_heads * dim * (dtype == KVPAGER_DTYPE_FP32 ? 4 : 2);
+  }
 };
 
 /// Times each iteration by hand (UseManualTime), so the rate and its ratio to the baseline can be counters; one-thread
@@ -221,6 +236,68 @@ BENCHMARK(BM_PrefillFlops)
     ->Args({256, 2048, 1})
     ->Args({1024, 1024, 0})
     ->Args({2048, 2048, 0})
+    ->UseManualTime()
+    ->Unit(benchmark::kMillisecond);
+
+/// The host's compute bounds of one core (FLOP/s): the 512-bit fp32 FMA peak and the vdpbf16ps peak (0 without
+/// avx512_bf16), as the `kvpager-roofline:` line of this run states them (kvbench::measured_roofline); under
+/// KVPAGER_BENCH_NO_ROOFLINE, measured here once with bench/roofline.hpp's own loops and passes.
+struct core_peaks {
+  double fma512, bf16dot;
+};
+const core_peaks& host_peaks() {
+  namespace d = kvbench::roofline_detail;
+  static const core_peaks p = [] {
+    const kvbench::roofline& r = kvbench::measured_roofline();
+    if (r.fma512_gflops_core > 0) return core_peaks{1e9 * r.fma512_gflops_core, 1e9 * r.bf16dot_gflops_core};
+    return core_peaks{1e9 * d::best_rate(7, [] { return d::peak_pass(512); }),
+                      1e9 * d::best_rate(7, [] { return d::peak_pass(16); })};
+  }();
+  return p;
+}
+
+/// Issue 27, point 3: one thread, head_dim 128, 32 query heads, causal; args {q_len, kv_len, kv_heads, dtype}. Each
+/// row against the bound of its arithmetic, measured in the same run (host_peaks):
+///  - fp32 (dtype 0), and bf16 on a path without vdpbf16ps (KVPAGER_CPU_DISPATCH=avx512): of_fma512, the share of the
+///    512-bit FMA peak;
+///  - bf16 on the avx512bf16 path: of_bf16dot, the share of the vdpbf16ps peak; but only Q.K^T runs on the dot
+///    units, P.V keeps the probabilities in fp32 (issue 21: P rounded to bf16 is far less accurate) and runs at the
+///    FMA peak, so the ceiling of the call is half its FLOPs at each peak, 2 / (1 / bf16dot + 1 / fma512) (~0.67 of
+///    the dot peak where it is twice the FMA's); of_ceiling is the share of that.
+/// sgemm_GFLOPs / of_sgemm as BM_PrefillFlops (a BLAS's fp32 rate, when built with one).
+void BM_PrefillPeak(benchmark::State& state) {
+  const auto dtype = static_cast<std::int32_t>(state.range(3));
+  batch b(1, static_cast<std::int32_t>(state.range(0)), static_cast<std::int32_t>(state.range(1)), dtype,
+          static_cast<std::int32_t>(state.range(2)));
+  const core_peaks& peak = host_peaks();
+  const double gemm = sgemm_rate(1);
+  const double best = timed_loop(state, [&] { return b.run(1); }, true);
+  const double rate = b.flops() / best;
+  state.counters["GFLOPs"] = rate / 1e9;
+  state.counters["of_fma512"] = rate / peak.fma512;
+  const bool dot_path = dtype == KVPAGER_DTYPE_BF16 && std::string_view(kvpager_cpu_decode_path()) == "avx512bf16";
+  if (dot_path && peak.bf16dot > 0) {
+    const double ceiling = 2.0 / (1.0 / peak.bf16dot + 1.0 / peak.fma512);
+    state.counters["of_bf16dot"] = rate / peak.bf16dot;
+    state.counters["ceiling_GFLOPs"] = ceiling / 1e9;
+    state.counters["of_ceiling"] = rate / ceiling;
+    state.SetLabel("bound: QK at bf16dot + PV at fma512");
+  } else {
+    state.SetLabel("bound: fma512");
+  }
+  if (gemm > 0) state.counters["of_sgemm"] = rate / gemm;
+}
+BENCHMARK(BM_PrefillPeak)
+    ->Name("prefill_d128_one_thread/causal")
+    ->ArgNames({"q_len", "kv_len", "kv_heads", "dtype"})
+    ->Args({1024, 3072, 8, KVPAGER_DTYPE_BF16})  // q_len 1024 over a 2k cached prefix, GQA 4
+    ->Args({1024, 3072, 32, KVPAGER_DTYPE_BF16})  // the same, MHA
+    ->Args({1024, 3072, 8, KVPAGER_DTYPE_FP32})
+    ->Args({1024, 3072, 32, KVPAGER_DTYPE_FP32})
+    ->Args({1024, 1024, 8, KVPAGER_DTYPE_FP32})  // a whole 1024-token prompt
+    ->Args({1024, 1024, 32, KVPAGER_DTYPE_FP32})
+    ->Args({256, 256, 32, KVPAGER_DTYPE_BF16})  // a 256-token MHA prompt (the weak spot of issue 27)
+    ->Args({256, 256, 32, KVPAGER_DTYPE_FP32})
     ->UseManualTime()
     ->Unit(benchmark::kMillisecond);
 

@@ -4,14 +4,16 @@
 // pools (kvpager_cpu_paged_attention_prefill_fp8: query/output fp32/fp16/bf16, K/V rows read one byte per element and
 // converted into the fp32 tiles, the scales folded into the query scale and the output). Every argument is
 // validated before any KV memory is touched. Work items are (sequence, KV head, tile of query positions), handed
-// to the process-wide worker pool (worker_pool.hpp), heaviest tiles (the last positions, which see the most KV)
-// first. The kernel is prefill_tiled.inc, compiled three times: AVX-512 and AVX2 under #pragma GCC target, and a
-// portable one; the path is the one the decode uses (cpu_path.hpp's pick_cpu_path: the same CPU check and the same
-// KVPAGER_CPU_DISPATCH cap; the AVX512-BF16 path runs the AVX-512 prefill), so one process never mixes paths.
+// to the process-wide worker pool (worker_pool.hpp) head by head (a head's KV stays in the caches from one item to
+// the next), within a head the heaviest tiles (the last positions, which see the most KV) first. The kernel is
+// prefill_tiled.inc, compiled four times: AVX-512 with and without AVX512-BF16 (bf16 KV's scores through vdpbf16ps)
+// and AVX2 under #pragma GCC target, and a portable one; the path is the one the decode uses (cpu_path.hpp's
+// pick_cpu_path: the same CPU check and the same KVPAGER_CPU_DISPATCH cap), so one process never mixes paths.
 #include <algorithm>
 #include <cmath>
 #include <cstddef>
 #include <cstdint>
+#include <cstring>
 #include <limits>
 #include <type_traits>
 #include <vector>
@@ -53,6 +55,8 @@ struct isa : kvpager::kernels::detail::scalar_vec {
   static constexpr int MR = 4;          // tokens (scores) or head dims (output) per register tile
   static constexpr int NVB = 4;         // vectors of query rows per register tile
   static constexpr int tile_rows = 16;  // query rows (positions x group heads) a work item aims for
+  /// dst[j * ldd + i] = src[i * lds + j] over a W x W block (here one element).
+  static void transpose(const float* src, std::int64_t /*lds*/, float* dst, std::int64_t /*ldd*/) { *dst = *src; }
 };
 #include "prefill_tiled.inc"
 }  // namespace portable_path
@@ -72,6 +76,26 @@ struct isa : kvpager::kernels::detail::avx2_vec {
   static constexpr int MR = 4;  // 4 x 3 accumulators + 3 row vectors + 1 broadcast = 16 registers
   static constexpr int NVB = 3;
   static constexpr int tile_rows = 96;  // 96 measured 5-15% faster than 48 at q_len >= 1024 (bench/RESULTS.md)
+  /// dst[j * ldd + i] = src[i * lds + j] over an 8 x 8 block (the bits moved as they are).
+  static void transpose(const float* src, std::int64_t lds, float* dst, std::int64_t ldd) {
+    __m256 r[8], t[8];
+    for (int i = 0; i < 8; ++i) r[i] = _mm256_loadu_ps(src + i * lds);
+    for (int i = 0; i < 4; ++i) {
+      t[2 * i] = _mm256_unpacklo_ps(r[2 * i], r[2 * i + 1]);
+      t[2 * i + 1] = _mm256_unpackhi_ps(r[2 * i], r[2 * i + 1]);
+    }
+    // r[4i + c], 128-bit lane k: column 4k + c of rows 4i..4i+3
+    for (int i = 0; i < 2; ++i) {
+      r[4 * i] = _mm256_shuffle_ps(t[4 * i], t[4 * i + 2], 0x44);
+      r[4 * i + 1] = _mm256_shuffle_ps(t[4 * i], t[4 * i + 2], 0xEE);
+      r[4 * i + 2] = _mm256_shuffle_ps(t[4 * i + 1], t[4 * i + 3], 0x44);
+      r[4 * i + 3] = _mm256_shuffle_ps(t[4 * i + 1], t[4 * i + 3], 0xEE);
+    }
+    for (int c = 0; c < 4; ++c) {
+      _mm256_storeu_ps(dst + c * ldd, _mm256_permute2f128_ps(r[c], r[4 + c], 0x20));
+      _mm256_storeu_ps(dst + (4 + c) * ldd, _mm256_permute2f128_ps(r[c], r[4 + c], 0x31));
+    }
+  }
 };
 #include "prefill_tiled.inc"
 }  // namespace avx2_path
@@ -86,9 +110,48 @@ struct isa : kvpager::kernels::detail::avx512_vec {
   static constexpr int MR = 8;  // 8 x 3 accumulators + 3 row vectors + 1 broadcast = 28 of 32 registers
   static constexpr int NVB = 3;
   static constexpr int tile_rows = 96;  // 96 measured 5-15% faster than 48 at q_len >= 1024 (bench/RESULTS.md)
+  /// dst[j * ldd + i] = src[i * lds + j] over a 16 x 16 block (the bits moved as they are).
+  static void transpose(const float* src, std::int64_t lds, float* dst, std::int64_t ldd) {
+    __m512 r[16], t[16];
+    for (int i = 0; i < 16; ++i) r[i] = _mm512_loadu_ps(src + i * lds);
+    for (int i = 0; i < 8; ++i) {
+      t[2 * i] = _mm512_unpacklo_ps(r[2 * i], r[2 * i + 1]);
+      t[2 * i + 1] = _mm512_unpackhi_ps(r[2 * i], r[2 * i + 1]);
+    }
+    // r[4q + c], 128-bit lane k: column 4k + c of rows 4q..4q+3
+    for (int q = 0; q < 4; ++q) {
+      r[4 * q] = _mm512_shuffle_ps(t[4 * q], t[4 * q + 2], 0x44);
+      r[4 * q + 1] = _mm512_shuffle_ps(t[4 * q], t[4 * q + 2], 0xEE);
+      r[4 * q + 2] = _mm512_shuffle_ps(t[4 * q + 1], t[4 * q + 3], 0x44);
+      r[4 * q + 3] = _mm512_shuffle_ps(t[4 * q + 1], t[4 * q + 3], 0xEE);
+    }
+    for (int i = 0; i < 2; ++i)
+      for (int c = 0; c < 4; ++c) {
+        t[8 * i + c] = _mm512_shuffle_f32x4(r[8 * i + c], r[8 * i + 4 + c], 0x88);
+        t[8 * i + 4 + c] = _mm512_shuffle_f32x4(r[8 * i + c], r[8 * i + 4 + c], 0xDD);
+      }
+    for (int j = 0; j < 8; ++j) {
+      _mm512_storeu_ps(dst + j * ldd, _mm512_shuffle_f32x4(t[j], t[8 + j], 0x88));
+      _mm512_storeu_ps(dst + (8 + j) * ldd, _mm512_shuffle_f32x4(t[j], t[8 + j], 0xDD));
+    }
+  }
 };
 #include "prefill_tiled.inc"
 }  // namespace avx512_path
+}  // namespace
+#pragma GCC pop_options
+
+// AVX-512 plus AVX512_BF16: the same kernel, with the scores of bf16 KV through vdpbf16ps (prefill_tiled.inc,
+// KVPAGER_PREFILL_DPBF16); the other dtypes, and bf16's P.V, run the AVX-512 code.
+#pragma GCC push_options
+#pragma GCC target("avx512f,avx512bw,avx512dq,avx512vl,avx512bf16,avx2,fma,f16c")
+namespace {
+namespace avx512bf16_path {
+using isa = avx512_path::isa;
+#define KVPAGER_PREFILL_DPBF16 1
+#include "prefill_tiled.inc"
+#undef KVPAGER_PREFILL_DPBF16
+}  // namespace avx512bf16_path
 }  // namespace
 #pragma GCC pop_options
 #endif  // KVPAGER_HAVE_X86_PATHS
@@ -103,13 +166,14 @@ struct prefill_kernel {
   std::int64_t (*scratch)(std::int64_t, std::int64_t);
 };
 
-/// The decode's path choice (pick_cpu_path: CPU features, capped by KVPAGER_CPU_DISPATCH). The AVX512-BF16 path has
-/// no prefill of its own: the AVX-512 kernel.
+/// The decode's path choice (pick_cpu_path: CPU features, capped by KVPAGER_CPU_DISPATCH).
 prefill_kernel pick_kernel() {
   static const prefill_kernel k = []() -> prefill_kernel {
     switch (kvpager::kernels::detail::pick_cpu_path()) {
 #if defined(KVPAGER_HAVE_X86_PATHS)
       case kvpager::kernels::detail::cpu_path::avx512bf16:
+        return {&avx512bf16_path::prefill_item, avx512bf16_path::isa::W, avx512bf16_path::isa::tile_rows,
+                &avx512bf16_path::prefill_scratch_floats};
       case kvpager::kernels::detail::cpu_path::avx512:
         return {&avx512_path::prefill_item, avx512_path::isa::W, avx512_path::isa::tile_rows,
                 &avx512_path::prefill_scratch_floats};
@@ -211,12 +275,14 @@ std::int32_t prefill_cpu(const kvpager::prefill_params& p) noexcept {
     item_buffers own;
     item_buffers& b = buffers_or(own);
     if (b.scratch.size() < static_cast<std::size_t>(scratch_floats)) b.scratch.resize(static_cast<std::size_t>(scratch_floats));
-    if (b.pos.size() < static_cast<std::size_t>(M)) b.pos.resize(static_cast<std::size_t>(M));
+    if (b.pos.size() < static_cast<std::size_t>(2 * M)) b.pos.resize(static_cast<std::size_t>(2 * M));
     const auto seq = static_cast<std::int32_t>(std::upper_bound(starts, starts + p.num_seqs + 1, item) - starts - 1);
     const std::int64_t local = item - starts[seq];
     const std::int64_t tiles = (starts[seq + 1] - starts[seq]) / hkv;
-    const auto h = static_cast<std::int32_t>(local % hkv);
-    const std::int64_t tile = tiles - 1 - local / hkv;  // the last positions (most KV to read) are handed out first
+    // Head by head (each head's KV stays in the caches from one item to the next), and within a head the last
+    // positions (most KV to read) first.
+    const auto h = static_cast<std::int32_t>(local / tiles);
+    const std::int64_t tile = tiles - 1 - local % tiles;
     const std::int32_t q_len = p.qo_indptr[seq + 1] - p.qo_indptr[seq];
     const auto r0 = static_cast<std::int32_t>(tile * qt);
     const std::int32_t r1 = std::min(q_len, r0 + qt);
