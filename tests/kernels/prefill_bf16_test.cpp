@@ -20,38 +20,12 @@
 #include "prefill_fixture.hpp"
 
 using kvpager_prefill_test::dtypes;
-using kvpager_prefill_test::fixture;
+using kvpager_prefill_test::errors_of;
+using kvpager_prefill_test::prefill_errors;
 using kvpager_prefill_test::shape;
 using kvpager_prefill_test::tolerance;
 
 namespace {
-
-/// The worst errors of one call: output elements and LSE, each relative to 1 + |reference|.
-struct errors {
-  double out = 0, lse = 0;
-};
-
-errors check(const shape& sh, std::uint32_t seed) {
-  const fixture f(sh, seed);
-  std::vector<unsigned char> out(f.out_bytes(), 0xAB);
-  std::vector<float> lse(static_cast<std::size_t>(f.rows * sh.hq), 123.0F);
-  EXPECT_TRUE(kvpager::paged_attention_prefill_cpu(f.params(out.data(), lse.data())));
-  errors e;
-  std::vector<double> o;
-  double ref_lse = 0;
-  for (std::int64_t r = 0; r < f.rows; ++r)
-    for (std::int32_t h = 0; h < sh.hq; ++h) {
-      f.reference(r, h, o, ref_lse);
-      for (std::int32_t d = 0; d < sh.d; ++d) {
-        const double got = f.out(out, static_cast<std::size_t>((r * sh.hq + h) * sh.d + d));
-        const double want = o[static_cast<std::size_t>(d)];
-        e.out = std::max(e.out, std::isnan(got) ? INFINITY : std::abs(got - want) / (1.0 + std::abs(want)));
-      }
-      const double got = lse[static_cast<std::size_t>(r * sh.hq + h)];
-      e.lse = std::max(e.lse, std::isnan(got) ? INFINITY : std::abs(got - ref_lse) / (1.0 + std::abs(ref_lse)));
-    }
-  return e;
-}
 
 /// One bf16 rounding of an output of magnitude below 1 (2^-8 relative), with room for the fp32 sums before it.
 constexpr double kBf16Output = 4e-3;
@@ -79,7 +53,7 @@ TEST(CpuPrefillBf16, EveryHeadDimTileEdgeMaskAndCapWithinTheStoredPrecision) {
       sh.q_lens = {37, 67};
       sh.window = masks[k].window;
       sh.cap = masks[k].cap;
-      const errors e = check(sh, seed++);
+      const prefill_errors e = errors_of(sh, seed++);
       EXPECT_LT(e.lse, tolerance(KVPAGER_DTYPE_FP32))
           << "d " << sh.d << " heads " << sh.hq << "/" << sh.hkv << " window " << sh.window << " cap " << sh.cap;
       EXPECT_LT(e.out, kBf16Output)
@@ -98,7 +72,7 @@ TEST(CpuPrefillBf16, LongRowsAcrossManyTilesAndSeveralItems) {
     sh.lens = {257};
     sh.q_lens = {200};
     sh.threads = threads;
-    const errors e = check(sh, 2800);
+    const prefill_errors e = errors_of(sh, 2800);
     EXPECT_LT(e.lse, tolerance(KVPAGER_DTYPE_FP32)) << threads << " threads";
     EXPECT_LT(e.out, kBf16Output) << threads << " threads";
   }

@@ -185,9 +185,13 @@ struct fixture : paged_tables {
   }
 };
 
-/// Runs the C++ entry point (with LSE) or the C ABI (`c_abi`: HND, dense, no LSE) and returns the worst relative error
-/// of output and LSE against the reference (infinity for a NaN output).
-inline double run_and_check(const shape& sh, std::uint32_t seed, bool c_abi = false) {
+/// The worst relative errors against the reference: of the output (infinity for a NaN) and of the LSE (0 without).
+struct prefill_errors {
+  double out = 0, lse = 0;
+};
+
+/// Runs the C++ entry point (with LSE) or the C ABI (`c_abi`: HND, dense, no LSE) and measures its errors.
+inline prefill_errors errors_of(const shape& sh, std::uint32_t seed, bool c_abi = false) {
   const fixture f(sh, seed);
   std::vector<unsigned char> out(f.out_bytes(), 0xAB);
   std::vector<float> lse(static_cast<std::size_t>(f.rows * sh.hq), 123.0F);
@@ -196,24 +200,29 @@ inline double run_and_check(const shape& sh, std::uint32_t seed, bool c_abi = fa
   } else {
     EXPECT_TRUE(kvpager::paged_attention_prefill_cpu(f.params(out.data(), lse.data())));
   }
-  double worst = 0;
+  prefill_errors e;
   std::vector<double> o;
   double ref_lse = 0;
   for (std::int64_t r = 0; r < f.rows; ++r)
     for (std::int32_t h = 0; h < sh.hq; ++h) {
       f.reference(r, h, o, ref_lse);
-      for (std::int32_t e = 0; e < sh.d; ++e) {
-        const double got = f.out(out, static_cast<std::size_t>((r * sh.hq + h) * sh.d + e));
-        if (std::isnan(got)) return INFINITY;
-        const double want = o[static_cast<std::size_t>(e)];
-        worst = std::max(worst, std::abs(got - want) / (1.0 + std::abs(want)));
+      for (std::int32_t d = 0; d < sh.d; ++d) {
+        const double got = f.out(out, static_cast<std::size_t>((r * sh.hq + h) * sh.d + d));
+        const double want = o[static_cast<std::size_t>(d)];
+        e.out = std::max(e.out, std::isnan(got) ? INFINITY : std::abs(got - want) / (1.0 + std::abs(want)));
       }
       if (!c_abi) {
         const double got = lse[static_cast<std::size_t>(r * sh.hq + h)];
-        worst = std::max(worst, std::abs(got - ref_lse) / (1.0 + std::abs(ref_lse)));
+        e.lse = std::max(e.lse, std::isnan(got) ? INFINITY : std::abs(got - ref_lse) / (1.0 + std::abs(ref_lse)));
       }
     }
-  return worst;
+  return e;
+}
+
+/// The worst relative error of output and LSE together (errors_of).
+inline double run_and_check(const shape& sh, std::uint32_t seed, bool c_abi = false) {
+  const prefill_errors e = errors_of(sh, seed, c_abi);
+  return std::max(e.out, e.lse);
 }
 
 }  // namespace kvpager_prefill_test
