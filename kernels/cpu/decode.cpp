@@ -5,6 +5,10 @@
 // (sequence, range of KV heads, split), handed to the process-wide worker pool (worker_pool.hpp); each item reads its
 // heads' rows once for their whole query-head groups, block by block over all its heads. One kernel,
 // decode_tiled.inc, compiled per path (AVX-512 with and without AVX512-BF16, AVX2, portable), chosen at run time.
+#if defined(__x86_64__) && defined(__GNUC__)
+#include <cpuid.h>
+#endif
+
 #include <algorithm>
 #include <cmath>
 #include <cstddef>
@@ -195,6 +199,24 @@ cpu_path pick_cpu_path() noexcept {
     return std::min(best, limit);
   }();
   return path;
+}
+
+bool decode_prefetch_nta() noexcept {
+  static const bool nta = [] {
+    if (const char* e = std::getenv("KVPAGER_DECODE_PREFETCH"); e != nullptr) return std::strcmp(e, "nta") == 0;
+#if defined(KVPAGER_HAVE_X86_PATHS)
+    __builtin_cpu_init();
+    if (!__builtin_cpu_is("amd")) return false;
+    unsigned eax = 0, ebx = 0, ecx = 0, edx = 0;
+    if (__get_cpuid(1, &eax, &ebx, &ecx, &edx) == 0) return false;
+    const unsigned base = (eax >> 8) & 0xFU;
+    const unsigned family = base == 0xFU ? base + ((eax >> 20) & 0xFFU) : base;
+    return family >= 0x1AU;  // Zen 5 and later
+#else
+    return false;
+#endif
+  }();
+  return nta;
 }
 
 std::int32_t decode_validated(const kvpager::decode_params& p) noexcept {
