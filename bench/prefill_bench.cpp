@@ -213,32 +213,6 @@ double timed_loop(benchmark::State& state, Fn fn, bool thread_clock) {
   return best;
 }
 
-/// Prefill of a whole prompt (q_len = kv_len) or of a chunk over a cached prefix, bf16, one sequence:
-/// args {q_len, kv_len, threads (0 = all cores)}.
-void BM_PrefillFlops(benchmark::State& state) {
-  batch b(1, static_cast<std::int32_t>(state.range(0)), static_cast<std::int32_t>(state.range(1)), KVPAGER_DTYPE_BF16);
-  const auto threads = static_cast<std::int32_t>(state.range(2));
-  const double gemm = sgemm_rate(threads_of(threads)), peak = fma_peak(threads_of(threads));
-  const double best = timed_loop(state, [&] { return b.run(threads); }, threads == 1);
-  const double rate = b.flops() / best;
-  state.counters["GFLOPs"] = rate / 1e9;
-  state.counters["of_fma_peak"] = rate / peak;
-  if (gemm > 0) {
-    state.counters["sgemm_GFLOPs"] = gemm / 1e9;
-    state.counters["of_sgemm"] = rate / gemm;
-  }
-}
-BENCHMARK(BM_PrefillFlops)
-    ->Name("prefill_bf16_gqa4_d128/causal")
-    ->ArgNames({"q_len", "kv_len", "threads"})
-    ->Args({256, 256, 1})
-    ->Args({1024, 1024, 1})
-    ->Args({256, 2048, 1})
-    ->Args({1024, 1024, 0})
-    ->Args({2048, 2048, 0})
-    ->UseManualTime()
-    ->Unit(benchmark::kMillisecond);
-
 /// The host's compute bounds of one core (FLOP/s): the 512-bit fp32 FMA peak and the vdpbf16ps peak (0 without
 /// avx512_bf16), as the `kvpager-roofline:` line of this run states them (kvbench::measured_roofline); under
 /// KVPAGER_BENCH_NO_ROOFLINE, measured here once with bench/roofline.hpp's own loops and passes.
@@ -256,6 +230,52 @@ const core_peaks& host_peaks() {
   return p;
 }
 
+/// The counters of a prefill's rate against the bound of its arithmetic on `threads` cores, measured in the same run
+/// (host_peaks): of_fma512 always; for bf16 on the avx512bf16 path of_bf16dot, ceiling_GFLOPs and of_ceiling (only
+/// Q.K^T runs on the dot units; P.V keeps the probabilities in fp32 at the FMA peak, so the call's ceiling is half its
+/// FLOPs at each peak, 2 / (1 / bf16dot + 1 / fma512)), and a label naming the bound.
+void state_bounds(benchmark::State& state, double rate, std::int32_t dtype, double threads) {
+  const core_peaks& peak = host_peaks();
+  state.counters["of_fma512"] = rate / (peak.fma512 * threads);
+  const bool dot_path = dtype == KVPAGER_DTYPE_BF16 && std::string_view(kvpager_cpu_decode_path()) == "avx512bf16";
+  if (dot_path && peak.bf16dot > 0) {
+    const double ceiling = threads * 2.0 / (1.0 / peak.bf16dot + 1.0 / peak.fma512);
+    state.counters["of_bf16dot"] = rate / (peak.bf16dot * threads);
+    state.counters["ceiling_GFLOPs"] = ceiling / 1e9;
+    state.counters["of_ceiling"] = rate / ceiling;
+    state.SetLabel("bound: QK at bf16dot + PV at fma512");
+  } else {
+    state.SetLabel("bound: fma512");
+  }
+}
+
+/// Prefill of a whole prompt (q_len = kv_len) or of a chunk over a cached prefix, bf16, one sequence:
+/// args {q_len, kv_len, threads (0 = all cores)}.
+void BM_PrefillFlops(benchmark::State& state) {
+  batch b(1, static_cast<std::int32_t>(state.range(0)), static_cast<std::int32_t>(state.range(1)), KVPAGER_DTYPE_BF16);
+  const auto threads = static_cast<std::int32_t>(state.range(2));
+  const double gemm = sgemm_rate(threads_of(threads)), peak = fma_peak(threads_of(threads));
+  const double best = timed_loop(state, [&] { return b.run(threads); }, threads == 1);
+  const double rate = b.flops() / best;
+  state.counters["GFLOPs"] = rate / 1e9;
+  state.counters["of_fma_peak"] = rate / peak;
+  state_bounds(state, rate, KVPAGER_DTYPE_BF16, threads_of(threads));
+  if (gemm > 0) {
+    state.counters["sgemm_GFLOPs"] = gemm / 1e9;
+    state.counters["of_sgemm"] = rate / gemm;
+  }
+}
+BENCHMARK(BM_PrefillFlops)
+    ->Name("prefill_bf16_gqa4_d128/causal")
+    ->ArgNames({"q_len", "kv_len", "threads"})
+    ->Args({256, 256, 1})
+    ->Args({1024, 1024, 1})
+    ->Args({256, 2048, 1})
+    ->Args({1024, 1024, 0})
+    ->Args({2048, 2048, 0})
+    ->UseManualTime()
+    ->Unit(benchmark::kMillisecond);
+
 /// Issue 27, point 3: one thread, head_dim 128, 32 query heads, causal; args {q_len, kv_len, kv_heads, dtype}. Each
 /// row against the bound of its arithmetic, measured in the same run (host_peaks):
 ///  - fp32 (dtype 0), and bf16 on a path without vdpbf16ps (KVPAGER_CPU_DISPATCH=avx512): of_fma512, the share of the
@@ -269,22 +289,11 @@ void BM_PrefillPeak(benchmark::State& state) {
   const auto dtype = static_cast<std::int32_t>(state.range(3));
   batch b(1, static_cast<std::int32_t>(state.range(0)), static_cast<std::int32_t>(state.range(1)), dtype,
           static_cast<std::int32_t>(state.range(2)));
-  const core_peaks& peak = host_peaks();
   const double gemm = sgemm_rate(1);
   const double best = timed_loop(state, [&] { return b.run(1); }, true);
   const double rate = b.flops() / best;
   state.counters["GFLOPs"] = rate / 1e9;
-  state.counters["of_fma512"] = rate / peak.fma512;
-  const bool dot_path = dtype == KVPAGER_DTYPE_BF16 && std::string_view(kvpager_cpu_decode_path()) == "avx512bf16";
-  if (dot_path && peak.bf16dot > 0) {
-    const double ceiling = 2.0 / (1.0 / peak.bf16dot + 1.0 / peak.fma512);
-    state.counters["of_bf16dot"] = rate / peak.bf16dot;
-    state.counters["ceiling_GFLOPs"] = ceiling / 1e9;
-    state.counters["of_ceiling"] = rate / ceiling;
-    state.SetLabel("bound: QK at bf16dot + PV at fma512");
-  } else {
-    state.SetLabel("bound: fma512");
-  }
+  state_bounds(state, rate, dtype, 1.0);
   if (gemm > 0) state.counters["of_sgemm"] = rate / gemm;
 }
 BENCHMARK(BM_PrefillPeak)
