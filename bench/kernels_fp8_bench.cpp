@@ -9,7 +9,10 @@
 
 #include <benchmark/benchmark.h>
 
+#include "roofline.hpp"
+
 #include <algorithm>
+#include <chrono>
 #include <cstdint>
 #include <cstring>
 #include <numeric>
@@ -73,6 +76,7 @@ template <bool Fp8>
 void BM_Decode(benchmark::State& state, shape sh) {
   setup st(sh, static_cast<std::int32_t>(state.range(0)), Fp8);
   const auto threads = static_cast<std::int32_t>(state.range(1));
+  const auto t0 = std::chrono::steady_clock::now();
   for (auto _ : state) {
     const auto rc =
         Fp8 ? kvpager_cpu_paged_attention_decode_fp8(st.out.data(), st.q.data(), st.kv.data(), st.table.data(),
@@ -85,8 +89,18 @@ void BM_Decode(benchmark::State& state, shape sh) {
     if (rc != 0) state.SkipWithError("kernel failed");
     benchmark::DoNotOptimize(st.out.data());
   }
+  const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
   state.SetItemsProcessed(state.iterations() * st.tokens());
   state.SetBytesProcessed(state.iterations() * st.kv_bytes(Fp8 ? 1 : 2));
+  // Against the roofline of this run (bench/roofline.hpp): the all-cores streaming read for the calls on all cores,
+  // the one-core in-cache (L2) read for the one-thread call whose pool stays in the caches.
+  const kvbench::roofline& r = kvbench::measured_roofline();
+  const double bound = threads == 1 ? r.l2_read_gbs_one : r.read_gbs_all;
+  if (bound > 0) {
+    state.counters["of_read"] =
+        static_cast<double>(state.iterations()) * static_cast<double>(st.kv_bytes(Fp8 ? 1 : 2)) / seconds / (bound * 1e9);
+    state.SetLabel(threads == 1 ? "bound=l2_read_one" : "bound=read_all");
+  }
 }
 
 void BM_DecodeFp16(benchmark::State& state, shape sh) { BM_Decode<false>(state, sh); }
@@ -147,4 +161,6 @@ BENCHMARK_CAPTURE(BM_PrefillFp16, gqa4_fp16, kGqa4)
 BENCHMARK_CAPTURE(BM_PrefillFp8, gqa4_fp8, kGqa4)
     ->Name("prefill_b8_gqa4_d128/fp8_kv")->Args({2048, 16})->Args({2048, 256})->UseRealTime()->ComputeStatistics("min", fastest);
 
-BENCHMARK_MAIN();
+// The host's roofline is measured first (bench/roofline.hpp): the kvpager-roofline line on stderr, roofline_* in the
+// context, and the bounds of_read divides by.
+int main(int argc, char** argv) { return kvbench::roofline_main(argc, argv); }
