@@ -13,7 +13,7 @@ enum class cpu_path { portable, avx2, avx512, avx512bf16 };
 /// The widest path this CPU runs, capped by KVPAGER_CPU_DISPATCH=portable|avx2|avx512|avx512bf16 if set.
 cpu_path pick_cpu_path() noexcept;
 /// Whether the decode's prefetch ahead is non-temporal (prefetchnta) rather than into L2 (prefetcht1): on AMD family
-/// 26 (Zen 5) nta measured 8-12% faster at 4096 tokens and the same elsewhere (bench/RESULTS.md, issue 27); T1 stays
+/// 26 (Zen 5) nta measured 8-14% faster at 4096 tokens and the same elsewhere (bench/RESULTS.md, issue 27); T1 stays
 /// where it was measured best (Zen 4, issue 12) and on every other CPU. KVPAGER_DECODE_PREFETCH=t1|nta overrides.
 bool decode_prefetch_nta() noexcept;
 

@@ -16,6 +16,7 @@
 // fp8_convert.hpp (the vector paths return the e4m3 value / unit8, the caller folds unit8 into its scales).
 #include <cmath>
 #include <cstdint>
+#include <cstring>
 
 #include "kvpager/c/kernels.h"
 #include "kvpager/kernels/float8.hpp"
@@ -321,6 +322,16 @@ struct avx512_vec {
       for (int t = 0; t < valid; ++t) out[g * ld + t] = sums[4 * g + t];
   }
 };
+#pragma GCC pop_options
+
+#pragma GCC push_options
+#pragma GCC target("avx512f,avx512bw,avx512bf16")
+/// A __m512i as the bf16 vector type of vdpbf16ps, the bits as they are (the AVX512-BF16 decode and prefill).
+inline __m512bh as_bh(__m512i x) {
+  __m512bh r;
+  std::memcpy(&r, &x, sizeof r);
+  return r;
+}
 #pragma GCC pop_options
 #endif  // KVPAGER_HAVE_X86_VEC_OPS
 
