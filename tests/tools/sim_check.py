@@ -374,6 +374,28 @@ def disaggregated(exe, transports):
               "corrupted offer (%s): exit %d: %s" % (transport, p.returncode, p.stderr))
         check(json.loads(p.stdout)["disaggregated"]["check"]["mismatches"] > 0, "corrupted offer: no mismatch")
     print("ok: a corrupted offer exits 2: " + p.stderr.strip().splitlines()[0])
+    # The prefill instance registers its pools again after its 3rd offer (new remote keys): the offers made before
+    # and not yet read are refused by the receiver (their keys no longer match) and computed on the decode instance;
+    # later reads go through the new keys, checked block by block; the outputs do not change.
+    for transport in transports:
+        what = "registered again (%s)" % transport
+        p = run(base + ["--kv-transport", transport, "--inject-reregister", "3"], timeout=120)
+        check(p.returncode == 0, "%s: exit %d: %s" % (what, p.returncode, p.stderr))
+        d = json.loads(p.stdout)
+        g, single = d["disaggregated"], d["paged"]
+        check(g["declined_stale"] > 0 and g["external_failures"] == g["declined_stale"] and g["reads_failed"] == 0 and
+              g["declined"] >= g["declined_stale"] and g["reads"] + g["declined"] <= g["offered"],
+              "%s: %s" % (what, {k: g[k] for k in ("reads", "declined", "declined_stale", "reads_failed",
+                                                   "external_failures")}))
+        check(g["finished"] == single["completed"] and g["rejected"] == single["aborted"] and
+              g["output_tokens"] == single["output_tokens"], "%s: %d finished, %d output tokens; single %d, %d" % (
+                  what, g["finished"], g["output_tokens"], single["completed"], single["output_tokens"]))
+        c = g["check"]
+        check(c["ok"] and c["mismatches"] == 0 and c["reads_checked"] == g["reads"] > 0 and
+              g["pools_empty"] == {"prefill": True, "decode": True} and g["ok"], "%s: check %s, pools %s" % (
+                  what, c, g["pools_empty"]))
+        print("ok %s: %d offers refused for stale keys and computed here, %d reads checked (the later ones through "
+              "the new keys), the same outputs" % (what, g["declined_stale"], g["reads"]))
     # The connection lost mid-run, closed by the prefill side after its 5th offer or by the decode side with its 5th
     # read in flight: every request still ends as in the single run, the decode instance computes the rest.
     for transport in transports:
@@ -387,6 +409,7 @@ def disaggregated(exe, transports):
     bad = [(["--kv-transport", "inproc"], "--kv-transport needs --disaggregated"),
            (["--disagg-layers", "4"], "--disagg-layers needs --disaggregated"),
            (["--inject-disconnect", "prefill:3"], "--inject-disconnect needs --disaggregated"),
+           (["--inject-reregister", "3"], "--inject-reregister needs --disaggregated"),
            (["--disaggregated", "--inject-disconnect", "both:3"], "--inject-disconnect"),
            (["--disaggregated", "--compute", "cpu"], "--compute cpu"),
            (["--disaggregated", "--max-steps", "10"], "--max-steps"),

@@ -37,7 +37,7 @@ struct disagg_options {
 struct disagg_stats {
   std::int64_t offered = 0, released = 0;               // prefill
   std::int64_t received = 0, failed = 0, bytes = 0;     // decode
-  std::int64_t recomputed_locally = 0;                  // decode: requests the prefill side never offered (gone)
+  std::int64_t recomputed_locally = 0;                  // decode: requests never offered (gone), or offers refused
   std::int64_t refused_messages = 0;                    // decode: another model's layout, malformed messages
   double transfer_s = 0;                                // decode: sum over reads
   std::vector<std::pair<std::int32_t, double>> per_request;  // decode: (request index, read seconds)
@@ -137,9 +137,11 @@ class disagg_link {
   [[nodiscard]] std::size_t peer_of(std::size_t request) const noexcept { return request % peers_.size(); }
 
   // ---- decode side
-  /// New offers; `gone` set once the prefill instance is gone.
-  std::string poll_offers(std::vector<kvpager::kv_offer>& offers, bool& gone) {
+  /// New offers, and the requests whose offers the receiver declined itself (`refused`: another model's layout, an
+  /// offer under a layout not in force; computed here); `gone` set once the prefill instance is gone.
+  std::string poll_offers(std::vector<kvpager::kv_offer>& offers, std::vector<kvpager::seq_id>& refused, bool& gone) {
     const kvpager::status st = receiver_->poll(offers);
+    receiver_->refused(refused);
     if (!st && st.code() == kvpager::errc::transport_error) {
       gone = true;
       return "";

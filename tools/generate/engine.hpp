@@ -381,8 +381,17 @@ class engine {
       started_.erase(static_cast<std::size_t>(r.id));
     }
     std::vector<kvpager::kv_offer> offers;
+    std::vector<kvpager::seq_id> refused;
     bool gone = false;
-    if (std::string e = link_->poll_offers(offers, gone); !e.empty()) return e;
+    if (std::string e = link_->poll_offers(offers, refused, gone); !e.empty()) return e;
+    for (const kvpager::seq_id id : refused) {  // offered, and declined by the receiver itself: computed here
+      const auto at = std::find(remote_pending_.begin(), remote_pending_.end(), static_cast<std::size_t>(id));
+      if (at == remote_pending_.end()) continue;
+      last_link_event_ = now;
+      remote_pending_.erase(at);
+      ++link_->stats().recomputed_locally;
+      start_request(static_cast<std::size_t>(id), reqs, results);
+    }
     for (const kvpager::kv_offer& o : offers) {
       last_link_event_ = now;
       const auto at = std::find(remote_pending_.begin(), remote_pending_.end(), static_cast<std::size_t>(o.id));

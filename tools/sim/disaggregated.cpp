@@ -322,19 +322,8 @@ class disagg_run {
     if (std::string e = make_instance<Cache>(o_, "prefill instance", prefill_sched, P_); !e.empty()) return e;
     if (std::string e = make_instance<Cache>(o_, "decode instance", o_.sched, D_); !e.empty()) return e;
     if (std::string e = link_.open(o_); !e.empty()) return e;
-    // Each device pool, registered once: the region a read's runs name for each transfer layer in it (kv_side: one
-    // region per layer; with groups, the layers at one place of every group's block share a pool).
-    std::vector<kvpager::mem_handle> pm, dm;
-    for (std::int32_t l = 0; l < o_.shape.layers; ++l) {
-      const std::span<std::byte> pp = P_->pools.device_bytes(l), dp = D_->pools.device_bytes(l);
-      const auto p = link_.on_prefill([&] { return link_.prefill().register_memory(pp.data(), pp.size()); });
-      const auto d = link_.on_decode([&] { return link_.decode().register_memory(dp.data(), dp.size()); });
-      if (!p || !d) return std::string("registering a KV pool: ") + (!p ? p.error() : d.error()).message();
-      pm.push_back(*p);
-      dm.push_back(*d);
-    }
-    for (const std::int32_t l : P_->layer_pool) P_->mems.push_back(pm[static_cast<std::size_t>(l)]);
-    for (const std::int32_t l : D_->layer_pool) D_->mems.push_back(dm[static_cast<std::size_t>(l)]);
+    if (std::string e = register_pools(*P_, true); !e.empty()) return e;
+    if (std::string e = register_pools(*D_, false); !e.empty()) return e;
     auto sender = kvpager::kv_sender<T>::create(link_.prefill(), P_->side, P_->mems, P_->groups());
     if (!sender) return std::string("kv_sender: ") + sender.error().message();
     sender_.emplace(std::move(*sender));
@@ -640,6 +629,8 @@ class disagg_run {
         ++s_.offered;
         s_.kv_offered_tokens += computed;
         sent_.insert(id);
+        if (o_.reregister_after > 0 && s_.offered == o_.reregister_after)
+          if (std::string e = register_again(); !e.empty()) return e;
         // The test hook: the prefill side closes the connection; each side learns it from its transport.
         if (!o_.disconnect.decode && s_.offered == o_.disconnect.after)
           (void)link_.on_prefill([&] { return link_.prefill().disconnect(link_.to_d); });
@@ -652,6 +643,31 @@ class disagg_run {
     ++s_.recomputed_locally;
     admit(id, 0);
     return "";
+  }
+
+  /// Registers instance I's device pools with its side's transport (`prefill`: the prefill instance's): I.mems is
+  /// the region a read's runs name for each transfer layer (kv_side: one region per layer; with groups, the layers
+  /// at one place of every group's block share a pool).
+  std::string register_pools(instance<Cache>& I, bool prefill) {
+    std::vector<kvpager::mem_handle> pm;
+    for (std::int32_t l = 0; l < o_.shape.layers; ++l) {
+      const std::span<std::byte> b = I.pools.device_bytes(l);
+      const auto reg = [&] { return (prefill ? link_.prefill() : link_.decode()).register_memory(b.data(), b.size()); };
+      const auto m = prefill ? link_.on_prefill(reg) : link_.on_decode(reg);
+      if (!m) return std::string("registering a KV pool: ") + m.error().message();
+      pm.push_back(*m);
+    }
+    I.mems.clear();
+    for (const std::int32_t l : I.layer_pool) I.mems.push_back(pm[static_cast<std::size_t>(l)]);
+    return "";
+  }
+
+  /// The test hook: the prefill instance's pools registered again, as after moving them (new remote keys). The old
+  /// registration stays until the end of the run: reads of the offers made before may still use it.
+  std::string register_again() {
+    if (std::string e = register_pools(*P_, true); !e.empty()) return e;
+    const kvpager::status st = link_.on_prefill([&] { return sender_->replace_regions(P_->mems); });
+    return st ? "" : std::string("kv_sender::replace_regions: ") + st.message();
   }
 
   /// The test hook: the n-th offer's last full block below its last token gets one byte changed on the prefill
@@ -683,6 +699,15 @@ class disagg_run {
         return;
       }
       admit(o.id, o.computed);
+    }
+    // Offers the receiver declined itself (a layout not in force): computed here; the sender was told.
+    std::vector<seq_id> refused;
+    receiver_->refused(refused);
+    for (const seq_id id : refused) {
+      if (sent_.erase(id) == 0) continue;
+      ++s_.recomputed_locally;
+      done_sent_.emplace_back(id, D_->clock);
+      admit(id, 0);
     }
     if (!st && st.code() == kvpager::errc::transport_error) link_gone();
   }
@@ -731,6 +756,7 @@ class disagg_run {
       flight f{id, {}, x->first, x->count, wall_clock::now()};
       for (const std::span<const block_id> t : tables) f.tables.emplace_back(t.begin(), t.end());
       kvpager::status st{kvpager::errc::transport_error, "the connection is gone"};
+      bool stale = false;
       if (!gone_) {
         ++reads_started_;
         link_.fail_reads(o_.fail_every > 0 && reads_started_ % o_.fail_every == 0);
@@ -738,11 +764,17 @@ class disagg_run {
           return receiver_->start(id, tables, std::int64_t{f.first} * bs, std::int64_t{f.count} * bs);
         });
         link_.fail_reads(false);
-        if (st.code() == kvpager::errc::transport_error) link_gone();
+        if (st.code() == kvpager::errc::transport_error) {
+          // An offer under a layout the sender replaced (the peer still there), or the connection gone.
+          stale = link_.on_decode([&] { return link_.decode().peer_alive(link_.to_p); });
+          if (!stale) link_gone();
+        }
       }
       if (!st) {  // not started: computed here
         if (st.code() == kvpager::errc::invalid_argument && instance<Cache>::grouped)
           ++s_.declined_released;  // the receiver keeps a window token the sender released
+        else if (stale)
+          ++s_.declined_stale;
         else
           ++s_.reads_failed;
         arrived_.push_back({id, false, D.clock});

@@ -109,6 +109,9 @@ struct disagg_options {
   std::int64_t fail_every = 0;     ///< test hook (inproc): every n-th read fails (0: none)
   std::int64_t corrupt_offer = 0;  ///< test hook: the n-th offer with a full block has one byte changed (0: none)
   disagg_disconnect disconnect{};  ///< test hook: the connection closed mid-run
+  /// Test hook: right after its n-th offer the prefill instance registers its pools again (new remote keys; the old
+  /// registration kept, as kv_sender::replace_regions asks) and tells its sender (0: never).
+  std::int64_t reregister_after = 0;
   std::function<void(std::int64_t step, std::int64_t done, std::int64_t total)> progress;  ///< every 50 decode steps
 };
 
@@ -147,11 +150,14 @@ struct disagg_summary {
   std::int64_t output_tokens = 0;  ///< the finished samples' output tokens
   std::int64_t offered = 0, declined = 0;  ///< offers sent; of those, declined (the decode instance read nothing)
   /// Reads started; reads that failed, or could not start (the connection gone): computed on the decode instance.
-  /// external_failures (the decode scheduler's) is reads_failed + declined_released.
+  /// external_failures (the decode scheduler's) is reads_failed + declined_released + declined_stale.
   std::int64_t reads = 0, reads_failed = 0;
   /// Offers whose read the decode instance could not plan because the prefill instance had already released a
   /// window block it needs (a chunked prompt): declined, computed on the decode instance (KV cache groups only).
   std::int64_t declined_released = 0;
+  /// Offers made under a layout the prefill instance has replaced since (its pools registered again: the remote
+  /// keys no longer match): refused by kv_receiver::start, declined, computed on the decode instance.
+  std::int64_t declined_stale = 0;
   std::int64_t kv_offered_tokens = 0, kv_read_tokens = 0, kv_transfer_bytes = 0;
   /// Of the reads that arrived: the receiving tables' non-null entries in the tokens read (summed over tables; one
   /// table: kv_read_tokens / block size), and those entries times the transfer's layers reading each (each moves a
@@ -159,7 +165,7 @@ struct disagg_summary {
   std::int64_t kv_read_entries = 0, kv_read_layer_blocks = 0;
   double kv_transfer_s = 0;  ///< wall-clock time of the reads that arrived, summed
   std::int64_t external_waits = 0, external_failures = 0;  ///< the decode scheduler's
-  std::int64_t recomputed_locally = 0;  ///< requests the decode instance computed without an offer (link gone)
+  std::int64_t recomputed_locally = 0;  ///< requests computed without an offer: the link gone, or refused offers
   bool link_lost = false;               ///< the connection went away during the run
   std::int64_t released_on_loss = 0;    ///< held requests the prefill instance released when it went
   /// Reads checked, their non-null receiving entries checked (each entry every layer of its table), and the

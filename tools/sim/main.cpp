@@ -119,6 +119,7 @@ struct settings {
   std::int32_t prefill_token_budget = 0;  // --prefill-token-budget: the prefill instance's (0: the workload's)
   std::int64_t inject_read_failures = 0;     // hidden test hook: every n-th read fails (inproc)
   std::int64_t inject_offer_corruption = 0;  // hidden test hook: the n-th offer's KV has a byte changed
+  std::int64_t inject_reregister = 0;        // hidden test hook: the prefill pools registered again after offer n
   std::string inject_disconnect;             // hidden test hook: prefill:N or decode:N, the connection closed
 };
 
@@ -322,6 +323,7 @@ int run_main(int argc, char** argv) {
       ->check(int_range(1, 1 << 24));
   app.add_option("--inject-read-failures", s.inject_read_failures, "")->group("");  // test hook: every n-th read fails
   app.add_option("--inject-offer-corruption", s.inject_offer_corruption, "")->group("");  // test hook
+  app.add_option("--inject-reregister", s.inject_reregister, "")->group("");  // test hook: new remote keys
   // Test hook: one side's transport closes the connection (prefill:N after the N-th offer, decode:N with the N-th
   // read in flight).
   app.add_option("--inject-disconnect", s.inject_disconnect, "")->group("");
@@ -345,7 +347,7 @@ int run_main(int argc, char** argv) {
   // --disaggregated runs a built-in workload over two schedulers of the composition, every request to its end.
   kvsim::disagg_disconnect disconnect;
   for (const char* o : {"--kv-transport", "--disagg-layers", "--prefill-token-budget", "--inject-read-failures",
-                        "--inject-offer-corruption", "--inject-disconnect"})
+                        "--inject-offer-corruption", "--inject-disconnect", "--inject-reregister"})
     if (!s.disaggregated && app.get_option(o)->count() > 0) {
       std::fprintf(stderr, "kvpager-sim: %s needs --disaggregated\n", o);
       return kvtools::exit_bad_input;
@@ -596,6 +598,7 @@ int run_main(int argc, char** argv) {
     dopt.prefill_s_per_token = prefill_flops_per_token / (s.prefill_tflops * 1e12);
     dopt.fail_every = s.inject_read_failures;
     dopt.corrupt_offer = s.inject_offer_corruption;
+    dopt.reregister_after = s.inject_reregister;
     dopt.disconnect = disconnect;
     dopt.prefill_token_budget = s.prefill_token_budget;
     if (w.block_size != 8 && w.block_size != 16 && w.block_size != 32) {

@@ -142,6 +142,7 @@ inline void print_table(const run_summary& p, const run_summary& c) { print_tabl
   j["reads"] = d.reads;
   j["reads_failed"] = d.reads_failed;
   j["declined_released"] = d.declined_released;
+  j["declined_stale"] = d.declined_stale;
   j["kv_offered_tokens"] = d.kv_offered_tokens;
   j["kv_read_tokens"] = d.kv_read_tokens;
   j["kv_transfer_bytes"] = d.kv_transfer_bytes;
@@ -214,6 +215,9 @@ inline void print_disaggregated(const disagg_summary& d, const disagg_options& o
   if (d.declined_released > 0)
     std::printf("  %-44s %lld (computed on the decode instance)\n", "declined: a window block already released",
                 static_cast<long long>(d.declined_released));
+  if (d.declined_stale > 0)
+    std::printf("  %-44s %lld (computed on the decode instance)\n", "declined: remote keys that no longer match",
+                static_cast<long long>(d.declined_stale));
   if (d.link_lost)
     std::printf("  %-44s %lld held requests released by the prefill instance\n", "the connection was lost",
                 static_cast<long long>(d.released_on_loss));

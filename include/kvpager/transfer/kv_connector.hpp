@@ -8,16 +8,25 @@
 /// cache or scheduler: the engine passes block tables in and reports results out (docs/disaggregated.md has the
 /// sequence of calls on each side, with paged_kv_cache and the scheduler).
 ///
-/// Messages (little-endian, each one transport message): `layout` (the sender's kv_side, its KV cache groups and
-/// its regions' descriptions, once per peer, before its first offer), `offer` (request id, the tokens, how many have
-/// KV, the sender's block tables: one per KV cache group table), `done` (request id, whether it was read). A
+/// Messages (little-endian, each one transport message): `layout` (its generation, the sender's kv_side, its KV
+/// cache groups and its regions' descriptions, once per peer before its first offer, and again after the sender's
+/// regions are replaced), `offer` (request id, the generation of the layout it was made under, the tokens, how many
+/// have KV, the sender's block tables: one per KV cache group table), `done` (request id, whether it was read). A
 /// malformed message is errc::invalid_argument naming the field, and changes nothing.
+///
+/// Remote keys that no longer match: a sender that registers its pools again (kv_sender::replace_regions) sends
+/// its new layout, with a new generation, before its next offer to each peer. A receiver that has it reads nothing
+/// through the old keys: an offer made under the old layout is refused by start() (errc::transport_error), and the
+/// engine computes the request itself. Until the new layout arrives a receiver reads through the old keys, so the
+/// sender keeps the old registration until every offer made before is done (a transport that can tell, as
+/// inproc_transport does, refuses the read: errc::transport_error from start(), the same outcome).
 ///
 /// KV cache groups (hybrid_kv_cache): both halves are created with the same kv_groups (each layer's table and the
 /// null block), offers carry every table, and a receiver reads only the entries its own tables hold (a window
 /// group's released entries are the null block on either side). The layer-to-table map is part of the model: a
 /// sender whose map differs is another model.
 
+#include <atomic>
 #include <chrono>
 #include <cstddef>
 #include <cstdint>
@@ -37,6 +46,7 @@ KVPAGER_NAMESPACE_BEGIN
 /// sender's blocks, and the sender's block tables for them (one per KV cache group table).
 struct kv_offer {
   seq_id id = 0;
+  std::uint64_t layout = 0;  ///< the generation of the sender's layout the offer was made under
   std::vector<token_id> tokens;
   std::int64_t computed = 0;
   std::vector<std::vector<block_id>> tables;
@@ -149,11 +159,16 @@ inline kv_side read_side(message_reader& r) {
 
 /// This instance's side of a connector half (kv_sender, kv_receiver): a valid layout, registered as one region per
 /// pool region.
-[[nodiscard]] inline status check_own_side(const kv_side& side, std::span<const mem_handle> regions) noexcept {
+template <kv_transport T>
+[[nodiscard]] status check_own_side(const T& transport, const kv_side& side, std::span<const mem_handle> regions) {
   if (const status st = check_kv_side(side, "kv connector: this side is not a valid layout"); !st.ok()) return st;
   if (static_cast<std::int32_t>(regions.size()) != side.num_regions())
     return status{errc::invalid_argument, "kv connector: one registered region per pool region",
                   static_cast<std::int64_t>(regions.size())};
+  std::vector<std::byte> desc;
+  for (const mem_handle m : regions)
+    if (!transport.describe(m, desc).ok())
+      return status{errc::invalid_argument, "kv connector: a region that is not registered with the transport", m};
   return status{};
 }
 
@@ -217,7 +232,7 @@ class kv_sender {
   /// pool).
   static result<kv_sender> create(T& transport, const kv_side& side, std::span<const mem_handle> regions,
                                   kv_groups groups = {}) {
-    if (const status st = detail::check_own_side(side, regions); !st.ok()) return st;
+    if (const status st = detail::check_own_side(transport, side, regions); !st.ok()) return st;
     kv_sender s(transport, side);
     if (const status st = s.groups_.take(side, groups); !st.ok()) return st;
     s.regions_.assign(regions.begin(), regions.end());
@@ -257,6 +272,7 @@ class kv_sender {
     detail::message_writer w{buf_};
     w.u32(static_cast<std::uint32_t>(detail::kv_message::offer));
     w.u64(id);
+    w.u64(generation_);
     w.i64(computed);
     w.u32(static_cast<std::uint32_t>(tokens.size()));
     for (const token_id t : tokens) w.i32(t);
@@ -273,6 +289,23 @@ class kv_sender {
     const std::span<const block_id> one[1] = {table};
     return offer(p, id, tokens, computed, one);
   }
+
+  /// This side's pools registered again as `regions` (new remote keys: the pools moved, or were registered anew):
+  /// the next offer to each peer first sends the new layout, with a new generation, and a receiver that has it
+  /// refuses the offers made before (their keys no longer match). Keep the old regions registered until poll() has
+  /// reported every offer made before this call (a receiver may still be reading them through the old keys).
+  /// errc::invalid_argument (nothing changed) for a region count that does not match the side or a region that is
+  /// not registered.
+  status replace_regions(std::span<const mem_handle> regions) {
+    if (const status st = detail::check_own_side(*transport_, side_, regions); !st.ok()) return st;
+    regions_.assign(regions.begin(), regions.end());
+    ++generation_;
+    introduced_.clear();
+    return ok_status();
+  }
+  /// The generation of this side's layout: a value no other kv_sender of this process starts with, one more at
+  /// each replace_regions.
+  [[nodiscard]] std::uint64_t generation() const noexcept { return generation_; }
 
   /// The requests peer `p` is done with since the last call (appended to `done`; read or not: free their blocks
   /// either way). errc::transport_error once the peer is gone (every offer to it is then done: the engine frees
@@ -295,6 +328,13 @@ class kv_sender {
 
  private:
   kv_sender(T& t, const kv_side& s) : transport_(&t), side_(s) {}
+  /// Distinct for every kv_sender of this process, and unlikely to repeat across processes (the clock): a sender
+  /// created again on the same connection is a new layout to the receiver, never the same one.
+  static std::uint64_t first_generation() noexcept {
+    static std::atomic<std::uint64_t> made{0};
+    const auto now = static_cast<std::uint64_t>(std::chrono::steady_clock::now().time_since_epoch().count());
+    return ((now << 12) ^ (made.fetch_add(1, std::memory_order_relaxed) << 1)) | 1U;
+  }
   [[nodiscard]] bool introduced(peer_handle p) const noexcept {
     for (const peer_handle q : introduced_)
       if (q == p) return true;
@@ -304,6 +344,7 @@ class kv_sender {
     buf_.clear();
     detail::message_writer w{buf_};
     w.u32(static_cast<std::uint32_t>(detail::kv_message::layout));
+    w.u64(generation_);
     detail::write_side(w, side_);
     detail::write_groups(w, groups_);
     w.u32(static_cast<std::uint32_t>(regions_.size()));
@@ -319,6 +360,7 @@ class kv_sender {
   kv_side side_;
   detail::own_groups groups_;
   std::vector<mem_handle> regions_;
+  std::uint64_t generation_ = first_generation();
   std::vector<peer_handle> introduced_;
   std::vector<std::byte> buf_, msg_;
 };
@@ -335,7 +377,7 @@ class kv_receiver {
   static result<kv_receiver> create(T& transport, peer_handle peer, const kv_side& side,
                                     std::span<const mem_handle> regions, std::chrono::milliseconds timeout,
                                     kv_groups groups = {}) {
-    if (const status st = detail::check_own_side(side, regions); !st.ok()) return st;
+    if (const status st = detail::check_own_side(transport, side, regions); !st.ok()) return st;
     kv_receiver r(transport, peer, side, timeout);
     if (const status st = r.groups_.take(side, groups); !st.ok()) return st;
     r.regions_.assign(regions.begin(), regions.end());
@@ -344,8 +386,11 @@ class kv_receiver {
 
   /// The sender's new offers (appended to `offers`). The sender's layout, when it arrives, is checked against this
   /// side: a different model (head size, element type, layers, KV heads) is errc::invalid_argument, and every offer
-  /// is then declined (done, not read). Errors: errc::transport_error once the sender is gone;
-  /// errc::invalid_argument for a malformed message (skipped; the message named in the error).
+  /// is then declined (done, not read; refused() lists them). A new layout of the same sender (its regions
+  /// registered again) replaces the remote keys: offers made before it are refused by start(), reads in flight go
+  /// on with the keys they started with. Errors: errc::transport_error once the sender is gone, or when the
+  /// sender's new layout cannot be imported (its offers are then declined); errc::invalid_argument for a malformed
+  /// message (skipped; the message named in the error).
   status poll(std::vector<kv_offer>& offers) {
     for (;;) {
       const result<bool> r = transport_->receive(peer_, msg_);
@@ -360,6 +405,7 @@ class kv_receiver {
       if (kind != detail::kv_message::offer) return detail::malformed("kv_receiver::poll: an unknown message kind");
       kv_offer o;
       o.id = m.u64();
+      o.layout = m.u64();
       o.computed = m.i64();
       const std::uint32_t nt = m.count(4);
       o.tokens.resize(nt);
@@ -375,7 +421,8 @@ class kv_receiver {
         return detail::malformed("kv_receiver::poll: a malformed offer (lengths or computed count)");
       if (layout_ok_ && static_cast<std::int32_t>(ntab) != sender_groups_.tables)
         return detail::malformed("kv_receiver::poll: an offer's table count differs from the sender's groups");
-      if (!layout_ok_) {  // no layout, or another model's: never read
+      if (!layout_ok_ || o.layout != generation_) {  // no layout, another model's, or not the one in force
+        refused_.push_back(o.id);
         if (const status st = send_done(o.id, false); !st.ok()) return st;
         continue;
       }
@@ -389,11 +436,17 @@ class kv_receiver {
   /// cache waits for; entries that are this side's null block receive nothing). Errors (nothing started):
   /// errc::unknown_sequence (no open offer `id`), errc::invalid_argument (tokens the offer does not hold, tables
   /// that do not fit: plan_kv_runs's errors, among them a token this side keeps that the sender released), the
-  /// transport's.
+  /// transport's (errc::transport_error also for an offer made under a layout the sender has replaced since: its
+  /// remote keys no longer match). The offer stays open after an error: decline it.
   status start(seq_id id, std::span<const std::span<const block_id>> tables, std::int64_t first_token,
                std::int64_t num_tokens) {
     kv_offer* o = find(id);
     if (o == nullptr) return status{errc::unknown_sequence, "kv_receiver::start: no open offer for this request", static_cast<std::int64_t>(id)};
+    if (!layout_ok_ || o->layout != generation_)
+      return status{errc::transport_error,
+                    "kv_receiver::start: the offer was made under a layout the sender has replaced (its remote keys "
+                    "no longer match)",
+                    static_cast<std::int64_t>(id)};
     if (first_token < 0 || num_tokens < 0 || first_token + num_tokens > o->computed)
       return status{errc::invalid_argument, "kv_receiver::start: tokens the offer has no KV for",
                     first_token + num_tokens};
@@ -406,7 +459,7 @@ class kv_receiver {
       return st;
     const result<transfer_handle> x = transport_->read(peer_, runs_, remotes_, regions_);
     if (!x.ok()) return x.error();
-    flights_.push_back(flight{id, *x, run_bytes(runs_), std::chrono::steady_clock::now()});
+    flights_.push_back(flight{id, *x, run_bytes(runs_), std::chrono::steady_clock::now(), generation_});
     erase_offer(id);
     return ok_status();
   }
@@ -448,7 +501,16 @@ class kv_receiver {
       if (transport_->peer_alive(peer_)) (void)send_done(f.id, st == transfer_state::done);
       flights_.erase(flights_.begin() + static_cast<std::ptrdiff_t>(i));
     }
+    release_retired();
     return ok_status();
+  }
+
+  /// The offers this receiver declined on its own since the last call (appended to `ids`): offers that came with no
+  /// layout, another model's, or under a layout not in force. The sender has been told; the engine computes these
+  /// requests itself (it never saw them as offers).
+  void refused(std::vector<seq_id>& ids) {
+    ids.insert(ids.end(), refused_.begin(), refused_.end());
+    refused_.clear();
   }
 
   /// Reads started and not ended, and offers received and not started or declined.
@@ -465,14 +527,19 @@ class kv_receiver {
     transfer_handle x = 0;
     std::int64_t bytes = 0;
     std::chrono::steady_clock::time_point started;
+    std::uint64_t layout = 0;  ///< the generation whose remote keys the read uses
+  };
+  /// Remote keys of a layout that was replaced, kept while reads through them are in flight.
+  struct retired_keys {
+    std::uint64_t layout = 0;
+    std::vector<remote_handle> remotes;
   };
 
   kv_receiver(T& t, peer_handle p, const kv_side& s, std::chrono::milliseconds timeout)
       : transport_(&t), peer_(p), side_(s), timeout_(timeout) {}
 
   status take_layout(detail::message_reader& m) {
-    if (!flights_.empty() || !offers_.empty())  // its remote keys are in use: a new layout would pull them away
-      return status{errc::invalid_argument, "kv_receiver: a second layout while reads or offers are open"};
+    const std::uint64_t generation = m.u64();
     const kv_side s = detail::read_side(m);
     detail::own_groups g;
     const bool groups_read = detail::read_groups(m, s, g);
@@ -480,6 +547,13 @@ class kv_receiver {
     std::vector<std::span<const std::byte>> descs;
     for (std::uint32_t i = 0; i < n && !m.bad; ++i) descs.push_back(m.bytes());
     if (m.bad || !groups_read) return detail::malformed("kv_receiver::poll: a malformed layout message");
+    if (generation == generation_ || generation == 0)
+      return status{errc::invalid_argument, "kv_receiver: the sender's layout again, with the same generation",
+                    static_cast<std::int64_t>(generation)};
+    // From here on the layout in force is this one, or none: the old keys no longer match the sender's regions.
+    retire_keys();
+    generation_ = generation;
+    layout_ok_ = false;
     if (const status st = detail::check_kv_side(s, "kv_receiver: the sender's layout is not valid"); !st.ok()) return st;
     if (static_cast<std::int32_t>(n) != s.num_regions())
       return status{errc::invalid_argument, "kv_receiver: the sender's layout has the wrong number of regions", n};
@@ -497,12 +571,29 @@ class kv_receiver {
       }
       remotes.push_back(*r);
     }
-    for (const remote_handle x : remotes_) (void)transport_->release_remote(x);
     remotes_ = std::move(remotes);
     sender_ = s;
     sender_groups_ = std::move(g);
     layout_ok_ = true;
     return ok_status();
+  }
+  /// The keys in force stop being used for new reads: released now, or once the reads through them have ended.
+  void retire_keys() {
+    if (!remotes_.empty()) retired_.push_back(retired_keys{generation_, std::move(remotes_)});
+    remotes_.clear();
+    release_retired();
+  }
+  void release_retired() {
+    for (std::size_t i = 0; i < retired_.size();) {
+      bool used = false;
+      for (const flight& f : flights_) used = used || f.layout == retired_[i].layout;
+      if (used) {
+        ++i;
+        continue;
+      }
+      for (const remote_handle x : retired_[i].remotes) (void)transport_->release_remote(x);
+      retired_.erase(retired_.begin() + static_cast<std::ptrdiff_t>(i));
+    }
   }
   status send_done(seq_id id, bool read) {
     buf_.clear();
@@ -533,8 +624,11 @@ class kv_receiver {
   kv_side sender_{};
   detail::own_groups sender_groups_;
   bool layout_ok_ = false;
+  std::uint64_t generation_ = 0;  ///< the generation of the sender's last layout (0: none yet)
   std::vector<mem_handle> regions_;
-  std::vector<remote_handle> remotes_;
+  std::vector<remote_handle> remotes_;  ///< the keys of the layout in force
+  std::vector<retired_keys> retired_;
+  std::vector<seq_id> refused_;
   std::vector<kv_offer> offers_;
   std::vector<flight> flights_;
   std::vector<kv_run> runs_;
