@@ -5,9 +5,14 @@
 // baseline: a tuned memcpy). Two geometries: 64 KiB per layer and block (8 KV heads x 128, fp16) and 4 KiB (one KV
 // head x 64: kvpager-sim's layer), 32 layers. Timings on a shared machine vary by 2x run to run for moves that fit
 // the caches; the DRAM-sized ones are steadier: take medians of repetitions. Run: build/default/bench/bench_block_moves (bench/RESULTS.md).
+// Every row also states `of_memcpy`: its copied bytes per second over the one-thread memcpy bound of the host's
+// roofline measured at the start of the same run (bench/roofline.hpp: the `kvpager-roofline:` line on stderr, the
+// figures in the benchmark context; KVPAGER_BENCH_NO_ROOFLINE=1 skips it, and the counter).
 #include <kvpager/kernels/step_executor.hpp>
 
 #include <benchmark/benchmark.h>
+
+#include "roofline.hpp"
 
 #include <algorithm>
 #include <cstdint>
@@ -51,7 +56,7 @@ void BM_Swap(benchmark::State& state, kv_pool_layout layout) {
     if (!pools->executor().run_plan(plan)) std::abort();
     benchmark::ClobberMemory();
   }
-  state.SetBytesProcessed(state.iterations() * n * layers * block_bytes(geometry(kv_heads, pool)));
+  kvbench::set_copied_bytes(state, state.iterations() * n * layers * block_bytes(geometry(kv_heads, pool)));
 }
 
 void BM_Memcpy(benchmark::State& state) {
@@ -64,7 +69,7 @@ void BM_Memcpy(benchmark::State& state) {
     std::memcpy(dst.data(), src.data(), bytes);
     benchmark::ClobberMemory();
   }
-  state.SetBytesProcessed(static_cast<std::int64_t>(state.iterations() * bytes));
+  kvbench::set_copied_bytes(state, static_cast<std::int64_t>(state.iterations() * bytes));
 }
 
 /// Moves of 128 MiB (beyond the caches, as a step's offload of 64+ blocks of a real model is): 64 blocks of 2 MiB
@@ -81,4 +86,6 @@ BENCHMARK_CAPTURE(BM_Swap, block_major, kv_pool_layout::block_major)->Name("swap
 
 }  // namespace
 
-BENCHMARK_MAIN();
+// The host's roofline (bench/roofline.hpp) is measured first: its `kvpager-roofline:` line goes to stderr and its
+// figures into the benchmark context (`roofline_*`), and of_memcpy is over its memcpy figure.
+int main(int argc, char** argv) { return kvbench::roofline_main(argc, argv); }

@@ -2,7 +2,8 @@
 // CPU paged prefill (kvpager_cpu_paged_attention_prefill), see bench/RESULTS.md.
 //  - Long q_len (compute-bound): achieved FLOP/s against the machine's own fp32 matrix-multiply rate measured in the
 //    same run with the same thread count: OpenBLAS sgemm (1024 x 1024 x 1024) when the benchmark was built with a
-//    BLAS, and always a peak FMA loop (independent FMA chains, the widest vectors the CPU runs). FLOPs counted are the
+//    BLAS, and always the fp32 FMA peak (of_fma_peak: the roofline's per-core FMA peak with the vectors of the path
+//    the kernels run, 512-bit on the avx512 paths and 256-bit on avx2, times the threads). FLOPs counted are the
 //    ones the causal mask requires: 4 x head_dim x num_q_heads x (sum over query rows of the KV positions that row
 //    sees), i.e. 2 FLOPs per multiply-add of Q.K^T and of P.V, masked-out scores not counted (for a whole prompt of L
 //    tokens: L (L + 1) / 2 positions per head).
@@ -13,7 +14,8 @@
 //    the 512-bit FMA peak, bf16 on the avx512bf16 path against the vdpbf16ps peak and against the ceiling of a
 //    prefill whose P.V stays fp32 (BM_PrefillPeak).
 // Counters: GFLOPs, KV_GBps, of_sgemm / of_fma_peak / of_stream = the kernel's rate over the baseline's, all from the
-// fastest iteration (baselines: best of 3 to 10 runs). One-thread rows are timed on the thread's CPU clock.
+// fastest iteration (sgemm and the stream: best of 3 to 10 runs; the FMA peaks: the roofline's, best of 7 passes).
+// One-thread rows are timed on the thread's CPU clock.
 #include <kvpager/c/kernels.h>
 
 #include <benchmark/benchmark.h>
@@ -77,56 +79,28 @@ void on_threads(unsigned threads, Fn fn) {
   for (auto& th : pool) th.join();
 }
 
-#if defined(__x86_64__) && defined(__GNUC__) && !defined(__clang__)
-/// 12 independent chains of 512-bit FMAs: 12 x 16 x 2 FLOPs per step.
-__attribute__((target("avx512f"))) float fma_loop_512(std::int64_t steps) {
-  __m512 a[12];
-  for (int i = 0; i < 12; ++i) a[i] = _mm512_set1_ps(static_cast<float>(i) * 1e-3F);
-  const __m512 x = _mm512_set1_ps(0.999F), y = _mm512_set1_ps(1e-4F);
-  for (std::int64_t s = 0; s < steps; ++s)
-    for (int i = 0; i < 12; ++i) a[i] = _mm512_fmadd_ps(a[i], x, y);
-  __m512 r = a[0];
-  for (int i = 1; i < 12; ++i) r = _mm512_add_ps(r, a[i]);
-  alignas(64) float o[16];  // (no _mm512_reduce_*: GCC 12 warns inside it, bug 105593)
-  _mm512_store_ps(o, r);
-  return o[0] + o[15];
+/// The host's compute bounds of one core (FLOP/s): the fp32 FMA peaks with 512-bit and 256-bit vectors and the
+/// vdpbf16ps peak (0 for a unit the CPU lacks), as the `kvpager-roofline:` line of this run states them
+/// (kvbench::measured_roofline); under KVPAGER_BENCH_NO_ROOFLINE, measured here once (kvbench::measure_peaks).
+struct core_peaks {
+  double fma512, fma256, bf16dot;
+};
+const core_peaks& host_peaks() {
+  static const core_peaks p = [] {
+    kvbench::roofline r = kvbench::measured_roofline();
+    if (r.cpu_model.empty()) kvbench::measure_peaks(r);  // the roofline was skipped
+    return core_peaks{1e9 * r.fma512_gflops_core, 1e9 * r.fma256_gflops_core, 1e9 * r.bf16dot_gflops_core};
+  }();
+  return p;
 }
-__attribute__((target("avx2,fma"))) float fma_loop_256(std::int64_t steps) {
-  __m256 a[12];
-  for (int i = 0; i < 12; ++i) a[i] = _mm256_set1_ps(static_cast<float>(i) * 1e-3F);
-  const __m256 x = _mm256_set1_ps(0.999F), y = _mm256_set1_ps(1e-4F);
-  for (std::int64_t s = 0; s < steps; ++s)
-    for (int i = 0; i < 12; ++i) a[i] = _mm256_fmadd_ps(a[i], x, y);
-  __m256 r = a[0];
-  for (int i = 1; i < 12; ++i) r = _mm256_add_ps(r, a[i]);
-  alignas(32) float o[8];
-  _mm256_store_ps(o, r);
-  return o[0] + o[7];
-}
-#endif
 
-/// Peak fp32 FLOP/s of FMA chains on `threads` threads, with the widest vectors the kernel's dispatch uses.
+/// The fp32 FMA peak (FLOP/s) on `threads` cores with the vectors of the path the kernels' dispatch runs: the
+/// roofline's 512-bit peak per core on the avx512 paths (avx512bf16 included), its 256-bit one on avx2, times the
+/// threads; 0 on another path (no of_fma_peak then).
 double fma_peak(unsigned threads) {
-  static std::map<unsigned, double> memo;
-  if (auto it = memo.find(threads); it != memo.end()) return it->second;
-  constexpr std::int64_t steps = 20'000'000;
-  double flops_per_step = 12 * 2;
-  std::vector<float> sink(threads);
-  auto body = [&](unsigned t) {
-#if defined(__x86_64__) && defined(__GNUC__) && !defined(__clang__)
-    const std::string_view path = kvpager_cpu_decode_path();
-    if (path.starts_with("avx512")) sink[t] = fma_loop_512(steps);
-    else if (path == "avx2") sink[t] = fma_loop_256(steps);
-    else sink[t] = 0;
-#else
-    sink[t] = 0;
-#endif
-  };
   const std::string_view path = kvpager_cpu_decode_path();
-  flops_per_step *= path.starts_with("avx512") ? 16 : path == "avx2" ? 8 : 0;  // avx512 and avx512bf16
-  const double s = best_seconds(3, [&] { on_threads(threads, body); }, threads == 1);
-  benchmark::DoNotOptimize(sink.data());
-  return memo[threads] = flops_per_step * static_cast<double>(steps) * threads / s;
+  const core_peaks& p = host_peaks();
+  return (path.starts_with("avx512") ? p.fma512 : path == "avx2" ? p.fma256 : 0.0) * threads;
 }
 
 /// fp32 matrix-multiply rate of the BLAS (0 without one): best of 3 sgemm 1024^3 on `threads` threads.
@@ -213,23 +187,6 @@ double timed_loop(benchmark::State& state, Fn fn, bool thread_clock) {
   return best;
 }
 
-/// The host's compute bounds of one core (FLOP/s): the 512-bit fp32 FMA peak and the vdpbf16ps peak (0 without
-/// avx512_bf16), as the `kvpager-roofline:` line of this run states them (kvbench::measured_roofline); under
-/// KVPAGER_BENCH_NO_ROOFLINE, measured here once with bench/roofline.hpp's own loops and passes.
-struct core_peaks {
-  double fma512, bf16dot;
-};
-const core_peaks& host_peaks() {
-  namespace d = kvbench::roofline_detail;
-  static const core_peaks p = [] {
-    const kvbench::roofline& r = kvbench::measured_roofline();
-    if (r.fma512_gflops_core > 0) return core_peaks{1e9 * r.fma512_gflops_core, 1e9 * r.bf16dot_gflops_core};
-    return core_peaks{1e9 * d::best_rate(7, [] { return d::peak_pass(512); }),
-                      1e9 * d::best_rate(7, [] { return d::peak_pass(16); })};
-  }();
-  return p;
-}
-
 /// The counters of a prefill's rate against the bound of its arithmetic on `threads` cores, measured in the same run
 /// (host_peaks): of_fma512 always; for bf16 on the avx512bf16 path of_bf16dot, ceiling_GFLOPs and of_ceiling (only
 /// Q.K^T runs on the dot units; P.V keeps the probabilities in fp32 at the FMA peak, so the call's ceiling is half its
@@ -258,7 +215,7 @@ void BM_PrefillFlops(benchmark::State& state) {
   const double best = timed_loop(state, [&] { return b.run(threads); }, threads == 1);
   const double rate = b.flops() / best;
   state.counters["GFLOPs"] = rate / 1e9;
-  state.counters["of_fma_peak"] = rate / peak;
+  if (peak > 0) state.counters["of_fma_peak"] = rate / peak;
   state_bounds(state, rate, KVPAGER_DTYPE_BF16, threads_of(threads));
   if (gemm > 0) {
     state.counters["sgemm_GFLOPs"] = gemm / 1e9;
@@ -327,7 +284,7 @@ void BM_PrefillShort(benchmark::State& state) {
   // From q_len 4 at GQA 4 (16 FLOPs per fp16 KV byte) the call is compute-bound: its FLOP rate against the peak.
   const double flops = b.flops() / best;
   state.counters["GFLOPs"] = flops / 1e9;
-  state.counters["of_fma_peak"] = flops / fma_peak(cores());
+  if (const double peak = fma_peak(cores()); peak > 0) state.counters["of_fma_peak"] = flops / peak;
 }
 BENCHMARK(BM_PrefillShort)
     ->Name("prefill_fp16_b8_gqa4_d128/decode_like")

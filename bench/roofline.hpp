@@ -21,7 +21,8 @@
 //
 // Use: kvbench::measure_roofline() and kvbench::roofline_line(); a benchmark's main is kvbench::roofline_main(), which
 // prints the `kvpager-roofline:` line to stderr and adds every figure to Google Benchmark's context (`roofline_*`
-// keys in --benchmark_format=json) before running the benchmarks. bench_roofline (bench/roofline_bench.cpp) also
+// keys in --benchmark_format=json) before running the benchmarks; a benchmark then reads the figures through
+// kvbench::measured_roofline() (set_copied_bytes: a copy's of_memcpy). bench_roofline (bench/roofline_bench.cpp) also
 // runs each bound as a benchmark of its own.
 
 #include "pool_buffer.hpp"
@@ -394,6 +395,15 @@ struct stream_buffers {
 
 }  // namespace roofline_detail
 
+/// Measures the compute bounds alone into `r` (fma512, fma256 and bf16dot per core; ~0.05 s): what a benchmark that
+/// states a compute bound needs when the whole roofline was skipped (KVPAGER_BENCH_NO_ROOFLINE).
+inline void measure_peaks(roofline& r) {
+  namespace d = roofline_detail;
+  r.fma512_gflops_core = d::best_rate(7, [] { return d::peak_pass(512); });
+  r.fma256_gflops_core = d::best_rate(7, [] { return d::peak_pass(256); });
+  r.bf16dot_gflops_core = d::best_rate(7, [] { return d::peak_pass(16); });
+}
+
 /// Measures the host's roofline (~0.4 s, ~2 s where huge pages need compacting; allocates and frees two 256 MiB
 /// buffers).
 inline roofline measure_roofline() {
@@ -423,9 +433,7 @@ inline roofline measure_roofline() {
       return std::pair{static_cast<double>(d::l2_bytes) * repeats, d::cached_read_pass(p, d::l2_bytes, repeats)};
     });
   }
-  r.fma512_gflops_core = d::best_rate(7, [] { return d::peak_pass(512); });
-  r.fma256_gflops_core = d::best_rate(7, [] { return d::peak_pass(256); });
-  r.bf16dot_gflops_core = d::best_rate(7, [] { return d::peak_pass(16); });
+  measure_peaks(r);
   return r;
 }
 
@@ -460,6 +468,18 @@ inline std::vector<std::pair<std::string, std::string>> roofline_context(const r
           {"roofline_fma512_GFLOPps_core", num(r.fma512_gflops_core)},
           {"roofline_fma256_GFLOPps_core", num(r.fma256_gflops_core)},
           {"roofline_bf16dot_GFLOPps_core", num(r.bf16dot_gflops_core)}};
+}
+
+/// For benchmarks that copy (block moves, kv_append, and their memcpy baselines): sets the bytes processed to
+/// `bytes` (all iterations) and adds `of_memcpy`, those bytes per second over this run's one-thread memcpy bound
+/// (measured_roofline().memcpy_gbs). A rate counter, so it is divided by the same seconds as bytes_per_second (real
+/// time under UseRealTime, CPU time otherwise), repetitions and aggregates included. No of_memcpy where the roofline
+/// was skipped.
+inline void set_copied_bytes(benchmark::State& state, std::int64_t bytes) {
+  state.SetBytesProcessed(bytes);
+  const double bound = measured_roofline().memcpy_gbs * 1e9;
+  if (bound > 0)
+    state.counters["of_memcpy"] = benchmark::Counter(static_cast<double>(bytes) / bound, benchmark::Counter::kIsRate);
 }
 
 /// A benchmark program's main: parses the flags, measures the roofline, prints its line to stderr and adds it to the
