@@ -620,6 +620,107 @@ TEST(Disaggregation, ANewLayoutWithAReadInFlightKeepsTheOldKeysUntilTheReadEnds)
   EXPECT_EQ(receiver->in_flight(), 0U);
 }
 
+/// The next whole message from `p` on `t` (bounded: the inproc transport has it at once or never).
+std::vector<std::byte> next_message(inproc_transport& t, peer_handle p) {
+  std::vector<std::byte> m;
+  EXPECT_TRUE(*t.receive(p, m));
+  return m;
+}
+
+TEST(Disaggregation, LayoutsAndOffersOutOfStepAreRefusedAndReported) {
+  const kv_geometry g{8, 16, kv_heads, head_dim, kv_dtype::f32};
+  const kv_side side{*rank_layout(g, kv_heads * 2, 1, 0), 1, kv_pool_layout::per_layer};
+  std::vector<std::byte> sp(static_cast<std::size_t>(side.region_bytes())), dp(sp.size());
+  inproc_transport P, D;
+  const auto [to_d, to_p] = inproc_transport::connect(P, D);
+  const mem_handle pm[1] = {*P.register_memory(sp.data(), sp.size())};
+  const mem_handle dm[1] = {*D.register_memory(dp.data(), dp.size())};
+  // A region registered and deregistered since: refused at create.
+  const mem_handle gone[1] = {*D.register_memory(dp.data(), dp.size())};
+  ASSERT_TRUE(D.deregister_memory(gone[0]).ok());
+  EXPECT_EQ(kv_receiver<inproc_transport>::create(D, to_p, side, gone, 50ms).code(), errc::invalid_argument);
+  result<kv_sender<inproc_transport>> a = kv_sender<inproc_transport>::create(P, side, pm);
+  result<kv_receiver<inproc_transport>> receiver = kv_receiver<inproc_transport>::create(D, to_p, side, dm, 5000ms);
+  ASSERT_TRUE(a.ok() && receiver.ok());
+  const std::vector<token_id> p = prompt(40, 3);
+  const block_id src[2] = {1, 2}, dst[2] = {3, 4};
+  // Sender a's layout and its offer of request 1, taken off the wire to be sent again in other orders.
+  ASSERT_TRUE(a->offer(to_d, 1, p, 32, std::span<const block_id>(src)).ok());
+  const std::vector<std::byte> layout_a = next_message(D, to_p), offer_1 = next_message(D, to_p);
+  std::vector<kv_offer> offers;
+  std::vector<seq_id> refused, done;
+  auto resend = [&](const std::vector<std::byte>& m) { ASSERT_TRUE(P.send(to_d, m).ok()); };
+  // Generation 0: malformed, nothing taken.
+  std::vector<std::byte> zero = layout_a;
+  std::fill(zero.begin() + 4, zero.begin() + 12, std::byte{0});
+  resend(zero);
+  EXPECT_EQ(receiver->poll(offers).code(), errc::invalid_argument);
+  EXPECT_FALSE(receiver->layout_ok());
+  // The layout, then the same layout again (refused, the first stays in force), then the offer.
+  resend(layout_a);
+  EXPECT_TRUE(receiver->poll(offers).ok());
+  EXPECT_TRUE(receiver->layout_ok());
+  resend(layout_a);
+  EXPECT_EQ(receiver->poll(offers).code(), errc::invalid_argument);
+  EXPECT_TRUE(receiver->layout_ok());
+  resend(offer_1);
+  ASSERT_TRUE(receiver->poll(offers).ok());
+  ASSERT_EQ(offers.size(), 1U);
+  // Sender b on the same connection (another generation): its layout replaces a's; a's offer 1, still open, is
+  // refused by start(), and a's next offer by poll(); b's offer is read.
+  result<kv_sender<inproc_transport>> b = kv_sender<inproc_transport>::create(P, side, pm);
+  ASSERT_TRUE(b.ok());
+  ASSERT_NE(b->generation(), a->generation());
+  ASSERT_TRUE(b->offer(to_d, 2, p, 32, std::span<const block_id>(src)).ok());
+  ASSERT_TRUE(a->offer(to_d, 3, p, 32, std::span<const block_id>(src)).ok());
+  offers.clear();
+  ASSERT_TRUE(receiver->poll(offers).ok());
+  ASSERT_EQ(offers.size(), 1U);
+  EXPECT_EQ(offers[0].id, 2U);
+  receiver->refused(refused);
+  EXPECT_EQ(refused, std::vector<seq_id>{3}) << "an offer under a layout not in force is refused by poll";
+  const status st1 = receiver->start(1, std::span<const block_id>(dst), 0, 32);
+  EXPECT_EQ(st1.code(), errc::transport_error) << st1.message();
+  EXPECT_EQ(receiver->in_flight(), 0U);
+  EXPECT_TRUE(receiver->decline(1).ok());
+  ASSERT_TRUE(receiver->start(2, std::span<const block_id>(dst), 0, 32).ok());
+  std::vector<kv_received> ended;
+  ASSERT_TRUE(receiver->progress(ended).ok());
+  ASSERT_EQ(ended.size(), 1U);
+  EXPECT_TRUE(ended[0].ok);
+  ASSERT_TRUE(b->poll(to_d, done).ok());
+  EXPECT_EQ(done, (std::vector<seq_id>{3, 1, 2})) << "the sender hears of every offer";
+  // A malformed offer whose id can be read: declined, reported, the sender told.
+  std::vector<std::byte> cut(offer_1.begin(), offer_1.begin() + 14);
+  cut[4] = std::byte{9};
+  resend(cut);
+  EXPECT_EQ(receiver->poll(offers).code(), errc::invalid_argument);
+  refused.clear();
+  receiver->refused(refused);
+  EXPECT_EQ(refused, std::vector<seq_id>{9});
+  done.clear();
+  ASSERT_TRUE(b->poll(to_d, done).ok());
+  EXPECT_EQ(done, std::vector<seq_id>{9});
+  // A new layout whose remote key this transport refuses, from a live sender: invalid_argument (transport_error
+  // would say the sender is gone), no layout in force, its offers refused.
+  result<kv_sender<inproc_transport>> c = kv_sender<inproc_transport>::create(P, side, pm);
+  ASSERT_TRUE(c.ok());
+  ASSERT_TRUE(c->offer(to_d, 4, p, 32, std::span<const block_id>(src)).ok());
+  std::vector<std::byte> layout_c = next_message(D, to_p);
+  const std::vector<std::byte> offer_4 = next_message(D, to_p);
+  layout_c.back() ^= std::byte{0x5A};
+  resend(layout_c);
+  resend(offer_4);
+  const status bad_key = receiver->poll(offers);
+  EXPECT_EQ(bad_key.code(), errc::invalid_argument) << bad_key.message();
+  EXPECT_FALSE(receiver->layout_ok());
+  EXPECT_TRUE(receiver->poll(offers).ok());
+  refused.clear();
+  receiver->refused(refused);
+  EXPECT_EQ(refused, std::vector<seq_id>{4});
+  EXPECT_EQ(receiver->open_offers(), 0U);
+}
+
 TEST(Disaggregation, TheCacheRefusesBadExternalCallsAndChangesNothing) {
   auto c = *cache_t::create(cache_config{16, 32, 0, 0});
   const std::vector<token_id> p = prompt(70, 4);

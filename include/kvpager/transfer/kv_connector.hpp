@@ -12,7 +12,11 @@
 /// cache groups and its regions' descriptions, once per peer before its first offer, and again after the sender's
 /// regions are replaced), `offer` (request id, the generation of the layout it was made under, the tokens, how many
 /// have KV, the sender's block tables: one per KV cache group table), `done` (request id, whether it was read). A
-/// malformed message is errc::invalid_argument naming the field, and changes nothing.
+/// malformed message is errc::invalid_argument naming the field, and changes nothing, with two exceptions that keep
+/// the two sides in step: a malformed offer whose request id could be read is declined (the sender is told, and
+/// kv_receiver::refused lists it), and a layout with a new generation that cannot be taken (another model's, a
+/// remote key the transport refuses) leaves no layout in force (the old keys no longer match the sender's regions).
+/// The generation fields came with 0.3.0: both sides must run the same kvpager version.
 ///
 /// Remote keys that no longer match: a sender that registers its pools again (kv_sender::replace_regions) sends
 /// its new layout, with a new generation, before its next offer to each peer. A receiver that has it reads nothing
@@ -167,8 +171,10 @@ template <kv_transport T>
                   static_cast<std::int64_t>(regions.size())};
   std::vector<std::byte> desc;
   for (const mem_handle m : regions)
-    if (!transport.describe(m, desc).ok())
-      return status{errc::invalid_argument, "kv connector: a region that is not registered with the transport", m};
+    if (const status st = transport.describe(m, desc); !st.ok())
+      return st.code() == errc::invalid_argument
+                 ? status{errc::invalid_argument, "kv connector: a region that is not registered with the transport", m}
+                 : st;
   return status{};
 }
 
@@ -228,8 +234,8 @@ class kv_sender {
  public:
   /// Over `transport`, for this instance's pools `side`, registered as `regions` (one per side.num_regions()), with
   /// KV cache groups `groups` (default: one table). errc::invalid_argument for a side that is not a valid layout, a
-  /// region count that does not match it, or groups that do not fit it (a layer count, a null block outside the
-  /// pool).
+  /// region count that does not match it, a region not registered with the transport, or groups that do not fit it
+  /// (a layer count, a null block outside the pool); the transport's error where describing a region fails.
   static result<kv_sender> create(T& transport, const kv_side& side, std::span<const mem_handle> regions,
                                   kv_groups groups = {}) {
     if (const status st = detail::check_own_side(transport, side, regions); !st.ok()) return st;
@@ -388,9 +394,10 @@ class kv_receiver {
   /// side: a different model (head size, element type, layers, KV heads) is errc::invalid_argument, and every offer
   /// is then declined (done, not read; refused() lists them). A new layout of the same sender (its regions
   /// registered again) replaces the remote keys: offers made before it are refused by start(), reads in flight go
-  /// on with the keys they started with. Errors: errc::transport_error once the sender is gone, or when the
-  /// sender's new layout cannot be imported (its offers are then declined); errc::invalid_argument for a malformed
-  /// message (skipped; the message named in the error).
+  /// on with the keys they started with. Errors: errc::transport_error once the sender is gone (and only then);
+  /// errc::invalid_argument for a malformed message (skipped; the message named in the error; a malformed offer
+  /// whose id could be read is declined), another model's layout, or a layout whose remote keys the transport
+  /// refuses (its offers are then declined).
   status poll(std::vector<kv_offer>& offers) {
     for (;;) {
       const result<bool> r = transport_->receive(peer_, msg_);
@@ -405,6 +412,7 @@ class kv_receiver {
       if (kind != detail::kv_message::offer) return detail::malformed("kv_receiver::poll: an unknown message kind");
       kv_offer o;
       o.id = m.u64();
+      const bool id_read = !m.bad;
       o.layout = m.u64();
       o.computed = m.i64();
       const std::uint32_t nt = m.count(4);
@@ -417,10 +425,18 @@ class kv_receiver {
         table.resize(m.bad ? 0 : nb);
         for (block_id& b : table) b = m.i32();
       }
-      if (m.bad || o.computed < 0 || o.computed > static_cast<std::int64_t>(nt))
-        return detail::malformed("kv_receiver::poll: a malformed offer (lengths or computed count)");
-      if (layout_ok_ && static_cast<std::int32_t>(ntab) != sender_groups_.tables)
-        return detail::malformed("kv_receiver::poll: an offer's table count differs from the sender's groups");
+      const char* bad = m.bad || o.computed < 0 || o.computed > static_cast<std::int64_t>(nt)
+                            ? "kv_receiver::poll: a malformed offer (lengths or computed count)"
+                        : layout_ok_ && static_cast<std::int32_t>(ntab) != sender_groups_.tables
+                            ? "kv_receiver::poll: an offer's table count differs from the sender's groups"
+                            : nullptr;
+      if (bad != nullptr) {
+        if (id_read) {  // declined, so that the sender does not hold its blocks for an offer never read
+          refused_.push_back(o.id);
+          (void)send_done(o.id, false);
+        }
+        return detail::malformed(bad);
+      }
       if (!layout_ok_ || o.layout != generation_) {  // no layout, another model's, or not the one in force
         refused_.push_back(o.id);
         if (const status st = send_done(o.id, false); !st.ok()) return st;
@@ -459,7 +475,7 @@ class kv_receiver {
       return st;
     const result<transfer_handle> x = transport_->read(peer_, runs_, remotes_, regions_);
     if (!x.ok()) return x.error();
-    flights_.push_back(flight{id, *x, run_bytes(runs_), std::chrono::steady_clock::now(), generation_});
+    flights_.push_back(flight{id, *x, run_bytes(runs_), std::chrono::steady_clock::now(), keys_epoch_});
     erase_offer(id);
     return ok_status();
   }
@@ -506,8 +522,9 @@ class kv_receiver {
   }
 
   /// The offers this receiver declined on its own since the last call (appended to `ids`): offers that came with no
-  /// layout, another model's, or under a layout not in force. The sender has been told; the engine computes these
-  /// requests itself (it never saw them as offers).
+  /// layout, another model's, under a layout not in force, or malformed. The sender has been told; the engine
+  /// computes these requests itself (it never saw them as offers). Call it after each poll(): the list grows until
+  /// it is taken.
   void refused(std::vector<seq_id>& ids) {
     ids.insert(ids.end(), refused_.begin(), refused_.end());
     refused_.clear();
@@ -527,11 +544,11 @@ class kv_receiver {
     transfer_handle x = 0;
     std::int64_t bytes = 0;
     std::chrono::steady_clock::time_point started;
-    std::uint64_t layout = 0;  ///< the generation whose remote keys the read uses
+    std::uint64_t keys = 0;  ///< the keys_epoch_ of the remote keys the read uses
   };
   /// Remote keys of a layout that was replaced, kept while reads through them are in flight.
   struct retired_keys {
-    std::uint64_t layout = 0;
+    std::uint64_t keys = 0;  ///< their keys_epoch_
     std::vector<remote_handle> remotes;
   };
 
@@ -547,7 +564,8 @@ class kv_receiver {
     std::vector<std::span<const std::byte>> descs;
     for (std::uint32_t i = 0; i < n && !m.bad; ++i) descs.push_back(m.bytes());
     if (m.bad || !groups_read) return detail::malformed("kv_receiver::poll: a malformed layout message");
-    if (generation == generation_ || generation == 0)
+    if (generation == 0) return detail::malformed("kv_receiver::poll: a layout of generation 0");
+    if (generation == generation_)
       return status{errc::invalid_argument, "kv_receiver: the sender's layout again, with the same generation",
                     static_cast<std::int64_t>(generation)};
     // From here on the layout in force is this one, or none: the old keys no longer match the sender's regions.
@@ -567,7 +585,10 @@ class kv_receiver {
       const result<remote_handle> r = transport_->import_remote(peer_, d);
       if (!r.ok()) {
         for (const remote_handle x : remotes) (void)transport_->release_remote(x);
-        return r.error();
+        // transport_error from poll() means the sender is gone: a key refused from a live sender is not that.
+        if (!transport_->peer_alive(peer_)) return r.error();
+        return status{errc::invalid_argument, "kv_receiver: the sender's layout holds a remote key the transport refuses",
+                      static_cast<std::int64_t>(generation)};
       }
       remotes.push_back(*r);
     }
@@ -579,14 +600,15 @@ class kv_receiver {
   }
   /// The keys in force stop being used for new reads: released now, or once the reads through them have ended.
   void retire_keys() {
-    if (!remotes_.empty()) retired_.push_back(retired_keys{generation_, std::move(remotes_)});
+    if (!remotes_.empty()) retired_.push_back(retired_keys{keys_epoch_, std::move(remotes_)});
     remotes_.clear();
+    ++keys_epoch_;
     release_retired();
   }
   void release_retired() {
     for (std::size_t i = 0; i < retired_.size();) {
       bool used = false;
-      for (const flight& f : flights_) used = used || f.layout == retired_[i].layout;
+      for (const flight& f : flights_) used = used || f.keys == retired_[i].keys;
       if (used) {
         ++i;
         continue;
@@ -625,6 +647,7 @@ class kv_receiver {
   detail::own_groups sender_groups_;
   bool layout_ok_ = false;
   std::uint64_t generation_ = 0;  ///< the generation of the sender's last layout (0: none yet)
+  std::uint64_t keys_epoch_ = 0;  ///< counts the sets of remote keys this receiver has had in force
   std::vector<mem_handle> regions_;
   std::vector<remote_handle> remotes_;  ///< the keys of the layout in force
   std::vector<retired_keys> retired_;
