@@ -25,16 +25,13 @@
 #include <algorithm>
 #include <ctime>
 #include <cstdint>
+#include <limits>
 #include <map>
 #include <numeric>
 #include <random>
 #include <string_view>
 #include <thread>
 #include <vector>
-
-#if defined(__x86_64__)
-#include <immintrin.h>
-#endif
 
 #if defined(KVPAGER_BENCH_HAVE_BLAS)
 extern "C" void sgemm_(const char* ta, const char* tb, const int* m, const int* n, const int* k, const float* alpha,
@@ -267,8 +264,8 @@ BENCHMARK(BM_PrefillPeak)
     ->UseManualTime()
     ->Unit(benchmark::kMillisecond);
 
-/// The tuned streaming read of `bytes` bytes on `threads` threads (bytes per second): 512-bit (or 256-bit) loads into
-/// four accumulators per thread, the buffer split evenly.
+/// The tuned streaming read of `bytes` bytes on `threads` threads (bytes per second): the roofline's read
+/// (bench/roofline.hpp: the widest loads the CPU has, each thread its slice) of this very buffer, best of 10 passes.
 double stream_rate(const std::uint16_t* data, std::int64_t bytes, unsigned threads);
 
 /// Decode-like calls: q_len rows per sequence over kv_len tokens, batch 8, fp16, all cores: KV bytes per second
@@ -294,68 +291,12 @@ BENCHMARK(BM_PrefillShort)
     ->Args({1, 128})
     ->UseManualTime();
 
-#if defined(__x86_64__) && defined(__GNUC__) && !defined(__clang__)
-__attribute__((target("avx512f"))) std::uint64_t read_512(const unsigned char* p, std::int64_t n) {
-  __m512i a0 = _mm512_setzero_si512(), a1 = a0, a2 = a0, a3 = a0;
-  std::int64_t i = 0;
-  for (; i + 256 <= n; i += 256) {
-    a0 = _mm512_add_epi64(a0, _mm512_loadu_si512(p + i));
-    a1 = _mm512_add_epi64(a1, _mm512_loadu_si512(p + i + 64));
-    a2 = _mm512_add_epi64(a2, _mm512_loadu_si512(p + i + 128));
-    a3 = _mm512_add_epi64(a3, _mm512_loadu_si512(p + i + 192));
-  }
-  alignas(64) std::uint64_t o[8];
-  _mm512_store_si512(o, _mm512_add_epi64(_mm512_add_epi64(a0, a1), _mm512_add_epi64(a2, a3)));
-  return o[0] + o[7];
-}
-__attribute__((target("avx2"))) std::uint64_t read_256(const unsigned char* p, std::int64_t n) {
-  __m256i a0 = _mm256_setzero_si256(), a1 = a0, a2 = a0, a3 = a0;
-  std::int64_t i = 0;
-  for (; i + 128 <= n; i += 128) {
-    a0 = _mm256_add_epi64(a0, _mm256_loadu_si256(reinterpret_cast<const __m256i*>(p + i)));
-    a1 = _mm256_add_epi64(a1, _mm256_loadu_si256(reinterpret_cast<const __m256i*>(p + i + 32)));
-    a2 = _mm256_add_epi64(a2, _mm256_loadu_si256(reinterpret_cast<const __m256i*>(p + i + 64)));
-    a3 = _mm256_add_epi64(a3, _mm256_loadu_si256(reinterpret_cast<const __m256i*>(p + i + 96)));
-  }
-  alignas(32) std::uint64_t o[4];
-  _mm256_store_si256(reinterpret_cast<__m256i*>(o), _mm256_add_epi64(_mm256_add_epi64(a0, a1), _mm256_add_epi64(a2, a3)));
-  return o[0] + o[1] + o[2] + o[3];
-}
-#endif
-std::uint64_t read_words(const unsigned char* p, std::int64_t n) {
-  std::uint64_t a0 = 0, a1 = 0, a2 = 0, a3 = 0;
-  const auto* w = reinterpret_cast<const std::uint64_t*>(p);
-  for (std::int64_t i = 0; i + 4 <= n / 8; i += 4) {
-    a0 += w[i];
-    a1 += w[i + 1];
-    a2 += w[i + 2];
-    a3 += w[i + 3];
-  }
-  return a0 + a1 + a2 + a3;
-}
-
 double stream_rate(const std::uint16_t* data, std::int64_t bytes, unsigned threads) {
   const auto* p = reinterpret_cast<const unsigned char*>(data);
-  const std::string_view path = kvpager_cpu_decode_path();
-  std::vector<std::uint64_t> sink(threads);
-  const double s = best_seconds(10, [&] {
-    on_threads(threads, [&](unsigned t) {
-      const std::int64_t b0 = bytes * t / threads / 256 * 256, b1 = bytes * (t + 1) / threads / 256 * 256;
-#if defined(__x86_64__) && defined(__GNUC__) && !defined(__clang__)
-      if (path.starts_with("avx512")) {
-        sink[t] = read_512(p + b0, b1 - b0);
-        return;
-      }
-      if (path == "avx2") {
-        sink[t] = read_256(p + b0, b1 - b0);
-        return;
-      }
-#endif
-      sink[t] = read_words(p + b0, b1 - b0);
-    });
-  });
-  benchmark::DoNotOptimize(sink.data());
-  return static_cast<double>(bytes) / s;
+  double best = std::numeric_limits<double>::infinity();
+  for (int i = 0; i < 10; ++i)
+    best = std::min(best, kvbench::roofline_detail::read_pass(p, static_cast<std::size_t>(bytes), threads));
+  return static_cast<double>(bytes) / best;
 }
 
 }  // namespace
