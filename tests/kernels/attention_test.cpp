@@ -605,6 +605,65 @@ TEST(CpuDecodeAttention, HeadRangesWithSplitsAgreeWithOneItemPerSequence) {
   }
 }
 
+TEST(CpuDecodeAttention, SequenceOutputBitExactAloneOrInAnyBatchAndThreadCount) {
+  // With the token splits fixed (one per sequence), a sequence's output must not depend on the rest of the batch or
+  // on the threads: those decide how many KV heads a work item holds (all of them, or ranges of 1 to a few), and the
+  // item's chunk of tokens depends on that. The online softmax rescales at fixed steps of tokens whatever the chunk,
+  // so every head's arithmetic is the same and the outputs are bit for bit equal (fp32 KV and output: no final
+  // rounding to hide a difference). Block sizes 8, 16, 32; MHA, GQA 4, GQA 8; a window and a soft cap too.
+  const std::int32_t D = 128;
+  const std::vector<std::int32_t> lens = {300, 77, 1000, 16, 5, 129, 64, 700};
+  const auto S = static_cast<std::int32_t>(lens.size());
+  for (const std::int32_t bs : {8, 16, 32})
+    for (const auto& [hq, hkv] : {std::pair{16, 16}, std::pair{32, 8}, std::pair{16, 2}})
+      for (const auto& [window, cap] : {std::pair{-1, 0.0F}, std::pair{200, 30.0F}}) {
+        std::int32_t max_blocks = 0;
+        for (const std::int32_t len : lens) max_blocks = std::max(max_blocks, (len + bs - 1) / bs);
+        const std::int32_t nb = S * max_blocks + 1;
+        std::mt19937 rng(static_cast<std::uint32_t>(bs * 1000 + hq + hkv + window));
+        std::uniform_real_distribution<float> uni(-2.0F, 2.0F);
+        std::vector<float> pool(static_cast<std::size_t>(nb) * 2 * hkv * bs * D), q(static_cast<std::size_t>(S * hq * D));
+        for (auto& x : pool) x = uni(rng);
+        for (auto& x : q) x = uni(rng);
+        std::vector<std::int32_t> table(static_cast<std::size_t>(S * max_blocks));
+        std::iota(table.begin(), table.end(), 1);
+        std::shuffle(table.begin(), table.end(), rng);
+        // Sequences [first, first + count) of the batch, with `threads`; their output rows.
+        auto run = [&](std::int32_t first, std::int32_t count, std::int32_t threads) {
+          std::vector<float> out(static_cast<std::size_t>(count * hq * D), -9.0F);
+          decode_params p;
+          p.out = out.data();
+          p.query = q.data() + static_cast<std::ptrdiff_t>(first) * hq * D;
+          p.kv = paged_kv_view::hnd(pool.data(), KVPAGER_DTYPE_FP32, nb, hkv, bs, D);
+          p.pages.block_table = table.data() + static_cast<std::ptrdiff_t>(first) * max_blocks;
+          p.pages.row_stride = max_blocks;
+          p.pages.seq_lens = lens.data() + first;
+          p.num_seqs = count;
+          p.num_q_heads = hq;
+          p.scale = 0.09F;
+          p.window_left = window;
+          p.logits_soft_cap = cap;
+          p.num_threads = threads;
+          p.num_splits = 1;
+          EXPECT_EQ(paged_attention_decode_cpu(p).detail(), KVPAGER_STATUS_OK);
+          return out;
+        };
+        const std::vector<float> batch = run(0, S, 1);
+        const auto row = static_cast<std::size_t>(hq * D);
+        auto same = [&](const std::vector<float>& o, std::int32_t first) {
+          return std::memcmp(o.data(), batch.data() + static_cast<std::size_t>(first) * row, o.size() * sizeof(float)) == 0;
+        };
+        for (const std::int32_t threads : {2, 5, 16})
+          EXPECT_TRUE(same(run(0, S, threads), 0)) << "bs " << bs << " hkv " << hkv << " threads " << threads;
+        for (std::int32_t s = 0; s < S; ++s)
+          for (const std::int32_t threads : {1, 16})
+            EXPECT_TRUE(same(run(s, 1, threads), s))
+                << "sequence " << s << " alone, bs " << bs << " hkv " << hkv << " window " << window << " threads "
+                << threads;
+        EXPECT_TRUE(same(run(2, 3, 16), 2)) << "bs " << bs << " hkv " << hkv;
+      }
+}
+
 TEST(CpuDecodeAttention, PlanSplitsOnlyWhenThreadsWouldIdle) {
   EXPECT_EQ(plan_decode(64, 8, 4096, 16), 1);
   EXPECT_GT(plan_decode(1, 1, 32768, 16), 1);
