@@ -1,0 +1,64 @@
+// SPDX-License-Identifier: Apache-2.0
+// The CPU decode's prefetch of the chunks ahead (kernels/cpu/prefetch_runs.inc): over random byte runs (any length,
+// any alignment) and any number of ticks, every cache line of every run is issued exactly once between the ticks and
+// flush(), no tick issues more than per_tick lines, and the lines go out in address order within each run, runs in
+// their order. A run that ends exactly where a tick's lines end once made the next tick issue a line past the run.
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <cstdint>
+#include <random>
+#include <set>
+#include <vector>
+
+namespace {
+
+#include "kernels/cpu/prefetch_runs.inc"
+
+std::vector<const unsigned char*>* issued = nullptr;  // what the recording Issue appends to
+
+struct record {
+  static void line(const unsigned char* p, bool /*nta*/) { issued->push_back(p); }
+};
+
+std::uintptr_t line_of(const unsigned char* p) { return reinterpret_cast<std::uintptr_t>(p) / 64; }
+
+TEST(CpuDecodePrefetch, EveryLineOfEveryRunOnceInOrderAndNoTickOverBudget) {
+  static unsigned char buf[1 << 21];
+  std::mt19937 rng(3);
+  for (int it = 0; it < 20000; ++it) {
+    const auto n = static_cast<std::int32_t>(rng() % 7);
+    std::vector<byte_run> runs;
+    for (std::int32_t r = 0; r < n; ++r) {
+      // 1 to 800 bytes at any offset (multiples of 64 among them), runs apart so that no line is shared
+      const std::int64_t bytes = it % 3 == 0 ? 64 * (1 + rng() % 8) : 1 + rng() % 800;
+      const std::int64_t off = (it % 5 == 0 ? 64 * (rng() % 60) : rng() % 4000) + r * 250000;
+      runs.push_back({buf + off, bytes});
+    }
+    std::int64_t lines = 0;  // the kernel's count: ceil(bytes / 64) per run
+    for (const byte_run& r : runs) lines += (r.bytes + 63) / 64;
+    const std::int64_t ticks = 1 + rng() % 40;
+    std::vector<const unsigned char*> got;
+    issued = &got;
+    basic_prefetch_runs<record> pf(runs.data(), n, lines, ticks, it % 2 == 0);
+    const std::int64_t called = rng() % (ticks + 5);
+    for (std::int64_t i = 0; i < called; ++i) {
+      const std::size_t before = got.size();
+      pf.tick();
+      ASSERT_LE(static_cast<std::int64_t>(got.size() - before), pf.per_tick) << "iteration " << it;
+    }
+    pf.flush();
+    ASSERT_EQ(static_cast<std::int64_t>(got.size()), lines) << "iteration " << it;
+    // The k-th prefetch of run r is at its start + 64 k: each line a prefetch touches is within the run, and the
+    // addresses rise within a run, runs in their order.
+    std::size_t k = 0;
+    for (const byte_run& r : runs)
+      for (std::int64_t o = 0; o < r.bytes; o += 64, ++k) ASSERT_EQ(got[k], r.p + o) << "iteration " << it << " line " << k;
+    std::set<std::uintptr_t> distinct;
+    for (const unsigned char* p : got) distinct.insert(line_of(p));
+    EXPECT_EQ(distinct.size(), got.size()) << "a line issued twice, iteration " << it;
+  }
+  issued = nullptr;
+}
+
+}  // namespace
