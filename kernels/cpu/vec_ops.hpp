@@ -76,15 +76,13 @@ struct scalar_vec {
   static vec copysign(vec mag, vec sgn) { return std::copysign(mag, sgn); }
   static vec select_lt(vec x, float limit, vec a, vec b) { return x < limit ? a : b; }
   static float hsum(vec v) { return v; }
-  static float hmax(vec v) { return v; }
   /// Lane i gets lane i ^ d (d a power of two below W): here there is one lane and no such d.
   static vec swap_lanes(vec v, int /*d*/) { return v; }
   static void prefetch(const unsigned char* p) { __builtin_prefetch(p); }
-  /// out[g * lg + t * lt] = a[t][g] for t < valid, g < gt.
-  static void reduce_store(const vec (&a)[reduce_tokens][4], int valid, int gt, float* out, std::int64_t lg,
-                           std::int64_t lt) {
+  /// out[t * lt + g] = a[t][g] for t < valid, g < gt.
+  static void reduce_store(const vec (&a)[reduce_tokens][4], int valid, int gt, float* out, std::int64_t lt) {
     for (int t = 0; t < valid; ++t)
-      for (int g = 0; g < gt; ++g) out[g * lg + t * lt] = a[t][g];
+      for (int g = 0; g < gt; ++g) out[t * lt + g] = a[t][g];
   }
 };
 
@@ -177,21 +175,16 @@ struct avx2_vec {
     r = _mm_add_ps(r, _mm_movehl_ps(r, r));
     return _mm_cvtss_f32(_mm_add_ss(r, _mm_movehdup_ps(r)));
   }
-  static float hmax(vec v) {
-    __m128 r = _mm_max_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
-    r = _mm_max_ps(r, _mm_movehl_ps(r, r));
-    return _mm_cvtss_f32(_mm_max_ss(r, _mm_movehdup_ps(r)));
-  }
   static void prefetch(const unsigned char* p) { _mm_prefetch(reinterpret_cast<const char*>(p), _MM_HINT_T0); }
   /// Lane i gets lane i ^ d, d in {4, 2, 1}.
   static vec swap_lanes(vec v, int d) {
     if (d == 4) return _mm256_permute2f128_ps(v, v, 0x01);
     return d == 2 ? _mm256_permute_ps(v, 0x4E) : _mm256_permute_ps(v, 0xB1);
   }
-  /// The 8 dot products of a[t][g] (t < 2, g < 4) with one shuffle tree; writes out[g * lg + t * lt] for t < valid,
+  /// The 8 dot products of a[t][g] (t < 2, g < 4) with one shuffle tree; writes out[t * lt + g] for t < valid,
   /// g < gt. Always inline: out of line, the accumulators would go through the stack (bench/RESULTS.md).
   [[gnu::always_inline]] static inline void reduce_store(const vec (&a)[2][4], int valid, int gt, float* out,
-                                                         std::int64_t lg, std::int64_t lt) {
+                                                         std::int64_t lt) {
     vec p[4];  // p[j]: 128-bit lane 0 holds the 4 partial sums of v[2j], lane 1 those of v[2j+1]; v[2g+t] = a[t][g]
     for (int j = 0; j < 4; ++j)
       p[j] = _mm256_add_ps(_mm256_permute2f128_ps(a[0][j], a[1][j], 0x20), _mm256_permute2f128_ps(a[0][j], a[1][j], 0x31));
@@ -205,7 +198,7 @@ struct avx2_vec {
     alignas(32) float sums[8];  // sums[4 t + g] = dot(t, g)
     _mm256_store_ps(sums, r);
     for (int t = 0; t < valid; ++t)
-      for (int g = 0; g < gt; ++g) out[g * lg + t * lt] = sums[4 * t + g];
+      for (int g = 0; g < gt; ++g) out[t * lt + g] = sums[4 * t + g];
   }
 };
 #pragma GCC pop_options
@@ -303,7 +296,6 @@ struct avx512_vec {
     return _mm512_mask_blend_ps(_mm512_cmp_ps_mask(x, _mm512_set1_ps(limit), _CMP_LT_OQ), b, a);
   }
   static float hsum(vec v) { return _mm512_reduce_add_ps(v); }
-  static float hmax(vec v) { return _mm512_reduce_max_ps(v); }
   static void prefetch(const unsigned char* p) { _mm_prefetch(reinterpret_cast<const char*>(p), _MM_HINT_T0); }
   /// Lane i gets lane i ^ d, d in {8, 4, 2, 1}.
   static vec swap_lanes(vec v, int d) {
@@ -311,12 +303,12 @@ struct avx512_vec {
     if (d == 4) return _mm512_shuffle_f32x4(v, v, 0xB1);
     return d == 2 ? _mm512_permute_ps(v, 0x4E) : _mm512_permute_ps(v, 0xB1);
   }
-  /// The 16 dot products of a[t][g] (t, g < 4) with one shuffle tree; writes out[g * lg + t * lt] for t < valid,
+  /// The 16 dot products of a[t][g] (t, g < 4) with one shuffle tree; writes out[t * lt + g] for t < valid,
   /// g < gt.
   /// Always inline: out of line, the 16 accumulators went through the stack and a GQA-4 fp16 decode took 41 ns
   /// instead of 27 per (token, KV head) (bench/RESULTS.md).
   [[gnu::always_inline]] static inline void reduce_store(const vec (&a)[4][4], int valid, int gt, float* out,
-                                                         std::int64_t lg, std::int64_t lt) {
+                                                         std::int64_t lt) {
     // v[4t + g] = a[t][g]. p[j]: 128-bit lanes 0-1 hold 8 partial sums of v[2j], lanes 2-3 those of v[2j+1].
     vec p[8];
     for (int j = 0; j < 8; ++j) {
@@ -338,7 +330,7 @@ struct avx512_vec {
     alignas(64) float sums[16];
     _mm512_store_ps(sums, r);
     for (int t = 0; t < valid; ++t)
-      for (int g = 0; g < gt; ++g) out[g * lg + t * lt] = sums[4 * g + t];
+      for (int g = 0; g < gt; ++g) out[t * lt + g] = sums[4 * g + t];
   }
 };
 #pragma GCC pop_options
