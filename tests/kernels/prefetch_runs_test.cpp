@@ -3,6 +3,8 @@
 // any alignment) and any number of ticks, every cache line of every run is issued exactly once between the ticks and
 // flush(), no tick issues more than per_tick lines, and the lines go out in address order within each run, runs in
 // their order. A run that ends exactly where a tick's lines end once made the next tick issue a line past the run.
+// The same holds when the ticks go through cursors (the kernel's hot loops), one after another or between ticks of
+// the object itself.
 #include <gtest/gtest.h>
 
 #include <algorithm>
@@ -23,7 +25,7 @@ struct record {
 
 std::uintptr_t line_of(const unsigned char* p) { return reinterpret_cast<std::uintptr_t>(p) / 64; }
 
-TEST(CpuDecodePrefetch, EveryLineOfEveryRunOnceInOrderAndNoTickOverBudget) {
+TEST(CpuDecodePrefetch, EveryLineOfEveryRunOnceInOrderAndNoTickOverBudgetThroughTheObjectOrCursors) {
   static unsigned char buf[1 << 21];
   std::mt19937 rng(3);
   for (int it = 0; it < 20000; ++it) {
@@ -42,10 +44,22 @@ TEST(CpuDecodePrefetch, EveryLineOfEveryRunOnceInOrderAndNoTickOverBudget) {
     issued = &got;
     basic_prefetch_runs<record> pf(runs.data(), n, lines, ticks, it % 2 == 0);
     const std::int64_t called = rng() % (ticks + 5);
-    for (std::int64_t i = 0; i < called; ++i) {
-      const std::size_t before = got.size();
-      pf.tick();
-      ASSERT_LE(static_cast<std::int64_t>(got.size() - before), pf.per_tick) << "iteration " << it;
+    // Ticks of the object (it % 4 == 0), or through cursors of random spans (a kernel loop each) with some of the
+    // object's own ticks between them.
+    for (std::int64_t i = 0; i < called;) {
+      if (it % 4 == 0 || rng() % 3 == 0) {
+        const std::size_t before = got.size();
+        pf.tick();
+        ASSERT_LE(static_cast<std::int64_t>(got.size() - before), pf.per_tick) << "iteration " << it;
+        ++i;
+        continue;
+      }
+      basic_prefetch_runs<record>::cursor pc(pf);
+      for (std::int64_t span = 1 + rng() % 6; span > 0 && i < called; --span, ++i) {
+        const std::size_t before = got.size();
+        pc.tick();
+        ASSERT_LE(static_cast<std::int64_t>(got.size() - before), pf.per_tick) << "iteration " << it;
+      }
     }
     pf.flush();
     ASSERT_EQ(static_cast<std::int64_t>(got.size()), lines) << "iteration " << it;
