@@ -116,14 +116,21 @@ class disagg_link {
   }
 
   // ---- prefill side
-  /// Offers request `request`'s KV (its prompt, every token computed, `tables` the held sequence's block tables).
+  /// Offers request `request`'s KV (its prompt, every token computed, `tables` the held sequence's block tables);
+  /// `sent` says whether the offer went out. A decode instance that is gone, before the send or during it (the send
+  /// fails with transport_error, or times out and closes the connection), is no error: nothing is offered, and the
+  /// caller frees the sequence instead of holding it.
   std::string offer(std::size_t request, std::span<const kvpager::token_id> prompt,
-                    std::span<const std::span<const kvpager::block_id>> tables) {
+                    std::span<const std::span<const kvpager::block_id>> tables, bool& sent) {
+    sent = false;
     const kvpager::peer_handle p = peers_[request % peers_.size()];
-    if (!transport_->peer_alive(p)) return "";  // that decode instance is gone: release_all frees it
-    if (const kvpager::status st = sender_->offer(p, request, prompt, static_cast<std::int64_t>(prompt.size()), tables); !st)
+    if (!transport_->peer_alive(p)) return "";
+    if (const kvpager::status st = sender_->offer(p, request, prompt, static_cast<std::int64_t>(prompt.size()), tables); !st) {
+      if (st.code() == kvpager::errc::transport_error || !transport_->peer_alive(p)) return "";
       return std::string("kv_sender::offer: ") + st.message();
+    }
     ++st_.offered;
+    sent = true;
     return "";
   }
   /// Requests the decode instances are done with (read or not), and whether any of them is gone (then everything

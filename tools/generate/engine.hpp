@@ -317,8 +317,14 @@ class engine {
       if constexpr (external_kv) {
         if (link_ != nullptr && link_->options().role == kv_role::prefill) {  // held: offer its KV
           if (!tables_of(id, tables_)) return "block_table(" + std::to_string(id) + "): the cache lost it";
-          held_[static_cast<std::size_t>(s.req)] = id;
-          if (std::string e = link_->offer(static_cast<std::size_t>(s.req), r.prompt, tables_); !e.empty()) return e;
+          bool sent = false;
+          if (std::string e = link_->offer(static_cast<std::size_t>(s.req), r.prompt, tables_, sent); !e.empty())
+            return e;
+          if (sent) {
+            held_[static_cast<std::size_t>(s.req)] = id;
+          } else {  // its decode instance is gone: nothing to hold the blocks for
+            (void)sched_.release(id);
+          }
           last_link_event_ = std::chrono::steady_clock::now();
         }
       }
