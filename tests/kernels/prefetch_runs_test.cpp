@@ -75,4 +75,50 @@ TEST(CpuDecodePrefetch, EveryLineOfEveryRunOnceInOrderAndNoTickOverBudgetThrough
   issued = nullptr;
 }
 
+// rest() after any number of ticks: walking its runs issues exactly the lines the ticks have not, in the same order
+// (the decode hands a work item's first chunk's rest to the next prefetch this way).
+TEST(CpuDecodePrefetch, RestHoldsExactlyTheLinesNotYetIssued) {
+  static unsigned char buf[1 << 21];
+  std::mt19937 rng(5);
+  for (int it = 0; it < 20000; ++it) {
+    const auto n = static_cast<std::int32_t>(rng() % 7);
+    std::vector<byte_run> runs;
+    for (std::int32_t r = 0; r < n; ++r) {
+      const std::int64_t bytes = it % 3 == 0 ? 64 * (1 + rng() % 8) : 1 + rng() % 800;
+      const std::int64_t off = (it % 5 == 0 ? 64 * (rng() % 60) : rng() % 4000) + r * 250000;
+      runs.push_back({buf + off, bytes});
+    }
+    std::int64_t lines = 0;
+    for (const byte_run& r : runs) lines += (r.bytes + 63) / 64;
+    const std::int64_t ticks = 1 + rng() % 40;
+    std::vector<const unsigned char*> got;
+    issued = &got;
+    basic_prefetch_runs<record> pf(runs.data(), n, lines, ticks, false);
+    for (std::int64_t i = 0, called = rng() % (ticks + 5); i < called; ++i) {
+      if (rng() % 2 == 0) {
+        pf.tick();
+      } else {
+        basic_prefetch_runs<record>::cursor pc(pf);
+        pc.tick();
+      }
+    }
+    const std::size_t ticked = got.size();
+    std::vector<byte_run> left(static_cast<std::size_t>(n) + 1);
+    const std::int32_t k = pf.rest(left.data());
+    ASSERT_LE(k, n) << "iteration " << it;
+    std::int64_t left_lines = 0;
+    for (std::int32_t r = 0; r < k; ++r) left_lines += (left[static_cast<std::size_t>(r)].bytes + 63) / 64;
+    basic_prefetch_runs<record> after(left.data(), k, left_lines, 1 + rng() % 10, false);
+    after.flush();
+    ASSERT_EQ(static_cast<std::int64_t>(got.size()), lines) << "iteration " << it << ", " << ticked << " ticked";
+    std::size_t j = 0;
+    for (const byte_run& r : runs)
+      for (std::int64_t o = 0; o < r.bytes; o += 64, ++j) ASSERT_EQ(got[j], r.p + o) << "iteration " << it << " line " << j;
+    // and the object itself has nothing left once its rest is taken and walked: rest() changed nothing in it
+    pf.flush();
+    EXPECT_EQ(static_cast<std::int64_t>(got.size()), 2 * lines - static_cast<std::int64_t>(ticked)) << "iteration " << it;
+  }
+  issued = nullptr;
+}
+
 }  // namespace
