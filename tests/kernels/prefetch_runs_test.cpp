@@ -25,24 +25,41 @@ struct record {
 
 std::uintptr_t line_of(const unsigned char* p) { return reinterpret_cast<std::uintptr_t>(p) / 64; }
 
-TEST(CpuDecodePrefetch, EveryLineOfEveryRunOnceInOrderAndNoTickOverBudgetThroughTheObjectOrCursors) {
-  static unsigned char buf[1 << 21];
-  std::mt19937 rng(3);
-  for (int it = 0; it < 20000; ++it) {
-    const auto n = static_cast<std::int32_t>(rng() % 7);
-    std::vector<byte_run> runs;
+/// The kernel's count of lines: ceil(bytes / 64) per run.
+std::int64_t lines_of(const byte_run* runs, std::int32_t n) {
+  std::int64_t lines = 0;
+  for (std::int32_t r = 0; r < n; ++r) lines += (runs[r].bytes + 63) / 64;
+  return lines;
+}
+
+/// Iteration `it`'s case: up to 6 byte runs of 1 to 800 bytes at any offset (multiples of 64 among them), apart so
+/// that no line is shared, their line count and a number of ticks.
+struct random_case {
+  std::vector<byte_run> runs;
+  std::int32_t n = 0;
+  std::int64_t lines = 0, ticks = 0;
+  random_case(std::mt19937& rng, int it) {
+    static unsigned char buf[1 << 21];
+    n = static_cast<std::int32_t>(rng() % 7);
     for (std::int32_t r = 0; r < n; ++r) {
-      // 1 to 800 bytes at any offset (multiples of 64 among them), runs apart so that no line is shared
       const std::int64_t bytes = it % 3 == 0 ? 64 * (1 + rng() % 8) : 1 + rng() % 800;
       const std::int64_t off = (it % 5 == 0 ? 64 * (rng() % 60) : rng() % 4000) + r * 250000;
       runs.push_back({buf + off, bytes});
     }
-    std::int64_t lines = 0;  // the kernel's count: ceil(bytes / 64) per run
-    for (const byte_run& r : runs) lines += (r.bytes + 63) / 64;
-    const std::int64_t ticks = 1 + rng() % 40;
+    lines = lines_of(runs.data(), n);
+    ticks = 1 + rng() % 40;
+  }
+};
+
+TEST(CpuDecodePrefetch, EveryLineOfEveryRunOnceInOrderAndNoTickOverBudgetThroughTheObjectOrCursors) {
+  std::mt19937 rng(3);
+  for (int it = 0; it < 20000; ++it) {
+    const random_case c(rng, it);
+    const std::vector<byte_run>& runs = c.runs;
+    const std::int64_t lines = c.lines, ticks = c.ticks;
     std::vector<const unsigned char*> got;
     issued = &got;
-    basic_prefetch_runs<record> pf(runs.data(), n, lines, ticks, it % 2 == 0);
+    basic_prefetch_runs<record> pf(runs.data(), c.n, lines, ticks, it % 2 == 0);
     const std::int64_t called = rng() % (ticks + 5);
     // Ticks of the object (it % 4 == 0), or through cursors of random spans (a kernel loop each) with some of the
     // object's own ticks between them.
@@ -78,19 +95,12 @@ TEST(CpuDecodePrefetch, EveryLineOfEveryRunOnceInOrderAndNoTickOverBudgetThrough
 // rest() after any number of ticks: walking its runs issues exactly the lines the ticks have not, in the same order
 // (the decode hands a work item's first chunk's rest to the next prefetch this way).
 TEST(CpuDecodePrefetch, RestHoldsExactlyTheLinesNotYetIssued) {
-  static unsigned char buf[1 << 21];
   std::mt19937 rng(5);
   for (int it = 0; it < 20000; ++it) {
-    const auto n = static_cast<std::int32_t>(rng() % 7);
-    std::vector<byte_run> runs;
-    for (std::int32_t r = 0; r < n; ++r) {
-      const std::int64_t bytes = it % 3 == 0 ? 64 * (1 + rng() % 8) : 1 + rng() % 800;
-      const std::int64_t off = (it % 5 == 0 ? 64 * (rng() % 60) : rng() % 4000) + r * 250000;
-      runs.push_back({buf + off, bytes});
-    }
-    std::int64_t lines = 0;
-    for (const byte_run& r : runs) lines += (r.bytes + 63) / 64;
-    const std::int64_t ticks = 1 + rng() % 40;
+    const random_case c(rng, it);
+    const std::vector<byte_run>& runs = c.runs;
+    const std::int32_t n = c.n;
+    const std::int64_t lines = c.lines, ticks = c.ticks;
     std::vector<const unsigned char*> got;
     issued = &got;
     basic_prefetch_runs<record> pf(runs.data(), n, lines, ticks, false);
@@ -106,9 +116,7 @@ TEST(CpuDecodePrefetch, RestHoldsExactlyTheLinesNotYetIssued) {
     std::vector<byte_run> left(static_cast<std::size_t>(n) + 1);
     const std::int32_t k = pf.rest(left.data());
     ASSERT_LE(k, n) << "iteration " << it;
-    std::int64_t left_lines = 0;
-    for (std::int32_t r = 0; r < k; ++r) left_lines += (left[static_cast<std::size_t>(r)].bytes + 63) / 64;
-    basic_prefetch_runs<record> after(left.data(), k, left_lines, 1 + rng() % 10, false);
+    basic_prefetch_runs<record> after(left.data(), k, lines_of(left.data(), k), 1 + rng() % 10, false);
     after.flush();
     ASSERT_EQ(static_cast<std::int64_t>(got.size()), lines) << "iteration " << it << ", " << ticked << " ticked";
     std::size_t j = 0;
