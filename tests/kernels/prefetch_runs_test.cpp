@@ -122,7 +122,7 @@ TEST(CpuDecodePrefetch, RestHoldsExactlyTheLinesNotYetIssued) {
     std::size_t j = 0;
     for (const byte_run& r : runs)
       for (std::int64_t o = 0; o < r.bytes; o += 64, ++j) ASSERT_EQ(got[j], r.p + o) << "iteration " << it << " line " << j;
-    // and the object itself has nothing left once its rest is taken and walked: rest() changed nothing in it
+    // rest() changed nothing in the object: flushing it now issues its remaining lines a second time
     pf.flush();
     EXPECT_EQ(static_cast<std::int64_t>(got.size()), 2 * lines - static_cast<std::int64_t>(ticked)) << "iteration " << it;
   }
