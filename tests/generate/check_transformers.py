@@ -18,6 +18,30 @@ import random
 import subprocess
 import sys
 
+
+def wait_for_install(limit_s=480):
+    """.ci/run installs torch and transformers in the background, beside the build: while it runs, the venv holds a
+    file with the installer's pid. Wait for the install to end (or its process to be gone), at most limit_s."""
+    import time
+    marker = os.path.join(sys.prefix, ".kvpager-installing")
+    deadline = time.monotonic() + limit_s
+    said = False
+    while os.path.exists(marker) and time.monotonic() < deadline:
+        try:
+            with open(marker) as f:
+                pid = int(f.read().strip())
+            if pid <= 0:
+                return
+            os.kill(pid, 0)  # the installer is still running
+        except (OSError, ValueError):
+            return  # its process is gone (or the file is unreadable): nothing to wait for
+        if not said:
+            print(f"waiting for the install of torch and transformers into {sys.prefix} to end", flush=True)
+            said = True
+        time.sleep(5)
+
+
+wait_for_install()
 try:
     import torch
     import transformers
