@@ -63,7 +63,7 @@ class model_runner {
 
   void run(std::int64_t ops) {
 #if defined(KVPAGER_TEST_REDUCED)
-    ops /= 5;  // the sanitizer and no-exception presets: a fifth of each run, the same shapes (0.5-2 minutes each at 5x)
+    ops /= 5;  // reduced presets: a fifth of each run, same shapes (in full, 0.5-2 minutes each under ASan/UBSan)
 #endif
     for (std::int64_t op = 0; op < ops && !::testing::Test::HasFatalFailure(); ++op) {
       step_once();
